@@ -1,0 +1,176 @@
+package mysqlproto
+
+import (
+	"context"
+	"net"
+	"time"
+)
+
+// Class is a statement's cost class, decided by the classifier.
+type Class uint8
+
+const (
+	// ClassFree: COM_PING, COM_QUIT, COM_STMT_CLOSE, COM_STMT_RESET and
+	// other commands that cost nothing.
+	ClassFree Class = iota
+	// ClassRead: SELECT, SHOW, DESCRIBE, ...
+	ClassRead
+	// ClassWrite: INSERT, UPDATE, DELETE, REPLACE, LOAD DATA, DDL, COMMIT,
+	// and a multi-statement with any write part.
+	ClassWrite
+	// ClassOther: BEGIN, SET, USE, PREPARE, ... and commands such as COM_INIT_DB.
+	ClassOther
+)
+
+func (c Class) String() string {
+	switch c {
+	case ClassRead:
+		return "read"
+	case ClassWrite:
+		return "write"
+	case ClassOther:
+		return "other"
+	default:
+		return "free"
+	}
+}
+
+// Statement is what mysqlproto knows of a command before forwarding it.
+// Its byte slices are valid only during the Policy call that receives them.
+type Statement struct {
+	// Command is the COM_* code of the command packet.
+	Command byte
+	// Class is the classifier's verdict.
+	Class Class
+	// Query is the SQL text of COM_QUERY and COM_STMT_PREPARE, and the
+	// prepared text for COM_STMT_EXECUTE / COM_STMT_FETCH / COM_STMT_SEND_LONG_DATA
+	// when known; empty otherwise.
+	Query string
+	// PayloadBytes is the size of the command's first packet payload, the
+	// write payload known before forwarding.
+	PayloadBytes int64
+	// Multi is true for a COM_QUERY holding more than one statement.
+	Multi bool
+	// InTransaction is true when the backend's last status said a
+	// transaction is open.
+	InTransaction bool
+}
+
+// Outcome is what mysqlproto measured while forwarding a statement.
+type Outcome struct {
+	// RequestBytes is every payload byte the client sent for this command:
+	// the first packet, multi-packet continuations, LOCAL INFILE data.
+	RequestBytes int64
+	// ResponseBytes is every payload byte the backend returned.
+	ResponseBytes int64
+	// BackendTime runs from forwarding the statement to its final packet,
+	// less the time spent blocked writing to the client.
+	BackendTime time.Duration
+	// AffectedRows is the sum of affected rows reported in OK packets.
+	AffectedRows uint64
+	// ErrCode is the backend's error code, 0 when the statement succeeded.
+	ErrCode uint16
+	// InTransaction is true when, after the response, a transaction is open.
+	InTransaction bool
+}
+
+// Reply is a response that mysqlproto writes to the client instead of
+// forwarding the statement. Exactly one of Err, OK and Columns is used:
+// Err if non-nil, else a result set if Columns is non-nil, else OK.
+type Reply struct {
+	// Err answers with an ERR packet.
+	Err *Error
+	// Columns and Rows answer with a text result set (all columns strings;
+	// a nil *string in Rows is SQL NULL).
+	Columns []string
+	Rows    [][]*string
+	// AffectedRows and Info fill the OK packet.
+	AffectedRows uint64
+	Info         string
+}
+
+// Error is a MySQL error as sent in an ERR packet.
+type Error struct {
+	Code    uint16
+	State   string // SQLSTATE, 5 characters; "HY000" when empty
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Verdict is a policy's answer before a statement.
+type Verdict struct {
+	// Reply, when non-nil, is written to the client and the statement is
+	// not forwarded. A refusal is a Reply with Err set.
+	Reply *Reply
+}
+
+// SessionInfo describes a client session.
+type SessionInfo struct {
+	// ID is the proxy's own session id, unique in the process.
+	ID uint64
+	// User is the user name the client logged in with (no host).
+	User string
+	// ClientAddr is the client's address.
+	ClientAddr net.Addr
+	// BackendConnID is the backend's connection (thread) id of this
+	// session's dedicated backend connection.
+	BackendConnID uint32
+}
+
+// EventKind names a session event.
+type EventKind uint8
+
+const (
+	EventLogin EventKind = iota
+	EventChangeUser
+	EventResetConnection
+	EventClose
+)
+
+// Backend lets a policy run a text query on the session's own backend
+// connection between statements (for example SHOW GRANTS). Rows are
+// strings; a nil entry is SQL NULL. It is valid only during the Before call
+// that receives it and must not be used from another goroutine.
+type Backend interface {
+	Query(ctx context.Context, sql string) (columns []string, rows [][]*string, err error)
+}
+
+// Policy decides what happens to each statement. It is implemented by the
+// caller (cmd/rgproxy); mysqlproto knows nothing of what it does.
+//
+// Concurrency: Open is called concurrently from many session goroutines.
+// Each SessionPolicy it returns is used by one session goroutine only, so
+// its methods are never called concurrently with each other.
+type Policy interface {
+	// Open is called once per session after a successful login. The
+	// returned SessionPolicy receives that session's statements and events;
+	// Event(EventLogin) is not sent separately.
+	Open(info SessionInfo) SessionPolicy
+}
+
+// SessionPolicy is one session's policy. See Policy for concurrency.
+type SessionPolicy interface {
+	// Before is called before a statement is forwarded. It may block (to
+	// throttle) until ctx is done; ctx ends when the session or the proxy
+	// closes. be runs queries on the session's backend connection.
+	Before(ctx context.Context, st *Statement, be Backend) Verdict
+	// After is called once the statement's final response packet has been
+	// relayed (or the statement failed), only for forwarded statements.
+	After(st *Statement, out *Outcome)
+	// Event reports a session event: COM_CHANGE_USER (info carries the new
+	// user), COM_RESET_CONNECTION, and close (the last call).
+	Event(kind EventKind, info SessionInfo)
+}
+
+// PassThrough is a Policy that forwards everything: a pure proxy.
+type PassThrough struct{}
+
+// Open implements Policy.
+func (PassThrough) Open(SessionInfo) SessionPolicy { return passThroughSession{} }
+
+type passThroughSession struct{}
+
+func (passThroughSession) Before(context.Context, *Statement, Backend) Verdict { return Verdict{} }
+func (passThroughSession) After(*Statement, *Outcome)                          {}
+func (passThroughSession) Event(EventKind, SessionInfo)                        {}
