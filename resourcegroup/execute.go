@@ -1,0 +1,245 @@
+package resourcegroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Result is what an executed statement returns to the client: a result set
+// when Columns is not nil, else OK with AffectedRows. Warnings become notes
+// (SHOW WARNINGS), as TiDB reports IF [NOT] EXISTS no-ops.
+type Result struct {
+	Columns      []string
+	Rows         [][]*string
+	AffectedRows uint64
+	Warnings     []*Error
+}
+
+// IsResultSet reports whether r is a result set rather than OK.
+func (r *Result) IsResultSet() bool { return r.Columns != nil }
+
+// alterRetries bounds how often ALTER re-reads a group that changed under it.
+const alterRetries = 3
+
+// NewSessionBound is returned by Execute for statements the proxy session
+// runs itself (SET RESOURCE GROUP, CURRENT_RESOURCE_GROUP(), SHOW ... USAGE,
+// SHOW LAST STATEMENT RU).
+func NewSessionBound(st Statement) *Error {
+	return &Error{Code: CodeUnknown, State: "HY000",
+		Message: fmt.Sprintf("internal error: %T is executed by the proxy session", st), Err: ErrUnsupported}
+}
+
+// Execute runs a DDL, SHOW or SELECT admin statement against store. Access
+// checks (RequiresSuper) are the caller's.
+func Execute(ctx context.Context, st Statement, store Store) (*Result, error) {
+	switch s := st.(type) {
+	case *CreateGroup:
+		return createGroup(ctx, s, store)
+	case *AlterGroup:
+		return alterGroup(ctx, s, store)
+	case *DropGroup:
+		if NormalizeName(s.Name) == DefaultGroup {
+			return nil, NewDropReserved()
+		}
+		err := store.DropGroup(ctx, s.Name)
+		if s.IfExists && errors.Is(err, ErrNotFound) {
+			return &Result{Warnings: []*Error{NewNotFound(s.Name)}}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &Result{}, nil
+	case *AlterUserGroup:
+		return alterUser(ctx, s, store)
+	case *ShowCreateGroup:
+		g, err := store.GetGroup(ctx, s.Name)
+		if err != nil {
+			return nil, err
+		}
+		sql := g.SQL()
+		name := g.Name
+		return &Result{Columns: []string{"Resource_Group", "Create Resource Group"}, Rows: [][]*string{{&name, &sql}}}, nil
+	case *SelectGroups:
+		return selectGroups(ctx, s, store)
+	case *QueryWatchAdd, *QueryWatchRemove, *SelectWatches:
+		return nil, NewUnsupported("runaway watches")
+	case nil:
+		return nil, fmt.Errorf("resourcegroup: execute: %w", ErrUnsupported)
+	}
+	return nil, NewSessionBound(st)
+}
+
+func createGroup(ctx context.Context, s *CreateGroup, store Store) (*Result, error) {
+	g := s.Group.Clone()
+	g.Name, g.Version = NormalizeName(g.Name), 0
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkSwitchTarget(ctx, g, store); err != nil {
+		return nil, err
+	}
+	err := store.CreateGroup(ctx, g)
+	if s.IfNotExists && errors.Is(err, ErrExists) {
+		return &Result{Warnings: []*Error{NewExists(g.Name)}}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Result{}, nil
+}
+
+// alterGroup applies an incremental change: read, apply, write back with
+// the read Version, and start again if another writer got in between.
+func alterGroup(ctx context.Context, s *AlterGroup, store Store) (*Result, error) {
+	var err error
+	for range alterRetries {
+		var old Group
+		old, err = store.GetGroup(ctx, s.Name)
+		if s.IfExists && errors.Is(err, ErrNotFound) {
+			return &Result{Warnings: []*Error{NewNotFound(s.Name)}}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		g := s.Apply(old)
+		if err := g.Validate(); err != nil {
+			return nil, err
+		}
+		if err := checkSwitchTarget(ctx, g, store); err != nil {
+			return nil, err
+		}
+		err = store.AlterGroup(ctx, g)
+		if !errors.Is(err, ErrConflict) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Result{}, nil
+}
+
+// checkSwitchTarget refuses SWITCH_GROUP to a group that does not exist.
+func checkSwitchTarget(ctx context.Context, g Group, store Store) error {
+	if g.QueryLimit == nil || g.QueryLimit.Action != ActionSwitchGroup {
+		return nil
+	}
+	if _, err := store.GetGroup(ctx, g.QueryLimit.SwitchGroup); err != nil {
+		return err
+	}
+	return nil
+}
+
+func alterUser(ctx context.Context, s *AlterUserGroup, store Store) (*Result, error) {
+	group := NormalizeName(s.Group)
+	if group == "" || group == DefaultGroup {
+		if err := store.UnbindUser(ctx, s.User); err != nil {
+			return nil, err
+		}
+		return &Result{}, nil
+	}
+	if err := store.BindUser(ctx, Binding{User: s.User, Host: s.Host, Group: group}); err != nil {
+		return nil, err
+	}
+	return &Result{}, nil
+}
+
+func selectGroups(ctx context.Context, s *SelectGroups, store Store) (*Result, error) {
+	var groups []Group
+	if s.HasWhere {
+		g, err := store.GetGroup(ctx, s.Name)
+		switch {
+		case errors.Is(err, ErrNotFound):
+		case err != nil:
+			return nil, err
+		default:
+			groups = []Group{g}
+		}
+	} else {
+		var err error
+		if groups, err = store.ListGroups(ctx); err != nil {
+			return nil, err
+		}
+	}
+	cols := s.Columns
+	if len(cols) == 0 {
+		cols = InfoSchemaColumns()
+	}
+	idx := make([]int, len(cols))
+	for i, c := range cols {
+		idx[i] = -1
+		for j, name := range infoSchemaColumns {
+			if eqFold(c, name) {
+				idx[i] = j
+			}
+		}
+		if idx[i] < 0 {
+			return nil, NewUnsupported("column " + c + " of information_schema.resource_groups")
+		}
+	}
+	res := &Result{Columns: append([]string(nil), cols...), Rows: make([][]*string, 0, len(groups))}
+	for _, g := range groups {
+		full := InfoSchemaRow(g)
+		row := make([]*string, len(idx))
+		for i, j := range idx {
+			row[i] = full[j]
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	return res, nil
+}
+
+// HasSuper reports whether SHOW GRANTS lines (MySQL or MariaDB) give SUPER
+// on *.*: ALL [PRIVILEGES] ON *.* or a list naming SUPER. Database- and
+// table-level grants, roles and PROXY grants do not count.
+func HasSuper(grants []string) bool {
+	for _, line := range grants {
+		if grantHasSuper(line) {
+			return true
+		}
+	}
+	return false
+}
+
+func grantHasSuper(line string) bool {
+	u := strings.ToUpper(strings.TrimSpace(line))
+	if !strings.HasPrefix(u, "GRANT ") {
+		return false
+	}
+	u = u[len("GRANT "):]
+	on := strings.Index(u, " ON ")
+	if on < 0 {
+		return false
+	}
+	privs, target := u[:on], strings.TrimSpace(u[on+len(" ON "):])
+	if to := strings.Index(target, " TO "); to >= 0 {
+		target = target[:to]
+	}
+	target = strings.TrimSpace(target)
+	if target != "*.*" && target != "`*`.`*`" {
+		return false
+	}
+	depth, start := 0, 0
+	check := func(p string) bool {
+		p = strings.Join(strings.Fields(p), " ")
+		return p == "SUPER" || p == "ALL" || p == "ALL PRIVILEGES"
+	}
+	for i := 0; i < len(privs); i++ {
+		switch privs[i] {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		case ',':
+			if depth == 0 {
+				if check(privs[start:i]) {
+					return true
+				}
+				start = i + 1
+			}
+		}
+	}
+	return check(privs[start:])
+}

@@ -1,0 +1,219 @@
+package resourcegroup
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+// run parses and executes sql against s.
+func run(t *testing.T, s Store, sql string) (*Result, error) {
+	t.Helper()
+	st, err := Parse(sql)
+	if err != nil {
+		t.Fatalf("Parse(%s): %v", sql, err)
+	}
+	return Execute(context.Background(), st, s)
+}
+
+func mustRun(t *testing.T, s Store, sql string) *Result {
+	t.Helper()
+	r, err := run(t, s, sql)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return r
+}
+
+func rows(r *Result) [][]string {
+	out := make([][]string, len(r.Rows))
+	for i, row := range r.Rows {
+		out[i] = deref(row)
+	}
+	return out
+}
+
+func TestExecuteScenario(t *testing.T) {
+	s := NewMemStore()
+	steps := []struct {
+		sql      string
+		code     uint16 // 0 = success
+		warn     uint16 // code of the one expected warning
+		cols     []string
+		wantRows [][]string
+	}{
+		{sql: "SELECT * FROM information_schema.resource_groups",
+			cols:     []string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND"},
+			wantRows: [][]string{{"default", "UNLIMITED", "MEDIUM", "UNLIMITED", "NULL", "NULL"}}},
+		{sql: "CREATE RESOURCE GROUP rg1 RU_PER_SEC=500"},
+		{sql: "CREATE RESOURCE GROUP RG1 RU_PER_SEC=100", code: 8248},
+		{sql: "CREATE RESOURCE GROUP IF NOT EXISTS rg1 RU_PER_SEC=100", warn: 8248},
+		{sql: "ALTER RESOURCE GROUP rg1 PRIORITY=HIGH BURSTABLE QUERY_LIMIT=(EXEC_ELAPSED='60s' ACTION=KILL WATCH=SIMILAR DURATION='10m')"},
+		{sql: "SHOW CREATE RESOURCE GROUP Rg1", cols: []string{"Resource_Group", "Create Resource Group"},
+			wantRows: [][]string{{"rg1", "CREATE RESOURCE GROUP `rg1` RU_PER_SEC=500 PRIORITY=HIGH BURSTABLE=MODERATED QUERY_LIMIT=(EXEC_ELAPSED=\"1m0s\" ACTION=KILL WATCH=SIMILAR DURATION=\"10m0s\")"}}},
+		{sql: "SHOW CREATE RESOURCE GROUP `default`", cols: []string{"Resource_Group", "Create Resource Group"},
+			wantRows: [][]string{{"default", "CREATE RESOURCE GROUP `default` RU_PER_SEC=UNLIMITED PRIORITY=MEDIUM BURSTABLE=UNLIMITED"}}},
+		{sql: "SHOW CREATE RESOURCE GROUP nope", code: 8249},
+		{sql: "ALTER RESOURCE GROUP rg1 RU_PER_SEC=800"},
+		{sql: "SELECT name, ru_per_sec, query_limit FROM information_schema.resource_groups WHERE name = 'RG1'",
+			cols:     []string{"NAME", "RU_PER_SEC", "QUERY_LIMIT"},
+			wantRows: [][]string{{"rg1", "800", "EXEC_ELAPSED='1m0s', ACTION=KILL, WATCH=SIMILAR DURATION='10m0s'"}}},
+		{sql: "ALTER RESOURCE GROUP rg1 QUERY_LIMIT=NULL"},
+		{sql: "SELECT burstable, query_limit FROM information_schema.resource_groups WHERE name = 'rg1'",
+			cols: []string{"BURSTABLE", "QUERY_LIMIT"}, wantRows: [][]string{{"MODERATED", "NULL"}}},
+		{sql: "SELECT * FROM information_schema.resource_groups WHERE name = 'nope'",
+			cols: []string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND"}, wantRows: [][]string{}},
+		{sql: "ALTER RESOURCE GROUP nope RU_PER_SEC=1", code: 8249},
+		{sql: "ALTER RESOURCE GROUP IF EXISTS nope RU_PER_SEC=1", warn: 8249},
+		{sql: "ALTER RESOURCE GROUP rg1 QUERY_LIMIT=(RU=10 ACTION=SWITCH_GROUP(nope))", code: 8249},
+		{sql: "CREATE RESOURCE GROUP rg2 RU_PER_SEC=5 QUERY_LIMIT=(RU=10 ACTION=SWITCH_GROUP(nope))", code: 8249},
+		{sql: "CREATE RESOURCE GROUP rg2 RU_PER_SEC=5 QUERY_LIMIT=(RU=10 ACTION=SWITCH_GROUP(rg1))"},
+		{sql: "ALTER RESOURCE GROUP `default` RU_PER_SEC=1000 BURSTABLE=OFF"},
+		{sql: "SELECT name, ru_per_sec, burstable FROM information_schema.resource_groups",
+			cols:     []string{"NAME", "RU_PER_SEC", "BURSTABLE"},
+			wantRows: [][]string{{"default", "1000", "OFF"}, {"rg1", "800", "MODERATED"}, {"rg2", "5", "OFF"}}},
+		{sql: "ALTER USER 'app'@'%' RESOURCE GROUP nope", code: 8249},
+		{sql: "ALTER USER 'app'@'%' RESOURCE GROUP rg1"},
+		{sql: "DROP RESOURCE GROUP `Default`", code: 1105},
+		{sql: "DROP RESOURCE GROUP rg2"},
+		{sql: "DROP RESOURCE GROUP rg2", code: 8249},
+		{sql: "DROP RESOURCE GROUP IF EXISTS rg2", warn: 8249},
+	}
+	for _, st := range steps {
+		r, err := run(t, s, st.sql)
+		if st.code != 0 {
+			var e *Error
+			if !errors.As(err, &e) || e.Code != st.code {
+				t.Fatalf("%s: error %v, want code %d", st.sql, err, st.code)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", st.sql, err)
+		}
+		if st.warn != 0 && (len(r.Warnings) != 1 || r.Warnings[0].Code != st.warn) {
+			t.Fatalf("%s: warnings %v, want one %d", st.sql, r.Warnings, st.warn)
+		}
+		if st.warn == 0 && len(r.Warnings) != 0 {
+			t.Fatalf("%s: unexpected warnings %v", st.sql, r.Warnings)
+		}
+		if r.IsResultSet() != (st.cols != nil) {
+			t.Fatalf("%s: IsResultSet = %v", st.sql, r.IsResultSet())
+		}
+		if st.cols != nil {
+			if !reflect.DeepEqual(r.Columns, st.cols) || !reflect.DeepEqual(rows(r), st.wantRows) {
+				t.Fatalf("%s:\n got  %v %v\n want %v %v", st.sql, r.Columns, rows(r), st.cols, st.wantRows)
+			}
+		}
+	}
+	ctx := context.Background()
+	if b, err := s.GetBinding(ctx, "app"); err != nil || b.Group != "rg1" || b.Host != "%" {
+		t.Fatalf("binding = %+v, %v", b, err)
+	}
+	mustRun(t, s, "ALTER USER app RESOURCE GROUP ``")
+	if _, err := s.GetBinding(ctx, "app"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after binding to ``: %v", err)
+	}
+	mustRun(t, s, "ALTER USER app RESOURCE GROUP rg1")
+	mustRun(t, s, "ALTER USER app RESOURCE GROUP DEFAULT")
+	if _, err := s.GetBinding(ctx, "app"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after binding to DEFAULT: %v", err)
+	}
+}
+
+func TestExecuteSessionBound(t *testing.T) {
+	s := NewMemStore()
+	for _, sql := range []string{"SET RESOURCE GROUP x", "SELECT CURRENT_RESOURCE_GROUP()", "SHOW RESOURCE GROUP USAGE", "SHOW LAST STATEMENT RU"} {
+		if _, err := run(t, s, sql); !errors.Is(err, ErrUnsupported) {
+			t.Errorf("%s: %v, want ErrUnsupported", sql, err)
+		}
+	}
+	if _, err := Execute(context.Background(), nil, s); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("nil statement: %v", err)
+	}
+}
+
+// failStore fails every call, to check that Execute passes errors through.
+type failStore struct{ Store }
+
+var errBackend = errors.New("backend down")
+
+func (failStore) CreateGroup(context.Context, Group) error        { return errBackend }
+func (failStore) AlterGroup(context.Context, Group) error         { return errBackend }
+func (failStore) DropGroup(context.Context, string) error         { return errBackend }
+func (failStore) GetGroup(context.Context, string) (Group, error) { return Group{}, errBackend }
+func (failStore) ListGroups(context.Context) ([]Group, error)     { return nil, errBackend }
+func (failStore) BindUser(context.Context, Binding) error         { return errBackend }
+func (failStore) UnbindUser(context.Context, string) error        { return errBackend }
+func (failStore) GetBinding(context.Context, string) (Binding, error) {
+	return Binding{}, errBackend
+}
+
+func TestExecuteStoreErrors(t *testing.T) {
+	for _, sql := range []string{
+		"CREATE RESOURCE GROUP x RU_PER_SEC=1",
+		"CREATE RESOURCE GROUP x RU_PER_SEC=1 QUERY_LIMIT=(RU=1 ACTION=SWITCH_GROUP(y))",
+		"ALTER RESOURCE GROUP x RU_PER_SEC=1",
+		"DROP RESOURCE GROUP x",
+		"ALTER USER u RESOURCE GROUP x",
+		"ALTER USER u RESOURCE GROUP default",
+		"SHOW CREATE RESOURCE GROUP x",
+		"SELECT * FROM information_schema.resource_groups",
+		"SELECT * FROM information_schema.resource_groups WHERE name = 'x'",
+	} {
+		if _, err := run(t, failStore{}, sql); !errors.Is(err, errBackend) {
+			t.Errorf("%s: %v, want the store's error", sql, err)
+		}
+	}
+	// An ALTER whose result is invalid is refused before writing.
+	s := NewMemStore()
+	mustRun(t, s, "CREATE RESOURCE GROUP x RU_PER_SEC=1 QUERY_LIMIT=(RU=1 ACTION=KILL)")
+	mustRun(t, s, "CREATE RESOURCE GROUP y RU_PER_SEC=1")
+	if _, err := Execute(context.Background(), &AlterGroup{Name: "y", Fields: FieldQueryLimit,
+		Options: Group{QueryLimit: &QueryLimit{RU: 1, Action: ActionSwitchGroup, SwitchGroup: "y"}}}, s); !errors.Is(err, ErrInvalid) {
+		t.Errorf("switch to self via ALTER: %v", err)
+	}
+	if _, err := Execute(context.Background(), &CreateGroup{Group: Group{Name: "z"}}, s); !errors.Is(err, ErrInvalid) {
+		t.Errorf("create without RU_PER_SEC: %v", err)
+	}
+	if _, err := Execute(context.Background(), &SelectGroups{Columns: []string{"BOGUS"}}, s); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("bogus column: %v", err)
+	}
+	r, err := Execute(context.Background(), &SelectGroups{}, s)
+	if err != nil || len(r.Columns) != 6 || len(r.Rows) != 3 {
+		t.Errorf("no columns = all columns: %v %v", r, err)
+	}
+}
+
+func TestHasSuper(t *testing.T) {
+	tests := []struct {
+		name   string
+		grants []string
+		want   bool
+	}{
+		{"mariadb root", []string{"GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` IDENTIFIED VIA mysql_native_password USING 'x' WITH GRANT OPTION", "GRANT PROXY ON ''@'%' TO 'root'@'localhost' WITH GRANT OPTION"}, true},
+		{"mysql all", []string{"GRANT ALL ON *.* TO 'a'@'%'"}, true},
+		{"super alone", []string{"GRANT SUPER ON *.* TO 'ops'@'%'"}, true},
+		{"super in a list", []string{"GRANT USAGE ON *.* TO 'u'@'%'", "grant select, process,  super , reload on *.* to `u`@`%`"}, true},
+		{"mysql 8 static list", []string{"GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, RELOAD, SHUTDOWN, PROCESS, FILE, REFERENCES, INDEX, ALTER, SHOW DATABASES, SUPER, CREATE TEMPORARY TABLES ON *.* TO `root`@`localhost` WITH GRANT OPTION"}, true},
+		{"backquoted star", []string{"GRANT SUPER ON `*`.`*` TO 'u'@'%'"}, true},
+		{"usage only", []string{"GRANT USAGE ON *.* TO 'u'@'%'"}, false},
+		{"db-level all", []string{"GRANT USAGE ON *.* TO 'u'@'%'", "GRANT ALL PRIVILEGES ON `app`.* TO 'u'@'%'"}, false},
+		{"table-level", []string{"GRANT SELECT (super, b), INSERT ON `db`.`t` TO 'u'@'%'"}, false},
+		{"column named super", []string{"GRANT SELECT (super), INSERT ON *.* TO 'u'@'%'"}, false},
+		{"dynamic privilege", []string{"GRANT RESOURCE_GROUP_ADMIN,CONNECTION_ADMIN ON *.* TO `u`@`%`"}, false},
+		{"role grant", []string{"GRANT `admin` TO `u`@`%`"}, false},
+		{"proxy", []string{"GRANT PROXY ON ''@'%' TO 'u'@'%'"}, false},
+		{"superuser word", []string{"GRANT SUPERVISE ON *.* TO 'u'@'%'"}, false},
+		{"not a grant", []string{"REVOKE SUPER ON *.* FROM 'u'", ""}, false},
+		{"none", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := HasSuper(tt.grants); got != tt.want {
+				t.Errorf("HasSuper = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

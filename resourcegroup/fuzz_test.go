@@ -1,0 +1,98 @@
+package resourcegroup
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+var fuzzSeeds = []string{
+	"CREATE RESOURCE GROUP IF NOT EXISTS rg1 RU_PER_SEC = 500 PRIORITY = HIGH BURSTABLE QUERY_LIMIT = (EXEC_ELAPSED = '60s', ACTION = SWITCH_GROUP(rg2), WATCH = SIMILAR DURATION = '10m');",
+	"create resource group `a``b` ru_per_sec=unlimited burstable=unlimited query_limit=(ru=5 action=kill watch=exact duration=unlimited)",
+	"ALTER RESOURCE GROUP rg1 RU_PER_SEC = 800 QUERY_LIMIT=NULL",
+	"DROP RESOURCE GROUP IF EXISTS rg1",
+	"ALTER USER 'app'@'%' RESOURCE GROUP rg1",
+	"ALTER USER app IDENTIFIED BY 'RESOURCE GROUP'",
+	"SET RESOURCE GROUP rg1",
+	"SELECT CURRENT_RESOURCE_GROUP()",
+	"SHOW CREATE RESOURCE GROUP rg1",
+	"SELECT name FROM information_schema.resource_groups WHERE NAME = 'rg1'",
+	"SHOW RESOURCE GROUP USAGE",
+	"SHOW LAST STATEMENT RU",
+	"/* c */ -- x\n# y\nSELECT /*+ RESOURCE_GROUP(rg1) */ 1",
+	"/*!40101 SET NAMES utf8 */",
+	"select 'a\\'b' from t",
+	"",
+}
+
+// FuzzParse: Parse never panics; IsAdmin accepts whatever Parse accepts;
+// any CREATE that parses renders to text that parses back to the same group.
+func FuzzParse(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, sql string) {
+		st, err := Parse(sql)
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("Parse(%q) error %T is not *Error", sql, err)
+			}
+			return
+		}
+		if !IsAdmin(sql) {
+			t.Fatalf("Parse(%q) succeeded but IsAdmin is false", sql)
+		}
+		c, ok := st.(*CreateGroup)
+		if !ok {
+			return
+		}
+		if err := c.Group.Validate(); err != nil {
+			t.Fatalf("Parse(%q) returned an invalid group: %v", sql, err)
+		}
+		text := c.Group.SQL()
+		st2, err := Parse(text)
+		if err != nil {
+			t.Fatalf("reparse of %q (from %q): %v", text, sql, err)
+		}
+		if c2, ok := st2.(*CreateGroup); !ok || !reflect.DeepEqual(c2.Group, c.Group) {
+			t.Fatalf("round trip of %q: %#v != %#v", sql, st2, c.Group)
+		}
+	})
+}
+
+// FuzzIsAdmin: IsAdmin never panics and agrees with Parse.
+func FuzzIsAdmin(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, sql string) {
+		admin := IsAdmin(sql)
+		if _, err := Parse(sql); err == nil && !admin {
+			t.Fatalf("Parse(%q) succeeded but IsAdmin is false", sql)
+		}
+	})
+}
+
+// FuzzExtractHint: ExtractHint never panics, returns a normalized name that
+// occurs in the query, and only for a query that has a hint comment.
+func FuzzExtractHint(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add(s)
+	}
+	f.Add("UPDATE /*+ a() RESOURCE_GROUP(`X y`) */ t SET a=1")
+	f.Fuzz(func(t *testing.T, q string) {
+		name, ok := ExtractHint(q)
+		if !ok {
+			if name != "" {
+				t.Fatalf("ExtractHint(%q) = %q without ok", q, name)
+			}
+			return
+		}
+		if name == "" || name != NormalizeName(name) {
+			t.Fatalf("ExtractHint(%q) = %q, not a normalized name", q, name)
+		}
+		if !strings.Contains(q, "/*+") || !strings.Contains(strings.ToLower(q), strings.ToLower(name)) && !strings.Contains(NormalizeName(q), name) {
+			t.Fatalf("ExtractHint(%q) = %q, not from a hint in the query", q, name)
+		}
+	})
+}

@@ -1,0 +1,235 @@
+package resourcegroup
+
+import "strings"
+
+// This file holds what runs on every statement: IsAdmin and ExtractHint.
+// Neither allocates unless it finds something (a hint's upper-case name).
+
+// scanner walks tokens of a statement without allocating. It follows the
+// lexer's rules for comments and quotes, so that IsAdmin agrees with Parse.
+type scanner struct {
+	s string
+	i int
+}
+
+// scanTok is a token seen by the scanner: word is the text of a bare or
+// backquoted identifier (backquoted ones with quote set), punct a single
+// byte, or both empty at the end or on anything the lexer would refuse.
+type scanTok struct {
+	word   string
+	quoted bool
+	punct  byte
+	end    bool
+}
+
+func (sc *scanner) next() scanTok {
+	i, ok := skipSpace(sc.s, sc.i)
+	if !ok || i >= len(sc.s) {
+		sc.i = len(sc.s)
+		return scanTok{end: true}
+	}
+	c := sc.s[i]
+	switch {
+	case isIdentByte(c):
+		j := i
+		for j < len(sc.s) && isIdentByte(sc.s[j]) {
+			j++
+		}
+		sc.i = j
+		return scanTok{word: sc.s[i:j]}
+	case c == '`':
+		j, ok := skipQuoted(sc.s, i, '`', false)
+		if !ok {
+			sc.i = len(sc.s)
+			return scanTok{end: true}
+		}
+		sc.i = j
+		return scanTok{word: sc.s[i+1 : j-1], quoted: true}
+	case c == '\'' || c == '"':
+		j, ok := skipQuoted(sc.s, i, c, true)
+		if !ok {
+			sc.i = len(sc.s)
+			return scanTok{end: true}
+		}
+		sc.i = j
+		return scanTok{punct: c}
+	}
+	sc.i = i + 1
+	return scanTok{punct: c}
+}
+
+// skipQuoted returns the offset after the quoted text at s[i] == q.
+func skipQuoted(s string, i int, q byte, backslash bool) (int, bool) {
+	j := i + 1
+	for j < len(s) {
+		c := s[j]
+		switch {
+		case c == q:
+			if j+1 < len(s) && s[j+1] == q {
+				j += 2
+				continue
+			}
+			return j + 1, true
+		case c == '\\' && backslash && j+1 < len(s):
+			j += 2
+		default:
+			j++
+		}
+	}
+	return j, false
+}
+
+// eqFold compares ASCII case-insensitively. Keywords are ASCII; unlike
+// strings.EqualFold it does not match Unicode look-alikes (ſ for s, K for
+// k), and the parser uses it too, so IsAdmin's cheap checks agree with Parse.
+func eqFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if lowerASCII(a[i]) != lowerASCII(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lowerASCII(c byte) byte {
+	if c >= 'A' && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// containsFold reports whether s contains the lower-case ASCII word sub,
+// ignoring ASCII case, without allocating.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if lowerASCII(s[i]) == sub[0] && eqFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// isKw reports whether t is the bare keyword kw (case-insensitive).
+func (t scanTok) isKw(kw string) bool { return !t.quoted && eqFold(t.word, kw) }
+
+// IsAdmin reports, cheaply and without allocating, whether query is one of
+// the statements rgproxy executes itself (every statement Parse accepts,
+// and SELECTs on information_schema.resource_groups or runaway_watches).
+// Leading comments are skipped; an executable comment (/*! */) is not.
+func IsAdmin(query string) bool {
+	sc := scanner{s: query}
+	first := sc.next()
+	switch {
+	case first.isKw("CREATE"), first.isKw("DROP"), first.isKw("SET"):
+		return sc.next().isKw("RESOURCE")
+	case first.isKw("ALTER"):
+		t := sc.next()
+		if t.isKw("RESOURCE") {
+			return true
+		}
+		if !t.isKw("USER") {
+			return false
+		}
+		// ALTER USER ... RESOURCE GROUP; a plain ALTER USER (password,
+		// locks) goes to the backend.
+		prevResource := false
+		for t = sc.next(); !t.end; t = sc.next() {
+			if prevResource && t.isKw("GROUP") {
+				return true
+			}
+			prevResource = t.isKw("RESOURCE")
+		}
+		return false
+	case first.isKw("SHOW"):
+		t := sc.next()
+		switch {
+		case t.isKw("CREATE"):
+			return sc.next().isKw("RESOURCE")
+		case t.isKw("RESOURCE"):
+			return true
+		case t.isKw("LAST"):
+			return sc.next().isKw("STATEMENT")
+		}
+		return false
+	case first.isKw("QUERY"):
+		return sc.next().isKw("WATCH")
+	case first.isKw("SELECT"):
+		// Most SELECTs name neither table nor function: a byte scan rules
+		// them out before tokenizing.
+		if !containsFold(query[sc.i:], "resource_group") && !containsFold(query[sc.i:], "runaway_watches") {
+			return false
+		}
+		// state: 0 nothing, 1 after information_schema, 2 after its dot.
+		state := 0
+		for t := sc.next(); !t.end; t = sc.next() {
+			switch {
+			case t.isKw("CURRENT_RESOURCE_GROUP"):
+				return true
+			case state == 2 && t.word != "" && (eqFold(t.word, "resource_groups") || eqFold(t.word, "runaway_watches")):
+				return true
+			case state == 1 && t.punct == '.':
+				state = 2
+			case t.word != "" && eqFold(t.word, "information_schema"):
+				state = 1
+			default:
+				state = 0
+			}
+		}
+	}
+	return false
+}
+
+// ExtractHint returns the group named by a /*+ RESOURCE_GROUP(name) */ hint
+// placed right after the statement's first keyword (SELECT, INSERT, UPDATE,
+// DELETE or REPLACE), as TiDB allows. With several, the last one wins, as
+// in TiDB. The name is normalized. It allocates only for a name that is not
+// already lower case.
+func ExtractHint(query string) (string, bool) {
+	sc := scanner{s: query}
+	first := sc.next()
+	if !(first.isKw("SELECT") || first.isKw("INSERT") || first.isKw("UPDATE") || first.isKw("DELETE") || first.isKw("REPLACE")) {
+		return "", false
+	}
+	i := sc.i
+	for i < len(query) && (query[i] == ' ' || query[i] == '\t' || query[i] == '\n' || query[i] == '\r') {
+		i++
+	}
+	if !strings.HasPrefix(query[i:], "/*+") {
+		return "", false
+	}
+	end := strings.Index(query[i+3:], "*/")
+	if end < 0 {
+		return "", false
+	}
+	body := query[i+3 : i+3+end]
+	hs := scanner{s: body}
+	name, found := "", false
+	for t := hs.next(); !t.end; t = hs.next() {
+		if !t.isKw("RESOURCE_GROUP") {
+			continue
+		}
+		save := hs.i
+		if hs.next().punct != '(' {
+			hs.i = save
+			continue
+		}
+		arg := hs.next()
+		if arg.word == "" || hs.next().punct != ')' {
+			hs.i = save
+			continue
+		}
+		name, found = arg.word, true
+	}
+	if !found {
+		return "", false
+	}
+	for k := 0; k < len(name); k++ {
+		if c := name[k]; c >= 'A' && c <= 'Z' || c >= 0x80 {
+			return NormalizeName(name), true
+		}
+	}
+	return name, true
+}

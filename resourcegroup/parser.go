@@ -1,0 +1,755 @@
+package resourcegroup
+
+// The parser is a small hand-written lexer and recursive-descent parser for
+// exactly the admin statements rgproxy owns (TiDB's resource-group syntax
+// plus rgproxy's own SHOW statements). TiDB's parser package speaks the same
+// grammar but pulls a large dependency tree into a build that runs on two
+// cores, and does not know rgproxy's additions. Only statements that pass
+// IsAdmin reach it, so it is off the per-statement hot path.
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// infoSchemaColumns are the columns of information_schema.resource_groups,
+// in TiDB's order.
+var infoSchemaColumns = [...]string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND"}
+
+// InfoSchemaColumns returns the columns of information_schema.resource_groups.
+func InfoSchemaColumns() []string {
+	out := infoSchemaColumns
+	return out[:]
+}
+
+// selectShape is the message of 1235 for an unsupported query shape.
+const selectShape = "this query on information_schema.resource_groups; use SELECT * | NAME, RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, BACKGROUND FROM information_schema.resource_groups [WHERE NAME = '...']"
+
+// watchesShape is the message of 1235 for other queries on runaway_watches.
+const watchesShape = "this query on information_schema.runaway_watches; use SELECT * FROM information_schema.runaway_watches"
+
+// parser holds one token of look-ahead.
+type parser struct {
+	lex lexer
+	tok token
+}
+
+// Parse parses one admin statement. Errors are *Error: 1064 with the
+// position, 1105 for invalid values (TiDB's wording), 1235 for shapes
+// rgproxy does not implement, 1295 for more than one statement.
+func Parse(sql string) (Statement, error) {
+	p := &parser{lex: lexer{src: sql}}
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	st, err := p.statement()
+	if err != nil {
+		return nil, err
+	}
+	if p.isPunct(";") {
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if p.tok.kind != tkEOF {
+			return nil, NewNotAllowedInPrepare()
+		}
+	}
+	if p.tok.kind != tkEOF {
+		return nil, p.fail()
+	}
+	return st, nil
+}
+
+func (p *parser) advance() error {
+	t, err := p.lex.next()
+	if err != nil {
+		return err
+	}
+	p.tok = t
+	return nil
+}
+
+func (p *parser) fail() error { return NewSyntax(p.lex.src, p.tok.pos) }
+
+func (p *parser) isWord(kw string) bool {
+	return p.tok.kind == tkWord && eqFold(p.tok.text, kw)
+}
+
+func (p *parser) isPunct(c string) bool { return p.tok.kind == tkPunct && p.tok.text == c }
+
+// expectWords consumes the keywords kws in order.
+func (p *parser) expectWords(kws ...string) error {
+	for _, kw := range kws {
+		if !p.isWord(kw) {
+			return p.fail()
+		}
+		if err := p.advance(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *parser) expectPunct(c string) error {
+	if !p.isPunct(c) {
+		return p.fail()
+	}
+	return p.advance()
+}
+
+// acceptPunct consumes c if it is next.
+func (p *parser) acceptPunct(c string) (bool, error) {
+	if !p.isPunct(c) {
+		return false, nil
+	}
+	return true, p.advance()
+}
+
+// optionalEq consumes an optional "=", which TiDB allows after option names.
+func (p *parser) optionalEq() error {
+	_, err := p.acceptPunct("=")
+	return err
+}
+
+func (p *parser) statement() (Statement, error) {
+	switch {
+	case p.isWord("CREATE"):
+		return p.create()
+	case p.isWord("ALTER"):
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if p.isWord("USER") {
+			return p.alterUser()
+		}
+		return p.alterGroup()
+	case p.isWord("DROP"):
+		return p.drop()
+	case p.isWord("SET"):
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if err := p.expectWords("RESOURCE", "GROUP"); err != nil {
+			return nil, err
+		}
+		name, err := p.groupName()
+		if err != nil {
+			return nil, err
+		}
+		return &SetGroup{Name: name}, nil
+	case p.isWord("SHOW"):
+		return p.show()
+	case p.isWord("SELECT"):
+		return p.selectStmt()
+	case p.isWord("QUERY"):
+		return p.queryWatch()
+	}
+	return nil, p.fail()
+}
+
+// groupName reads a group name (bare or backquoted) and normalizes it.
+func (p *parser) groupName() (string, error) {
+	if p.tok.kind != tkWord && p.tok.kind != tkQIdent {
+		return "", p.fail()
+	}
+	name := NormalizeName(p.tok.text)
+	if err := ValidateName(name); err != nil {
+		return "", err
+	}
+	return name, p.advance()
+}
+
+func (p *parser) ifExists() (bool, error) {
+	if !p.isWord("IF") {
+		return false, nil
+	}
+	if err := p.advance(); err != nil {
+		return false, err
+	}
+	return true, p.expectWords("EXISTS")
+}
+
+func (p *parser) create() (Statement, error) {
+	if err := p.expectWords("CREATE", "RESOURCE", "GROUP"); err != nil {
+		return nil, err
+	}
+	st := &CreateGroup{}
+	if p.isWord("IF") {
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if err := p.expectWords("NOT", "EXISTS"); err != nil {
+			return nil, err
+		}
+		st.IfNotExists = true
+	}
+	name, err := p.groupName()
+	if err != nil {
+		return nil, err
+	}
+	g, fields, err := p.options()
+	if err != nil {
+		return nil, err
+	}
+	if fields == 0 {
+		// TiDB's grammar needs at least one option.
+		return nil, p.fail()
+	}
+	g.Name = name
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	st.Group = g
+	return st, nil
+}
+
+func (p *parser) alterGroup() (Statement, error) {
+	if err := p.expectWords("RESOURCE", "GROUP"); err != nil {
+		return nil, err
+	}
+	st := &AlterGroup{}
+	var err error
+	if st.IfExists, err = p.ifExists(); err != nil {
+		return nil, err
+	}
+	if st.Name, err = p.groupName(); err != nil {
+		return nil, err
+	}
+	if st.Options, st.Fields, err = p.options(); err != nil {
+		return nil, err
+	}
+	if st.Fields == 0 {
+		return nil, p.fail()
+	}
+	st.Options.Name = st.Name
+	if q := st.Options.QueryLimit; q != nil {
+		if err := q.validate(st.Name); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+func (p *parser) drop() (Statement, error) {
+	if err := p.expectWords("DROP", "RESOURCE", "GROUP"); err != nil {
+		return nil, err
+	}
+	st := &DropGroup{}
+	var err error
+	if st.IfExists, err = p.ifExists(); err != nil {
+		return nil, err
+	}
+	if st.Name, err = p.groupName(); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// alterUser parses ALTER USER [IF EXISTS] user[@host] RESOURCE GROUP name.
+func (p *parser) alterUser() (Statement, error) {
+	if err := p.expectWords("USER"); err != nil {
+		return nil, err
+	}
+	st := &AlterUserGroup{Host: "%"}
+	var err error
+	if st.IfExists, err = p.ifExists(); err != nil {
+		return nil, err
+	}
+	if p.tok.kind != tkWord && p.tok.kind != tkQIdent && p.tok.kind != tkString {
+		return nil, p.fail()
+	}
+	st.User = p.tok.text
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	if ok, err := p.acceptPunct("@"); err != nil {
+		return nil, err
+	} else if ok {
+		if p.tok.kind != tkWord && p.tok.kind != tkQIdent && p.tok.kind != tkString && p.tok.kind != tkNumber {
+			return nil, p.fail()
+		}
+		st.Host = p.tok.text
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		// An unquoted IP host lexes as number . number ...
+		for p.isPunct(".") {
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+			if p.tok.kind != tkWord && p.tok.kind != tkNumber {
+				return nil, p.fail()
+			}
+			st.Host += "." + p.tok.text
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := p.expectWords("RESOURCE", "GROUP"); err != nil {
+		return nil, err
+	}
+	if p.tok.kind == tkQIdent && p.tok.text == "" {
+		// TiDB takes RESOURCE GROUP `` as default.
+		st.Group = DefaultGroup
+		return st, p.advance()
+	}
+	if st.Group, err = p.groupName(); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func (p *parser) show() (Statement, error) {
+	if err := p.expectWords("SHOW"); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.isWord("CREATE"):
+		if err := p.expectWords("CREATE", "RESOURCE", "GROUP"); err != nil {
+			return nil, err
+		}
+		name, err := p.groupName()
+		if err != nil {
+			return nil, err
+		}
+		return &ShowCreateGroup{Name: name}, nil
+	case p.isWord("RESOURCE"):
+		if err := p.expectWords("RESOURCE", "GROUP", "USAGE"); err != nil {
+			return nil, err
+		}
+		return &ShowUsage{}, nil
+	case p.isWord("LAST"):
+		if err := p.expectWords("LAST", "STATEMENT", "RU"); err != nil {
+			return nil, err
+		}
+		return &ShowLastStatementRU{}, nil
+	}
+	return nil, p.fail()
+}
+
+// selectStmt parses SELECT CURRENT_RESOURCE_GROUP() and the supported
+// queries on information_schema.resource_groups and runaway_watches.
+// Anything else that mentions those tables is 1235.
+func (p *parser) selectStmt() (Statement, error) {
+	if err := p.expectWords("SELECT"); err != nil {
+		return nil, err
+	}
+	if p.isWord("CURRENT_RESOURCE_GROUP") {
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if err := p.expectPunct("("); err != nil {
+			return nil, err
+		}
+		if err := p.expectPunct(")"); err != nil {
+			return nil, err
+		}
+		if p.tok.kind != tkEOF && !p.isPunct(";") {
+			return nil, NewUnsupported("CURRENT_RESOURCE_GROUP() in a larger query; use SELECT CURRENT_RESOURCE_GROUP() alone")
+		}
+		return &CurrentGroup{}, nil
+	}
+	// The select list: * or plain column names, kept as tokens until the
+	// table is known.
+	var cols []token
+	star, err := p.acceptPunct("*")
+	if err != nil {
+		return nil, err
+	}
+	for !star {
+		if p.tok.kind != tkWord && p.tok.kind != tkQIdent || p.isWord("FROM") {
+			return nil, NewUnsupported(selectShape)
+		}
+		cols = append(cols, p.tok)
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if ok, err := p.acceptPunct(","); err != nil {
+			return nil, err
+		} else if !ok {
+			break
+		}
+	}
+	if !p.isWord("FROM") {
+		return nil, NewUnsupported(selectShape)
+	}
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	if !p.isIdent("information_schema") {
+		return nil, NewUnsupported(selectShape)
+	}
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	if !p.isPunct(".") {
+		return nil, NewUnsupported(selectShape)
+	}
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	if p.isIdent("runaway_watches") {
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if !star || p.tok.kind != tkEOF && !p.isPunct(";") {
+			return nil, NewUnsupported(watchesShape)
+		}
+		return &SelectWatches{}, nil
+	}
+	if !p.isIdent("resource_groups") {
+		return nil, NewUnsupported(selectShape)
+	}
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	st := &SelectGroups{}
+	if star {
+		st.Columns = InfoSchemaColumns()
+	}
+	for _, c := range cols {
+		name, ok := infoColumn(c)
+		if !ok {
+			return nil, NewUnsupported(selectShape)
+		}
+		st.Columns = append(st.Columns, name)
+	}
+	if p.isWord("WHERE") {
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if !p.isIdent("NAME") {
+			return nil, NewUnsupported(selectShape)
+		}
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if !p.isPunct("=") {
+			return nil, NewUnsupported(selectShape)
+		}
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if p.tok.kind != tkString {
+			return nil, NewUnsupported(selectShape)
+		}
+		st.Name, st.HasWhere = NormalizeName(p.tok.text), true
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+	}
+	if p.tok.kind != tkEOF && !p.isPunct(";") {
+		return nil, NewUnsupported(selectShape)
+	}
+	return st, nil
+}
+
+// isIdent reports whether the token is the identifier name, bare or quoted.
+func (p *parser) isIdent(name string) bool {
+	return (p.tok.kind == tkWord || p.tok.kind == tkQIdent) && eqFold(p.tok.text, name)
+}
+
+// infoColumn maps a token to an information_schema.resource_groups column.
+func infoColumn(t token) (string, bool) {
+	for _, c := range infoSchemaColumns {
+		if eqFold(t.text, c) {
+			return c, true
+		}
+	}
+	return "", false
+}
+
+// options parses the option list of CREATE/ALTER RESOURCE GROUP, separated
+// by spaces or commas. A repeated option is a syntax error, as in TiDB.
+func (p *parser) options() (Group, Field, error) {
+	var g Group
+	var fields Field
+	for {
+		var f Field
+		start := p.tok
+		switch {
+		case p.isWord("RU_PER_SEC"):
+			f = FieldRUPerSec
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return g, 0, err
+			}
+			v, err := p.ruValue(true)
+			if err != nil {
+				return g, 0, err
+			}
+			g.RUPerSec = v
+		case p.isWord("PRIORITY"):
+			f = FieldPriority
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return g, 0, err
+			}
+			switch {
+			case p.isWord("LOW"):
+				g.Priority = PriorityLow
+			case p.isWord("MEDIUM"):
+				g.Priority = PriorityMedium
+			case p.isWord("HIGH"):
+				g.Priority = PriorityHigh
+			default:
+				return g, 0, p.fail()
+			}
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+		case p.isWord("BURSTABLE"):
+			f = FieldBurst
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+			g.Burst = BurstModerated
+			eq, err := p.acceptPunct("=")
+			if err != nil {
+				return g, 0, err
+			}
+			if mode, ok := p.burstValue(); ok {
+				g.Burst = mode
+				if err := p.advance(); err != nil {
+					return g, 0, err
+				}
+			} else if eq {
+				return g, 0, p.fail()
+			}
+		case p.isWord("QUERY_LIMIT"):
+			f = FieldQueryLimit
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return g, 0, err
+			}
+			q, err := p.queryLimit()
+			if err != nil {
+				return g, 0, err
+			}
+			g.QueryLimit = q
+		case p.isWord("BACKGROUND"):
+			return g, 0, NewUnsupported("BACKGROUND")
+		case p.isWord("CPU"), p.isWord("IO_READ_BANDWIDTH"), p.isWord("IO_WRITE_BANDWIDTH"):
+			return g, 0, NewUnsupported(strings.ToUpper(p.tok.text) + " (raw resource mode)")
+		default:
+			return g, fields, nil
+		}
+		if fields&f != 0 {
+			return g, 0, NewSyntax(p.lex.src, start.pos)
+		}
+		fields |= f
+		if _, err := p.acceptPunct(","); err != nil {
+			return g, 0, err
+		}
+	}
+}
+
+// burstValue maps the current token to a BURSTABLE mode.
+func (p *parser) burstValue() (BurstMode, bool) {
+	switch {
+	case p.isWord("MODERATED"), p.isWord("TRUE"):
+		return BurstModerated, true
+	case p.isWord("UNLIMITED"):
+		return BurstUnlimited, true
+	case p.isWord("OFF"), p.isWord("FALSE"):
+		return BurstOff, true
+	}
+	return 0, false
+}
+
+// ruValue reads an RU amount: a positive integer or, when unlimited is
+// allowed, UNLIMITED.
+func (p *parser) ruValue(unlimited bool) (uint64, error) {
+	switch {
+	case unlimited && p.isWord("UNLIMITED"):
+		return Unlimited, p.advance()
+	case p.tok.kind == tkNumber:
+		v, err := strconv.ParseUint(p.tok.text, 10, 64)
+		if err != nil || v == Unlimited {
+			return 0, NewInvalid(fmt.Sprintf("%s: RU value %s is out of range", msgInvalidSetting, p.tok.text))
+		}
+		if v == 0 {
+			return 0, NewInvalid(msgUnknownMode + ": RU_PER_SEC must be greater than 0")
+		}
+		return v, p.advance()
+	}
+	return 0, p.fail()
+}
+
+// queryLimit parses NULL or ( runaway options ).
+func (p *parser) queryLimit() (*QueryLimit, error) {
+	if p.isWord("NULL") {
+		return nil, p.advance()
+	}
+	if err := p.expectPunct("("); err != nil {
+		return nil, err
+	}
+	if ok, err := p.acceptPunct(")"); err != nil || ok {
+		// QUERY_LIMIT=() also removes the limit, as in TiDB.
+		return nil, err
+	}
+	q := &QueryLimit{}
+	const (
+		seenElapsed = 1 << iota
+		seenRU
+		seenAction
+		seenWatch
+		seenDuration
+	)
+	seen := 0
+	for !p.isPunct(")") {
+		start := p.tok
+		var this int
+		switch {
+		case p.isWord("EXEC_ELAPSED"):
+			this = seenElapsed
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return nil, err
+			}
+			d, err := p.duration(msgInvalidElapsed, false)
+			if err != nil {
+				return nil, err
+			}
+			q.ExecElapsed = d
+		case p.isWord("RU"):
+			this = seenRU
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return nil, err
+			}
+			if p.tok.kind == tkNumber && strings.Trim(p.tok.text, "0") == "" {
+				return nil, NewInvalid(msgInvalidSetting + ": QUERY_LIMIT RU must be greater than 0")
+			}
+			v, err := p.ruValue(false)
+			if err != nil {
+				return nil, err
+			}
+			q.RU = v
+		case p.isWord("PROCESSED_KEYS"):
+			return nil, NewUnsupported("QUERY_LIMIT PROCESSED_KEYS")
+		case p.isWord("ACTION"):
+			this = seenAction
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return nil, err
+			}
+			if err := p.action(q); err != nil {
+				return nil, err
+			}
+		case p.isWord("WATCH"):
+			this = seenWatch
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return nil, err
+			}
+			switch {
+			case p.isWord("EXACT"):
+				q.Watch = WatchExact
+			case p.isWord("SIMILAR"):
+				q.Watch = WatchSimilar
+			case p.isWord("PLAN"):
+				return nil, NewUnsupported("WATCH = PLAN")
+			default:
+				return nil, p.fail()
+			}
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+		case p.isWord("DURATION"):
+			this = seenDuration
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return nil, err
+			}
+			d, err := p.duration(msgInvalidWatch+": invalid DURATION", true)
+			if err != nil {
+				return nil, err
+			}
+			q.WatchDuration = d
+		default:
+			return nil, p.fail()
+		}
+		if seen&this != 0 {
+			return nil, NewSyntax(p.lex.src, start.pos)
+		}
+		seen |= this
+		if _, err := p.acceptPunct(","); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	if seen&seenDuration != 0 && seen&seenWatch == 0 {
+		return nil, NewInvalid(msgInvalidWatch + ": DURATION needs WATCH")
+	}
+	return q, nil
+}
+
+// duration reads a quoted Go duration ('60s', "10m"); UNLIMITED (0) is
+// allowed when unlimited is set. Errors are 1105 starting with msg.
+func (p *parser) duration(msg string, unlimited bool) (time.Duration, error) {
+	if unlimited && p.isWord("UNLIMITED") {
+		return 0, p.advance()
+	}
+	if p.tok.kind != tkString {
+		return 0, p.fail()
+	}
+	d, err := time.ParseDuration(p.tok.text)
+	if err != nil {
+		return 0, NewInvalid(fmt.Sprintf("%s: %v", msg, err))
+	}
+	if d <= 0 {
+		return 0, NewInvalid(fmt.Sprintf("%s: %q is not positive", msg, p.tok.text))
+	}
+	return d, p.advance()
+}
+
+// action parses DRYRUN | COOLDOWN | KILL | SWITCH_GROUP(name) into q.
+func (p *parser) action(q *QueryLimit) error {
+	switch {
+	case p.isWord("DRYRUN"):
+		q.Action = ActionDryRun
+	case p.isWord("COOLDOWN"):
+		q.Action = ActionCooldown
+	case p.isWord("KILL"):
+		q.Action = ActionKill
+	case p.isWord("SWITCH_GROUP"):
+		q.Action = ActionSwitchGroup
+		if err := p.advance(); err != nil {
+			return err
+		}
+		if err := p.expectPunct("("); err != nil {
+			return err
+		}
+		name, err := p.groupName()
+		if err != nil {
+			return err
+		}
+		q.SwitchGroup = name
+		return p.expectPunct(")")
+	default:
+		return p.fail()
+	}
+	return p.advance()
+}

@@ -1,0 +1,235 @@
+package resourcegroup
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	ql := func(q QueryLimit) *QueryLimit { return &q }
+	tests := []struct {
+		sql  string
+		want Statement
+	}{
+		{"CREATE RESOURCE GROUP rg1 RU_PER_SEC = 500",
+			&CreateGroup{Group: Group{Name: "rg1", RUPerSec: 500}}},
+		{"create resource group if not exists `RG1` ru_per_sec=500, priority=low, burstable;",
+			&CreateGroup{IfNotExists: true, Group: Group{Name: "rg1", RUPerSec: 500, Priority: PriorityLow, Burst: BurstModerated}}},
+		{"CREATE RESOURCE GROUP rg1 RU_PER_SEC = 500 PRIORITY = HIGH BURSTABLE = UNLIMITED",
+			&CreateGroup{Group: Group{Name: "rg1", RUPerSec: 500, Priority: PriorityHigh, Burst: BurstUnlimited}}},
+		{"CREATE RESOURCE GROUP rg1 BURSTABLE=OFF RU_PER_SEC UNLIMITED PRIORITY MEDIUM",
+			&CreateGroup{Group: Group{Name: "rg1", RUPerSec: Unlimited}}},
+		{"CREATE RESOURCE GROUP rg1 RU_PER_SEC=1 BURSTABLE=TRUE", &CreateGroup{Group: Group{Name: "rg1", RUPerSec: 1, Burst: BurstModerated}}},
+		{"CREATE RESOURCE GROUP rg1 RU_PER_SEC=1 BURSTABLE=false", &CreateGroup{Group: Group{Name: "rg1", RUPerSec: 1}}},
+		{"CREATE RESOURCE GROUP rg1 RU_PER_SEC=1 BURSTABLE=moderated", &CreateGroup{Group: Group{Name: "rg1", RUPerSec: 1, Burst: BurstModerated}}},
+		{"CREATE RESOURCE GROUP rg1 RU_PER_SEC = 500 QUERY_LIMIT = (EXEC_ELAPSED = '60s', ACTION = SWITCH_GROUP(Rg2), WATCH = SIMILAR DURATION = '10m')",
+			&CreateGroup{Group: Group{Name: "rg1", RUPerSec: 500, QueryLimit: ql(QueryLimit{ExecElapsed: time.Minute, Action: ActionSwitchGroup, SwitchGroup: "rg2", Watch: WatchSimilar, WatchDuration: 10 * time.Minute})}}},
+		{"create resource group y BURSTABLE RU_PER_SEC=2000 QUERY_LIMIT=(EXEC_ELAPSED='1s' action COOLDOWN WATCH EXACT duration '1h')",
+			&CreateGroup{Group: Group{Name: "y", RUPerSec: 2000, Burst: BurstModerated, QueryLimit: ql(QueryLimit{ExecElapsed: time.Second, Action: ActionCooldown, Watch: WatchExact, WatchDuration: time.Hour})}}},
+		{`CREATE RESOURCE GROUP x RU_PER_SEC=1 QUERY_LIMIT=(RU=1000 ACTION=DRYRUN WATCH=EXACT DURATION=UNLIMITED)`,
+			&CreateGroup{Group: Group{Name: "x", RUPerSec: 1, QueryLimit: ql(QueryLimit{RU: 1000, Action: ActionDryRun, Watch: WatchExact})}}},
+		{`CREATE RESOURCE GROUP x RU_PER_SEC=1 QUERY_LIMIT=(EXEC_ELAPSED="1.5s" ACTION=KILL)`,
+			&CreateGroup{Group: Group{Name: "x", RUPerSec: 1, QueryLimit: ql(QueryLimit{ExecElapsed: 1500 * time.Millisecond, Action: ActionKill})}}},
+		{"CREATE RESOURCE GROUP x RU_PER_SEC=1 QUERY_LIMIT=NULL", &CreateGroup{Group: Group{Name: "x", RUPerSec: 1}}},
+		{"/* c */ -- line\n# hash\n  CREATE /*+ x */ RESOURCE GROUP x RU_PER_SEC=1 --", &CreateGroup{Group: Group{Name: "x", RUPerSec: 1}}},
+		{"ALTER RESOURCE GROUP rg1 RU_PER_SEC = 800",
+			&AlterGroup{Name: "rg1", Fields: FieldRUPerSec, Options: Group{Name: "rg1", RUPerSec: 800}}},
+		{"alter resource group if exists `default` priority=low burstable=off query_limit=null",
+			&AlterGroup{IfExists: true, Name: "default", Fields: FieldPriority | FieldBurst | FieldQueryLimit, Options: Group{Name: "default", Priority: PriorityLow}}},
+		{"ALTER RESOURCE GROUP rg1 QUERY_LIMIT=()",
+			&AlterGroup{Name: "rg1", Fields: FieldQueryLimit, Options: Group{Name: "rg1"}}},
+		{"ALTER RESOURCE GROUP rg1 QUERY_LIMIT=(EXEC_ELAPSED='20s' ACTION DRYRUN WATCH SIMILAR)",
+			&AlterGroup{Name: "rg1", Fields: FieldQueryLimit, Options: Group{Name: "rg1", QueryLimit: ql(QueryLimit{ExecElapsed: 20 * time.Second, Action: ActionDryRun, Watch: WatchSimilar})}}},
+		{"DROP RESOURCE GROUP rg1", &DropGroup{Name: "rg1"}},
+		{"drop resource group if exists RG1;", &DropGroup{IfExists: true, Name: "rg1"}},
+		{"ALTER USER 'app'@'%' RESOURCE GROUP rg1", &AlterUserGroup{User: "app", Host: "%", Group: "rg1"}},
+		{"ALTER USER app RESOURCE GROUP `RG1`", &AlterUserGroup{User: "app", Host: "%", Group: "rg1"}},
+		{"alter user if exists `a b`@10.0.0.1 resource group default", &AlterUserGroup{IfExists: true, User: "a b", Host: "10.0.0.1", Group: "default"}},
+		{`ALTER USER "app"@localhost RESOURCE GROUP ` + "``", &AlterUserGroup{User: "app", Host: "localhost", Group: "default"}},
+		{"SET RESOURCE GROUP Rg1", &SetGroup{Name: "rg1"}},
+		{"set resource group `default`;", &SetGroup{Name: "default"}},
+		{"SELECT CURRENT_RESOURCE_GROUP()", &CurrentGroup{}},
+		{"select current_resource_group ( ) ;", &CurrentGroup{}},
+		{"SHOW CREATE RESOURCE GROUP rg1", &ShowCreateGroup{Name: "rg1"}},
+		{"SHOW RESOURCE GROUP USAGE", &ShowUsage{}},
+		{"show last statement ru;", &ShowLastStatementRU{}},
+		{"SELECT * FROM information_schema.resource_groups", &SelectGroups{Columns: InfoSchemaColumns()}},
+		{"SELECT * FROM INFORMATION_SCHEMA.RESOURCE_GROUPS WHERE NAME = 'RG1';", &SelectGroups{Columns: InfoSchemaColumns(), Name: "rg1", HasWhere: true}},
+		{"select name, `ru_per_sec`, query_limit from `information_schema`.`resource_groups` where `name`=\"x\"",
+			&SelectGroups{Columns: []string{"NAME", "RU_PER_SEC", "QUERY_LIMIT"}, Name: "x", HasWhere: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.sql, func(t *testing.T) {
+			got, err := Parse(tt.sql)
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got  %#v\nwant %#v", got, tt.want)
+			}
+			if !IsAdmin(tt.sql) {
+				t.Errorf("IsAdmin = false for a statement Parse accepts")
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		sql  string
+		code uint16
+		msg  string // substring of the message
+	}{
+		{"CREATE RESOURCE GROUP x", 1064, "near '' at line 1"},
+		{"CREATE RESOURCE GROUP x PRIORITY=HIGHT", 1064, "near 'HIGHT'"},
+		{"create resource group x ru_per_sec=1000 ru_per_sec=200", 1064, "near 'ru_per_sec=200'"},
+		{"create resource group x burstable, burstable", 1064, "near 'burstable'"},
+		{"create resource group x ru_per_sec=1000 burstable QUERY_LIMIT=(EXEC_ELAPSED='15s' action kill action cooldown)", 1064, "near 'action cooldown)'"},
+		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='15s' action kil)", 1064, "near 'kil)'"},
+		{"create resource group x ru_per_sec=1000 EXEC_ELAPSED='15s' action kill", 1064, "near 'EXEC_ELAPSED"},
+		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(action kill)", 1105, "invalid exec elapsed time"},
+		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='15s')", 1105, "unknown resource group runaway action"},
+		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='15d' action kill)", 1105, `unknown unit "d"`},
+		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='-1s' action kill)", 1105, "invalid exec elapsed time"},
+		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED=15 action kill)", 1064, "near '15 action"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=0 action kill)", 1105, "QUERY_LIMIT RU must be greater than 0"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 EXEC_ELAPSED='1s' action kill)", 1105, "only one of"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action kill DURATION='1m')", 1105, "DURATION needs WATCH"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action kill WATCH=EXACT DURATION='bad')", 1105, "invalid runaway watch"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action kill WATCH=PLAN)", 1235, "WATCH = PLAN"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action kill WATCH=FOO)", 1064, "near 'FOO)'"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(PROCESSED_KEYS=5 action kill)", 1235, "PROCESSED_KEYS"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action switch_group(x))", 1105, "must differ"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action switch_group x)", 1064, "near 'x)'"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action switch_group(y)", 1064, "near ''"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=5", 1064, "near '5'"},
+		{"create resource group x ru_per_sec=0", 1105, "unknown resource group mode"},
+		{"create resource group x ru_per_sec=99999999999999999999999", 1105, "out of range"},
+		{"create resource group x ru_per_sec=18446744073709551615", 1105, "out of range"},
+		{"create resource group x ru_per_sec=-5", 1064, "near '-5'"},
+		{"create resource group x priority=high", 1105, "unknown resource group mode"},
+		{"create resource group x ru_per_sec=1 burstable=", 1064, "near ''"},
+		{"create resource group x ru_per_sec=1 background=(task_types='br')", 1235, "BACKGROUND"},
+		{"create resource group x cpu='8'", 1235, "raw resource mode"},
+		{"create resource group " + strings.Repeat("a", 33) + " ru_per_sec=1", 1105, "resource group name too long"},
+		{"create resource group 'x' ru_per_sec=1", 1064, "near ''x' ru_per_sec"},
+		{"create resource group if exists x ru_per_sec=1", 1064, "near 'exists"},
+		{"create resource group x ru_per_sec=1 foo", 1064, "near 'foo'"},
+		{"create resource group `x ru_per_sec=1", 1064, "near '`x"},
+		{"create resource group x ru_per_sec=1 /* open", 1064, "near '/* open'"},
+		{"create resource group x ru_per_sec=1; drop resource group x", 1295, "prepared statement protocol"},
+		{"/*!80000 create resource group x ru_per_sec=1 */", 1064, "near '/*!80000"},
+		{"create resource group x ru_per_sec=1 /*M! priority=low */", 1064, "near '/*M!"},
+		{"alter resource group x", 1064, "near ''"},
+		{"alter resource group x query_limit=(ru=1)", 1105, "unknown resource group runaway action"},
+		{"alter resource group if x ru_per_sec=1", 1064, "near 'x ru_per_sec"},
+		{"alter table x add c int", 1064, "near 'table"},
+		{"drop resource group", 1064, "near ''"},
+		{"drop resource group x y", 1064, "near 'y'"},
+		{"alter user app resource group", 1064, "near ''"},
+		{"alter user app@ resource group rg", 1064, "near 'group rg'"},
+		{"alter user app@10. resource group rg", 1064, "near 'group rg'"},
+		{"alter user app@10.= resource group rg", 1064, "near '= resource"},
+		{"alter user app@= resource group rg", 1064, "near '= resource"},
+		{"alter user = resource group rg", 1064, "near '= resource"},
+		{"alter user app identified by 'x'", 1064, "near 'identified"},
+		{"set resource group", 1064, "near ''"},
+		{"set resource x", 1064, "near 'x'"},
+		{"show create resource group", 1064, "near ''"},
+		{"show resource group", 1064, "near ''"},
+		{"show last statement", 1064, "near ''"},
+		{"show tables", 1064, "near 'tables'"},
+		{"select current_resource_group(", 1064, "near ''"},
+		{"select current_resource_group(), 1", 1235, "CURRENT_RESOURCE_GROUP() in a larger query"},
+		{"select count(*) from information_schema.resource_groups", 1235, "information_schema.resource_groups"},
+		{"select name from information_schema.resource_groups order by name", 1235, "use SELECT *"},
+		{"select * from information_schema.resource_groups where ru_per_sec = 1", 1235, "use SELECT *"},
+		{"select * from information_schema.resource_groups where name = 1", 1235, "use SELECT *"},
+		{"select * from information_schema.resource_groups where name like 'x'", 1235, "use SELECT *"},
+		{"select * from information_schema.tables", 1235, "use SELECT *"},
+		{"select * from information_schema", 1235, "use SELECT *"},
+		{"select * from mysql.user", 1235, "use SELECT *"},
+		{"select *, name from information_schema.resource_groups", 1235, "use SELECT *"},
+		{"select name, from information_schema.resource_groups", 1235, "use SELECT *"},
+		{"select * from information_schema.resource_groups where name = 'y", 1064, "near ''y'"},
+		{"update t set a=1", 1064, "near 'update"},
+		{"", 1064, "near '' at line 1"},
+		{"create\nresource\ngroup x ru_per_sec = !", 1064, "near '!' at line 3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.sql, func(t *testing.T) {
+			st, err := Parse(tt.sql)
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("Parse = %#v, %v; want an *Error", st, err)
+			}
+			if e.Code != tt.code || !strings.Contains(e.Message, tt.msg) {
+				t.Errorf("Parse error = %d %q, want %d containing %q", e.Code, e.Message, tt.code, tt.msg)
+			}
+		})
+	}
+}
+
+func TestApply(t *testing.T) {
+	old := Group{Name: "rg", RUPerSec: 10, Priority: PriorityHigh, Burst: BurstModerated,
+		QueryLimit: &QueryLimit{RU: 5, Action: ActionKill}, Version: 7}
+	tests := []struct {
+		sql  string
+		want Group
+	}{
+		{"alter resource group rg ru_per_sec=20", Group{Name: "rg", RUPerSec: 20, Priority: PriorityHigh, Burst: BurstModerated, QueryLimit: &QueryLimit{RU: 5, Action: ActionKill}, Version: 7}},
+		{"alter resource group rg priority=low burstable=off", Group{Name: "rg", RUPerSec: 10, Priority: PriorityLow, QueryLimit: &QueryLimit{RU: 5, Action: ActionKill}, Version: 7}},
+		{"alter resource group rg query_limit=null", Group{Name: "rg", RUPerSec: 10, Priority: PriorityHigh, Burst: BurstModerated, Version: 7}},
+		{"alter resource group rg query_limit=(exec_elapsed='1s' action=cooldown)", Group{Name: "rg", RUPerSec: 10, Priority: PriorityHigh, Burst: BurstModerated, QueryLimit: &QueryLimit{ExecElapsed: time.Second, Action: ActionCooldown}, Version: 7}},
+	}
+	for _, tt := range tests {
+		st, err := Parse(tt.sql)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := st.(*AlterGroup)
+		got := a.Apply(old)
+		if !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s:\n got  %+v %+v\n want %+v %+v", tt.sql, got, got.QueryLimit, tt.want, tt.want.QueryLimit)
+		}
+		if got.QueryLimit != nil && got.QueryLimit == old.QueryLimit {
+			t.Errorf("%s: Apply shares the old QueryLimit", tt.sql)
+		}
+		if got.QueryLimit != nil && got.QueryLimit == a.Options.QueryLimit {
+			t.Errorf("%s: Apply shares the statement's QueryLimit", tt.sql)
+		}
+	}
+	if old.RUPerSec != 10 || old.QueryLimit.RU != 5 {
+		t.Errorf("Apply modified its input: %+v", old)
+	}
+}
+
+func TestStatementKinds(t *testing.T) {
+	tests := []struct {
+		sql          string
+		super, bound bool
+	}{
+		{"create resource group x ru_per_sec=1", true, false},
+		{"alter resource group x ru_per_sec=1", true, false},
+		{"drop resource group x", true, false},
+		{"alter user u resource group x", true, false},
+		{"set resource group x", false, true},
+		{"select current_resource_group()", false, true},
+		{"show resource group usage", false, true},
+		{"show last statement ru", false, true},
+		{"show create resource group x", false, false},
+		{"select * from information_schema.resource_groups", false, false},
+	}
+	for _, tt := range tests {
+		st, err := Parse(tt.sql)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if RequiresSuper(st) != tt.super || IsSessionBound(st) != tt.bound {
+			t.Errorf("%s: RequiresSuper=%v IsSessionBound=%v, want %v %v", tt.sql, RequiresSuper(st), IsSessionBound(st), tt.super, tt.bound)
+		}
+	}
+}

@@ -1,0 +1,179 @@
+package resourcegroup
+
+import (
+	"strconv"
+	"strings"
+)
+
+// String names a priority as SQL does.
+func (p Priority) String() string {
+	switch p {
+	case PriorityLow:
+		return "LOW"
+	case PriorityMedium:
+		return "MEDIUM"
+	case PriorityHigh:
+		return "HIGH"
+	}
+	return "Priority(" + strconv.Itoa(int(p)) + ")"
+}
+
+// String names a burst mode as SQL does.
+func (b BurstMode) String() string {
+	switch b {
+	case BurstOff:
+		return "OFF"
+	case BurstModerated:
+		return "MODERATED"
+	case BurstUnlimited:
+		return "UNLIMITED"
+	}
+	return "BurstMode(" + strconv.Itoa(int(b)) + ")"
+}
+
+// String names an action as SQL does (without SWITCH_GROUP's target).
+func (a Action) String() string {
+	switch a {
+	case ActionNone:
+		return "NONE"
+	case ActionDryRun:
+		return "DRYRUN"
+	case ActionCooldown:
+		return "COOLDOWN"
+	case ActionKill:
+		return "KILL"
+	case ActionSwitchGroup:
+		return "SWITCH_GROUP"
+	}
+	return "Action(" + strconv.Itoa(int(a)) + ")"
+}
+
+// String names a watch type as SQL does.
+func (w WatchType) String() string {
+	switch w {
+	case WatchNone:
+		return "NONE"
+	case WatchExact:
+		return "EXACT"
+	case WatchSimilar:
+		return "SIMILAR"
+	}
+	return "WatchType(" + strconv.Itoa(int(w)) + ")"
+}
+
+// QuoteName backquotes a name for SQL, doubling backquotes inside it.
+func QuoteName(name string) string {
+	return "`" + strings.ReplaceAll(name, "`", "``") + "`"
+}
+
+// ruText renders an RU_PER_SEC value.
+func ruText(v uint64) string {
+	if v == Unlimited {
+		return "UNLIMITED"
+	}
+	return strconv.FormatUint(v, 10)
+}
+
+// SQL renders the SHOW CREATE RESOURCE GROUP text, e.g.
+//
+//	CREATE RESOURCE GROUP `rg1` RU_PER_SEC=500 PRIORITY=HIGH BURSTABLE=MODERATED QUERY_LIMIT=(EXEC_ELAPSED="60s" ACTION=KILL WATCH=SIMILAR DURATION="10m0s")
+//
+// BURSTABLE is left out when OFF, as TiDB does. Parse(g.SQL()) yields g.
+func (g Group) SQL() string {
+	var b strings.Builder
+	b.WriteString("CREATE RESOURCE GROUP ")
+	b.WriteString(QuoteName(g.Name))
+	b.WriteString(" RU_PER_SEC=")
+	b.WriteString(ruText(g.RUPerSec))
+	b.WriteString(" PRIORITY=")
+	b.WriteString(g.Priority.String())
+	if g.Burst != BurstOff {
+		b.WriteString(" BURSTABLE=")
+		b.WriteString(g.Burst.String())
+	}
+	if q := g.QueryLimit; q != nil {
+		b.WriteString(" QUERY_LIMIT=(")
+		if q.ExecElapsed > 0 {
+			b.WriteString(`EXEC_ELAPSED="` + q.ExecElapsed.String() + `" `)
+		}
+		if q.RU > 0 {
+			b.WriteString("RU=" + strconv.FormatUint(q.RU, 10) + " ")
+		}
+		b.WriteString("ACTION=")
+		b.WriteString(actionText(q))
+		if q.Watch != WatchNone {
+			b.WriteString(" WATCH=")
+			b.WriteString(q.Watch.String())
+			b.WriteString(" DURATION=")
+			if q.WatchDuration == 0 {
+				b.WriteString("UNLIMITED")
+			} else {
+				b.WriteString(`"` + q.WatchDuration.String() + `"`)
+			}
+		}
+		b.WriteString(")")
+	}
+	return b.String()
+}
+
+// identText leaves a name bare when it lexes as one word, as TiDB prints
+// SWITCH_GROUP(rg2), and backquotes it otherwise.
+func identText(name string) string {
+	digits := true
+	for i := 0; i < len(name); i++ {
+		if !isIdentByte(name[i]) {
+			return QuoteName(name)
+		}
+		if name[i] < '0' || name[i] > '9' {
+			digits = false
+		}
+	}
+	if digits {
+		return QuoteName(name)
+	}
+	return name
+}
+
+// actionText renders ACTION's value, with SWITCH_GROUP's target.
+func actionText(q *QueryLimit) string {
+	if q.Action == ActionSwitchGroup {
+		return "SWITCH_GROUP(" + identText(q.SwitchGroup) + ")"
+	}
+	return q.Action.String()
+}
+
+// InfoSchemaRow renders g as a row of information_schema.resource_groups,
+// in InfoSchemaColumns' order; nil is SQL NULL. QUERY_LIMIT follows TiDB:
+// EXEC_ELAPSED='60s', ACTION=KILL, WATCH=SIMILAR DURATION='10m0s'.
+func InfoSchemaRow(g Group) []*string {
+	str := func(s string) *string { return &s }
+	row := []*string{
+		str(g.Name),
+		str(ruText(g.RUPerSec)),
+		str(g.Priority.String()),
+		str(g.Burst.String()),
+		nil,
+		nil, // BACKGROUND: rgproxy has no background tasks.
+	}
+	if q := g.QueryLimit; q != nil {
+		var parts []string
+		if q.ExecElapsed > 0 {
+			parts = append(parts, "EXEC_ELAPSED='"+q.ExecElapsed.String()+"'")
+		}
+		if q.RU > 0 {
+			parts = append(parts, "RU="+strconv.FormatUint(q.RU, 10))
+		}
+		parts = append(parts, "ACTION="+actionText(q))
+		if q.Watch != WatchNone {
+			w := "WATCH=" + q.Watch.String() + " DURATION="
+			if q.WatchDuration == 0 {
+				w += "UNLIMITED"
+			} else {
+				w += "'" + q.WatchDuration.String() + "'"
+			}
+			parts = append(parts, w)
+		}
+		row[4] = str(strings.Join(parts, ", "))
+	}
+	return row
+}

@@ -1,0 +1,130 @@
+package resourcegroup
+
+// Statement is one parsed admin statement; a type switch on the pointer
+// types below tells them apart.
+type Statement interface{ statement() }
+
+// Field is a bit set of the options an ALTER RESOURCE GROUP names.
+type Field uint8
+
+// Options of CREATE/ALTER RESOURCE GROUP.
+const (
+	FieldRUPerSec Field = 1 << iota
+	FieldPriority
+	FieldBurst
+	FieldQueryLimit
+)
+
+// CreateGroup is CREATE RESOURCE GROUP [IF NOT EXISTS] name options.
+type CreateGroup struct {
+	IfNotExists bool
+	// Group is the definition; options not given keep their zero defaults
+	// (PRIORITY=MEDIUM, BURSTABLE=OFF, no QUERY_LIMIT).
+	Group Group
+}
+
+// AlterGroup is ALTER RESOURCE GROUP [IF EXISTS] name options: an
+// incremental change of the fields in Fields, with values from Options.
+// FieldQueryLimit with a nil Options.QueryLimit is QUERY_LIMIT = NULL.
+type AlterGroup struct {
+	IfExists bool
+	Name     string
+	Fields   Field
+	Options  Group
+}
+
+// Apply returns g with the change applied; g itself is not modified.
+func (a *AlterGroup) Apply(g Group) Group {
+	g = g.Clone()
+	if a.Fields&FieldRUPerSec != 0 {
+		g.RUPerSec = a.Options.RUPerSec
+	}
+	if a.Fields&FieldPriority != 0 {
+		g.Priority = a.Options.Priority
+	}
+	if a.Fields&FieldBurst != 0 {
+		g.Burst = a.Options.Burst
+	}
+	if a.Fields&FieldQueryLimit != 0 {
+		g.QueryLimit = nil
+		if a.Options.QueryLimit != nil {
+			q := *a.Options.QueryLimit
+			g.QueryLimit = &q
+		}
+	}
+	return g
+}
+
+// DropGroup is DROP RESOURCE GROUP [IF EXISTS] name.
+type DropGroup struct {
+	IfExists bool
+	Name     string
+}
+
+// AlterUserGroup is ALTER USER [IF EXISTS] user[@host] RESOURCE GROUP name.
+// Group is DefaultGroup for `default` or “ (unbinding).
+type AlterUserGroup struct {
+	IfExists bool
+	User     string
+	// Host is "%" when the statement names none.
+	Host  string
+	Group string
+}
+
+// SetGroup is SET RESOURCE GROUP name (executed by the proxy session).
+type SetGroup struct{ Name string }
+
+// CurrentGroup is SELECT CURRENT_RESOURCE_GROUP() (executed by the proxy session).
+type CurrentGroup struct{}
+
+// ShowCreateGroup is SHOW CREATE RESOURCE GROUP name.
+type ShowCreateGroup struct{ Name string }
+
+// SelectGroups is SELECT cols FROM information_schema.resource_groups
+// [WHERE NAME = 'x'].
+type SelectGroups struct {
+	// Columns are the requested columns in InfoSchemaColumns' spelling;
+	// `*` expands to all of them.
+	Columns []string
+	// Name filters on one group when HasWhere.
+	Name     string
+	HasWhere bool
+}
+
+// ShowUsage is SHOW RESOURCE GROUP USAGE (executed by the proxy).
+type ShowUsage struct{}
+
+// ShowLastStatementRU is SHOW LAST STATEMENT RU (executed by the proxy session).
+type ShowLastStatementRU struct{}
+
+func (*CreateGroup) statement()         {}
+func (*AlterGroup) statement()          {}
+func (*DropGroup) statement()           {}
+func (*AlterUserGroup) statement()      {}
+func (*SetGroup) statement()            {}
+func (*CurrentGroup) statement()        {}
+func (*ShowCreateGroup) statement()     {}
+func (*SelectGroups) statement()        {}
+func (*ShowUsage) statement()           {}
+func (*ShowLastStatementRU) statement() {}
+
+// IsSessionBound reports whether st is executed by the proxy session (it
+// reads or changes session state) rather than by Execute.
+func IsSessionBound(st Statement) bool {
+	switch st.(type) {
+	case *SetGroup, *CurrentGroup, *ShowUsage, *ShowLastStatementRU:
+		return true
+	}
+	return false
+}
+
+// RequiresSuper reports whether st changes groups or bindings, which needs
+// SUPER. Strict-mode checks of SET RESOURCE GROUP and the hint are the
+// caller's business.
+func RequiresSuper(st Statement) bool {
+	switch st.(type) {
+	case *CreateGroup, *AlterGroup, *DropGroup, *AlterUserGroup, *QueryWatchAdd, *QueryWatchRemove:
+		return true
+	}
+	return false
+}

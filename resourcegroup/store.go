@@ -1,0 +1,232 @@
+package resourcegroup
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// Store holds group definitions and user bindings. tokenclient implements it
+// over gRPC, rgserver over etcd, MemStore in memory. Names passed in are
+// normalized by the implementation. The group `default` always exists.
+type Store interface {
+	// CreateGroup adds g; ErrExists if a group of that name exists.
+	CreateGroup(ctx context.Context, g Group) error
+	// AlterGroup replaces the definition of g.Name. If g.Version != 0 it must
+	// equal the stored Version, else an error wrapping ErrConflict.
+	// ErrNotFound if there is no such group.
+	AlterGroup(ctx context.Context, g Group) error
+	// DropGroup removes a group; ErrNotFound, and ErrInvalid for `default`.
+	DropGroup(ctx context.Context, name string) error
+	// GetGroup returns a group; ErrNotFound.
+	GetGroup(ctx context.Context, name string) (Group, error)
+	// ListGroups returns every group sorted by name.
+	ListGroups(ctx context.Context) ([]Group, error)
+	// BindUser binds b.User to b.Group, which must exist (ErrNotFound).
+	// Binding to `default` is unbinding.
+	BindUser(ctx context.Context, b Binding) error
+	// UnbindUser removes a user's binding; no error when there is none.
+	UnbindUser(ctx context.Context, user string) error
+	// GetBinding returns a user's binding; ErrNotFound when none.
+	GetBinding(ctx context.Context, user string) (Binding, error)
+	// ListBindings returns every binding sorted by user.
+	ListBindings(ctx context.Context) ([]Binding, error)
+}
+
+// NewNoBinding is the ErrNotFound of Store.GetBinding.
+func NewNoBinding(user string) *Error {
+	return &Error{Code: CodeUnknown, State: "HY000",
+		Message: fmt.Sprintf("user '%s' has no resource group binding", user), Err: ErrNotFound}
+}
+
+// NewDropReserved is the ErrInvalid of dropping `default`.
+func NewDropReserved() *Error { return NewInvalid(msgDropReserved) }
+
+// MemStore is a goroutine-safe in-memory Store, for tests and for a single
+// proxy without rgserver. Versions count up from 1 across all groups, like
+// etcd revisions. Bindings to a dropped group are kept: sessions resolve a
+// missing group to `default`.
+type MemStore struct {
+	mu       sync.Mutex
+	rev      int64
+	groups   map[string]Group
+	bindings map[string]Binding
+}
+
+var _ Store = (*MemStore)(nil)
+
+// NewMemStore returns a store holding only the `default` group.
+func NewMemStore() *MemStore {
+	s := &MemStore{groups: map[string]Group{}, bindings: map[string]Binding{}}
+	d := DefaultGroupDefinition()
+	s.rev++
+	d.Version = s.rev
+	s.groups[d.Name] = d
+	return s
+}
+
+// CreateGroup implements Store.
+func (s *MemStore) CreateGroup(ctx context.Context, g Group) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("create resource group: %w", err)
+	}
+	g.Name = NormalizeName(g.Name)
+	if err := g.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.groups[g.Name]; ok {
+		return NewExists(g.Name)
+	}
+	s.rev++
+	g.Version = s.rev
+	s.groups[g.Name] = cloneGroup(g)
+	return nil
+}
+
+// AlterGroup implements Store.
+func (s *MemStore) AlterGroup(ctx context.Context, g Group) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("alter resource group: %w", err)
+	}
+	g.Name = NormalizeName(g.Name)
+	if err := g.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, ok := s.groups[g.Name]
+	if !ok {
+		return NewNotFound(g.Name)
+	}
+	if g.Version != 0 && g.Version != old.Version {
+		return NewConflict(g.Name, g.Version, old.Version)
+	}
+	s.rev++
+	g.Version = s.rev
+	s.groups[g.Name] = cloneGroup(g)
+	return nil
+}
+
+// DropGroup implements Store.
+func (s *MemStore) DropGroup(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("drop resource group: %w", err)
+	}
+	name = NormalizeName(name)
+	if name == DefaultGroup {
+		return NewDropReserved()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.groups[name]; !ok {
+		return NewNotFound(name)
+	}
+	delete(s.groups, name)
+	s.rev++
+	return nil
+}
+
+// GetGroup implements Store.
+func (s *MemStore) GetGroup(ctx context.Context, name string) (Group, error) {
+	if err := ctx.Err(); err != nil {
+		return Group{}, fmt.Errorf("get resource group: %w", err)
+	}
+	name = NormalizeName(name)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g, ok := s.groups[name]
+	if !ok {
+		return Group{}, NewNotFound(name)
+	}
+	return cloneGroup(g), nil
+}
+
+// ListGroups implements Store.
+func (s *MemStore) ListGroups(ctx context.Context) ([]Group, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("list resource groups: %w", err)
+	}
+	s.mu.Lock()
+	out := make([]Group, 0, len(s.groups))
+	for _, g := range s.groups {
+		out = append(out, cloneGroup(g))
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// BindUser implements Store.
+func (s *MemStore) BindUser(ctx context.Context, b Binding) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("bind user: %w", err)
+	}
+	b.Group = NormalizeName(b.Group)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.groups[b.Group]; !ok {
+		return NewNotFound(b.Group)
+	}
+	if b.Group == DefaultGroup {
+		delete(s.bindings, b.User)
+		return nil
+	}
+	s.bindings[b.User] = b
+	return nil
+}
+
+// UnbindUser implements Store.
+func (s *MemStore) UnbindUser(ctx context.Context, user string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("unbind user: %w", err)
+	}
+	s.mu.Lock()
+	delete(s.bindings, user)
+	s.mu.Unlock()
+	return nil
+}
+
+// GetBinding implements Store.
+func (s *MemStore) GetBinding(ctx context.Context, user string) (Binding, error) {
+	if err := ctx.Err(); err != nil {
+		return Binding{}, fmt.Errorf("get binding: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.bindings[user]
+	if !ok {
+		return Binding{}, NewNoBinding(user)
+	}
+	return b, nil
+}
+
+// ListBindings implements Store.
+func (s *MemStore) ListBindings(ctx context.Context) ([]Binding, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("list bindings: %w", err)
+	}
+	s.mu.Lock()
+	out := make([]Binding, 0, len(s.bindings))
+	for _, b := range s.bindings {
+		out = append(out, b)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	return out, nil
+}
+
+// cloneGroup copies g deeply, so callers never share a *QueryLimit with
+// the store.
+func cloneGroup(g Group) Group {
+	if g.QueryLimit != nil {
+		q := *g.QueryLimit
+		g.QueryLimit = &q
+	}
+	return g
+}
+
+// Clone returns a deep copy of g.
+func (g Group) Clone() Group { return cloneGroup(g) }
