@@ -1,0 +1,606 @@
+package tokenclient
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+	"google.golang.org/grpc"
+)
+
+// Client is the proxy side of the token protocol. All its methods are safe
+// for concurrent use by many sessions; Acquire is the only one that blocks
+// (bounded by its maxWait and ctx), Charge never blocks, and Store's writes
+// block on one RPC plus at most 1 s for the Watch cache.
+//
+// The protocol choices (DESIGN.md, "Token protocol"): a group asks when
+// its bucket falls below the notify threshold, demand × 1 s (demand =
+// EWMA of consumed RU/s, sampled every second, plus the RU of waiting
+// statements per second), for demand × TargetPeriod × 1.1 − tokens left;
+// a group has at most one request in flight; the groups that need tokens
+// at one moment, and every group with unreported consumption, go in one
+// TokenRequest; a group that consumes reports at least every ReportPeriod
+// (report_only when it needs no tokens). A grant with trickle_ms = 0 is
+// added at once and the bucket does not fill by itself; a trickle fills
+// it at tokens ÷ trickle_ms, and the group asks again only near the
+// trickle's end.
+type Client struct {
+	cfg Config
+	clk Clock
+	log *slog.Logger
+	met *metrics
+
+	kick  chan struct{}      // wakes the stream loop: some group needs tokens
+	flush chan chan struct{} // Close asks the stream loop for a final report
+
+	connMu      sync.Mutex
+	conns       map[string]*grpc.ClientConn
+	connsClosed bool
+	rgNext      int // next server tried for ResourceGroupService calls
+
+	mu     sync.Mutex
+	groups map[string]*groupState
+	// Connection state of the token stream.
+	connected   bool      // a stream is open and has answered
+	lostAt      time.Time // when the last answering stream ended (or Start)
+	degraded    bool
+	outstanding map[uint64]*sentRequest
+	nextReqID   uint64
+	finalID     uint64        // the request id of Close's final report
+	finalAck    chan struct{} // closed when that report is answered
+	// Watch cache.
+	cache        snapshot
+	cacheLoaded  bool
+	watchSynced  bool          // the cache came from a Watch (not only from the file)
+	cacheChanged chan struct{} // closed and replaced on every cache change
+	closed       bool
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// groupState is one group's local state; guarded by Client.mu.
+type groupState struct {
+	name   string
+	bucket Bucket
+	notify chan struct{} // closed and replaced when tokens arrive
+
+	// From the last grant.
+	granted      bool
+	shareRate    float64 // this proxy's share of the fill rate, RU/s
+	proxies      uint32
+	ruPerSec     uint64
+	trickleUntil time.Time // zero: no trickle
+	dead         bool      // rgserver does not know the group
+
+	// Request state.
+	inFlight bool
+	want     bool // the bucket signalled low tokens since the last request
+	nextAsk  time.Time
+
+	// Demand.
+	ewma        float64 // RU/s
+	ewmaAt      time.Time
+	ewmaAcc     float64 // RU consumed since ewmaAt
+	ewmaSampled bool
+	waiting     float64 // RU wanted by statements waiting now
+	waiters     int
+
+	// Reporting.
+	pending    ru.Consumption
+	lastReport time.Time
+
+	usage     usageRing
+	throttled uint64
+}
+
+// sentRequest is a TokenRequest awaiting its answer.
+type sentRequest struct {
+	at      time.Time
+	reports map[string]ru.Consumption // consumption sent per group
+	asked   map[string]bool           // group → tokens were asked (not report-only)
+}
+
+// GroupUsage is one group's live state on this proxy (SHOW RESOURCE GROUP
+// USAGE).
+type GroupUsage struct {
+	// Group is the group's name.
+	Group string
+	// RUPerSec is the RU consumed per second on this proxy over the last
+	// 10 s.
+	RUPerSec float64
+	// Tokens is what the local bucket holds; negative is debt.
+	Tokens float64
+	// Unlimited: the group is never throttled (Tokens is meaningless).
+	Unlimited bool
+	// Throttled counts the statements refused by Acquire since start.
+	Throttled uint64
+	// Degraded: the proxy refills the group locally (rgserver unreachable).
+	Degraded bool
+}
+
+// New returns a Client for cfg; Start connects it.
+func New(cfg Config) (*Client, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:          cfg,
+		clk:          cfg.Clock,
+		log:          cfg.Logger.With("component", "tokenclient"),
+		kick:         make(chan struct{}, 1),
+		flush:        make(chan chan struct{}),
+		conns:        map[string]*grpc.ClientConn{},
+		groups:       map[string]*groupState{},
+		outstanding:  map[uint64]*sentRequest{},
+		cache:        newSnapshot(),
+		cacheChanged: make(chan struct{}),
+		lostAt:       cfg.Clock.Now(),
+	}
+	c.met, err = newMetrics(c, cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Start starts the token stream and the Watch loop in background
+// goroutines, which run until Close. It returns once the first Watch
+// snapshot arrived; or, when no rgserver answers, once the snapshot under
+// CacheDir is loaded (the client then starts in degraded mode); or an error
+// wrapping ErrUnavailable when neither is possible, or ctx's error if ctx
+// ends first. ctx bounds only this first wait. Start may be called once;
+// after an error the caller should Close the client.
+func (c *Client) Start(ctx context.Context) error {
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.mu.Lock()
+	if c.closed || c.cancel != nil {
+		c.mu.Unlock()
+		cancel()
+		return fmt.Errorf("tokenclient: start: %w", ErrClosed)
+	}
+	c.cancel = cancel
+	c.mu.Unlock()
+
+	first := make(chan error, 1)
+	c.wg.Add(2)
+	go func() { defer c.wg.Done(); c.watchLoop(runCtx, first) }()
+	go func() { defer c.wg.Done(); c.tokenLoop(runCtx) }()
+
+	select {
+	case err := <-first:
+		if err == nil {
+			return nil
+		}
+		snap, lerr := c.loadCache()
+		if lerr != nil {
+			return fmt.Errorf("%w: %w (cache: %w)", ErrUnavailable, err, lerr)
+		}
+		c.mu.Lock()
+		if !c.cacheLoaded { // the Watch may have succeeded meanwhile
+			c.setCacheLocked(snap)
+			c.enterDegradedLocked(c.clk.Now())
+		}
+		c.mu.Unlock()
+		c.log.Warn("rgserver unreachable at start: serving from the cached snapshot in degraded mode",
+			"revision", snap.Revision, "groups", len(snap.Groups), "err", err)
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("tokenclient: start: %w", ctx.Err())
+	}
+}
+
+// Close sends a final consumption report if connected (waiting at most 1 s
+// for rgserver to take it), stops the goroutines and closes the
+// connections. It is idempotent. Acquire and Charge keep working on the
+// local buckets afterwards (degraded once DegradedAfter passes); Store
+// writes fail with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	cancel := c.cancel
+	connected := c.connected
+	c.mu.Unlock()
+	if cancel != nil {
+		if connected {
+			done := make(chan struct{})
+			t := c.clk.NewTimer(time.Second)
+			select {
+			case c.flush <- done:
+				select {
+				case <-done:
+				case <-t.C():
+				}
+			case <-t.C():
+			}
+			t.Stop()
+		}
+		cancel()
+	}
+	c.wg.Wait()
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	var first error
+	for addr, cc := range c.conns {
+		if err := cc.Close(); err != nil && first == nil {
+			first = fmt.Errorf("tokenclient: close %s: %w", addr, err)
+		}
+	}
+	c.conns = map[string]*grpc.ClientConn{}
+	c.connsClosed = true
+	return first
+}
+
+// Acquire pre-charges cons.RU() tokens of group, waiting at most maxWait.
+// It fails fast with an error wrapping ErrThrottled when the estimated wait
+// already exceeds maxWait, when maxWait passes first, or when ctx ends
+// first (wrapping ctx's error too); nothing is then charged nor recorded,
+// so a caller that runs the statement anyway (inside a transaction) must
+// Charge it. On success cons is recorded for reporting. It returns how long
+// it waited. An error wrapping ErrUnknownGroup means rgserver dropped the
+// group.
+func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption, maxWait time.Duration) (time.Duration, error) {
+	group = resourcegroup.NormalizeName(group)
+	n := max(cons.RU(), 0)
+	start := c.clk.Now()
+	c.mu.Lock()
+	gs := c.stateLocked(group, start)
+	registered := false
+	unregister := func() {
+		if registered {
+			gs.waiting -= n
+			gs.waiters--
+			registered = false
+		}
+	}
+	for {
+		now := c.clk.Now()
+		waited := now.Sub(start)
+		c.refreshLocked(now)
+		if gs.dead {
+			unregister()
+			c.mu.Unlock()
+			return waited, fmt.Errorf("%w: %q", ErrUnknownGroup, group)
+		}
+		remaining := max(maxWait-waited, 0)
+		wait, ok := gs.bucket.Reserve(now, n, remaining)
+		c.pollLowLocked(gs)
+		if ok {
+			unregister()
+			c.mu.Unlock()
+			if wait > 0 {
+				if err := c.sleep(ctx, wait); err != nil {
+					c.mu.Lock()
+					gs.bucket.Refund(c.clk.Now(), n)
+					c.throttledLocked(gs)
+					c.mu.Unlock()
+					return c.clk.Now().Sub(start), fmt.Errorf("%w: group %q: %w", ErrThrottled, group, err)
+				}
+			}
+			c.mu.Lock()
+			now = c.clk.Now()
+			gs.record(now, cons)
+			c.mu.Unlock()
+			waited = now.Sub(start)
+			c.met.wait.WithLabelValues(group).Observe(waited.Seconds())
+			return waited, nil
+		}
+		// Fail fast when the known refill cannot pay in time.
+		rate := gs.bucket.FillRate(now)
+		if rate <= 0 && !c.degraded {
+			rate = gs.shareRate
+		}
+		short := n - gs.bucket.Tokens(now)
+		if remaining <= 0 || (rate > 0 && short/rate > remaining.Seconds()) {
+			unregister()
+			c.throttledLocked(gs)
+			c.mu.Unlock()
+			return waited, fmt.Errorf("%w: group %q needs %.2f RU, more than %v can supply", ErrThrottled, group, n, maxWait)
+		}
+		if !registered {
+			registered = true
+			gs.waiting += n
+			gs.waiters++
+			gs.want = true
+			c.kickLocked()
+		}
+		retry := remaining
+		if wait > 0 && wait < retry {
+			retry = wait
+		}
+		ch := gs.notify
+		c.mu.Unlock()
+		t := c.clk.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			c.mu.Lock()
+			unregister()
+			c.throttledLocked(gs)
+			c.mu.Unlock()
+			return c.clk.Now().Sub(start), fmt.Errorf("%w: group %q: %w", ErrThrottled, group, ctx.Err())
+		case <-ch:
+		case <-t.C():
+		}
+		t.Stop()
+		c.mu.Lock()
+	}
+}
+
+// sleep waits d on the client's clock or until ctx ends.
+func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	t := c.clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C():
+		return nil
+	}
+}
+
+// Charge post-charges cons.RU() to group with debt allowed (a negative RU
+// is a refund) and records cons for reporting. It never blocks.
+func (c *Client) Charge(group string, cons ru.Consumption) {
+	group = resourcegroup.NormalizeName(group)
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refreshLocked(now)
+	gs := c.stateLocked(group, now)
+	gs.bucket.Take(now, cons.RU())
+	gs.record(now, cons)
+	c.pollLowLocked(gs)
+}
+
+// Degraded reports whether the client refills buckets locally because
+// rgserver has not granted tokens for Config.DegradedAfter.
+func (c *Client) Degraded() bool {
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refreshLocked(now)
+	return c.degraded
+}
+
+// Usage returns, sorted by name, every group known from the Watch cache or
+// used on this proxy, with its live state at now.
+func (c *Client) Usage(now time.Time) []GroupUsage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refreshLocked(now)
+	out := make([]GroupUsage, 0, len(c.groups)+len(c.cache.Groups))
+	seen := map[string]bool{}
+	for name, gs := range c.groups {
+		seen[name] = true
+		out = append(out, GroupUsage{
+			Group:     name,
+			RUPerSec:  gs.usage.rate(now),
+			Tokens:    gs.bucket.Tokens(now),
+			Unlimited: gs.bucket.Unlimited(),
+			Throttled: gs.throttled,
+			Degraded:  c.degraded,
+		})
+	}
+	for name, g := range c.cache.Groups {
+		if !seen[name] {
+			out = append(out, GroupUsage{Group: name, Unlimited: isUnlimited(g), Degraded: c.degraded})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
+	return out
+}
+
+// stateLocked returns group's state, making it on first use.
+func (c *Client) stateLocked(group string, now time.Time) *groupState {
+	if gs, ok := c.groups[group]; ok {
+		return gs
+	}
+	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now}
+	if g, ok := c.settingsLocked(group); ok && isUnlimited(g) {
+		gs.bucket.SetUnlimited(true)
+	}
+	c.groups[group] = gs
+	if c.degraded {
+		c.localRefillLocked(now, gs)
+	}
+	return gs
+}
+
+// settingsLocked returns a group's definition from the cache; `default`
+// has its built-in one until rgserver sends one.
+func (c *Client) settingsLocked(name string) (resourcegroup.Group, bool) {
+	if g, ok := c.cache.Groups[name]; ok {
+		return g, true
+	}
+	if name == resourcegroup.DefaultGroup {
+		return resourcegroup.DefaultGroupDefinition(), true
+	}
+	return resourcegroup.Group{}, false
+}
+
+// pollLowLocked turns the bucket's one-shot low-tokens signal into a
+// request at the next send.
+func (c *Client) pollLowLocked(gs *groupState) {
+	if gs.bucket.NeedsTokens() {
+		gs.want = true
+		c.kickLocked()
+	}
+}
+
+func (c *Client) kickLocked() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Client) throttledLocked(gs *groupState) {
+	gs.throttled++
+	c.met.throttled.WithLabelValues(gs.name).Inc()
+}
+
+// refreshLocked enters degraded mode when rgserver has been silent too long.
+func (c *Client) refreshLocked(now time.Time) {
+	if c.degraded {
+		return
+	}
+	silentSince := time.Time{}
+	if !c.connected {
+		silentSince = c.lostAt
+	} else {
+		for _, r := range c.outstanding {
+			if silentSince.IsZero() || r.at.Before(silentSince) {
+				silentSince = r.at
+			}
+		}
+	}
+	if !silentSince.IsZero() && now.Sub(silentSince) >= c.cfg.DegradedAfter {
+		c.enterDegradedLocked(now)
+		c.log.Warn("no token grant from rgserver: degraded mode, refilling locally",
+			"silent_for", now.Sub(silentSince).String())
+	}
+}
+
+func (c *Client) enterDegradedLocked(now time.Time) {
+	c.degraded = true
+	for _, gs := range c.groups {
+		c.localRefillLocked(now, gs)
+	}
+}
+
+// localRefillLocked makes gs fill itself at RU_PER_SEC ÷ proxies (from the
+// last grant, 1 if unknown), with the burst of its BURSTABLE mode.
+func (c *Client) localRefillLocked(now time.Time, gs *groupState) {
+	g, known := c.settingsLocked(gs.name)
+	if known && isUnlimited(g) {
+		gs.bucket.SetUnlimited(true)
+		gs.wake()
+		return
+	}
+	perSec := gs.ruPerSec
+	if known {
+		perSec = g.RUPerSec
+	}
+	proxies := max(gs.proxies, 1)
+	rate := float64(perSec) / float64(proxies)
+	burst := rate // BURSTABLE OFF: 1 s of rate
+	if known && g.Burst == resourcegroup.BurstModerated {
+		burst = rate * 10
+	}
+	gs.bucket.SetUnlimited(false)
+	gs.bucket.Reconfigure(now, 0, rate, burst, gs.threshold(now))
+	gs.trickleUntil = time.Time{}
+	gs.wake()
+}
+
+// isUnlimited reports whether g is never throttled.
+func isUnlimited(g resourcegroup.Group) bool {
+	return g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited
+}
+
+// wake lets the statements waiting on gs retry.
+func (gs *groupState) wake() {
+	close(gs.notify)
+	gs.notify = make(chan struct{})
+}
+
+// threshold is the notify threshold at now: demand × notifyLead.
+func (gs *groupState) threshold(now time.Time) float64 {
+	return gs.demand(now) * notifyLead.Seconds()
+}
+
+// demand is what the proxy wants for the group at now, in RU/s: the EWMA
+// of consumed RU/s (or the rate since its last sample when that is higher,
+// so a rise counts within a tick rather than a second) plus the RU waiting
+// statements want, counted as wanted within notifyLead.
+func (gs *groupState) demand(now time.Time) float64 {
+	rate := gs.ewma
+	if el := now.Sub(gs.ewmaAt); el >= tick {
+		rate = max(rate, gs.ewmaAcc/el.Seconds())
+	}
+	return max(rate, 0) + max(gs.waiting, 0)/notifyLead.Seconds()
+}
+
+// record adds cons to what is reported and to the demand and usage figures.
+func (gs *groupState) record(now time.Time, cons ru.Consumption) {
+	gs.pending.Add(cons)
+	gs.ewmaAcc += cons.RU()
+	gs.usage.add(now, cons.RU())
+}
+
+// updateEWMA folds the consumption since the last sample into the EWMA
+// once per ewmaInterval; idle intervals decay it.
+func (gs *groupState) updateEWMA(now time.Time) {
+	el := now.Sub(gs.ewmaAt)
+	if el < ewmaInterval {
+		return
+	}
+	rate := gs.ewmaAcc / el.Seconds()
+	if gs.ewmaSampled {
+		gs.ewma = ewmaAlpha*rate + (1-ewmaAlpha)*gs.ewma
+	} else {
+		gs.ewma = rate // the first sample: no history to average with
+		gs.ewmaSampled = true
+	}
+	gs.ewmaAcc = 0
+	gs.ewmaAt = now
+}
+
+// trickleLeft returns the time and tokens of the running trickle still to
+// come at now.
+func (gs *groupState) trickleLeft(now time.Time) (time.Duration, float64) {
+	if gs.trickleUntil.IsZero() || !gs.trickleUntil.After(now) {
+		return 0, 0
+	}
+	d := gs.trickleUntil.Sub(now)
+	return d, gs.bucket.FillRate(now) * d.Seconds()
+}
+
+// usageRing sums RU in one-second slots over the last usageWindow seconds.
+type usageRing struct {
+	slots [usageWindow]float64
+	sec   int64 // Unix second of the newest slot
+}
+
+func (u *usageRing) advance(now time.Time) {
+	s := now.Unix()
+	if s <= u.sec {
+		return
+	}
+	if s-u.sec >= usageWindow {
+		u.slots = [usageWindow]float64{}
+	} else {
+		for i := u.sec + 1; i <= s; i++ {
+			u.slots[i%usageWindow] = 0
+		}
+	}
+	u.sec = s
+}
+
+func (u *usageRing) add(now time.Time, x float64) {
+	u.advance(now)
+	if now.Unix() == u.sec {
+		u.slots[u.sec%usageWindow] += x
+	}
+}
+
+func (u *usageRing) rate(now time.Time) float64 {
+	u.advance(now)
+	var sum float64
+	for _, x := range u.slots {
+		sum += x
+	}
+	return math.Max(sum, 0) / usageWindow
+}

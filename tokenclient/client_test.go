@@ -1,0 +1,519 @@
+package tokenclient
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+)
+
+func build(c *Client, force bool) *tokenpb.TokenRequest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buildRequestLocked(c.clk.Now(), force, false)
+}
+
+func setGroups(c *Client, groups ...resourcegroup.Group) {
+	snap := newSnapshot()
+	for _, g := range groups {
+		snap.Groups[g.Name] = g
+	}
+	c.mu.Lock()
+	c.setCacheLocked(snap)
+	c.mu.Unlock()
+}
+
+func tokensOf(c *Client, group string) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.groups[group].bucket.Tokens(c.clk.Now())
+}
+
+func rruOf(x float64) ru.Consumption { return ru.Consumption{RRU: x, Statements: 1} }
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
+
+// grantAll answers req granting every ask in full at once.
+func grantAll(req *tokenpb.TokenRequest, fillRate float64) *tokenpb.TokenResponse {
+	resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId()}
+	for _, g := range req.GetGroups() {
+		resp.Grants = append(resp.Grants, &tokenpb.GroupGrant{Group: g.GetGroup(), Tokens: g.GetTokensWanted(),
+			FillRate: fillRate, Proxies: 1, RuPerSec: 100})
+	}
+	return resp
+}
+
+func TestConfigDefaults(t *testing.T) {
+	if _, err := New(Config{}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("no servers: %v, want ErrConfig", err)
+	}
+	if _, err := New(Config{Servers: []string{"a"}, TargetPeriod: -1}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("negative period: %v, want ErrConfig", err)
+	}
+	c, err := New(Config{Servers: []string{" a ", ""}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.cfg
+	if len(cfg.Servers) != 1 || cfg.Servers[0] != "a" || cfg.TargetPeriod != 5*time.Second ||
+		cfg.DegradedAfter != 5*time.Second || cfg.ReportPeriod != 5*time.Second || cfg.ProxyID == "" {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+}
+
+// Several groups that need tokens at once go in one message; a group with
+// a request in flight is not asked for again until its answer.
+func TestBatchingAndOneInFlight(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	c.Charge("a", rruOf(5))
+	c.Charge("B", rruOf(3)) // names are case-insensitive
+	req := build(c, false)
+	if req == nil || len(req.GetGroups()) != 2 {
+		t.Fatalf("want one request with 2 groups, got %v", req)
+	}
+	for _, name := range []string{"a", "b"} {
+		g := groupEntry(req, name)
+		if g == nil || g.GetReportOnly() || g.GetTokensWanted() <= 0 {
+			t.Fatalf("group %s: %v", name, g)
+		}
+	}
+	c.Charge("a", rruOf(50))
+	if again := build(c, false); again != nil {
+		t.Fatalf("second request while in flight: %v", again)
+	}
+	if err := c.applyResponse(grantAll(req, 100)); err != nil {
+		t.Fatal(err)
+	}
+	// Answered, but the minimum ask interval has not passed.
+	if again := build(c, false); again != nil {
+		t.Fatalf("request within minAskInterval: %v", again)
+	}
+}
+
+// The request size is demand × TargetPeriod × 1.1 − tokens left, demand
+// being the EWMA of consumed RU/s plus what waiting statements want.
+func TestRequestSizeAndEWMA(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	c.Charge("a", rruOf(100)) // tokens -100
+	clk.Advance(time.Second)
+	req := build(c, false)
+	g := groupEntry(req, "a")
+	// The first 1 s sample of 100 RU/s sets the EWMA.
+	if !near(g.GetDemandRuPerSec(), 100) {
+		t.Fatalf("demand %v, want 100", g.GetDemandRuPerSec())
+	}
+	if want := 100*5*1.1 + 100; !near(g.GetTokensWanted(), want) {
+		t.Fatalf("wanted %v, want %v", g.GetTokensWanted(), want)
+	}
+	if c := g.GetConsumption(); !near(c.GetRru(), 100) || c.GetStatements() != 1 {
+		t.Fatalf("consumption %v", c)
+	}
+	if err := c.applyResponse(grantAll(req, 100)); err != nil {
+		t.Fatal(err)
+	}
+	// A second sample of 0 RU/s halves the EWMA.
+	clk.Advance(time.Second)
+	c.mu.Lock()
+	gs := c.groups["a"]
+	gs.updateEWMA(clk.Now())
+	ewma := gs.ewma
+	c.mu.Unlock()
+	if !near(ewma, 50) {
+		t.Fatalf("ewma %v, want 50", ewma)
+	}
+}
+
+// A waiting statement adds its RU to the demand and the request size.
+func TestDemandIncludesWaiters(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(context.Background(), "a", rruOf(40), 10*time.Second)
+		done <- err
+	}()
+	waitFor(t, "the statement to wait", func() bool { return clk.pending() == 1 }, nil)
+	req := build(c, false)
+	g := groupEntry(req, "a")
+	if g == nil || !near(g.GetWaitingTokens(), 40) || !near(g.GetDemandRuPerSec(), 40) {
+		t.Fatalf("entry %v, want waiting 40 and demand 40", g)
+	}
+	if want := 40 * 5 * 1.1; !near(g.GetTokensWanted(), want) {
+		t.Fatalf("wanted %v, want %v", g.GetTokensWanted(), want)
+	}
+	if err := c.applyResponse(grantAll(req, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Acquire after grant: %v", err)
+	}
+	if got := tokensOf(c, "a"); !near(got, 220-40) {
+		t.Fatalf("tokens %v, want 180", got)
+	}
+	c.mu.Lock()
+	waiting, waiters := c.groups["a"].waiting, c.groups["a"].waiters
+	c.mu.Unlock()
+	if waiting != 0 || waiters != 0 {
+		t.Fatalf("waiters left: %v %v", waiting, waiters)
+	}
+}
+
+func TestAcquireFailFastTimeoutAndRefund(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	ctx := context.Background()
+	// A grant of 10 tokens; this proxy's share of the rate is 10 RU/s.
+	c.Charge("a", rruOf(0))
+	c.mu.Lock()
+	c.groups["a"].want = true
+	c.mu.Unlock()
+	req := build(c, false)
+	resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "a", Tokens: 10, FillRate: 10, Proxies: 1, RuPerSec: 10}}}
+	if err := c.applyResponse(resp); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		n        float64
+		maxWait  time.Duration
+		wantErr  bool
+		timers   bool // it must wait before the outcome
+		tokensAf float64
+	}{
+		{"enough tokens", 4, time.Second, false, false, 6},
+		{"fail fast: 10 s at 10 RU/s", 106, time.Second, true, false, 6},
+		{"zero max wait", 7, 0, true, false, 6},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			waited, err := c.Acquire(ctx, "a", rruOf(tc.n), tc.maxWait)
+			if (err != nil) != tc.wantErr || (err != nil && !errors.Is(err, ErrThrottled)) {
+				t.Fatalf("err %v", err)
+			}
+			if waited != 0 {
+				t.Fatalf("waited %v", waited)
+			}
+			if got := tokensOf(c, "a"); !near(got, tc.tokensAf) {
+				t.Fatalf("tokens %v, want %v", got, tc.tokensAf)
+			}
+		})
+	}
+	// 8 RU at 10 RU/s: 0.2 s short, within the 1 s max wait: it waits for
+	// a grant, which does not come; after 1 s it is refused, nothing taken.
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, "a", rruOf(8), time.Second)
+		done <- err
+	}()
+	waitFor(t, "the statement to wait", func() bool { return clk.pending() == 1 }, nil)
+	clk.Advance(time.Second)
+	if err := <-done; !errors.Is(err, ErrThrottled) {
+		t.Fatalf("timeout: %v", err)
+	}
+	if got := tokensOf(c, "a"); !near(got, 6) {
+		t.Fatalf("tokens after timeout %v, want 6", got)
+	}
+	usage := c.Usage(clk.Now())
+	if len(usage) != 1 || usage[0].Throttled != 3 {
+		t.Fatalf("usage %+v, want 3 throttled", usage)
+	}
+}
+
+// A reservation that must wait for a trickle is refunded when ctx ends.
+func TestAcquireCancelRefunds(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	c.Charge("a", rruOf(0))
+	c.mu.Lock()
+	c.groups["a"].want = true
+	c.mu.Unlock()
+	req := build(c, false)
+	// 100 tokens over 10 s: 10 RU/s.
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "a", Tokens: 100, TrickleMs: 10000, FillRate: 10, Proxies: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, "a", rruOf(5), time.Second)
+		done <- err
+	}()
+	waitFor(t, "the statement to sleep", func() bool { return clk.pending() == 1 }, nil)
+	if got := tokensOf(c, "a"); !near(got, -5) {
+		t.Fatalf("tokens while reserved %v, want -5", got)
+	}
+	cancel()
+	err := <-done
+	if !errors.Is(err, ErrThrottled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	if got := tokensOf(c, "a"); !near(got, 0) {
+		t.Fatalf("tokens after refund %v, want 0", got)
+	}
+	// The same reservation completes when its 0.5 s passes.
+	done2 := make(chan time.Duration, 1)
+	go func() {
+		w, err := c.Acquire(context.Background(), "a", rruOf(5), time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		done2 <- w
+	}()
+	waitFor(t, "the statement to sleep", func() bool { return clk.pending() == 1 }, nil)
+	clk.Advance(500 * time.Millisecond)
+	if w := <-done2; w != 500*time.Millisecond {
+		t.Fatalf("waited %v, want 500ms", w)
+	}
+}
+
+// Consumption is reported every ReportPeriod while consuming, even when
+// no tokens are needed (report_only), and sums Acquire and Charge.
+func TestReportsEveryPeriod(t *testing.T) {
+	c, clk := newTestClient(t, func(cfg *Config) { cfg.ReportPeriod = 2 * time.Second })
+	setGroups(c, resourcegroup.Group{Name: "u", RUPerSec: resourcegroup.Unlimited})
+	if _, err := c.Acquire(context.Background(), "u", ru.Consumption{WRU: 2, WriteBytes: 100, Statements: 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	c.Charge("u", ru.Consumption{RRU: 1.5, ReadBytes: 10, BackendSeconds: 0.25})
+	if req := build(c, false); req != nil {
+		t.Fatalf("report before the period: %v", req)
+	}
+	clk.Advance(2 * time.Second)
+	req := build(c, false)
+	g := groupEntry(req, "u")
+	if g == nil || !g.GetReportOnly() || g.GetTokensWanted() != 0 {
+		t.Fatalf("want a report-only entry, got %v", req)
+	}
+	want := &tokenpb.Consumption{Rru: 1.5, Wru: 2, ReadBytes: 10, WriteBytes: 100, BackendSeconds: 0.25, Statements: 1}
+	got := g.GetConsumption()
+	if got.GetRru() != want.Rru || got.GetWru() != want.Wru || got.GetReadBytes() != want.ReadBytes ||
+		got.GetWriteBytes() != want.WriteBytes || got.GetBackendSeconds() != want.BackendSeconds || got.GetStatements() != 1 {
+		t.Fatalf("consumption %v, want %v", got, want)
+	}
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(),
+		Grants: []*tokenpb.GroupGrant{{Group: "u", Unlimited: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	// A refund larger than what is pending waits (rgserver takes no negative numbers).
+	c.Charge("u", ru.Consumption{WRU: -1})
+	clk.Advance(2 * time.Second)
+	if req := build(c, false); req != nil {
+		t.Fatalf("nothing positive to report, got %v", req)
+	}
+	c.Charge("u", ru.Consumption{WRU: 3})
+	req = build(c, false)
+	if g := groupEntry(req, "u"); g == nil || g.GetConsumption().GetWru() != 2 {
+		t.Fatalf("netted report: %v", req)
+	}
+}
+
+// A trickle refills the bucket at tokens/duration; a new trickle carries
+// over what the running one has still to deliver; no ask while a trickle
+// has more than trickleLead left.
+func TestTrickle(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	c.Charge("a", rruOf(0))
+	c.mu.Lock()
+	c.groups["a"].want = true
+	c.mu.Unlock()
+	req := build(c, false)
+	trickle := func(req *tokenpb.TokenRequest, n float64, ms int64) {
+		t.Helper()
+		if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+			{Group: "a", Tokens: n, TrickleMs: ms, FillRate: n / float64(ms) * 1000, Proxies: 2}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trickle(req, 100, 10000)
+	clk.Advance(5 * time.Second)
+	if got := tokensOf(c, "a"); !near(got, 50) {
+		t.Fatalf("tokens after 5 s of 10 RU/s: %v", got)
+	}
+	c.Charge("a", rruOf(60)) // low: below 0 now
+	if req := build(c, false); req != nil && !groupEntry(req, "a").GetReportOnly() {
+		t.Fatalf("asked with 5 s of trickle left: %v", req)
+	} else if req != nil {
+		if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(),
+			Grants: []*tokenpb.GroupGrant{{Group: "a", FillRate: 10, Proxies: 2}}}); err != nil {
+			t.Fatal(err)
+		}
+		if got := tokensOf(c, "a"); !near(got, -10) {
+			t.Fatalf("a report's answer changed the bucket: %v", got)
+		}
+	}
+	clk.Advance(4 * time.Second) // 1 s left
+	req = build(c, false)
+	g := groupEntry(req, "a")
+	if g == nil || g.GetReportOnly() {
+		t.Fatalf("want an ask near the trickle's end, got %v", req)
+	}
+	trickle(req, 100, 10000) // 10 left from the old one: 110 over 10 s
+	c.mu.Lock()
+	rate := c.groups["a"].bucket.FillRate(clk.Now())
+	c.mu.Unlock()
+	if !near(rate, 11) {
+		t.Fatalf("fill rate %v, want 11", rate)
+	}
+}
+
+func TestNotLeaderRestoresConsumption(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	c.Charge("a", rruOf(7))
+	req := build(c, false)
+	err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(),
+		NotLeader: &tokenpb.NotLeader{LeaderAddr: "10.0.0.1:3379"}})
+	nl, ok := errors.AsType[*notLeaderError](err)
+	if !ok || nl.leader != "10.0.0.1:3379" {
+		t.Fatalf("err %v", err)
+	}
+	again := build(c, false)
+	if g := groupEntry(again, "a"); g == nil || !near(g.GetConsumption().GetRru(), 7) {
+		t.Fatalf("consumption not restored: %v", again)
+	}
+}
+
+func TestGrantErrorDropsGroup(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(context.Background(), "gone", rruOf(1), 5*time.Second)
+		done <- err
+	}()
+	waitFor(t, "the statement to wait", func() bool { return clk.pending() == 1 }, nil)
+	req := build(c, false)
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "gone", Error: `resource group "gone" not found`}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrUnknownGroup) {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestUnlimitedNeverThrottles(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	setGroups(c, resourcegroup.Group{Name: "u", RUPerSec: 10, Burst: resourcegroup.BurstUnlimited})
+	for range 3 {
+		if _, err := c.Acquire(context.Background(), "u", rruOf(1e9), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if req := build(c, false); req != nil {
+		t.Fatalf("an unlimited group asked for tokens: %v", req)
+	}
+	// Back to a limit: it asks.
+	setGroups(c, resourcegroup.Group{Name: "u", RUPerSec: 10})
+	req := build(c, false)
+	if g := groupEntry(req, "u"); g == nil || g.GetReportOnly() {
+		t.Fatalf("want an ask, got %v", req)
+	}
+}
+
+// Without a grant for DegradedAfter the client refills locally at
+// RU_PER_SEC ÷ proxies with the BURSTABLE burst; a grant resyncs it.
+func TestDegradedRefillAndResync(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	setGroups(c, resourcegroup.Group{Name: "off", RUPerSec: 300}, resourcegroup.Group{Name: "mod", RUPerSec: 300, Burst: resourcegroup.BurstModerated})
+	c.Charge("off", rruOf(0))
+	c.Charge("mod", rruOf(0))
+	c.mu.Lock()
+	c.groups["off"].want, c.groups["mod"].want = true, true
+	c.mu.Unlock()
+	req := build(c, false)
+	resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId()}
+	for _, name := range []string{"off", "mod"} {
+		resp.Grants = append(resp.Grants, &tokenpb.GroupGrant{Group: name, Tokens: 10, FillRate: 100, Proxies: 3, RuPerSec: 300})
+	}
+	if err := c.applyResponse(resp); err != nil {
+		t.Fatal(err)
+	}
+	c.streamEnded() // the stream breaks
+	clk.Advance(4 * time.Second)
+	if c.Degraded() {
+		t.Fatal("degraded before DegradedAfter")
+	}
+	clk.Advance(time.Second)
+	if !c.Degraded() {
+		t.Fatal("not degraded after DegradedAfter")
+	}
+	clk.Advance(time.Hour)
+	for _, tc := range []struct {
+		name         string
+		rate, tokens float64
+	}{{"off", 100, 100}, {"mod", 100, 1000}} {
+		c.mu.Lock()
+		b := &c.groups[tc.name].bucket
+		rate, tokens := b.FillRate(clk.Now()), b.Tokens(clk.Now())
+		c.mu.Unlock()
+		if !near(rate, tc.rate) || !near(tokens, tc.tokens) {
+			t.Fatalf("%s: rate %v tokens %v, want %v %v", tc.name, rate, tokens, tc.rate, tc.tokens)
+		}
+	}
+	// Statements keep being served at the local rate.
+	if _, err := c.Acquire(context.Background(), "off", rruOf(100), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Acquire(context.Background(), "off", rruOf(100), 500*time.Millisecond); !errors.Is(err, ErrThrottled) {
+		t.Fatalf("over the local rate: %v", err)
+	}
+	// A new stream's first request resyncs every group.
+	req = build(c, true)
+	if groupEntry(req, "off") == nil || groupEntry(req, "mod") == nil {
+		t.Fatalf("resync request %v", req)
+	}
+	if err := c.applyResponse(grantAll(req, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if c.Degraded() {
+		t.Fatal("still degraded after a grant")
+	}
+	c.mu.Lock()
+	rate := c.groups["off"].bucket.FillRate(clk.Now())
+	c.mu.Unlock()
+	if rate != 0 {
+		t.Fatalf("local refill still on: %v", rate)
+	}
+}
+
+// A request unanswered for DegradedAfter also means degraded mode.
+func TestDegradedWhenUnanswered(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	c.Charge("a", rruOf(1))
+	req := build(c, true)
+	if err := c.applyResponse(grantAll(req, 1)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	c.Charge("a", rruOf(100))
+	if build(c, false) == nil {
+		t.Fatal("no request")
+	}
+	clk.Advance(5 * time.Second)
+	if !c.Degraded() {
+		t.Fatal("not degraded with a request unanswered")
+	}
+}
+
+func TestUsageWindow(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	setGroups(c, resourcegroup.Group{Name: "u", RUPerSec: resourcegroup.Unlimited}, resourcegroup.Group{Name: "idle", RUPerSec: 5})
+	for range 10 {
+		c.Charge("u", rruOf(30))
+		clk.Advance(time.Second)
+	}
+	u := c.Usage(clk.Now())
+	if len(u) != 2 || u[0].Group != "idle" || u[1].Group != "u" {
+		t.Fatalf("usage %+v", u)
+	}
+	if !near(u[1].RUPerSec, 27) || !u[1].Unlimited { // the oldest second left the window
+		t.Fatalf("rate %v", u[1].RUPerSec)
+	}
+	clk.Advance(20 * time.Second)
+	if u := c.Usage(clk.Now()); u[1].RUPerSec != 0 {
+		t.Fatalf("rate after idle %v", u[1].RUPerSec)
+	}
+}

@@ -1,0 +1,424 @@
+package tokenclient
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// fakeClock is a Clock that moves only when a test advances it.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	clk *fakeClock
+	at  time.Time
+	ch  chan time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
+
+func (f *fakeClock) Now() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *fakeClock) NewTimer(d time.Duration) Timer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := &fakeTimer{clk: f, at: f.now.Add(d), ch: make(chan time.Time, 1)}
+	if d <= 0 {
+		t.ch <- f.now
+		return t
+	}
+	f.timers = append(f.timers, t)
+	return t
+}
+
+// Advance moves the clock by d and fires the timers that are due.
+func (f *fakeClock) Advance(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = f.now.Add(d)
+	kept := f.timers[:0]
+	for _, t := range f.timers {
+		if !t.at.After(f.now) {
+			t.ch <- f.now
+		} else {
+			kept = append(kept, t)
+		}
+	}
+	f.timers = kept
+}
+
+// pending is the number of timers not yet fired nor stopped.
+func (f *fakeClock) pending() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.timers)
+}
+
+func (t *fakeTimer) C() <-chan time.Time { return t.ch }
+
+func (t *fakeTimer) Stop() bool {
+	f := t.clk
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, x := range f.timers {
+		if x == t {
+			f.timers = append(f.timers[:i], f.timers[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// waitFor polls cond (goroutines of the client run meanwhile) and fails
+// the test when it does not hold within 10 s of real time. step, when
+// non-nil, runs between polls (e.g. to advance a fake clock).
+func waitFor(t *testing.T, what string, cond func() bool, step func()) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		if step != nil {
+			step()
+		}
+		time.Sleep(time.Millisecond) // yield to the client's goroutines
+	}
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// newTestClient makes a Client on a fake clock that is not started.
+func newTestClient(t *testing.T, mutate func(*Config)) (*Client, *fakeClock) {
+	t.Helper()
+	clk := newFakeClock()
+	cfg := Config{Servers: []string{"127.0.0.1:1"}, ProxyID: "p1", Clock: clk, Logger: quietLogger()}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, clk
+}
+
+// tokenServer is a test double of rgserver's TokenService: it records
+// every request and answers with grant (default: every ask granted in full
+// at once), or NOT_LEADER when notLeader is set.
+type tokenServer struct {
+	tokenpb.UnimplementedTokenServiceServer
+	reqs chan *tokenpb.TokenRequest
+
+	mu        sync.Mutex
+	notLeader *string
+	grant     func(*tokenpb.GroupTokenRequest) *tokenpb.GroupGrant
+	silent    bool // record but never answer
+}
+
+func newTokenServer() *tokenServer {
+	return &tokenServer{reqs: make(chan *tokenpb.TokenRequest, 10000)}
+}
+
+func (s *tokenServer) setGrant(f func(*tokenpb.GroupTokenRequest) *tokenpb.GroupGrant) {
+	s.mu.Lock()
+	s.grant = f
+	s.mu.Unlock()
+}
+
+func (s *tokenServer) AcquireTokens(stream tokenpb.TokenService_AcquireTokensServer) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		s.reqs <- req
+		s.mu.Lock()
+		nl, grant, silent := s.notLeader, s.grant, s.silent
+		s.mu.Unlock()
+		if silent {
+			continue
+		}
+		resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId()}
+		if nl != nil {
+			resp.NotLeader = &tokenpb.NotLeader{LeaderAddr: *nl}
+		} else {
+			for _, g := range req.GetGroups() {
+				var gr *tokenpb.GroupGrant
+				if grant != nil {
+					gr = grant(g)
+				} else {
+					gr = &tokenpb.GroupGrant{Tokens: g.GetTokensWanted(), FillRate: 100, Proxies: 1, RuPerSec: 100}
+				}
+				gr.Group = g.GetGroup()
+				resp.Grants = append(resp.Grants, gr)
+			}
+		}
+		if err := stream.Send(resp); err != nil {
+			return nil
+		}
+	}
+}
+
+// rgServer is a test double of rgserver's ResourceGroupService: groups and
+// bindings in memory, with revisions and a Watch. While hold is set, watch
+// events are queued until release.
+type rgServer struct {
+	tokenpb.UnimplementedResourceGroupServiceServer
+
+	mu       sync.Mutex
+	rev      int64
+	groups   map[string]*tokenpb.ResourceGroup
+	bindings map[string]*tokenpb.Binding
+	subs     map[chan *tokenpb.WatchResponse]bool
+	hold     bool
+	held     []*tokenpb.WatchResponse
+	auth     []string // authorization metadata seen on writes
+	after    []int64  // after_revision of every Watch call
+}
+
+func newRGServer() *rgServer {
+	s := &rgServer{groups: map[string]*tokenpb.ResourceGroup{}, bindings: map[string]*tokenpb.Binding{},
+		subs: map[chan *tokenpb.WatchResponse]bool{}}
+	d := tokenpb.GroupToPB(resourcegroup.DefaultGroupDefinition())
+	s.rev++
+	d.Version = s.rev
+	s.groups[d.Name] = d
+	return s
+}
+
+func (s *rgServer) publishLocked(ev *tokenpb.WatchEvent) {
+	resp := &tokenpb.WatchResponse{Revision: s.rev, Events: []*tokenpb.WatchEvent{ev}}
+	if s.hold {
+		s.held = append(s.held, resp)
+		return
+	}
+	for ch := range s.subs {
+		ch <- resp
+	}
+}
+
+func (s *rgServer) setHold(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold = on
+	if !on {
+		for _, r := range s.held {
+			for ch := range s.subs {
+				ch <- r
+			}
+		}
+		s.held = nil
+	}
+}
+
+func (s *rgServer) noteAuth(ctx context.Context) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	s.auth = append(s.auth, strings.Join(md.Get("authorization"), ","))
+}
+
+func (s *rgServer) CreateGroup(ctx context.Context, r *tokenpb.CreateGroupRequest) (*tokenpb.CreateGroupResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noteAuth(ctx)
+	g := r.GetGroup()
+	if g.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "resource group name is empty")
+	}
+	if _, ok := s.groups[g.GetName()]; ok {
+		return nil, status.Errorf(codes.AlreadyExists, "group %q exists", g.GetName())
+	}
+	s.rev++
+	g.Version = s.rev
+	s.groups[g.GetName()] = g
+	s.publishLocked(&tokenpb.WatchEvent{Group: g})
+	return &tokenpb.CreateGroupResponse{Group: g}, nil
+}
+
+func (s *rgServer) AlterGroup(ctx context.Context, r *tokenpb.AlterGroupRequest) (*tokenpb.AlterGroupResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noteAuth(ctx)
+	g := r.GetGroup()
+	old, ok := s.groups[g.GetName()]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "group %q not found", g.GetName())
+	}
+	if g.GetVersion() != 0 && g.GetVersion() != old.GetVersion() {
+		return nil, status.Error(codes.Aborted, "version mismatch")
+	}
+	s.rev++
+	g.Version = s.rev
+	s.groups[g.GetName()] = g
+	s.publishLocked(&tokenpb.WatchEvent{Group: g})
+	return &tokenpb.AlterGroupResponse{Group: g}, nil
+}
+
+func (s *rgServer) DropGroup(ctx context.Context, r *tokenpb.DropGroupRequest) (*tokenpb.DropGroupResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noteAuth(ctx)
+	if r.GetName() == "default" {
+		return nil, status.Error(codes.FailedPrecondition, "can't drop reserved resource group")
+	}
+	if _, ok := s.groups[r.GetName()]; !ok {
+		return nil, status.Errorf(codes.NotFound, "group %q not found", r.GetName())
+	}
+	delete(s.groups, r.GetName())
+	s.rev++
+	s.publishLocked(&tokenpb.WatchEvent{Type: tokenpb.WatchEvent_DELETE, Group: &tokenpb.ResourceGroup{Name: r.GetName()}})
+	return &tokenpb.DropGroupResponse{}, nil
+}
+
+func (s *rgServer) BindUser(ctx context.Context, r *tokenpb.BindUserRequest) (*tokenpb.BindUserResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noteAuth(ctx)
+	b := r.GetBinding()
+	if _, ok := s.groups[b.GetGroup()]; !ok {
+		return nil, status.Errorf(codes.NotFound, "group %q not found", b.GetGroup())
+	}
+	s.rev++
+	s.bindings[b.GetUser()] = b
+	s.publishLocked(&tokenpb.WatchEvent{Binding: b})
+	return &tokenpb.BindUserResponse{}, nil
+}
+
+func (s *rgServer) UnbindUser(ctx context.Context, r *tokenpb.UnbindUserRequest) (*tokenpb.UnbindUserResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noteAuth(ctx)
+	if _, ok := s.bindings[r.GetUser()]; ok {
+		delete(s.bindings, r.GetUser())
+		s.rev++
+		s.publishLocked(&tokenpb.WatchEvent{Type: tokenpb.WatchEvent_DELETE, Binding: &tokenpb.Binding{User: r.GetUser()}})
+	}
+	return &tokenpb.UnbindUserResponse{}, nil
+}
+
+func (s *rgServer) Watch(r *tokenpb.WatchRequest, stream tokenpb.ResourceGroupService_WatchServer) error {
+	ch := make(chan *tokenpb.WatchResponse, 100)
+	s.mu.Lock()
+	s.after = append(s.after, r.GetAfterRevision())
+	snap := &tokenpb.WatchResponse{Revision: s.rev, Snapshot: true}
+	names := make([]string, 0, len(s.groups))
+	for n := range s.groups {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		snap.Events = append(snap.Events, &tokenpb.WatchEvent{Group: s.groups[n]})
+	}
+	for _, b := range s.bindings {
+		snap.Events = append(snap.Events, &tokenpb.WatchEvent{Binding: b})
+	}
+	s.subs[ch] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.subs, ch)
+		s.mu.Unlock()
+	}()
+	if r.GetAfterRevision() == 0 { // this double keeps no history: no catch-up
+		if err := stream.Send(snap); err != nil {
+			return nil
+		}
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case resp := <-ch:
+			if err := stream.Send(resp); err != nil {
+				return nil
+			}
+		}
+	}
+}
+
+// testServer is one gRPC server with both services on a local port.
+type testServer struct {
+	addr  string
+	tok   *tokenServer
+	rg    *rgServer
+	grpcS *grpc.Server
+}
+
+func startServer(t *testing.T) *testServer {
+	t.Helper()
+	return startServerWith(t, newRGServer())
+}
+
+// startServerWith starts a server whose ResourceGroupService is rg (shared
+// by replicas, as etcd is).
+func startServerWith(t *testing.T, rg *rgServer) *testServer {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &testServer{addr: lis.Addr().String(), tok: newTokenServer(), rg: rg, grpcS: grpc.NewServer()}
+	tokenpb.RegisterTokenServiceServer(s.grpcS, s.tok)
+	tokenpb.RegisterResourceGroupServiceServer(s.grpcS, s.rg)
+	go func() { _ = s.grpcS.Serve(lis) }()
+	t.Cleanup(s.grpcS.Stop)
+	return s
+}
+
+// deadAddr returns a local address nothing listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	return addr
+}
+
+// nextReq waits for the next request the token server records.
+func (s *testServer) nextReq(t *testing.T, step func()) *tokenpb.TokenRequest {
+	t.Helper()
+	var got *tokenpb.TokenRequest
+	waitFor(t, fmt.Sprintf("a token request at %s", s.addr), func() bool {
+		select {
+		case got = <-s.tok.reqs:
+			return true
+		default:
+			return false
+		}
+	}, step)
+	return got
+}
+
+func groupEntry(req *tokenpb.TokenRequest, name string) *tokenpb.GroupTokenRequest {
+	for _, g := range req.GetGroups() {
+		if g.GetGroup() == name {
+			return g
+		}
+	}
+	return nil
+}

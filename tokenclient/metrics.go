@@ -1,0 +1,105 @@
+package tokenclient
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the client's Prometheus metrics (label resource_group).
+type metrics struct {
+	// requests counts group entries sent in TokenRequests (asks and
+	// reports), by group.
+	requests *prometheus.CounterVec
+	// duration is the round trip of a TokenRequest.
+	duration prometheus.Histogram
+	// throttled counts Acquire refusals by group.
+	throttled *prometheus.CounterVec
+	// wait is the time successful Acquires waited, by group.
+	wait *prometheus.HistogramVec
+	// state reads tokens, RU_PER_SEC and degraded mode under the lock.
+	state *stateCollector
+}
+
+func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_token_requests_total",
+			Help: "Group entries sent to rgserver in token requests (asks and consumption reports).",
+		}, []string{"resource_group"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "rgproxy_token_request_duration_seconds",
+			Help:    "Round trip of a token request to rgserver.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_throttled_total",
+			Help: "Statements refused because their group's tokens could not be had within the maximum wait.",
+		}, []string{"resource_group"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "rgproxy_throttle_wait_seconds",
+			Help:    "Time statements waited for their group's tokens before running.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"resource_group"}),
+		state: &stateCollector{c: c,
+			tokens: prometheus.NewDesc("rgproxy_group_tokens",
+				"Tokens (RU) in the group's local bucket on this proxy; negative is debt.", []string{"resource_group"}, nil),
+			rate: prometheus.NewDesc("rgproxy_group_ru_per_sec",
+				"The group's RU_PER_SEC setting; +Inf when unlimited.", []string{"resource_group"}, nil),
+			degraded: prometheus.NewDesc("rgproxy_degraded",
+				"1 while the proxy refills buckets locally because rgserver is unreachable.", nil, nil),
+		},
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, col := range []prometheus.Collector{m.requests, m.duration, m.throttled, m.wait, m.state} {
+		if err := reg.Register(col); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("tokenclient: register metrics: %w", err)
+	}
+	return m, nil
+}
+
+// stateCollector exports gauges read from the client's state at scrape.
+type stateCollector struct {
+	c                      *Client
+	tokens, rate, degraded *prometheus.Desc
+}
+
+func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- s.tokens
+	ch <- s.rate
+	ch <- s.degraded
+}
+
+func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	c := s.c
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refreshLocked(now)
+	for name, gs := range c.groups {
+		if !gs.bucket.Unlimited() {
+			ch <- prometheus.MustNewConstMetric(s.tokens, prometheus.GaugeValue, gs.bucket.Tokens(now), name)
+		}
+	}
+	for name, g := range c.cache.Groups {
+		v := float64(g.RUPerSec)
+		if isUnlimited(g) {
+			v = math.Inf(1)
+		}
+		ch <- prometheus.MustNewConstMetric(s.rate, prometheus.GaugeValue, v, name)
+	}
+	d := 0.0
+	if c.degraded {
+		d = 1
+	}
+	ch <- prometheus.MustNewConstMetric(s.degraded, prometheus.GaugeValue, d)
+}

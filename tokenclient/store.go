@@ -1,0 +1,241 @@
+package tokenclient
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// Store returns the resourcegroup.Store of admin statements: writes go to
+// rgserver's ResourceGroupService (any replica) and then wait, at most 1 s,
+// until the Watch cache shows them, so a read through this proxy sees its
+// own write; reads come from the Watch cache. gRPC errors map back to
+// resourcegroup's errors: AlreadyExists → ErrExists, NotFound →
+// ErrNotFound, InvalidArgument and FailedPrecondition → ErrInvalid (with
+// the server's message), Aborted → ErrConflict; an unreachable rgserver
+// gives an error wrapping ErrUnavailable.
+func (c *Client) Store() resourcegroup.Store { return rpcStore{c} }
+
+type rpcStore struct{ c *Client }
+
+var _ resourcegroup.Store = rpcStore{}
+
+// call runs f against the servers in turn, starting with the one that
+// answered last, until one is reachable.
+func (c *Client) call(ctx context.Context, f func(context.Context, tokenpb.ResourceGroupServiceClient) error) error {
+	if c.cfg.AdminToken != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.cfg.AdminToken)
+	}
+	c.connMu.Lock()
+	start := c.rgNext
+	c.connMu.Unlock()
+	var err error
+	for i := range c.cfg.Servers {
+		idx := (start + i) % len(c.cfg.Servers)
+		cc, cerr := c.conn(c.cfg.Servers[idx])
+		if cerr != nil {
+			err = cerr
+			continue
+		}
+		err = f(ctx, tokenpb.NewResourceGroupServiceClient(cc))
+		if status.Code(err) != codes.Unavailable {
+			c.connMu.Lock()
+			c.rgNext = idx
+			c.connMu.Unlock()
+			return err
+		}
+	}
+	return err
+}
+
+// mapError turns a ResourceGroupService error into resourcegroup's; name
+// is the group (or user) the operation was about.
+func mapError(op, name string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	switch st.Code() {
+	case codes.AlreadyExists:
+		return resourcegroup.NewExists(name)
+	case codes.NotFound:
+		return resourcegroup.NewNotFound(name)
+	case codes.InvalidArgument, codes.FailedPrecondition:
+		return resourcegroup.NewInvalid(st.Message())
+	case codes.Aborted:
+		return &resourcegroup.Error{Code: resourcegroup.CodeUnknown, State: "HY000",
+			Message: st.Message(), Err: resourcegroup.ErrConflict}
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
+	default:
+		return fmt.Errorf("%s: %w", op, err)
+	}
+}
+
+// waitCache waits until ok holds on the cache, at most syncWait or until
+// ctx ends; a write is done either way, so the wait's end is not an error.
+func (c *Client) waitCache(ctx context.Context, ok func(snapshot) bool) {
+	t := c.clk.NewTimer(syncWait)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		done := ok(c.cache)
+		ch := c.cacheChanged
+		c.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-ch:
+		case <-t.C():
+			c.log.Warn("the watch cache has not caught up with a write after 1s")
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// atVersion: the cache holds group name at version v or later.
+func atVersion(name string, v int64) func(snapshot) bool {
+	return func(s snapshot) bool {
+		g, ok := s.Groups[name]
+		return s.Revision >= v || (ok && g.Version >= v)
+	}
+}
+
+func (s rpcStore) CreateGroup(ctx context.Context, g resourcegroup.Group) error {
+	g.Name = resourcegroup.NormalizeName(g.Name)
+	var resp *tokenpb.CreateGroupResponse
+	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) (err error) {
+		resp, err = cl.CreateGroup(ctx, &tokenpb.CreateGroupRequest{Group: tokenpb.GroupToPB(g)})
+		return err
+	})
+	if err != nil {
+		return mapError("create resource group", g.Name, err)
+	}
+	s.c.waitCache(ctx, atVersion(g.Name, resp.GetGroup().GetVersion()))
+	return nil
+}
+
+func (s rpcStore) AlterGroup(ctx context.Context, g resourcegroup.Group) error {
+	g.Name = resourcegroup.NormalizeName(g.Name)
+	var resp *tokenpb.AlterGroupResponse
+	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) (err error) {
+		resp, err = cl.AlterGroup(ctx, &tokenpb.AlterGroupRequest{Group: tokenpb.GroupToPB(g)})
+		return err
+	})
+	if err != nil {
+		return mapError("alter resource group", g.Name, err)
+	}
+	s.c.waitCache(ctx, atVersion(g.Name, resp.GetGroup().GetVersion()))
+	return nil
+}
+
+func (s rpcStore) DropGroup(ctx context.Context, name string) error {
+	name = resourcegroup.NormalizeName(name)
+	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) error {
+		_, err := cl.DropGroup(ctx, &tokenpb.DropGroupRequest{Name: name})
+		return err
+	})
+	if err != nil {
+		return mapError("drop resource group", name, err)
+	}
+	s.c.waitCache(ctx, func(s snapshot) bool { _, ok := s.Groups[name]; return !ok })
+	return nil
+}
+
+// GetGroup reads the Watch cache.
+func (s rpcStore) GetGroup(ctx context.Context, name string) (resourcegroup.Group, error) {
+	if err := ctx.Err(); err != nil {
+		return resourcegroup.Group{}, fmt.Errorf("get resource group: %w", err)
+	}
+	g, ok := s.c.Group(name)
+	if !ok {
+		return resourcegroup.Group{}, resourcegroup.NewNotFound(resourcegroup.NormalizeName(name))
+	}
+	return g, nil
+}
+
+// ListGroups reads the Watch cache.
+func (s rpcStore) ListGroups(ctx context.Context) ([]resourcegroup.Group, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("list resource groups: %w", err)
+	}
+	s.c.mu.Lock()
+	out := make([]resourcegroup.Group, 0, len(s.c.cache.Groups)+1)
+	for _, g := range s.c.cache.Groups {
+		out = append(out, g.Clone())
+	}
+	_, hasDefault := s.c.cache.Groups[resourcegroup.DefaultGroup]
+	s.c.mu.Unlock()
+	if !hasDefault {
+		out = append(out, resourcegroup.DefaultGroupDefinition())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func (s rpcStore) BindUser(ctx context.Context, b resourcegroup.Binding) error {
+	b.Group = resourcegroup.NormalizeName(b.Group)
+	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) error {
+		_, err := cl.BindUser(ctx, &tokenpb.BindUserRequest{Binding: tokenpb.BindingToPB(b)})
+		return err
+	})
+	if err != nil {
+		return mapError("bind user", b.Group, err)
+	}
+	s.c.waitCache(ctx, func(s snapshot) bool {
+		cur, ok := s.Bindings[b.User]
+		if b.Group == resourcegroup.DefaultGroup {
+			return !ok || cur.Group == b.Group
+		}
+		return ok && cur.Group == b.Group && cur.Host == b.Host
+	})
+	return nil
+}
+
+func (s rpcStore) UnbindUser(ctx context.Context, user string) error {
+	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) error {
+		_, err := cl.UnbindUser(ctx, &tokenpb.UnbindUserRequest{User: user})
+		return err
+	})
+	if err != nil {
+		return mapError("unbind user", user, err)
+	}
+	s.c.waitCache(ctx, func(s snapshot) bool { _, ok := s.Bindings[user]; return !ok })
+	return nil
+}
+
+// GetBinding reads the Watch cache.
+func (s rpcStore) GetBinding(ctx context.Context, user string) (resourcegroup.Binding, error) {
+	if err := ctx.Err(); err != nil {
+		return resourcegroup.Binding{}, fmt.Errorf("get binding: %w", err)
+	}
+	b, ok := s.c.Binding(user)
+	if !ok {
+		return resourcegroup.Binding{}, resourcegroup.NewNoBinding(user)
+	}
+	return b, nil
+}
+
+// ListBindings reads the Watch cache.
+func (s rpcStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("list bindings: %w", err)
+	}
+	s.c.mu.Lock()
+	out := make([]resourcegroup.Binding, 0, len(s.c.cache.Bindings))
+	for _, b := range s.c.cache.Bindings {
+		out = append(out, b)
+	}
+	s.c.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	return out, nil
+}

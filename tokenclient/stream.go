@@ -1,0 +1,458 @@
+package tokenclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// notLeaderError ends a stream whose server is not the leader.
+type notLeaderError struct{ leader string }
+
+func (e *notLeaderError) Error() string {
+	return fmt.Sprintf("token server is not the leader (leader %q)", e.leader)
+}
+
+// errStuck ends a stream whose request went unanswered for DegradedAfter.
+var errStuck = errors.New("token request unanswered")
+
+// conn returns the (lazily dialled) connection to addr.
+func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if c.connsClosed {
+		return nil, ErrClosed
+	}
+	if cc, ok := c.conns[addr]; ok {
+		return cc, nil
+	}
+	creds := insecure.NewCredentials()
+	if c.cfg.TLS != nil {
+		creds = credentials.NewTLS(c.cfg.TLS)
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("tokenclient: dial %s: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+// backoff is the wait before reconnect attempt n (1-based): exponential
+// from backoffMin to backoffMax, with jitter so proxies do not reconnect in
+// step.
+func backoff(n int) time.Duration {
+	d := backoffMax
+	if n < 16 {
+		d = min(backoffMin<<max(n-1, 0), backoffMax)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// tokenLoop keeps one AcquireTokens stream open to the leader until ctx
+// ends: it follows NOT_LEADER redirects, and after errors rotates through
+// Servers with backoff.
+func (c *Client) tokenLoop(ctx context.Context) {
+	idx, attempt, redirects := 0, 0, 0
+	redirect := ""
+	for {
+		addr := c.cfg.Servers[idx]
+		if redirect != "" {
+			addr = redirect
+		}
+		answered, err := c.runStream(ctx, addr)
+		c.streamEnded()
+		if ctx.Err() != nil {
+			return
+		}
+		if answered {
+			attempt = 0
+		}
+		if nl, ok := errors.AsType[*notLeaderError](err); ok && nl.leader != "" && nl.leader != addr && redirects < 3 {
+			c.log.Info("following the token server leader", "from", addr, "to", nl.leader)
+			redirect = nl.leader
+			redirects++
+			continue
+		}
+		redirect, redirects = "", 0
+		idx = (idx + 1) % len(c.cfg.Servers)
+		attempt++
+		d := backoff(attempt)
+		c.log.Warn("token stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
+		if !c.pause(ctx, d) {
+			return
+		}
+	}
+}
+
+// pause waits d, keeping degraded mode up to date meanwhile; false when ctx
+// ended.
+func (c *Client) pause(ctx context.Context, d time.Duration) bool {
+	end := c.clk.Now().Add(d)
+	for {
+		now := c.clk.Now()
+		c.mu.Lock()
+		c.refreshLocked(now)
+		c.mu.Unlock()
+		left := end.Sub(now)
+		if left <= 0 {
+			return true
+		}
+		if err := c.sleep(ctx, min(left, tick)); err != nil {
+			return false
+		}
+	}
+}
+
+// streamEnded forgets the requests of a stream that ended: their groups
+// may ask again on the next stream.
+func (c *Client) streamEnded() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.connected {
+		c.connected = false
+		c.lostAt = c.clk.Now()
+	}
+	clear(c.outstanding)
+	for _, gs := range c.groups {
+		gs.inFlight = false
+	}
+}
+
+// runStream runs one AcquireTokens stream to addr until it fails; answered
+// tells whether the server answered at least once.
+func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err error) {
+	cc, err := c.conn(addr)
+	if err != nil {
+		return false, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := tokenpb.NewTokenServiceClient(cc).AcquireTokens(sctx)
+	if err != nil {
+		return false, fmt.Errorf("open token stream to %s: %w", addr, err)
+	}
+	recvErr := make(chan error, 1)
+	recvDone := make(chan struct{})
+	var gotAnswer atomic.Bool
+	go func() {
+		defer close(recvDone)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				recvErr <- fmt.Errorf("token stream from %s: %w", addr, err)
+				return
+			}
+			if err := c.applyResponse(resp); err != nil {
+				recvErr <- err
+				return
+			}
+			gotAnswer.Store(true)
+		}
+	}()
+	defer func() { // answered is decided here, whatever the return says
+		cancel()
+		<-recvDone
+		answered = gotAnswer.Load()
+	}()
+
+	force := true // the first request carries every group: a resync
+	for {
+		now := c.clk.Now()
+		c.mu.Lock()
+		c.refreshLocked(now)
+		stuck := c.oldestOutstandingLocked(now) >= c.cfg.DegradedAfter
+		var req *tokenpb.TokenRequest
+		if !stuck {
+			req = c.buildRequestLocked(now, force, false)
+		}
+		c.mu.Unlock()
+		if stuck {
+			return false, fmt.Errorf("%s: %w", addr, errStuck)
+		}
+		force = false
+		if req != nil {
+			if err := stream.Send(req); err != nil {
+				return false, fmt.Errorf("send token request to %s: %w", addr, err)
+			}
+		}
+		t := c.clk.NewTimer(tick)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case err := <-recvErr:
+			t.Stop()
+			return false, err
+		case <-c.kick:
+		case <-t.C():
+		case done := <-c.flush:
+			c.finalReport(ctx, stream, recvErr)
+			close(done)
+		}
+		t.Stop()
+	}
+}
+
+// finalReport sends every group's unreported consumption and waits (at
+// most a second) for the answer, so that it is recorded before the stream
+// is torn down. Best effort: the client is closing.
+func (c *Client) finalReport(ctx context.Context, stream tokenpb.TokenService_AcquireTokensClient, recvErr <-chan error) {
+	c.mu.Lock()
+	req := c.buildRequestLocked(c.clk.Now(), false, true)
+	ack := make(chan struct{})
+	if req != nil {
+		c.finalID, c.finalAck = req.GetRequestId(), ack
+	}
+	c.mu.Unlock()
+	if req == nil {
+		return
+	}
+	if err := stream.Send(req); err != nil {
+		return
+	}
+	t := c.clk.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-ack:
+	case <-recvErr:
+	case <-t.C():
+	case <-ctx.Done():
+	}
+}
+
+func (c *Client) oldestOutstandingLocked(now time.Time) time.Duration {
+	var d time.Duration
+	for _, r := range c.outstanding {
+		d = max(d, now.Sub(r.at))
+	}
+	return d
+}
+
+// buildRequestLocked builds the next TokenRequest at now, or nil when no
+// group needs to send anything. A group is in it when it needs tokens (its
+// bucket ran low, or statements wait) and may ask (no request in flight,
+// minAskInterval passed, no trickle with more than trickleLead left), or
+// when its consumption is due (ReportPeriod passed); once a message goes
+// out, every group with unreported consumption rides along. force puts
+// every idle group in (as report-only when it needs nothing); final sends
+// every group's consumption report-only.
+func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.TokenRequest {
+	if force {
+		c.stateLocked(resourcegroup.DefaultGroup, now) // something to ask even when idle
+	}
+	var asks, reports []*groupState
+	for _, gs := range c.groups {
+		if (gs.inFlight && !final) || gs.dead {
+			continue
+		}
+		gs.updateEWMA(now)
+		trickleLeft, _ := gs.trickleLeft(now)
+		if !final && !gs.bucket.Unlimited() && !now.Before(gs.nextAsk) && trickleLeft <= trickleLead &&
+			(gs.want || gs.waiters > 0 || gs.bucket.LowTokens(now)) {
+			asks = append(asks, gs)
+			continue
+		}
+		due := gs.hasReport() && now.Sub(gs.lastReport) >= c.cfg.ReportPeriod
+		if force || due || (final && gs.hasReport()) {
+			reports = append(reports, gs)
+		}
+	}
+	if len(asks) == 0 && len(reports) == 0 {
+		return nil
+	}
+	if !final {
+		// Piggyback every pending report on a message that goes anyway.
+		for _, gs := range c.groups {
+			if !gs.inFlight && !gs.dead && gs.hasReport() && !contains(asks, gs) && !contains(reports, gs) {
+				reports = append(reports, gs)
+			}
+		}
+	}
+	c.nextReqID++
+	req := &tokenpb.TokenRequest{ProxyId: c.cfg.ProxyID, RequestId: c.nextReqID}
+	sent := &sentRequest{at: now, reports: map[string]ru.Consumption{}, asked: map[string]bool{}}
+	add := func(gs *groupState, ask bool) {
+		cons := gs.takeReport()
+		gr := &tokenpb.GroupTokenRequest{
+			Group:          gs.name,
+			DemandRuPerSec: gs.demand(now),
+			WaitingTokens:  max(gs.waiting, 0),
+			Consumption:    consumptionToPB(cons),
+			ReportOnly:     !ask,
+		}
+		if ask {
+			gr.TokensWanted = gs.wanted(now, c.cfg.TargetPeriod)
+			gs.want = false
+		}
+		gs.lastReport = now
+		gs.inFlight = !final
+		sent.reports[gs.name] = cons
+		sent.asked[gs.name] = ask
+		req.Groups = append(req.Groups, gr)
+		c.met.requests.WithLabelValues(gs.name).Inc()
+	}
+	for _, gs := range asks {
+		add(gs, true)
+	}
+	for _, gs := range reports {
+		add(gs, false)
+	}
+	if !final {
+		c.outstanding[req.RequestId] = sent
+	}
+	return req
+}
+
+func contains(list []*groupState, gs *groupState) bool {
+	for _, x := range list {
+		if x == gs {
+			return true
+		}
+	}
+	return false
+}
+
+// wanted is the request size: demand × period × 1.1 − tokens left
+// (counting a running trickle's remainder), at least what waiting
+// statements are short of, and at least minRequest.
+func (gs *groupState) wanted(now time.Time, period time.Duration) float64 {
+	_, trickled := gs.trickleLeft(now)
+	left := gs.bucket.Tokens(now) + trickled
+	w := gs.demand(now)*period.Seconds()*requestHeadroom - left
+	w = max(w, gs.waiting-left, minRequest)
+	if math.IsInf(w, 0) || math.IsNaN(w) {
+		return minRequest
+	}
+	return w
+}
+
+// hasReport: some consumption can be reported (positive; see takeReport).
+func (gs *groupState) hasReport() bool {
+	p := gs.pending
+	return p.RRU > 0 || p.WRU > 0 || p.ReadBytes >= 1 || p.WriteBytes >= 1 || p.BackendSeconds > 0 || p.Statements >= 1
+}
+
+// takeReport returns the consumption to report and keeps what cannot be
+// sent: rgserver takes no negative numbers, so a net refund waits to be
+// netted against later consumption.
+func (gs *groupState) takeReport() ru.Consumption {
+	p := gs.pending
+	sent := ru.Consumption{
+		RRU:            max(p.RRU, 0),
+		WRU:            max(p.WRU, 0),
+		ReadBytes:      max(math.Floor(p.ReadBytes), 0),
+		WriteBytes:     max(math.Floor(p.WriteBytes), 0),
+		BackendSeconds: max(p.BackendSeconds, 0),
+		Statements:     max(math.Floor(p.Statements), 0),
+	}
+	p.Sub(sent)
+	gs.pending = p
+	return sent
+}
+
+func consumptionToPB(c ru.Consumption) *tokenpb.Consumption {
+	return &tokenpb.Consumption{
+		Rru:            c.RRU,
+		Wru:            c.WRU,
+		ReadBytes:      uint64(c.ReadBytes),
+		WriteBytes:     uint64(c.WriteBytes),
+		BackendSeconds: c.BackendSeconds,
+		Statements:     uint64(c.Statements),
+	}
+}
+
+// applyResponse applies one TokenResponse; a NOT_LEADER answer returns a
+// *notLeaderError after putting its request's consumption back (the server
+// did not record it).
+func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sent := c.outstanding[resp.GetRequestId()]
+	delete(c.outstanding, resp.GetRequestId())
+	if c.finalAck != nil && resp.GetRequestId() == c.finalID {
+		close(c.finalAck)
+		c.finalAck = nil
+	}
+	if nl := resp.GetNotLeader(); nl != nil {
+		if sent != nil {
+			for name, cons := range sent.reports {
+				if gs, ok := c.groups[name]; ok {
+					gs.pending.Add(cons)
+					gs.inFlight = false
+				}
+			}
+		}
+		return &notLeaderError{leader: nl.GetLeaderAddr()}
+	}
+	if sent != nil {
+		c.met.duration.Observe(now.Sub(sent.at).Seconds())
+	}
+	c.connected = true
+	if c.degraded {
+		c.degraded = false
+		c.log.Info("token grants resumed: leaving degraded mode")
+		for _, gs := range c.groups {
+			// Stop the local refill; the groups ask again at once.
+			gs.bucket.Reconfigure(now, 0, 0, 0, gs.threshold(now))
+			gs.trickleUntil = time.Time{}
+			gs.want = true
+		}
+		c.kickLocked()
+	}
+	for _, g := range resp.GetGrants() {
+		gs, ok := c.groups[g.GetGroup()]
+		if !ok {
+			continue
+		}
+		gs.inFlight = false
+		gs.nextAsk = now.Add(minAskInterval)
+		if g.GetError() != "" {
+			c.log.Warn("rgserver refused a group", "resource_group", gs.name, "err", g.GetError())
+			gs.dead = true
+			gs.wake()
+			delete(c.groups, gs.name)
+			continue
+		}
+		gs.granted = true
+		gs.proxies = g.GetProxies()
+		gs.ruPerSec = g.GetRuPerSec()
+		gs.shareRate = g.GetFillRate()
+		if g.GetUnlimited() {
+			gs.bucket.SetUnlimited(true)
+			gs.wake()
+			continue
+		}
+		if gs.bucket.Unlimited() {
+			gs.bucket.SetUnlimited(false)
+		}
+		if sent != nil && !sent.asked[gs.name] && g.GetTokens() == 0 {
+			continue // a report's answer: keep the bucket (and any trickle) as it is
+		}
+		left, trickled := gs.trickleLeft(now)
+		if ms := g.GetTrickleMs(); ms > 0 {
+			// Bucket.Trickle would drop what the running trickle has still
+			// to deliver: carry it over into the new one.
+			d := time.Duration(ms) * time.Millisecond
+			gs.bucket.Trickle(now, g.GetTokens()+trickled, max(d, left), gs.threshold(now))
+			gs.trickleUntil = now.Add(max(d, left))
+		} else {
+			gs.bucket.Reconfigure(now, g.GetTokens()+trickled, 0, 0, gs.threshold(now))
+			gs.trickleUntil = time.Time{}
+		}
+		gs.wake()
+	}
+	return nil
+}
