@@ -1,0 +1,52 @@
+# rgproxy / rgserver. `make run` starts the system, `make test` tests it.
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+# Seconds each fuzz target runs in `make fuzz`.
+FUZZTIME  ?= 60s
+
+.PHONY: all build run test test-unit test-e2e vet fmt-check fuzz bench bench-proxy generate clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+# Starts MariaDB if none answers on 3306 (installing it on a fresh Debian
+# machine as root), then the system in the foreground; Ctrl-C stops it.
+run: build
+	bash scripts/run.sh
+
+# Everything CI runs: static checks, unit tests with the race detector, and
+# the end-to-end tests in tests/ against real processes.
+test: vet fmt-check test-unit test-e2e
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+test-unit:
+	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /tests)
+
+test-e2e: build
+	$(GO) test -count=1 -timeout 25m -v ./tests/
+
+# Each fuzz target for $(FUZZTIME); not part of `make test`.
+fuzz:
+	bash scripts/fuzz.sh $(FUZZTIME)
+
+bench: bench-proxy
+
+# sysbench oltp_point_select direct vs HAProxy vs rgproxy, side by side.
+bench-proxy: build
+	bash scripts/bench-proxy.sh
+
+generate:
+	$(GO) generate ./...
+
+clean:
+	rm -rf $(BIN) run

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/rgproxy/rgproxy/ru"
+)
+
+// config is rgproxy's configuration. Every field is a flag; the optional
+// --config TOML file uses the flag names as keys, and flags given on the
+// command line win over the file.
+type config struct {
+	// Listen is the client-facing MySQL address. Default 127.0.0.1:4000.
+	Listen string
+	// Backend is the MySQL/MariaDB server address. Default 127.0.0.1:3306.
+	Backend string
+	// StatusAddr serves /metrics, /healthz and /readyz. Default 127.0.0.1:10080.
+	StatusAddr string
+	// TLSCert and TLSKey are the PEM files of the client-facing TLS
+	// certificate; both empty (the default) means clients cannot use TLS.
+	TLSCert string
+	TLSKey  string
+	// RequireTLS refuses clients that do not upgrade to TLS. Default false.
+	RequireTLS bool
+	// BackendTLS is off, skip-verify or verify. Default off.
+	BackendTLS string
+	// BackendTLSCA is the PEM CA bundle that verifies the backend's
+	// certificate with --backend-tls=verify; empty = the system roots.
+	BackendTLSCA string
+	// BackendProxyProtocol sends a PROXY protocol v1 header on every
+	// backend connection. Default false.
+	BackendProxyProtocol bool
+	// DialTimeout bounds a backend dial. Default 5s.
+	DialTimeout time.Duration
+	// MaxConnections caps client sessions; 0 (the default) = unlimited.
+	MaxConnections int
+	// MaxPacket is the largest client command payload accepted, in bytes.
+	// Default 1 GiB.
+	MaxPacket int64
+	// ShutdownTimeout is how long SIGTERM waits for running statements.
+	// Default 30s.
+	ShutdownTimeout time.Duration
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string
+	// LogFormat is text or json. Default text.
+	LogFormat string
+
+	// Metering turns RU metering, throttling and rgproxy's admin SQL on.
+	// false makes a pure proxy. Default true.
+	Metering bool
+	// TokenServers are rgserver gRPC addresses, comma-separated; the proxy
+	// follows NOT_LEADER answers to the leader. Default 127.0.0.1:3379.
+	TokenServers string
+	// TokenServerTokenFile holds the bearer token rgserver's admin RPCs
+	// need (rgserver --admin-token-file); empty = none. Default empty.
+	TokenServerTokenFile string
+	// ProxyID identifies this proxy to rgserver; default hostname:listen-port.
+	ProxyID string
+	// StrictResourceGroups: without SUPER, SET RESOURCE GROUP and the hint
+	// may name only the user's bound group or default. Default true.
+	StrictResourceGroups bool
+	// MaxWait is how long a statement may wait for tokens before 8252.
+	// Default 30s.
+	MaxWait time.Duration
+	// MaxWaitInTxn is how long a statement inside an open transaction may
+	// wait; after it, it runs on debt. Default 100ms.
+	MaxWaitInTxn time.Duration
+	// MaxBackendConcurrency caps statements running on the backend at once;
+	// waiting ones are admitted by group PRIORITY. 0 = unlimited (default).
+	MaxBackendConcurrency int
+	// DegradedAfter is how long without a grant before the proxy refills
+	// locally at RU_PER_SEC / proxies. Default 5s.
+	DegradedAfter time.Duration
+	// CacheDir keeps the last snapshot of groups and bindings, for starts
+	// while rgserver is down. Default ./rgproxy-cache; empty = none.
+	CacheDir string
+
+	// RU is the cost model, from the config file's [ru] table only.
+	RU ru.Config
+}
+
+// newFlagSet declares every flag, bound to cfg, with its default.
+func newFlagSet(cfg *config) *flag.FlagSet {
+	fs := flag.NewFlagSet("rgproxy", flag.ContinueOnError)
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:4000", "client-facing MySQL `address`")
+	fs.StringVar(&cfg.Backend, "backend", "127.0.0.1:3306", "MySQL/MariaDB server `address`")
+	fs.StringVar(&cfg.StatusAddr, "status-addr", "127.0.0.1:10080", "`address` of the status HTTP server (/metrics, /healthz, /readyz)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM `file` of the certificate offered to clients (enables client TLS with --tls-key)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM `file` of the key of --tls-cert")
+	fs.BoolVar(&cfg.RequireTLS, "require-tls", false, "refuse clients that do not use TLS (needs --tls-cert/--tls-key)")
+	fs.StringVar(&cfg.BackendTLS, "backend-tls", "off", "TLS to the backend: off, skip-verify or verify")
+	fs.StringVar(&cfg.BackendTLSCA, "backend-tls-ca", "", "PEM CA `file` that verifies the backend with --backend-tls=verify (default: system roots)")
+	fs.BoolVar(&cfg.BackendProxyProtocol, "backend-proxy-protocol", false, "send a PROXY protocol v1 header so the backend sees the client's address")
+	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", 5*time.Second, "backend dial timeout")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", 0, "maximum client sessions, 0 = unlimited; beyond it clients get 1040")
+	fs.Int64Var(&cfg.MaxPacket, "max-packet", 1<<30, "largest client command payload accepted, in `bytes`")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long running statements may finish before sessions are closed")
+	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&cfg.LogFormat, "log-format", "text", "log format: text or json")
+	fs.BoolVar(&cfg.Metering, "metering", true, "meter and throttle statements by resource group and answer resource-group SQL; false = a pure proxy")
+	fs.StringVar(&cfg.TokenServers, "token-server", "127.0.0.1:3379", "rgserver gRPC `addresses`, comma-separated (any replica; NOT_LEADER is followed)")
+	fs.StringVar(&cfg.TokenServerTokenFile, "token-server-token-file", "", "`file` holding the bearer token for rgserver's admin RPCs (rgserver --admin-token-file)")
+	fs.StringVar(&cfg.ProxyID, "proxy-id", "", "this proxy's id at rgserver (default hostname:listen-port)")
+	fs.BoolVar(&cfg.StrictResourceGroups, "strict-resource-groups", true, "without SUPER, SET RESOURCE GROUP and the RESOURCE_GROUP hint may name only the user's bound group or default (else 1227)")
+	fs.DurationVar(&cfg.MaxWait, "max-wait", 30*time.Second, "longest wait for tokens before a statement gets 8252 (fails at once when the estimate exceeds it)")
+	fs.DurationVar(&cfg.MaxWaitInTxn, "max-wait-in-txn", 100*time.Millisecond, "longest wait for tokens inside an open transaction; then the statement runs on debt")
+	fs.IntVar(&cfg.MaxBackendConcurrency, "max-backend-concurrency", 0, "statements running on the backend at once, 0 = unlimited; waiting ones are admitted HIGH before MEDIUM before LOW")
+	fs.DurationVar(&cfg.DegradedAfter, "degraded-after", 5*time.Second, "without a grant for this long, refill locally at RU_PER_SEC / proxies (degraded mode)")
+	fs.StringVar(&cfg.CacheDir, "cache-dir", "rgproxy-cache", "`directory` keeping the last snapshot of groups and bindings, for starts while rgserver is down (empty = none)")
+	return fs
+}
+
+// errHelp is returned by parseArgs when --help was asked for.
+var errHelp = flag.ErrHelp
+
+// parseArgs parses the command line, then applies the --config file to
+// every flag the command line did not set.
+func parseArgs(args []string) (cfg config, showVersion bool, err error) {
+	cfg.RU = ru.DefaultConfig()
+	fs := newFlagSet(&cfg)
+	configPath := fs.String("config", "", "TOML `file` whose keys are these flag names; flags given on the command line win")
+	version := fs.Bool("version", false, "print the version and exit")
+	fs.SetOutput(os.Stderr)
+	if err := fs.Parse(args); err != nil {
+		return cfg, false, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, false, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *configPath != "" {
+		if err := applyConfigFile(fs, *configPath); err != nil {
+			return cfg, false, err
+		}
+		var file struct {
+			RU *ru.Config `toml:"ru"`
+		}
+		file.RU = &cfg.RU
+		if _, err := toml.DecodeFile(*configPath, &file); err != nil {
+			return cfg, false, fmt.Errorf("config %s: [ru]: %w", *configPath, err)
+		}
+	}
+	return cfg, *version, cfg.validate()
+}
+
+// applyConfigFile sets, from a TOML file, every flag not already set on the
+// command line. Unknown keys are an error, so a typo never goes unnoticed.
+func applyConfigFile(fs *flag.FlagSet, path string) error {
+	var raw map[string]any
+	if _, err := toml.DecodeFile(path, &raw); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	keys := make([]string, 0, len(raw))
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k == "ru" { // the cost model's table, decoded by parseArgs
+			continue
+		}
+		if k == "config" || k == "version" || fs.Lookup(k) == nil {
+			return fmt.Errorf("config %s: unknown key %q", path, k)
+		}
+		if set[k] {
+			continue
+		}
+		var v string
+		switch x := raw[k].(type) {
+		case string, bool, int64, float64:
+			v = fmt.Sprint(x)
+		default:
+			return fmt.Errorf("config %s: key %q: unsupported value %v", path, k, x)
+		}
+		if err := fs.Set(k, v); err != nil {
+			return fmt.Errorf("config %s: key %q: %w", path, k, err)
+		}
+	}
+	return nil
+}
+
+func (c *config) validate() error {
+	var errs []error
+	switch c.BackendTLS {
+	case "off", "skip-verify", "verify":
+	default:
+		errs = append(errs, fmt.Errorf("--backend-tls must be off, skip-verify or verify, not %q", c.BackendTLS))
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	}
+	if c.RequireTLS && c.TLSCert == "" {
+		errs = append(errs, errors.New("--require-tls needs --tls-cert and --tls-key"))
+	}
+	if c.BackendTLSCA != "" && c.BackendTLS != "verify" {
+		errs = append(errs, errors.New("--backend-tls-ca needs --backend-tls=verify"))
+	}
+	if c.MaxConnections < 0 {
+		errs = append(errs, errors.New("--max-connections must be >= 0"))
+	}
+	if c.MaxPacket < 1024 {
+		errs = append(errs, errors.New("--max-packet must be at least 1024"))
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("--log-level must be debug, info, warn or error, not %q", c.LogLevel))
+	}
+	if c.MaxWait <= 0 || c.MaxWaitInTxn < 0 || c.DegradedAfter <= 0 {
+		errs = append(errs, errors.New("--max-wait and --degraded-after must be > 0, --max-wait-in-txn >= 0"))
+	}
+	if c.MaxBackendConcurrency < 0 {
+		errs = append(errs, errors.New("--max-backend-concurrency must be >= 0"))
+	}
+	if c.Metering && strings.TrimSpace(c.TokenServers) == "" {
+		errs = append(errs, errors.New("--token-server is needed with --metering"))
+	}
+	if err := c.RU.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("--log-format must be text or json, not %q", c.LogFormat))
+	}
+	return errors.Join(errs...)
+}

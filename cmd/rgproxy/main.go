@@ -1,0 +1,223 @@
+// Command rgproxy is a MySQL-protocol proxy that forwards every client
+// session to a dedicated backend connection and reports each statement to
+// a policy. This file holds flags, wiring, signals and the status server;
+// the wire lives in mysqlproto.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/tokenclient"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	cfg, showVersion, err := parseArgs(os.Args[1:])
+	if errors.Is(err, errHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rgproxy:", err)
+		os.Exit(2)
+	}
+	if showVersion {
+		fmt.Println("rgproxy", version)
+		return
+	}
+	logger := newLogger(cfg, os.Stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, cfg, logger); err != nil {
+		logger.Error("rgproxy stopped", "err", err)
+		os.Exit(1)
+	}
+}
+
+func newLogger(cfg config, w *os.File) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(strings.ToUpper(cfg.LogLevel)))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// run serves until ctx ends (SIGTERM), then shuts down gracefully.
+func run(ctx context.Context, cfg config, logger *slog.Logger) error {
+	pcfg, err := proxyConfig(cfg, logger)
+	if err != nil {
+		return err
+	}
+	metrics := newMetrics()
+	var policy mysqlproto.Policy = mysqlproto.PassThrough{}
+	var tc *tokenclient.Client
+	if cfg.Metering {
+		tc, err = startTokenClient(ctx, cfg, metrics, logger)
+		if err != nil {
+			return err
+		}
+		defer tc.Close()
+		policy = &rgPolicy{
+			tokens:    tc,
+			cost:      cfg.RU,
+			strict:    cfg.StrictResourceGroups,
+			maxWait:   cfg.MaxWait,
+			txnWait:   cfg.MaxWaitInTxn,
+			admission: newAdmission(cfg.MaxBackendConcurrency),
+			metrics:   metrics,
+			logger:    logger,
+			now:       time.Now,
+		}
+	}
+	pcfg.Policy = metrics.wrap(policy)
+	srv, err := mysqlproto.NewServer(pcfg)
+	if err != nil {
+		return err
+	}
+	metrics.registerServer(srv)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	statusLn, err := net.Listen("tcp", cfg.StatusAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("status listen %s: %w", cfg.StatusAddr, err)
+	}
+	status := &http.Server{Handler: statusHandler(metrics, func(ctx context.Context) (readiness, error) {
+		r := readiness{Metering: cfg.Metering}
+		if tc != nil {
+			r.Degraded = tc.Degraded()
+		}
+		return r, mysqlproto.ProbeBackend(ctx, pcfg)
+	})}
+	go func() {
+		if err := status.Serve(statusLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("status server", "err", err)
+		}
+	}()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	logger.Info("rgproxy serving", "version", version, "listen", ln.Addr().String(),
+		"backend", cfg.Backend, "status", statusLn.Addr().String())
+
+	select {
+	case err := <-serveErr:
+		status.Close()
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		logger.Warn("shutdown cut running sessions", "err", err)
+	}
+	<-serveErr
+	status.Close()
+	logger.Info("stopped")
+	return nil
+}
+
+// startTokenClient connects to rgserver. When neither rgserver nor a
+// cached snapshot is available the proxy still serves — every session in
+// the built-in default group — while the client keeps trying to connect.
+func startTokenClient(ctx context.Context, cfg config, m *metrics, logger *slog.Logger) (*tokenclient.Client, error) {
+	tcfg := tokenclient.Config{
+		ProxyID:       cfg.ProxyID,
+		DegradedAfter: cfg.DegradedAfter,
+		CacheDir:      cfg.CacheDir,
+		Logger:        logger,
+		Registerer:    m.reg,
+	}
+	for _, s := range strings.Split(cfg.TokenServers, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			tcfg.Servers = append(tcfg.Servers, s)
+		}
+	}
+	if tcfg.ProxyID == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(cfg.Listen)
+		tcfg.ProxyID = host + ":" + port
+	}
+	if cfg.TokenServerTokenFile != "" {
+		b, err := os.ReadFile(cfg.TokenServerTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-server-token-file: %w", err)
+		}
+		tcfg.AdminToken = strings.TrimSpace(string(b))
+	}
+	tc, err := tokenclient.New(tcfg)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := tc.Start(sctx); err != nil {
+		logger.Warn("rgserver unreachable and no cached snapshot: serving the default group only until it answers",
+			"token_servers", cfg.TokenServers, "err", err)
+	}
+	return tc, nil
+}
+
+// proxyConfig turns flags into mysqlproto's configuration, loading TLS
+// material so that bad files fail at start, not at the first client.
+func proxyConfig(cfg config, logger *slog.Logger) (mysqlproto.Config, error) {
+	pc := mysqlproto.Config{
+		BackendAddr:          cfg.Backend,
+		DialTimeout:          cfg.DialTimeout,
+		RequireTLS:           cfg.RequireTLS,
+		BackendProxyProtocol: cfg.BackendProxyProtocol,
+		MaxConnections:       cfg.MaxConnections,
+		MaxPacketPayload:     cfg.MaxPacket,
+		Logger:               logger,
+	}
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return pc, fmt.Errorf("client TLS: %w", err)
+		}
+		pc.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	switch cfg.BackendTLS {
+	case "skip-verify":
+		pc.BackendTLS = &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}
+	case "verify":
+		host, _, err := net.SplitHostPort(cfg.Backend)
+		if err != nil {
+			return pc, fmt.Errorf("--backend %q: %w", cfg.Backend, err)
+		}
+		tc := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+		if cfg.BackendTLSCA != "" {
+			pem, err := os.ReadFile(cfg.BackendTLSCA)
+			if err != nil {
+				return pc, fmt.Errorf("backend TLS CA: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return pc, fmt.Errorf("backend TLS CA %s: no PEM certificate found", cfg.BackendTLSCA)
+			}
+			tc.RootCAs = pool
+		}
+		pc.BackendTLS = tc
+	}
+	return pc, nil
+}

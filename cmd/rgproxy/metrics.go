@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/ru"
+)
+
+// metrics holds rgproxy's Prometheus collectors in their own registry.
+type metrics struct {
+	reg        *prometheus.Registry
+	statements *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	// By resource group, for metered statements.
+	ruConsumed      *prometheus.CounterVec
+	groupStatements *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		statements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_statements_total",
+			Help: "Statements forwarded to the backend, by class (read, write, other, free).",
+		}, []string{"class"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "rgproxy_statement_duration_seconds",
+			Help:    "Backend time of forwarded statements: forwarded to final packet, less time blocked writing to the client.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
+		}, []string{"class"}),
+	}
+	m.ruConsumed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rgproxy_ru_consumed_total",
+		Help: "Request units charged to each resource group by this proxy, by type (rru, wru).",
+	}, []string{"resource_group", "type"})
+	m.groupStatements = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rgproxy_group_statements_total",
+		Help: "Statements charged to each resource group, by class.",
+	}, []string{"resource_group", "class"})
+	m.reg.MustRegister(m.statements, m.duration, m.ruConsumed, m.groupStatements,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// registerServer exports the wire counters that mysqlproto keeps.
+func (m *metrics) registerServer(srv *mysqlproto.Server) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgproxy_connections",
+			Help: "Client sessions currently open.",
+		}, func() float64 { return float64(srv.Stats().Connections) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rgproxy_client_bytes_total",
+			Help: "Bytes exchanged with clients (both directions, packet headers included).",
+		}, func() float64 { return float64(srv.Stats().ClientBytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rgproxy_backend_bytes_total",
+			Help: "Bytes exchanged with the backend (both directions, packet headers included).",
+		}, func() float64 { return float64(srv.Stats().BackendBytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rgproxy_backend_errors_total",
+			Help: "Backend dial and I/O failures.",
+		}, func() float64 { return float64(srv.Stats().BackendErrors) }),
+	)
+}
+
+// wrap returns a policy that counts every forwarded statement, then
+// delegates to next.
+func (m *metrics) wrap(next mysqlproto.Policy) mysqlproto.Policy {
+	return meteredPolicy{m: m, next: next}
+}
+
+type meteredPolicy struct {
+	m    *metrics
+	next mysqlproto.Policy
+}
+
+func (p meteredPolicy) Open(info mysqlproto.SessionInfo) mysqlproto.SessionPolicy {
+	return &meteredSession{m: p.m, next: p.next.Open(info)}
+}
+
+type meteredSession struct {
+	m    *metrics
+	next mysqlproto.SessionPolicy
+}
+
+func (s *meteredSession) Before(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
+	return s.next.Before(ctx, st, be)
+}
+
+func (s *meteredSession) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
+	class := st.Class.String()
+	s.m.statements.WithLabelValues(class).Inc()
+	s.m.duration.WithLabelValues(class).Observe(out.BackendTime.Seconds())
+	s.next.After(st, out)
+}
+
+func (s *meteredSession) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) {
+	s.next.Event(kind, info)
+}
+
+// charged records one metered statement's total cost. Counters only go
+// up: a failed write's refund lowers what is charged to the bucket but is
+// not subtracted here (its WRU may be negative in the total).
+func (m *metrics) charged(group, class string, c ru.Consumption) {
+	if c.RRU > 0 {
+		m.ruConsumed.WithLabelValues(group, "rru").Add(c.RRU)
+	}
+	if c.WRU > 0 {
+		m.ruConsumed.WithLabelValues(group, "wru").Add(c.WRU)
+	}
+	m.groupStatements.WithLabelValues(group, class).Inc()
+}
+
+// probeTimeout bounds a /readyz backend probe.
+const probeTimeout = 2 * time.Second

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// statusHandler serves /metrics, /healthz (the process is up) and /readyz
+// (the backend answers), with etcd-style JSON bodies and 503 on failure.
+func statusHandler(m *metrics, probe func(context.Context) (readiness, error)) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeHealth(w, health{Health: "true"}, nil)
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
+		defer cancel()
+		rd, err := probe(ctx)
+		h := health{Health: "true"}
+		if rd.Metering {
+			h.Degraded = boolText(rd.Degraded)
+		}
+		writeHealth(w, h, err)
+	})
+	return mux
+}
+
+// readiness is what /readyz reports besides the backend probe.
+type readiness struct {
+	// Metering is false for a pure proxy.
+	Metering bool
+	// Degraded: no grant from rgserver lately; the proxy serves from local
+	// refills (and, after a start without rgserver, its cached snapshot).
+	// Still ready: refusing traffic then would turn an rgserver outage
+	// into a database outage.
+	Degraded bool
+}
+
+type health struct {
+	Health   string `json:"health"`
+	Degraded string `json:"degraded,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+func boolText(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
+
+func writeHealth(w http.ResponseWriter, h health, err error) {
+	code := http.StatusOK
+	if err != nil {
+		h.Health, h.Reason = "false", err.Error()
+		code = http.StatusServiceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(h)
+}

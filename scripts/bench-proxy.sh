@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# bench-proxy.sh — `make bench-proxy`: sysbench oltp_point_select against
+# MariaDB (a) directly, (b) through HAProxy in TCP mode (a plain L4
+# forwarder, the baseline for "what any proxy costs") and (c) through
+# rgproxy, at 1 and 8 threads, in alternating rounds so that drift of a
+# shared machine hits every target alike. Prints medians of QPS, p95 latency
+# and each proxy process's CPU time per statement (utime+stime from
+# /proc/PID/stat), and the ratios rgproxy/HAProxy against the targets:
+# QPS >= 0.9x and CPU per statement <= 1.2x.
+#
+# Environment (all optional):
+#   BENCH_TIME         seconds per sysbench run (default 10)
+#   BENCH_ROUNDS       rounds of every target x thread count (default 3)
+#   BENCH_THREADS      thread counts (default "1 8")
+#   BENCH_TABLES       sysbench tables (default 4)
+#   BENCH_TABLE_SIZE   rows per table (default 10000)
+#   BENCH_TARGETS      targets to run (default "direct haproxy rgproxy")
+#   BENCH_STRICT       1 = exit 1 when rgproxy misses a target (default 0)
+#   MYSQL_HOST, MYSQL_PORT  the MariaDB (default 127.0.0.1:3306, user root, no password)
+#   RGPROXY_BIN        rgproxy binary (default bin/rgproxy)
+#   RGPROXY_FLAGS      extra rgproxy flags (default none)
+set -euo pipefail
+
+BENCH_TIME=${BENCH_TIME:-10}
+BENCH_ROUNDS=${BENCH_ROUNDS:-3}
+BENCH_THREADS=${BENCH_THREADS:-"1 8"}
+BENCH_TABLES=${BENCH_TABLES:-4}
+BENCH_TABLE_SIZE=${BENCH_TABLE_SIZE:-10000}
+BENCH_TARGETS=${BENCH_TARGETS:-"direct haproxy rgproxy"}
+BENCH_STRICT=${BENCH_STRICT:-0}
+MYSQL_HOST=${MYSQL_HOST:-127.0.0.1}
+MYSQL_PORT=${MYSQL_PORT:-3306}
+RGPROXY_BIN=${RGPROXY_BIN:-bin/rgproxy}
+RGPROXY_FLAGS=${RGPROXY_FLAGS:-}
+DB=sbbench
+
+die() { echo "bench-proxy: $*" >&2; exit 1; }
+
+need() {
+	command -v "$1" >/dev/null 2>&1 || die "$1 not found; install it with: apt-get install $2"
+}
+need sysbench sysbench
+need mariadb mariadb-client
+for t in $BENCH_TARGETS; do
+	case $t in
+	direct) ;;
+	haproxy) need haproxy haproxy ;;
+	rgproxy) [ -x "$RGPROXY_BIN" ] || die "$RGPROXY_BIN missing; run make build (or set RGPROXY_BIN)" ;;
+	*) die "unknown target $t (want direct, haproxy, rgproxy)" ;;
+	esac
+done
+
+CLK_TCK=$(getconf CLK_TCK)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench-proxy.XXXXXX")
+PIDS=()
+cleanup() {
+	# Only the processes this script started, by their id.
+	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+sql() { mariadb --no-defaults -h "$MYSQL_HOST" -P "$MYSQL_PORT" -uroot -N -B -e "$1"; }
+
+# free_port prints a loopback port nobody listens on.
+free_port() {
+	local p
+	for _ in $(seq 100); do
+		p=$((20000 + RANDOM % 40000))
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			echo "$p"
+			return
+		fi
+	done
+	die "no free port found"
+}
+
+wait_port() { # port pid name
+	for _ in $(seq 150); do
+		kill -0 "$2" 2>/dev/null || die "$3 exited; log: $(cat "$WORK/$3.log")"
+		if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return; fi
+		sleep 0.1
+	done
+	die "$3 does not listen on 127.0.0.1:$1 after 15 s; log: $(cat "$WORK/$3.log")"
+}
+
+# cpu_ticks prints utime+stime of a process in clock ticks (fields 14 and
+# 15 of /proc/PID/stat, counted after the parenthesised command name).
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+
+sysbench_args() { # port threads
+	echo --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$1" --mysql-user=root \
+		--mysql-db="$DB" --tables="$BENCH_TABLES" --table-size="$BENCH_TABLE_SIZE" \
+		--threads="$2" --percentile=95
+}
+
+sql "SELECT 1" >/dev/null || die "no MariaDB answers on $MYSQL_HOST:$MYSQL_PORT as root (scripts/ensure-mariadb.sh starts one)"
+
+# Prepare the data once; later runs reuse it when it is complete.
+sql "CREATE DATABASE IF NOT EXISTS $DB"
+rows=$(sql "SELECT COALESCE(SUM(table_rows),0) FROM information_schema.tables WHERE table_schema='$DB'")
+have=$(sql "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema='$DB'")
+last=$(sql "SELECT COUNT(*) FROM $DB.sbtest$BENCH_TABLES" 2>/dev/null || echo 0)
+if [ "$have" != "$BENCH_TABLES" ] || [ "$last" != "$BENCH_TABLE_SIZE" ]; then
+	echo "preparing $DB: $BENCH_TABLES tables x $BENCH_TABLE_SIZE rows (had $have tables, ~$rows rows)"
+	# shellcheck disable=SC2046
+	sysbench oltp_point_select $(sysbench_args "$MYSQL_PORT" 1) cleanup >/dev/null
+	# shellcheck disable=SC2046
+	sysbench oltp_point_select $(sysbench_args "$MYSQL_PORT" 4) prepare >"$WORK/prepare.log" 2>&1 ||
+		die "sysbench prepare failed: $(tail -5 "$WORK/prepare.log")"
+fi
+
+declare -A PORT PID
+PORT[direct]=$MYSQL_PORT
+PID[direct]=
+
+for t in $BENCH_TARGETS; do
+	case $t in
+	haproxy)
+		PORT[haproxy]=$(free_port)
+		cat >"$WORK/haproxy.cfg" <<EOF
+global
+    maxconn 4096
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+frontend mysql
+    bind 127.0.0.1:${PORT[haproxy]}
+    default_backend mariadb
+backend mariadb
+    server db $MYSQL_HOST:$MYSQL_PORT
+EOF
+		haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
+		PID[haproxy]=$!
+		PIDS+=("$!")
+		wait_port "${PORT[haproxy]}" "${PID[haproxy]}" haproxy
+		;;
+	rgproxy)
+		PORT[rgproxy]=$(free_port)
+		# shellcheck disable=SC2086
+		"$RGPROXY_BIN" --listen "127.0.0.1:${PORT[rgproxy]}" --status-addr "127.0.0.1:$(free_port)" \
+			--backend "$MYSQL_HOST:$MYSQL_PORT" --log-level warn $RGPROXY_FLAGS >"$WORK/rgproxy.log" 2>&1 &
+		PID[rgproxy]=$!
+		PIDS+=("$!")
+		wait_port "${PORT[rgproxy]}" "${PID[rgproxy]}" rgproxy
+		;;
+	esac
+done
+
+RESULTS=$WORK/results # target threads round qps p95ms cpu_us_per_stmt
+: >"$RESULTS"
+targets=($BENCH_TARGETS)
+echo "sysbench oltp_point_select, ${BENCH_TIME}s per run, $BENCH_ROUNDS rounds, threads: $BENCH_THREADS"
+for round in $(seq "$BENCH_ROUNDS"); do
+	for threads in $BENCH_THREADS; do
+		# Rotate the order each round so no target always runs first.
+		n=${#targets[@]}
+		for i in $(seq 0 $((n - 1))); do
+			t=${targets[$(((i + round - 1) % n))]}
+			pid=${PID[$t]}
+			before=0
+			[ -n "$pid" ] && before=$(cpu_ticks "$pid")
+			# shellcheck disable=SC2046
+			if ! sysbench oltp_point_select $(sysbench_args "${PORT[$t]}" "$threads") \
+				--time="$BENCH_TIME" --report-interval=0 run >"$WORK/run.log" 2>&1; then
+				die "sysbench via $t failed: $(tail -5 "$WORK/run.log")"
+			fi
+			after=0
+			[ -n "$pid" ] && after=$(cpu_ticks "$pid")
+			queries=$(awk '/^ +queries:/ {print $2}' "$WORK/run.log")
+			qps=$(awk '/^ +queries:/ {gsub(/\(/, "", $3); print $3}' "$WORK/run.log")
+			p95=$(awk '/95th percentile:/ {print $3}' "$WORK/run.log")
+			errs=$(awk '/ignored errors:/ {print $3}' "$WORK/run.log")
+			[ -n "$queries" ] && [ "$queries" -gt 0 ] || die "no statements via $t: $(tail -20 "$WORK/run.log")"
+			[ "${errs:-0}" = 0 ] || echo "warning: $errs ignored errors via $t" >&2
+			cpu=-
+			[ -n "$pid" ] && cpu=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v q="$queries" \
+				'BEGIN {printf "%.2f", d * 1e6 / hz / q}')
+			echo "$t $threads $round $qps $p95 $cpu" >>"$RESULTS"
+			printf '  round %d  %-8s %2d threads  %10.1f qps  p95 %6.2f ms  cpu/stmt %s us\n' \
+				"$round" "$t" "$threads" "$qps" "$p95" "$cpu"
+		done
+	done
+done
+
+# median of column $3 for target $1, threads $2
+median() {
+	awk -v t="$1" -v th="$2" -v c="$3" '$1 == t && $2 == th && $c != "-" {print $c}' "$RESULTS" |
+		sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b}'; }
+
+echo
+echo "medians of $BENCH_ROUNDS rounds (cpu/stmt: the proxy process's utime+stime per statement)"
+printf '%-8s %7s %12s %10s %14s\n' target threads QPS "p95 ms" "cpu/stmt us"
+for threads in $BENCH_THREADS; do
+	for t in $BENCH_TARGETS; do
+		printf '%-8s %7s %12s %10s %14s\n' "$t" "$threads" "$(median "$t" "$threads" 4)" \
+			"$(median "$t" "$threads" 5)" "$(median "$t" "$threads" 6)"
+	done
+done
+
+missed=0
+if [[ " $BENCH_TARGETS " == *" haproxy "* && " $BENCH_TARGETS " == *" rgproxy "* ]]; then
+	echo
+	for threads in $BENCH_THREADS; do
+		q=$(ratio "$(median rgproxy "$threads" 4)" "$(median haproxy "$threads" 4)")
+		c=$(ratio "$(median rgproxy "$threads" 6)" "$(median haproxy "$threads" 6)")
+		qok=$(awk -v r="$q" 'BEGIN {print (r != "-" && r >= 0.9) ? "ok" : "MISSED"}')
+		cok=$(awk -v r="$c" 'BEGIN {print (r != "-" && r <= 1.2) ? "ok" : "MISSED"}')
+		printf 'rgproxy/haproxy at %s threads: QPS %s (target >= 0.90: %s), cpu/stmt %s (target <= 1.20: %s)\n' \
+			"$threads" "$q" "$qok" "$c" "$cok"
+		[ "$qok" = ok ] && [ "$cok" = ok ] || missed=1
+	done
+fi
+if [ "$missed" = 1 ] && [ "$BENCH_STRICT" = 1 ]; then
+	exit 1
+fi

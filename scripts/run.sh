@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `make run`: starts the whole system on embedded defaults in the
+# foreground, logs under ./run/, and stops it cleanly on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/ensure-mariadb.sh
+mkdir -p run
+pids=()
+stop() {
+  trap - INT TERM
+  echo
+  echo "stopping..."
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait
+  echo "stopped; logs are in ./run/"
+  exit 0
+}
+trap stop INT TERM
+
+proxy_args=()
+if [ -x bin/rgserver ]; then
+  bin/rgserver --data-dir run/rgserver-data >run/rgserver.log 2>&1 &
+  pids+=($!)
+  echo "rgserver: 127.0.0.1:3379 (status http://127.0.0.1:3380), log run/rgserver.log"
+  if bin/rgproxy --help 2>&1 | grep -q -- '-token-server'; then
+    proxy_args+=(--token-server 127.0.0.1:3379)
+  fi
+fi
+bin/rgproxy "${proxy_args[@]}" >run/rgproxy.log 2>&1 &
+pids+=($!)
+for _ in $(seq 1 50); do
+  if (exec 3<>/dev/tcp/127.0.0.1/4000) 2>/dev/null; then break; fi
+  sleep 0.2
+done
+echo "rgproxy:  127.0.0.1:4000 -> 127.0.0.1:3306 (status http://127.0.0.1:10080), log run/rgproxy.log"
+echo
+echo "connect with:  mariadb -h127.0.0.1 -P4000 -uroot"
+echo "Ctrl-C stops everything."
+wait

@@ -1,0 +1,237 @@
+// Package tests drives real processes — MariaDB, rgserver, rgproxy — with
+// real clients (go-sql-driver/mysql, the mariadb CLI, sysbench).
+package tests
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// backendAddr is the shared MariaDB every machine of this project runs.
+const backendAddr = "127.0.0.1:3306"
+
+// binDir holds the binaries TestMain builds once for every test.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rgproxy-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/...")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// freeAddr returns a loopback address with a port nobody listens on now.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// syncBuffer is a goroutine-safe log sink for a child process.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// process is a child process started by a test.
+type process struct {
+	cmd  *exec.Cmd
+	log  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+func startProcess(t testing.TB, name string, args ...string) *process {
+	t.Helper()
+	p := &process{log: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(filepath.Join(binDir, name), args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop(10 * time.Second)
+		if t.Failed() {
+			t.Logf("%s %s log:\n%s", name, strings.Join(args, " "), p.log.String())
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and waits, then SIGKILL after grace.
+func (p *process) stop(grace time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	return p.err
+}
+
+// proxy is a running rgproxy.
+type proxy struct {
+	*process
+	Addr, StatusAddr string
+}
+
+// startProxy runs rgproxy in front of the shared MariaDB on fresh ports
+// and waits until it accepts connections.
+func startProxy(t testing.TB, extra ...string) *proxy {
+	t.Helper()
+	px := &proxy{Addr: freeAddr(t), StatusAddr: freeAddr(t)}
+	args := append([]string{"--listen", px.Addr, "--status-addr", px.StatusAddr, "--backend", backendAddr}, extra...)
+	px.process = startProcess(t, "rgproxy", args...)
+	waitListening(t, px.Addr, px.process)
+	return px
+}
+
+func waitListening(t testing.TB, addr string, p *process) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			t.Fatalf("process exited before listening on %s: %v\n%s", addr, p.err, p.log.String())
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("nothing listens on %s after 15s\n%s", addr, p.log.String())
+}
+
+// dsn builds a go-sql-driver DSN for root at addr.
+func dsn(addr string, params ...string) string {
+	cfg := mysql.NewConfig()
+	cfg.User = "root"
+	cfg.Net = "tcp"
+	cfg.Addr = addr
+	cfg.DBName = "test"
+	cfg.Params = map[string]string{}
+	for _, p := range params {
+		k, v, _ := strings.Cut(p, "=")
+		switch k {
+		case "multiStatements":
+			cfg.MultiStatements = v == "true"
+		case "interpolateParams":
+			cfg.InterpolateParams = v == "true"
+		case "allowAllFiles":
+			cfg.AllowAllFiles = v == "true"
+		case "user":
+			cfg.User = v
+		case "password":
+			cfg.Passwd = v
+		case "db":
+			cfg.DBName = v
+		default:
+			cfg.Params[k] = v
+		}
+	}
+	return cfg.FormatDSN()
+}
+
+func openDB(t testing.TB, addr string, params ...string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn(addr, params...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		t.Fatalf("ping %s: %v", addr, err)
+	}
+	return db
+}
+
+// rootExec runs statements directly on the shared MariaDB.
+func rootExec(t testing.TB, stmts ...string) {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn(backendAddr, "multiStatements=true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, s := range stmts {
+		if _, err := db.Exec(s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+}
+
+// httpGet returns the status code and body of a status-port URL.
+func httpGet(t testing.TB, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// mysqlErrNo returns the MySQL error number of err, or 0.
+func mysqlErrNo(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
