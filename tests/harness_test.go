@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -41,6 +42,15 @@ func TestMain(m *testing.M) {
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building binaries:", err)
 		os.Exit(1)
+	}
+	// The tests' own database on the shared server: tables there are theirs.
+	if db, err := sql.Open("mysql", "root@tcp("+backendAddr+")/"); err == nil {
+		_, err = db.Exec("CREATE DATABASE IF NOT EXISTS rgproxy_e2e")
+		db.Close()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tests need MariaDB on", backendAddr, "as root:", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -130,7 +140,14 @@ type proxy struct {
 func startProxy(t testing.TB, extra ...string) *proxy {
 	t.Helper()
 	px := &proxy{Addr: freeAddr(t), StatusAddr: freeAddr(t)}
-	args := append([]string{"--listen", px.Addr, "--status-addr", px.StatusAddr, "--backend", backendAddr}, extra...)
+	args := []string{"--listen", px.Addr, "--status-addr", px.StatusAddr, "--backend", backendAddr}
+	if !slices.Contains(extra, "--token-server") {
+		// A pure proxy unless the test names its rgserver.
+		args = append(args, "--metering=false")
+	} else if !slices.Contains(extra, "--cache-dir") {
+		args = append(args, "--cache-dir", t.TempDir())
+	}
+	args = append(args, extra...)
 	px.process = startProcess(t, "rgproxy", args...)
 	waitListening(t, px.Addr, px.process)
 	return px
@@ -161,7 +178,7 @@ func dsn(addr string, params ...string) string {
 	cfg.User = "root"
 	cfg.Net = "tcp"
 	cfg.Addr = addr
-	cfg.DBName = "test"
+	cfg.DBName = "rgproxy_e2e"
 	cfg.Params = map[string]string{}
 	for _, p := range params {
 		k, v, _ := strings.Cut(p, "=")

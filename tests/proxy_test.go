@@ -120,24 +120,24 @@ func scanAll(t testing.TB, rows *sql.Rows) [][]string {
 	return out
 }
 
-const typesTable = `CREATE TABLE IF NOT EXISTS test.e2e_types (
+const typesTable = `CREATE TABLE IF NOT EXISTS rgproxy_e2e.e2e_types (
 	id INT PRIMARY KEY, ti TINYINT, si SMALLINT UNSIGNED, bi BIGINT, f FLOAT, d DOUBLE,
 	dec1 DECIMAL(20,6), vc VARCHAR(40), tx TEXT, bl BLOB, dt DATETIME(6), da DATE, tm TIME(3),
 	ts TIMESTAMP NULL, yr YEAR, bt BIT(9), js JSON, en ENUM('a','b'), nul INT NULL)`
 
 func TestDriverResultsIdenticalToDirect(t *testing.T) {
 	px := startProxy(t)
-	rootExec(t, "DROP TABLE IF EXISTS test.e2e_types", typesTable,
-		`INSERT INTO test.e2e_types VALUES
+	rootExec(t, "DROP TABLE IF EXISTS rgproxy_e2e.e2e_types", typesTable,
+		`INSERT INTO rgproxy_e2e.e2e_types VALUES
 		 (1, -128, 65535, -9223372036854775808, 1.5, 2.25, -12345678901234.123456, 'héllo', 'text', x'00ff10', '2024-02-29 23:59:59.123456', '2024-02-29', '-838:59:59.000', '2024-01-01 00:00:00', 2024, b'101010101', '{"a":[1,2]}', 'b', NULL),
 		 (2, 127, 0, 9223372036854775807, -0.0, 1e308, 0, '', '', '', '1000-01-01 00:00:00', '9999-12-31', '00:00:00.5', NULL, 1901, b'0', 'null', 'a', 7)`)
 	queries := []struct {
 		q    string
 		args []any
 	}{
-		{"SELECT * FROM test.e2e_types ORDER BY id", nil},
-		{"SELECT * FROM test.e2e_types WHERE id = ?", []any{1}},
-		{"SELECT id, vc, bl FROM test.e2e_types WHERE vc = ? OR bl = ?", []any{"héllo", []byte{}}},
+		{"SELECT * FROM rgproxy_e2e.e2e_types ORDER BY id", nil},
+		{"SELECT * FROM rgproxy_e2e.e2e_types WHERE id = ?", []any{1}},
+		{"SELECT id, vc, bl FROM rgproxy_e2e.e2e_types WHERE vc = ? OR bl = ?", []any{"héllo", []byte{}}},
 		{"SELECT 1.5, 'x', NULL, CAST(3 AS UNSIGNED), NOW() - NOW(), REPEAT('a', 70000)", nil},
 		{"SHOW VARIABLES LIKE 'character_set_%'", nil},
 	}
@@ -156,9 +156,9 @@ func TestDriverResultsIdenticalToDirect(t *testing.T) {
 
 func TestTransactionsSessionStateAndMultiStatements(t *testing.T) {
 	px := startProxy(t)
-	rootExec(t, "DROP TABLE IF EXISTS test.e2e_tx", "CREATE TABLE test.e2e_tx (id INT PRIMARY KEY, v INT) ENGINE=InnoDB",
-		"DROP PROCEDURE IF EXISTS test.e2e_multi",
-		"CREATE PROCEDURE test.e2e_multi() BEGIN SELECT 1 AS a; SELECT 2 AS b, 3 AS c; END")
+	rootExec(t, "DROP TABLE IF EXISTS rgproxy_e2e.e2e_tx", "CREATE TABLE rgproxy_e2e.e2e_tx (id INT PRIMARY KEY, v INT) ENGINE=InnoDB",
+		"DROP PROCEDURE IF EXISTS rgproxy_e2e.e2e_multi",
+		"CREATE PROCEDURE rgproxy_e2e.e2e_multi() BEGIN SELECT 1 AS a; SELECT 2 AS b, 3 AS c; END")
 	db := openDB(t, px.Addr, "multiStatements=true")
 	db.SetMaxOpenConns(1)
 
@@ -166,19 +166,19 @@ func TestTransactionsSessionStateAndMultiStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec("INSERT INTO test.e2e_tx VALUES (1, 10)"); err != nil {
+	if _, err := tx.Exec("INSERT INTO rgproxy_e2e.e2e_tx VALUES (1, 10)"); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
 	}
 	tx, _ = db.Begin()
-	tx.Exec("INSERT INTO test.e2e_tx VALUES (2, 20)")
+	tx.Exec("INSERT INTO rgproxy_e2e.e2e_tx VALUES (2, 20)")
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
 	var n int
-	db.QueryRow("SELECT COUNT(*) FROM test.e2e_tx").Scan(&n)
+	db.QueryRow("SELECT COUNT(*) FROM rgproxy_e2e.e2e_tx").Scan(&n)
 	if n != 1 {
 		t.Fatalf("after rollback+commit, %d rows, want 1", n)
 	}
@@ -199,7 +199,7 @@ func TestTransactionsSessionStateAndMultiStatements(t *testing.T) {
 	}
 
 	// Multi-statements and several result sets (a CALL).
-	rows, err := conn.QueryContext(ctx, "SELECT 1; SELECT 'two', 3; CALL test.e2e_multi()")
+	rows, err := conn.QueryContext(ctx, "SELECT 1; SELECT 'two', 3; CALL rgproxy_e2e.e2e_multi()")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,10 +212,10 @@ func TestTransactionsSessionStateAndMultiStatements(t *testing.T) {
 	}
 	rows.Close()
 	want := [][][]string{
-		{{"1:BIGINT"}, {"1"}},
-		{{"two:VARCHAR", "3:BIGINT"}, {"two", "3"}},
-		{{"a:BIGINT"}, {"1"}},
-		{{"b:BIGINT", "c:BIGINT"}, {"2", "3"}},
+		{{"1:INT"}, {"1"}},
+		{{"two:VARCHAR", "3:INT"}, {"two", "3"}},
+		{{"a:INT"}, {"1"}},
+		{{"b:INT", "c:INT"}, {"2", "3"}},
 	}
 	// The CALL's trailing OK yields no extra set in the driver.
 	if len(sets) < len(want) || !reflect.DeepEqual(sets[:len(want)], want) {
@@ -233,18 +233,18 @@ func TestTransactionsSessionStateAndMultiStatements(t *testing.T) {
 
 func TestLargePayloadsAndLoadDataLocal(t *testing.T) {
 	rootExec(t, "SET GLOBAL max_allowed_packet = 67108864",
-		"DROP TABLE IF EXISTS test.e2e_blob", "CREATE TABLE test.e2e_blob (id INT PRIMARY KEY, b LONGBLOB)",
-		"DROP TABLE IF EXISTS test.e2e_load", "CREATE TABLE test.e2e_load (id INT, name VARCHAR(20))")
+		"DROP TABLE IF EXISTS rgproxy_e2e.e2e_blob", "CREATE TABLE rgproxy_e2e.e2e_blob (id INT PRIMARY KEY, b LONGBLOB)",
+		"DROP TABLE IF EXISTS rgproxy_e2e.e2e_load", "CREATE TABLE rgproxy_e2e.e2e_load (id INT, name VARCHAR(20))")
 	px := startProxy(t)
 	for _, mode := range []string{"interpolateParams=true", "interpolateParams=false"} {
 		db := openDB(t, px.Addr, mode, "allowAllFiles=true")
 		blob := make([]byte, 20<<20)
 		rand.Read(blob)
-		if _, err := db.Exec("REPLACE INTO test.e2e_blob VALUES (1, ?)", blob); err != nil {
+		if _, err := db.Exec("REPLACE INTO rgproxy_e2e.e2e_blob VALUES (1, ?)", blob); err != nil {
 			t.Fatalf("%s: 20 MiB insert: %v", mode, err)
 		}
 		var back []byte
-		if err := db.QueryRow("SELECT b FROM test.e2e_blob WHERE id = 1").Scan(&back); err != nil {
+		if err := db.QueryRow("SELECT b FROM rgproxy_e2e.e2e_blob WHERE id = 1").Scan(&back); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(back, blob) {
@@ -259,7 +259,7 @@ func TestLargePayloadsAndLoadDataLocal(t *testing.T) {
 	}
 	file := filepath.Join(t.TempDir(), "load.tsv")
 	os.WriteFile(file, []byte(data.String()), 0o600)
-	res, err := db.Exec(fmt.Sprintf("LOAD DATA LOCAL INFILE '%s' INTO TABLE test.e2e_load", file))
+	res, err := db.Exec(fmt.Sprintf("LOAD DATA LOCAL INFILE '%s' INTO TABLE rgproxy_e2e.e2e_load", file))
 	if err != nil {
 		t.Fatalf("LOAD DATA LOCAL INFILE: %v", err)
 	}
@@ -267,11 +267,11 @@ func TestLargePayloadsAndLoadDataLocal(t *testing.T) {
 		t.Fatalf("LOAD DATA loaded %d rows", n)
 	}
 	mysql.RegisterReaderHandler("e2e", func() io.Reader { return strings.NewReader("1\tone\n2\ttwo\n") })
-	if _, err := db.Exec("LOAD DATA LOCAL INFILE 'Reader::e2e' INTO TABLE test.e2e_load"); err != nil {
+	if _, err := db.Exec("LOAD DATA LOCAL INFILE 'Reader::e2e' INTO TABLE rgproxy_e2e.e2e_load"); err != nil {
 		t.Fatalf("LOAD DATA from a reader: %v", err)
 	}
 	var n int
-	db.QueryRow("SELECT COUNT(*) FROM test.e2e_load").Scan(&n)
+	db.QueryRow("SELECT COUNT(*) FROM rgproxy_e2e.e2e_load").Scan(&n)
 	if n != 50002 {
 		t.Fatalf("table holds %d rows", n)
 	}
@@ -315,8 +315,11 @@ func TestSysbenchReadWriteNoErrors(t *testing.T) {
 	rootExec(t, "CREATE DATABASE IF NOT EXISTS sbtest_e2e")
 	px := startProxy(t)
 	host, port, _ := strings.Cut(px.Addr, ":")
+	// Uniform keys over 4 × 10,000 rows keep InnoDB deadlocks (which
+	// sysbench retries and counts as "ignored errors") out of the picture,
+	// so any error at all is the proxy's.
 	common := []string{"oltp_read_write", "--db-driver=mysql", "--mysql-host=" + host, "--mysql-port=" + port,
-		"--mysql-user=root", "--mysql-db=sbtest_e2e", "--tables=2", "--table-size=2000"}
+		"--mysql-user=root", "--mysql-db=sbtest_e2e", "--tables=4", "--table-size=10000", "--rand-type=uniform"}
 	if out, err := exec.Command("sysbench", append(common, "cleanup")...).CombinedOutput(); err != nil {
 		t.Fatalf("sysbench cleanup: %v\n%s", err, out)
 	}
@@ -327,12 +330,12 @@ func TestSysbenchReadWriteNoErrors(t *testing.T) {
 	if err != nil {
 		t.Fatalf("sysbench run: %v\n%s", err, out)
 	}
-	m := regexp.MustCompile(`errors:\s+(\d+)`).FindStringSubmatch(string(out))
+	m := regexp.MustCompile(`ignored errors:\s+(\d+)`).FindStringSubmatch(string(out))
 	q := regexp.MustCompile(`transactions:\s+(\d+)`).FindStringSubmatch(string(out))
 	if m == nil || q == nil {
 		t.Fatalf("unexpected sysbench output:\n%s", out)
 	}
-	if m[1] != "0" || q[1] == "0" {
+	if m[1] != "0" || q[1] == "0" || strings.Contains(string(out), "FATAL") {
 		t.Fatalf("sysbench through rgproxy: %s errors, %s transactions\n%s", m[1], q[1], out)
 	}
 	t.Logf("sysbench oltp_read_write 10 s, 4 threads: %s transactions, 0 errors", q[1])

@@ -148,7 +148,8 @@ func TestEd25519ThroughAuthSwitch(t *testing.T) {
 }
 
 func TestBackendSeesClientAddressThroughProxyProtocol(t *testing.T) {
-	db := startPrivateMariaDB(t)
+	// skip-name-resolve: the processlist then shows addresses, not "localhost".
+	db := startPrivateMariaDB(t, "--skip-name-resolve")
 	px := startProxy(t, "--backend", db.Addr, "--backend-proxy-protocol")
 	// MariaDB accepts PROXY headers only from the networks listed here.
 	db.exec(t, "SET GLOBAL proxy_protocol_networks = '127.0.0.1/32'")
