@@ -1,0 +1,544 @@
+package mysqlproto
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// command reads one client command and handles it to the end of its
+// response. A nil error means the session goes on.
+func (ss *session) command() error {
+	n, seq, err := readHeader(ss.crd)
+	if err != nil {
+		if errors.Is(err, net.ErrClosed) && ss.isClosing() {
+			return io.EOF
+		}
+		return err
+	}
+	if !ss.beginCommand() {
+		return errQuit
+	}
+	if seq != 0 {
+		return fmt.Errorf("%w: command packet has sequence id %d", ErrSequence, seq)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: empty command packet", ErrMalformedPacket)
+	}
+	if int64(n) > ss.srv.cfg.MaxPacketPayload {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrPacketTooLarge, n, ss.srv.cfg.MaxPacketPayload)
+	}
+	if cap(ss.buf) > keepBuf && n <= keepBuf {
+		ss.buf = nil // a big command is over: give its memory back
+	}
+	ss.buf, err = readInto(ss.crd, ss.buf, n)
+	if err != nil {
+		return err
+	}
+	p := ss.buf
+	st := Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&statusInTrans != 0}
+	switch p[0] {
+	case comQuit:
+		return errQuit
+	case comQuery:
+		st.Class, st.Multi = ss.srv.classify(p[1:])
+		st.Query = string(p[1:])
+		return ss.statement(&st, n, respGeneric, false, nil)
+	case comStmtPrepare:
+		st.Class = ClassOther
+		st.Query = string(p[1:])
+		return ss.statement(&st, n, respPrepare, false, nil)
+	case comStmtExecute, comStmtFetch, comStmtReset, comStmtSendLongData, comStmtClose:
+		return ss.stmtCommand(&st, n)
+	case comInitDB, comProcessKill, comResetConnection, comRefresh:
+		st.Class = ClassOther
+		return ss.statement(&st, n, respGeneric, false, nil)
+	case comStatistics, comSetOption, comDebug:
+		// One packet: a string (STATISTICS) or an EOF, or an ERR.
+		st.Class = ClassOther
+		return ss.statement(&st, n, respSingle, false, nil)
+	case comFieldList:
+		st.Class = ClassRead
+		return ss.statement(&st, n, respFieldList, false, nil)
+	case comPing:
+		st.Class = ClassFree
+		return ss.statement(&st, n, respGeneric, false, nil)
+	case comChangeUser:
+		return ss.changeUser(n)
+	}
+	// COM_BINLOG_DUMP, COM_STMT_BULK_EXECUTE, COM_REGISTER_SLAVE, COM_DAEMON,
+	// COM_TABLE_DUMP, ...: not relayed, and the session goes on.
+	if err := ss.drainContinuations(n); err != nil {
+		return err
+	}
+	return ss.sendError(ss.seq+1, &Error{Code: errCodeUnknownCom, State: "08S01", Message: "Unknown command"})
+}
+
+// stmtCommand handles the commands that name a prepared statement.
+func (ss *session) stmtCommand(st *Statement, n int) error {
+	p := ss.buf
+	if len(p) < 5 {
+		return fmt.Errorf("%w: command 0x%02x too short", ErrMalformedPacket, p[0])
+	}
+	id := uint32(p[1]) | uint32(p[2])<<8 | uint32(p[3])<<16 | uint32(p[4])<<24
+	ps := ss.stmts[id]
+	if ps != nil {
+		st.Query = ps.query
+	}
+	switch p[0] {
+	case comStmtSendLongData, comStmtClose:
+		// No response: forward, and charge long data to the next EXECUTE.
+		total, err := ss.forward(n)
+		if err != nil {
+			return err
+		}
+		if err := ss.bwr.Flush(); err != nil {
+			return ss.backendFailed(1, err)
+		}
+		if p[0] == comStmtClose {
+			delete(ss.stmts, id)
+		} else if ps != nil {
+			ps.longData += total
+		}
+		return nil
+	case comStmtReset:
+		st.Class = ClassFree
+		if ps != nil {
+			ps.longData = 0
+		}
+		return ss.statement(st, n, respGeneric, false, nil)
+	case comStmtFetch:
+		st.Class = ClassRead
+		return ss.statement(st, n, respFetch, true, nil)
+	}
+	st.Class = ClassOther
+	if ps != nil {
+		st.Class = ps.class
+	}
+	return ss.statement(st, n, respGeneric, true, ps)
+}
+
+// statement asks the policy, forwards the command, relays its response
+// and reports the outcome.
+func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, ps *prepared) error {
+	var v Verdict
+	if ss.srv.passThrough {
+		v = ss.pol.Before(ss.ctx, st, sessionBackend{ss})
+	} else {
+		w := ss.startWatch()
+		v = ss.pol.Before(ss.ctx, st, sessionBackend{ss})
+		w.stop()
+	}
+	if v.Reply != nil {
+		if err := ss.drainContinuations(n); err != nil {
+			return err
+		}
+		ss.rw.status = ss.status
+		if err := ss.rw.packets(v.Reply, st.Command, func(p []byte) error {
+			return ss.sendClient(ss.seq+1, p)
+		}); err != nil {
+			return err
+		}
+		return ss.cwr.Flush()
+	}
+	if err := ss.ctx.Err(); err != nil {
+		return err
+	}
+	var out Outcome
+	ss.seq = 0
+	req, err := ss.forward(n)
+	out.RequestBytes = req
+	if ps != nil {
+		out.RequestBytes += ps.longData
+		ps.longData = 0
+	}
+	if err == nil {
+		if err = ss.bwr.Flush(); err != nil {
+			err = ss.backendFailed(1, err)
+		}
+	}
+	if err != nil {
+		out.ErrCode = errCodeServerLost
+		ss.pol.After(st, &out)
+		return err
+	}
+	start := ss.srv.now()
+	blocked := ss.rawClient.blocked
+	err = ss.relayResponse(kind, binary, &out)
+	out.BackendTime = max(0, ss.srv.now().Sub(start)-(ss.rawClient.blocked-blocked)-out.BackendTime)
+	out.InTransaction = ss.status&statusInTrans != 0
+	if err == nil {
+		switch {
+		case st.Command == comStmtPrepare && ss.m.Prepared:
+			c, _ := ss.srv.classify([]byte(st.Query))
+			ss.stmts[ss.m.StmtID] = &prepared{query: st.Query, class: c}
+		case st.Command == comResetConnection && out.ErrCode == 0:
+			clear(ss.stmts)
+			ss.pol.Event(EventResetConnection, ss.info)
+		}
+	}
+	ss.pol.After(st, &out)
+	return err
+}
+
+// forward sends the command in ss.buf (first packet of n bytes) to the
+// backend, streaming any continuation packets from the client, and returns
+// the payload bytes sent. A backend failure has already been reported.
+func (ss *session) forward(n int) (int64, error) {
+	if err := writeHeader(ss.bwr, n, 0); err != nil {
+		return 0, ss.backendFailed(1, err)
+	}
+	if _, err := ss.bwr.Write(ss.buf); err != nil {
+		return 0, ss.backendFailed(1, err)
+	}
+	total := int64(n)
+	seq := byte(0)
+	for n == maxChunk {
+		var err error
+		var s byte
+		if n, s, err = readHeader(ss.crd); err != nil {
+			return total, err
+		}
+		seq++
+		if s != seq {
+			return total, fmt.Errorf("%w: continuation %d, want %d", ErrSequence, s, seq)
+		}
+		total += int64(n)
+		if total > ss.srv.cfg.MaxPacketPayload {
+			return total, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, ss.srv.cfg.MaxPacketPayload)
+		}
+		if err := writeHeader(ss.bwr, n, seq); err != nil {
+			return total, ss.backendFailed(seq+1, err)
+		}
+		if err := copyN(ss.bwr, ss.crd, n); err != nil {
+			var werr *writeError
+			if errors.As(err, &werr) {
+				return total, ss.backendFailed(seq+1, err)
+			}
+			return total, err // the client is gone: no one to tell
+		}
+	}
+	return total, nil
+}
+
+// drainContinuations skips the rest of a multi-packet command that is
+// answered locally.
+func (ss *session) drainContinuations(n int) error {
+	var total = int64(n)
+	seq := byte(0)
+	for n == maxChunk {
+		var s byte
+		var err error
+		if n, s, err = readHeader(ss.crd); err != nil {
+			return err
+		}
+		seq++
+		if s != seq {
+			return fmt.Errorf("%w: continuation %d, want %d", ErrSequence, s, seq)
+		}
+		if total += int64(n); total > ss.srv.cfg.MaxPacketPayload {
+			return fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, ss.srv.cfg.MaxPacketPayload)
+		}
+		if err := discardN(ss.crd, n); err != nil {
+			return err
+		}
+	}
+	ss.seq = seq
+	return nil
+}
+
+// relayResponse copies the backend's response to the client packet by
+// packet until the state machine says it is over. It fills out's
+// ResponseBytes, AffectedRows, ErrCode and (temporarily) BackendTime with
+// the time spent waiting for the client's LOCAL INFILE data.
+func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error {
+	m := &ss.m
+	m.reset(kind, ss.caps&capDeprecateEOF != 0, binary)
+	for {
+		n, seq, err := readHeader(ss.brd)
+		if err != nil {
+			out.ErrCode = errCodeServerLost
+			return ss.backendFailed(ss.seq+1, err)
+		}
+		p, err := ss.brd.Peek(min(n, inspectLen))
+		if err != nil {
+			out.ErrCode = errCodeServerLost
+			return ss.backendFailed(ss.seq+1, err)
+		}
+		ev, merr := m.feed(p, n)
+		if err := ss.relayPacket(n, seq, out); err != nil {
+			return err
+		}
+		if merr != nil {
+			out.ErrCode = errCodeServerLost
+			return ss.backendFailed(ss.seq+1, merr)
+		}
+		switch ev {
+		case evDone:
+			out.AffectedRows = m.Affected
+			out.ErrCode = m.ErrCode
+			if m.HasStatus {
+				ss.status = m.Status
+			}
+			if err := ss.cwr.Flush(); err != nil {
+				return err
+			}
+			return nil
+		case evInfile:
+			if err := ss.relayInfile(out); err != nil {
+				return err
+			}
+			m.state = stFirst
+		}
+	}
+}
+
+// relayPacket copies one logical packet whose first header (n, seq) has
+// been read, continuations included.
+func (ss *session) relayPacket(n int, seq byte, out *Outcome) error {
+	for {
+		if err := writeHeader(ss.cwr, n, seq); err != nil {
+			return err
+		}
+		if err := copyN(ss.cwr, ss.brd, n); err != nil {
+			var werr *writeError
+			if errors.As(err, &werr) {
+				return err
+			}
+			out.ErrCode = errCodeServerLost
+			return ss.backendFailed(seq+1, err)
+		}
+		ss.seq = seq
+		out.ResponseBytes += int64(n)
+		if n < maxChunk {
+			return nil
+		}
+		var err error
+		if n, seq, err = readHeader(ss.brd); err != nil {
+			out.ErrCode = errCodeServerLost
+			return ss.backendFailed(ss.seq+1, err)
+		}
+	}
+}
+
+// relayInfile streams the client's LOCAL INFILE packets to the backend
+// until the empty packet that ends them.
+func (ss *session) relayInfile(out *Outcome) error {
+	if err := ss.cwr.Flush(); err != nil {
+		return err
+	}
+	start := ss.srv.now()
+	defer func() { out.BackendTime += ss.srv.now().Sub(start) }()
+	for {
+		n, seq, err := readHeader(ss.crd)
+		if err != nil {
+			return fmt.Errorf("reading LOCAL INFILE data: %w", err)
+		}
+		if seq != ss.seq+1 {
+			return fmt.Errorf("%w: LOCAL INFILE packet %d, want %d", ErrSequence, seq, ss.seq+1)
+		}
+		ss.seq = seq
+		if err := writeHeader(ss.bwr, n, seq); err != nil {
+			return ss.backendFailed(seq+1, err)
+		}
+		if err := copyN(ss.bwr, ss.crd, n); err != nil {
+			var werr *writeError
+			if errors.As(err, &werr) {
+				return ss.backendFailed(seq+1, err)
+			}
+			return err
+		}
+		out.RequestBytes += int64(n)
+		if n == 0 {
+			if err := ss.bwr.Flush(); err != nil {
+				return ss.backendFailed(seq+1, err)
+			}
+			return nil
+		}
+	}
+}
+
+// changeUser relays COM_CHANGE_USER and its authentication exchange.
+func (ss *session) changeUser(n int) error {
+	cu, err := parseChangeUser(ss.buf, ss.caps)
+	if err != nil {
+		return err
+	}
+	if n == maxChunk {
+		return fmt.Errorf("%w: COM_CHANGE_USER too large", ErrMalformedPacket)
+	}
+	if clearTextPlugin(cu.Plugin) && !ss.bothTLS() {
+		return ss.refuseClearText(1, cu.Plugin)
+	}
+	if _, err := ss.forward(n); err != nil {
+		return err
+	}
+	if err := ss.bwr.Flush(); err != nil {
+		return ss.backendFailed(1, err)
+	}
+	plugin := cu.Plugin
+	if plugin == "" {
+		plugin = "mysql_native_password"
+	}
+	ok, err := ss.relayAuth(plugin, 0)
+	if err != nil {
+		return err
+	}
+	clear(ss.stmts)
+	if ok {
+		ss.info.User = cu.User
+		ss.pol.Event(EventChangeUser, ss.info)
+	}
+	return nil
+}
+
+// sessionBackend runs a policy's queries on the session's backend
+// connection, between statements.
+type sessionBackend struct{ ss *session }
+
+// Query implements Backend with the text protocol. A backend error is
+// returned as *Error; an I/O failure breaks the session.
+func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*string, error) {
+	ss := b.ss
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = ss.backend.SetDeadline(dl)
+		defer ss.backend.SetDeadline(time.Time{})
+	}
+	stop := context.AfterFunc(ctx, func() { _ = ss.backend.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	q := make([]byte, 1+len(sql))
+	q[0] = comQuery
+	copy(q[1:], sql)
+	if _, err := writeMessage(ss.bwr, 0, q); err != nil {
+		return nil, nil, b.broken(err)
+	}
+	if err := ss.bwr.Flush(); err != nil {
+		return nil, nil, b.broken(err)
+	}
+	var cols []string
+	var rows [][]*string
+	var qerr error
+	first := true
+	for {
+		p, _, err := readMessage(ss.brd, nil, ss.srv.cfg.MaxPacketPayload)
+		if err != nil {
+			return nil, nil, b.broken(err)
+		}
+		if len(p) == 0 {
+			return nil, nil, b.broken(fmt.Errorf("%w: empty packet", ErrMalformedPacket))
+		}
+		var m respMachine
+		switch {
+		case p[0] == hdrERR:
+			if qerr == nil {
+				qerr = parseErrPacket(p)
+			}
+			return cols, rows, qerr
+		case p[0] == hdrOK:
+			if err := m.parseOK(p); err != nil {
+				return nil, nil, b.broken(err)
+			}
+			ss.status = m.Status
+			if m.Status&statusMoreResults == 0 {
+				return cols, rows, qerr
+			}
+			continue
+		case p[0] == hdrInfile:
+			return nil, nil, b.broken(fmt.Errorf("%w: LOCAL INFILE in a policy query", ErrMalformedPacket))
+		}
+		cnt, _, ok := lenenc(p)
+		if !ok {
+			return nil, nil, b.broken(fmt.Errorf("%w: column count", ErrMalformedPacket))
+		}
+		var names []string
+		for i := uint64(0); i < cnt; i++ {
+			d, _, err := readMessage(ss.brd, nil, 1<<20)
+			if err != nil {
+				return nil, nil, b.broken(err)
+			}
+			names = append(names, columnName(d))
+		}
+		if ss.caps&capDeprecateEOF == 0 {
+			if _, _, err := readMessage(ss.brd, nil, 1<<20); err != nil {
+				return nil, nil, b.broken(err)
+			}
+		}
+		var set [][]*string
+		for {
+			r, _, err := readMessage(ss.brd, nil, ss.srv.cfg.MaxPacketPayload)
+			if err != nil {
+				return nil, nil, b.broken(err)
+			}
+			if len(r) > 0 && r[0] == hdrERR {
+				return cols, rows, parseErrPacket(r)
+			}
+			if isEOFPacket(r, len(r)) {
+				if ss.caps&capDeprecateEOF != 0 {
+					_ = m.parseOK(r)
+				} else {
+					m.parseEOF(r)
+				}
+				ss.status = m.Status
+				break
+			}
+			row, err := textRow(r, len(names))
+			if err != nil {
+				return nil, nil, b.broken(err)
+			}
+			set = append(set, row)
+		}
+		if first {
+			cols, rows, first = names, set, false
+		}
+		if m.Status&statusMoreResults == 0 {
+			return cols, rows, qerr
+		}
+	}
+}
+
+// broken ends the session after a failed policy query: the backend
+// connection is in an unknown state.
+func (b sessionBackend) broken(err error) error {
+	b.ss.srv.backendErrors.Add(1)
+	_ = b.ss.backend.Close()
+	return fmt.Errorf("%w: policy query: %w", ErrBackendLost, err)
+}
+
+// columnName reads the name from a column definition (catalog, schema,
+// table, original table, name).
+func columnName(d []byte) string {
+	for i := 0; i < 4; i++ {
+		_, k, ok := lenencString(d)
+		if !ok {
+			return ""
+		}
+		d = d[k:]
+	}
+	name, _, _ := lenencString(d)
+	return string(name)
+}
+
+// textRow decodes a text-protocol row of n columns.
+func textRow(r []byte, n int) ([]*string, error) {
+	row := make([]*string, n)
+	for i := range row {
+		if len(r) > 0 && r[0] == 0xfb {
+			r = r[1:]
+			continue
+		}
+		v, k, ok := lenencString(r)
+		if !ok {
+			return nil, fmt.Errorf("%w: text row", ErrMalformedPacket)
+		}
+		s := string(v)
+		row[i] = &s
+		r = r[k:]
+	}
+	return row, nil
+}

@@ -1,0 +1,36 @@
+// Package mysqlproto is rgproxy's wire layer: it accepts MySQL clients,
+// relays their authentication to a dedicated backend connection (rgproxy
+// stores no password), forwards every command and streams each response
+// back while a small state machine follows the response's shape. It knows
+// nothing of Request Units or resource groups.
+//
+// # Sessions
+//
+// Each client connection is one goroutine and one backend connection, so
+// transactions, session variables, temporary tables and prepared
+// statements behave exactly as on a direct connection. The backend's
+// greeting (its salt and connection id included) is relayed with only the
+// capabilities rgproxy implements (see supportedCaps); the client's answer
+// and every auth-switch / auth-more-data packet are relayed both ways
+// until the backend's OK or ERR. Plugins that put the password in clear on
+// the wire are relayed only when both legs use TLS.
+//
+// # Policy
+//
+// Before every command that has a response (COM_QUIT, COM_STMT_CLOSE and
+// COM_STMT_SEND_LONG_DATA have none) the session calls
+// SessionPolicy.Before; a Reply is written locally, otherwise the command
+// is forwarded and SessionPolicy.After receives the measured Outcome.
+// SEND_LONG_DATA bytes are added to the RequestBytes of the next
+// COM_STMT_EXECUTE of the same statement. For a multi-packet COM_QUERY,
+// Statement.Query and the class are taken from the first packet (16 MiB - 2
+// bytes of text). While a non-PassThrough Before blocks for more than a few
+// milliseconds, the session watches the client so that a disconnect
+// cancels Before's context.
+//
+// # Counting
+//
+// Outcome.RequestBytes and ResponseBytes count packet payloads (no
+// headers). Stats.ClientBytes and BackendBytes count bytes on the wire in
+// both directions, headers and TLS records included.
+package mysqlproto

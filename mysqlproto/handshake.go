@@ -1,0 +1,238 @@
+package mysqlproto
+
+import "fmt"
+
+// greeting is the parts of a backend's Initial Handshake (protocol 10) that
+// rgproxy reads or rewrites. Offsets point into the payload it was parsed from.
+type greeting struct {
+	ServerVersion string
+	ConnID        uint32
+	Caps          uint32
+	Plugin        string
+	capLowOff     int // offset of the lower 2 capability bytes
+	capHighOff    int // offset of the upper 2 capability bytes (-1 if absent)
+	reservedOff   int // offset of the 10 reserved bytes (-1 if absent)
+}
+
+// parseGreeting parses a backend's Initial Handshake packet payload.
+func parseGreeting(p []byte) (greeting, error) {
+	var g greeting
+	if len(p) < 1 || p[0] != 10 {
+		return g, fmt.Errorf("%w: greeting is not protocol 10", ErrMalformedPacket)
+	}
+	ver, k, ok := nulString(p[1:])
+	if !ok {
+		return g, fmt.Errorf("%w: greeting server version", ErrMalformedPacket)
+	}
+	g.ServerVersion = string(ver)
+	i := 1 + k
+	// conn id (4), scramble part 1 (8), filler (1), caps low (2)
+	if len(p) < i+15 {
+		return g, fmt.Errorf("%w: greeting too short", ErrMalformedPacket)
+	}
+	g.ConnID = uint32(p[i]) | uint32(p[i+1])<<8 | uint32(p[i+2])<<16 | uint32(p[i+3])<<24
+	i += 13
+	g.capLowOff = i
+	g.Caps = uint32(p[i]) | uint32(p[i+1])<<8
+	i += 2
+	g.capHighOff, g.reservedOff = -1, -1
+	// charset (1), status (2), caps high (2), auth data length (1), reserved (10)
+	if len(p) < i+16 {
+		return g, nil // an old server: no upper flags, no plugin
+	}
+	g.capHighOff = i + 3
+	g.Caps |= (uint32(p[i+3]) | uint32(p[i+4])<<8) << 16
+	authLen := int(p[i+5])
+	g.reservedOff = i + 6
+	i += 16
+	if g.Caps&capSecureConnection != 0 {
+		n := max(13, authLen-8)
+		if len(p) < i+n {
+			return g, fmt.Errorf("%w: greeting scramble", ErrMalformedPacket)
+		}
+		i += n
+	}
+	if g.Caps&capPluginAuth != 0 && i < len(p) {
+		name, _, ok := nulString(p[i:])
+		if !ok {
+			name = p[i:] // some servers omit the final NUL
+		}
+		g.Plugin = string(name)
+	}
+	return g, nil
+}
+
+// rewriteGreeting sets the capability flags of a parsed greeting's payload
+// to caps and zeroes the reserved bytes, where MariaDB keeps its extended
+// capabilities.
+func rewriteGreeting(p []byte, g *greeting, caps uint32) {
+	p[g.capLowOff], p[g.capLowOff+1] = byte(caps), byte(caps>>8)
+	if g.capHighOff >= 0 {
+		p[g.capHighOff], p[g.capHighOff+1] = byte(caps>>16), byte(caps>>24)
+	}
+	if g.reservedOff >= 0 {
+		clear(p[g.reservedOff : g.reservedOff+10])
+	}
+	g.Caps = caps
+}
+
+// handshakeResponse is the parts of a client's HandshakeResponse41 (or
+// SSLRequest, which is its first 32 bytes) that rgproxy reads.
+type handshakeResponse struct {
+	Caps   uint32
+	User   string
+	Auth   []byte // the auth response, aliasing the payload
+	DB     string
+	Plugin string
+}
+
+// sslRequestLen is the payload size of an SSLRequest.
+const sslRequestLen = 32
+
+// parseHandshakeResponse parses a HandshakeResponse41 payload. An
+// SSLRequest parses with only Caps set.
+func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
+	var r handshakeResponse
+	if len(p) < 4 {
+		return r, fmt.Errorf("%w: handshake response too short", ErrMalformedPacket)
+	}
+	r.Caps = uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
+	if r.Caps&capProtocol41 == 0 {
+		return r, fmt.Errorf("%w: client does not speak protocol 4.1", ErrMalformedPacket)
+	}
+	if len(p) < sslRequestLen {
+		return r, fmt.Errorf("%w: handshake response too short", ErrMalformedPacket)
+	}
+	if len(p) == sslRequestLen {
+		return r, nil
+	}
+	b := p[sslRequestLen:]
+	user, k, ok := nulString(b)
+	if !ok {
+		return r, fmt.Errorf("%w: handshake response user", ErrMalformedPacket)
+	}
+	r.User = string(user)
+	b = b[k:]
+	switch {
+	case r.Caps&capPluginAuthLenenc != 0:
+		r.Auth, k, ok = lenencString(b)
+	case r.Caps&capSecureConnection != 0:
+		if ok = len(b) > 0 && len(b) > int(b[0]); ok {
+			r.Auth, k = b[1:1+int(b[0])], 1+int(b[0])
+		}
+	default:
+		r.Auth, k, ok = nulString(b)
+	}
+	if !ok {
+		return r, fmt.Errorf("%w: handshake response auth data", ErrMalformedPacket)
+	}
+	b = b[k:]
+	if r.Caps&capConnectWithDB != 0 && len(b) > 0 {
+		db, k, ok := nulString(b)
+		if !ok {
+			return r, fmt.Errorf("%w: handshake response database", ErrMalformedPacket)
+		}
+		r.DB = string(db)
+		b = b[k:]
+	}
+	if r.Caps&capPluginAuth != 0 && len(b) > 0 {
+		name, k, ok := nulString(b)
+		if !ok {
+			name, k = b, len(b)
+		}
+		r.Plugin = string(name)
+		b = b[k:]
+	}
+	if r.Caps&capConnectAttrs != 0 && len(b) > 0 {
+		if _, _, ok := lenencString(b); !ok {
+			return r, fmt.Errorf("%w: handshake response attributes", ErrMalformedPacket)
+		}
+	}
+	return r, nil
+}
+
+// rewriteHandshakeResponse sets the capability flags of a handshake
+// response (or SSLRequest) payload and zeroes its 23-byte filler, whose
+// last 4 bytes are MariaDB's extended client capabilities.
+func rewriteHandshakeResponse(p []byte, caps uint32) {
+	p[0], p[1], p[2], p[3] = byte(caps), byte(caps>>8), byte(caps>>16), byte(caps>>24)
+	clear(p[9:sslRequestLen])
+}
+
+// changeUser is the part of a COM_CHANGE_USER payload rgproxy reads.
+type changeUser struct {
+	User   string
+	Plugin string
+}
+
+// parseChangeUser parses a COM_CHANGE_USER payload (command byte included).
+func parseChangeUser(p []byte, caps uint32) (changeUser, error) {
+	var c changeUser
+	if len(p) < 2 || p[0] != comChangeUser {
+		return c, fmt.Errorf("%w: COM_CHANGE_USER", ErrMalformedPacket)
+	}
+	b := p[1:]
+	user, k, ok := nulString(b)
+	if !ok {
+		return c, fmt.Errorf("%w: COM_CHANGE_USER user", ErrMalformedPacket)
+	}
+	c.User = string(user)
+	b = b[k:]
+	if caps&capSecureConnection != 0 {
+		if len(b) == 0 || len(b) <= int(b[0]) {
+			return c, fmt.Errorf("%w: COM_CHANGE_USER auth data", ErrMalformedPacket)
+		}
+		b = b[1+int(b[0]):]
+	} else {
+		_, k, ok := nulString(b)
+		if !ok {
+			return c, fmt.Errorf("%w: COM_CHANGE_USER auth data", ErrMalformedPacket)
+		}
+		b = b[k:]
+	}
+	_, k, ok = nulString(b) // database
+	if !ok {
+		return c, nil // the rest is optional
+	}
+	b = b[k:]
+	if len(b) >= 2 {
+		b = b[2:] // character set
+		if caps&capPluginAuth != 0 && len(b) > 0 {
+			name, _, ok := nulString(b)
+			if !ok {
+				name = b
+			}
+			c.Plugin = string(name)
+		}
+	}
+	return c, nil
+}
+
+// clearTextPlugin reports whether an auth plugin may send the password in
+// clear (so rgproxy relays it only with TLS on both legs). sha256_password
+// sends it in clear whenever the client's link is TLS, so it counts.
+func clearTextPlugin(name string) bool {
+	switch name {
+	case "mysql_clear_password", "dialog", "sha256_password":
+		return true
+	}
+	return false
+}
+
+// needsClearPassword inspects a backend auth packet under the current
+// plugin. It returns the plugin in force afterwards and whether the client
+// is now asked for its password in clear: an auth switch to a clear-text
+// plugin, or caching_sha2_password's "perform full authentication".
+func needsClearPassword(p []byte, plugin string) (newPlugin string, clear bool) {
+	switch {
+	case len(p) > 0 && p[0] == hdrEOF: // auth switch request
+		name, _, ok := nulString(p[1:])
+		if !ok {
+			name = p[1:]
+		}
+		return string(name), clearTextPlugin(string(name))
+	case len(p) == 2 && p[0] == hdrMore && p[1] == 4 && plugin == "caching_sha2_password":
+		return plugin, true
+	}
+	return plugin, false
+}

@@ -1,0 +1,228 @@
+package mysqlproto
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Framing errors.
+var (
+	// ErrPacketTooLarge means a payload exceeds the configured limit.
+	ErrPacketTooLarge = errors.New("mysqlproto: packet payload too large")
+	// ErrMalformedPacket means a packet does not have the expected shape.
+	ErrMalformedPacket = errors.New("mysqlproto: malformed packet")
+	// ErrSequence means a packet carries an unexpected sequence id.
+	ErrSequence = errors.New("mysqlproto: packet out of sequence")
+)
+
+// readHeader reads a 4-byte packet header: a 3-byte little-endian payload
+// length and the sequence id. It does not allocate.
+func readHeader(br *bufio.Reader) (n int, seq byte, err error) {
+	h, err := br.Peek(4)
+	if err != nil {
+		if errors.Is(err, io.EOF) && len(h) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, 0, err
+	}
+	n = int(h[0]) | int(h[1])<<8 | int(h[2])<<16
+	seq = h[3]
+	_, _ = br.Discard(4)
+	return n, seq, nil
+}
+
+// readInto reads n payload bytes into buf, growing it if needed, and
+// returns the filled slice. buf is reused across calls by the caller.
+func readInto(br *bufio.Reader, buf []byte, n int) ([]byte, error) {
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(br, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return buf, err
+	}
+	return buf, nil
+}
+
+// readMessage reads one logical payload, joining continuation packets,
+// refusing payloads larger than limit. It returns the payload (in buf when
+// it fits) and the sequence id of the last packet.
+func readMessage(br *bufio.Reader, buf []byte, limit int64) ([]byte, byte, error) {
+	buf = buf[:0]
+	for {
+		n, seq, err := readHeader(br)
+		if err != nil {
+			return buf, 0, err
+		}
+		if int64(len(buf)+n) > limit {
+			return buf, seq, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, limit)
+		}
+		start := len(buf)
+		if cap(buf) < start+n {
+			nb := make([]byte, start, start+n)
+			copy(nb, buf)
+			buf = nb
+		}
+		buf = buf[:start+n]
+		if _, err := io.ReadFull(br, buf[start:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return buf, seq, err
+		}
+		if n < maxChunk {
+			return buf, seq, nil
+		}
+	}
+}
+
+// writeHeader writes a packet header for a payload of n bytes (n < 1<<24).
+// Byte by byte, because a slice handed to Write escapes and would cost an
+// allocation per packet.
+func writeHeader(bw *bufio.Writer, n int, seq byte) error {
+	if bw.Available() < 4 {
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+	}
+	_ = bw.WriteByte(byte(n))
+	_ = bw.WriteByte(byte(n >> 8))
+	_ = bw.WriteByte(byte(n >> 16))
+	return bw.WriteByte(seq)
+}
+
+// writeMessage writes a logical payload, split into packets of at most
+// maxChunk bytes (with an empty trailing packet when the payload is an
+// exact multiple), and returns the next sequence id.
+func writeMessage(bw *bufio.Writer, seq byte, payload []byte) (byte, error) {
+	for {
+		n := min(len(payload), maxChunk)
+		if err := writeHeader(bw, n, seq); err != nil {
+			return seq, err
+		}
+		if _, err := bw.Write(payload[:n]); err != nil {
+			return seq, err
+		}
+		seq++
+		payload = payload[n:]
+		if n < maxChunk {
+			return seq, nil
+		}
+	}
+}
+
+// copyN streams n bytes from br to bw without an intermediate buffer: it
+// hands bw whatever br already holds, so bytes are relayed as they arrive.
+func copyN(bw *bufio.Writer, br *bufio.Reader, n int) error {
+	for n > 0 {
+		if br.Buffered() == 0 {
+			if _, err := br.Peek(1); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF
+				}
+				return err
+			}
+		}
+		k := min(br.Buffered(), n)
+		b, _ := br.Peek(k)
+		if _, err := bw.Write(b); err != nil {
+			return &writeError{err}
+		}
+		_, _ = br.Discard(k)
+		n -= k
+	}
+	return nil
+}
+
+// writeError marks a failed write inside copyN, so that callers can tell
+// which side of the relay failed.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return "write: " + e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
+
+// discardN skips n bytes of br.
+func discardN(br *bufio.Reader, n int) error {
+	_, err := br.Discard(n)
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// lenenc decodes a length-encoded integer at the start of b. ok is false
+// when b is too short or starts with 0xfb/0xff, which are not integers.
+func lenenc(b []byte) (v uint64, size int, ok bool) {
+	if len(b) == 0 {
+		return 0, 0, false
+	}
+	switch c := b[0]; {
+	case c < 0xfb:
+		return uint64(c), 1, true
+	case c == 0xfc:
+		if len(b) < 3 {
+			return 0, 0, false
+		}
+		return uint64(b[1]) | uint64(b[2])<<8, 3, true
+	case c == 0xfd:
+		if len(b) < 4 {
+			return 0, 0, false
+		}
+		return uint64(b[1]) | uint64(b[2])<<8 | uint64(b[3])<<16, 4, true
+	case c == 0xfe:
+		if len(b) < 9 {
+			return 0, 0, false
+		}
+		var v uint64
+		for i := 8; i >= 1; i-- {
+			v = v<<8 | uint64(b[i])
+		}
+		return v, 9, true
+	default:
+		return 0, 0, false
+	}
+}
+
+// appendLenenc appends v as a length-encoded integer.
+func appendLenenc(b []byte, v uint64) []byte {
+	switch {
+	case v < 0xfb:
+		return append(b, byte(v))
+	case v < 1<<16:
+		return append(b, 0xfc, byte(v), byte(v>>8))
+	case v < 1<<24:
+		return append(b, 0xfd, byte(v), byte(v>>8), byte(v>>16))
+	default:
+		return append(b, 0xfe, byte(v), byte(v>>8), byte(v>>16), byte(v>>24),
+			byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56))
+	}
+}
+
+// appendLenencString appends a length-encoded string.
+func appendLenencString(b []byte, s string) []byte {
+	return append(appendLenenc(b, uint64(len(s))), s...)
+}
+
+// lenencString reads a length-encoded string at the start of b.
+func lenencString(b []byte) (s []byte, size int, ok bool) {
+	v, n, ok := lenenc(b)
+	if !ok || uint64(len(b)-n) < v {
+		return nil, 0, false
+	}
+	return b[n : n+int(v)], n + int(v), true
+}
+
+// nulString reads a NUL-terminated string at the start of b.
+func nulString(b []byte) (s []byte, size int, ok bool) {
+	for i, c := range b {
+		if c == 0 {
+			return b[:i], i + 1, true
+		}
+	}
+	return nil, 0, false
+}

@@ -1,0 +1,270 @@
+package mysqlproto
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha1"
+	"net"
+	"testing"
+	"time"
+)
+
+// rawClient speaks the protocol by hand, to send what drivers never send.
+type rawClient struct {
+	t    *testing.T
+	c    net.Conn
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	salt []byte
+	caps uint32
+}
+
+func nativePassword(salt []byte, pw string) []byte {
+	if pw == "" {
+		return nil
+	}
+	h1 := sha1.Sum([]byte(pw))
+	h2 := sha1.Sum(h1[:])
+	h := sha1.New()
+	h.Write(salt)
+	h.Write(h2[:])
+	h3 := h.Sum(nil)
+	for i := range h3 {
+		h3[i] ^= h1[i]
+	}
+	return h3
+}
+
+// dialRaw logs in as user with a mysql_native_password response.
+func dialRaw(t *testing.T, addr, user, pw string) *rawClient {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	rc := &rawClient{t: t, c: c, br: bufio.NewReader(c), bw: bufio.NewWriter(c)}
+	t.Cleanup(func() { c.Close() })
+	g, _ := rc.read()
+	gr, err := parseGreeting(g)
+	if err != nil {
+		t.Fatalf("greeting %q: %v", g, err)
+	}
+	// scramble: 8 bytes after conn id, then 12 after the reserved bytes
+	i := bytes.IndexByte(g[1:], 0) + 2 + 4
+	rc.salt = append(append([]byte{}, g[i:i+8]...), g[gr.reservedOff+10:gr.reservedOff+22]...)
+	rc.caps = gr.Caps & (capProtocol41 | capSecureConnection | capPluginAuth | capMultiStatements | capMultiResults | capPSMultiResults | capTransactions | capLongPassword | capConnectWithDB)
+	resp := []byte{byte(rc.caps), byte(rc.caps >> 8), byte(rc.caps >> 16), byte(rc.caps >> 24), 0, 0, 0, 1, 45}
+	resp = append(resp, make([]byte, 23)...)
+	resp = append(append(resp, user...), 0)
+	auth := nativePassword(rc.salt, pw)
+	resp = append(append(resp, byte(len(auth))), auth...)
+	resp = append(append(resp, "rgproxy_test"...), 0)
+	resp = append(append(resp, "mysql_native_password"...), 0)
+	rc.write(1, resp)
+	rc.finishAuth(pw)
+	return rc
+}
+
+// finishAuth answers auth switches until OK.
+func (rc *rawClient) finishAuth(pw string) {
+	rc.t.Helper()
+	for {
+		p, seq := rc.read()
+		switch p[0] {
+		case hdrOK:
+			return
+		case hdrERR:
+			rc.t.Fatalf("login refused: %v", parseErrPacket(p))
+		case hdrEOF:
+			name, k, _ := nulString(p[1:])
+			if string(name) != "mysql_native_password" {
+				rc.t.Fatalf("auth switch to %s", name)
+			}
+			salt := bytes.TrimRight(p[1+k:], "\x00")
+			rc.write(seq+1, nativePassword(salt, pw))
+		default:
+			rc.t.Fatalf("unexpected auth packet %q", p)
+		}
+	}
+}
+
+func (rc *rawClient) write(seq byte, p []byte) {
+	rc.t.Helper()
+	if _, err := writeMessage(rc.bw, seq, p); err != nil {
+		rc.t.Fatal(err)
+	}
+	if err := rc.bw.Flush(); err != nil {
+		rc.t.Fatal(err)
+	}
+}
+
+func (rc *rawClient) read() ([]byte, byte) {
+	rc.t.Helper()
+	p, seq, err := readMessage(rc.br, nil, 1<<30)
+	if err != nil {
+		rc.t.Fatalf("read: %v", err)
+	}
+	return p, seq
+}
+
+// cmd sends a command and returns its whole response as raw bytes
+// (headers included), framed by a respMachine.
+func (rc *rawClient) cmd(kind respKind, binary bool, p []byte) (raw []byte, m respMachine) {
+	rc.t.Helper()
+	rc.write(0, p)
+	return rc.response(kind, binary)
+}
+
+// response reads one response framed by a respMachine.
+func (rc *rawClient) response(kind respKind, binary bool) (raw []byte, m respMachine) {
+	rc.t.Helper()
+	m.reset(kind, false, binary)
+	for {
+		pl, seq := rc.read()
+		raw = append(raw, byte(len(pl)), byte(len(pl)>>8), byte(len(pl)>>16), seq)
+		raw = append(raw, pl...)
+		ev, err := m.feed(pl, len(pl))
+		if err != nil {
+			rc.t.Fatalf("response: %v", err)
+		}
+		if ev == evDone {
+			return raw, m
+		}
+		if ev == evInfile {
+			rc.write(seq+1, nil)
+		}
+	}
+}
+
+// expectClosed checks that the proxy closed the connection.
+func (rc *rawClient) expectClosed() {
+	rc.t.Helper()
+	_ = rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		if _, _, err := readHeader(rc.br); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				rc.t.Fatal("connection still open")
+			}
+			return
+		}
+		rc.br.Discard(rc.br.Buffered())
+	}
+}
+
+func query(q string) []byte { return append([]byte{comQuery}, q...) }
+
+func TestRawCommands(t *testing.T) {
+	setupSchema(t)
+	_, addr := startProxy(t, Config{})
+	rc := dialRaw(t, addr, "root", "")
+	ping := func() {
+		t.Helper()
+		raw, m := rc.cmd(respGeneric, false, []byte{comPing})
+		if m.ErrCode != 0 || raw[4] != hdrOK {
+			t.Fatalf("ping: %q", raw)
+		}
+	}
+	for _, c := range []byte{0x12 /* BINLOG_DUMP */, 0xfa /* STMT_BULK_EXECUTE */, 0x15 /* REGISTER_SLAVE */, 0x1d /* DAEMON */, 0x13 /* TABLE_DUMP */} {
+		_, m := rc.cmd(respGeneric, false, []byte{c, 0, 0, 0, 0})
+		if m.ErrCode != errCodeUnknownCom {
+			t.Fatalf("command 0x%02x: error %d, want 1047", c, m.ErrCode)
+		}
+		ping()
+	}
+	raw, _ := rc.cmd(respSingle, false, []byte{comStatistics})
+	if !bytes.Contains(raw, []byte("Uptime")) {
+		t.Fatalf("statistics: %q", raw)
+	}
+	ping()
+	rc.cmd(respGeneric, false, query("CREATE TABLE IF NOT EXISTS fl (a INT, b TEXT)"))
+	raw, m := rc.cmd(respFieldList, false, append([]byte{comFieldList}, "fl\x00"...))
+	if m.ErrCode != 0 || !bytes.Contains(raw, []byte("fl")) {
+		t.Fatalf("field list: %q", raw)
+	}
+	_, m = rc.cmd(respSingle, false, []byte{comSetOption, 1, 0}) // MULTI_STATEMENTS_OFF
+	if m.ErrCode != 0 {
+		t.Fatalf("set option: %d", m.ErrCode)
+	}
+	_, m = rc.cmd(respGeneric, false, append([]byte{comInitDB}, "mysql"...))
+	if m.ErrCode != 0 {
+		t.Fatalf("init db: %d", m.ErrCode)
+	}
+	_, m = rc.cmd(respGeneric, false, []byte{comResetConnection})
+	if m.ErrCode != 0 {
+		t.Fatalf("reset connection: %d", m.ErrCode)
+	}
+	ping()
+}
+
+// TestBinaryRowsAndCursor compares COM_STMT_EXECUTE and COM_STMT_FETCH
+// responses byte for byte with a direct connection.
+func TestBinaryRowsAndCursor(t *testing.T) {
+	setupSchema(t)
+	_, addr := startProxy(t, Config{})
+	run := func(addr string) [][]byte {
+		rc := dialRaw(t, addr, "root", "")
+		var out [][]byte
+		_, m := rc.cmd(respPrepare, false, append([]byte{comStmtPrepare},
+			"SELECT seq, seq * 1.5, CAST(seq AS CHAR), NOW() - NOW(), NULL, x'00ff', CAST('2020-01-02 03:04:05.6' AS DATETIME(3)) FROM seq_1_to_50"...))
+		if m.ErrCode != 0 || !m.Prepared {
+			t.Fatalf("prepare: %+v", m)
+		}
+		id := m.StmtID
+		exec := func(flags byte) []byte {
+			return []byte{comStmtExecute, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), flags, 1, 0, 0, 0}
+		}
+		raw, _ := rc.cmd(respGeneric, true, exec(0))
+		out = append(out, raw)
+		raw, m = rc.cmd(respGeneric, true, exec(1)) // CURSOR_TYPE_READ_ONLY
+		if m.Status&statusCursorExists == 0 {
+			t.Fatalf("no cursor opened: status %#x", m.Status)
+		}
+		out = append(out, raw)
+		for range 3 {
+			raw, _ = rc.cmd(respFetch, true, []byte{comStmtFetch, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), 20, 0, 0, 0})
+			out = append(out, raw)
+		}
+		rc.write(0, []byte{comStmtClose, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24)})
+		raw, _ = rc.cmd(respGeneric, false, []byte{comPing})
+		out = append(out, raw)
+		return out
+	}
+	got, want := run(addr), run(backendAddr)
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("response %d differs:\nproxy  %q\ndirect %q", i, got[i], want[i])
+		}
+	}
+}
+
+func TestMalformedClientPackets(t *testing.T) {
+	setupSchema(t)
+	_, addr := startProxy(t, Config{MaxPacketPayload: 1024})
+	other := dialRaw(t, addr, "root", "")
+	cases := map[string]func(rc *rawClient){
+		"bad sequence": func(rc *rawClient) { rc.write(5, []byte{comPing}) },
+		"empty packet": func(rc *rawClient) { rc.write(0, nil) },
+		"oversized":    func(rc *rawClient) { rc.write(0, query(string(make([]byte, 2000)))) },
+		"truncated": func(rc *rawClient) {
+			rc.bw.Write([]byte{100, 0, 0, 0, comQuery, 'S'})
+			rc.bw.Flush()
+			rc.c.(*net.TCPConn).CloseWrite()
+		},
+		"short execute": func(rc *rawClient) { rc.write(0, []byte{comStmtExecute, 1}) },
+	}
+	for name, send := range cases {
+		t.Run(name, func(t *testing.T) {
+			rc := dialRaw(t, addr, "root", "")
+			send(rc)
+			rc.expectClosed()
+			if _, m := other.cmd(respGeneric, false, []byte{comPing}); m.ErrCode != 0 {
+				t.Fatal("other session affected")
+			}
+		})
+	}
+}
+
+func newBufs(c net.Conn) (*bufio.Reader, *bufio.Writer) {
+	return bufio.NewReader(c), bufio.NewWriter(c)
+}

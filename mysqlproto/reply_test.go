@@ -1,0 +1,82 @@
+package mysqlproto
+
+import (
+	"bytes"
+	"testing"
+)
+
+func TestReplyPackets(t *testing.T) {
+	rows := &Reply{Columns: []string{"a", "b"}, Rows: [][]*string{{str("1"), nil}, {str(""), str("xyz")}}}
+	tests := []struct {
+		name      string
+		caps      uint32
+		reply     *Reply
+		cmd       byte
+		kind      respKind
+		packets   int
+		errCode   uint16
+		last      []byte // prefix of the last packet
+		affected  uint64
+		deprecate bool
+	}{
+		{name: "ERR", reply: &Reply{Err: &Error{Code: 8252, Message: "quota"}}, cmd: comQuery, packets: 1, errCode: 8252,
+			last: []byte{0xff, 0x3c, 0x20, '#', 'H', 'Y', '0', '0', '0', 'q'}},
+		{name: "OK", reply: &Reply{AffectedRows: 300, Info: "hi"}, cmd: comQuery, packets: 1, affected: 300,
+			last: []byte{0, 0xfc, 0x2c, 0x01, 0, 2, 0, 0, 0, 'h', 'i'}},
+		{name: "OK with session track", caps: capSessionTrack, reply: &Reply{Info: "hi"}, cmd: comQuery, packets: 1,
+			last: []byte{0, 0, 0, 2, 0, 0, 0, 2, 'h', 'i'}},
+		{name: "result set", reply: rows, cmd: comQuery, packets: 1 + 2 + 1 + 2 + 1, last: []byte{0xfe, 0, 0, 2, 0}},
+		{name: "result set, DEPRECATE_EOF", caps: capDeprecateEOF, deprecate: true, reply: rows, cmd: comQuery,
+			packets: 1 + 2 + 2 + 1, last: []byte{0xfe, 0, 0, 2, 0, 0, 0}},
+		{name: "result set for EXECUTE", reply: rows, cmd: comStmtExecute, packets: 1, errCode: errCodeNotSupportedYet},
+		{name: "OK for PREPARE", reply: &Reply{}, cmd: comStmtPrepare, packets: 1, errCode: errCodeNotSupportedYet},
+		{name: "OK for PING", reply: &Reply{}, cmd: comPing, packets: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := replyWriter{caps: tt.caps, status: statusAutocommit | statusMoreResults}
+			var got [][]byte
+			err := w.packets(tt.reply, tt.cmd, func(p []byte) error {
+				got = append(got, bytes.Clone(p))
+				return nil
+			})
+			if err != nil || len(got) != tt.packets {
+				t.Fatalf("%d packets, err %v: %q", len(got), err, got)
+			}
+			if tt.last != nil && !bytes.HasPrefix(got[len(got)-1], tt.last) {
+				t.Errorf("last packet %x, want prefix %x", got[len(got)-1], tt.last)
+			}
+			// The state machine the relay uses agrees on where it ends.
+			var m respMachine
+			m.reset(tt.kind, tt.deprecate, false)
+			for i, p := range got {
+				ev, err := m.feed(p, len(p))
+				if err != nil {
+					t.Fatalf("packet %d: %v", i, err)
+				}
+				if (ev == evDone) != (i == len(got)-1) {
+					t.Fatalf("packet %d: event %d", i, ev)
+				}
+			}
+			if m.ErrCode != tt.errCode || m.Affected != tt.affected {
+				t.Errorf("err %d affected %d", m.ErrCode, m.Affected)
+			}
+			if tt.errCode == 0 && m.Status&statusMoreResults != 0 {
+				t.Error("a local reply claims more results")
+			}
+		})
+	}
+}
+
+func TestTextRowAndColumnName(t *testing.T) {
+	row, err := textRow([]byte{1, 'a', 0xfb, 0}, 3)
+	if err != nil || *row[0] != "a" || row[1] != nil || *row[2] != "" {
+		t.Fatalf("%v %v", row, err)
+	}
+	if _, err := textRow([]byte{5, 'a'}, 1); err == nil {
+		t.Error("truncated row accepted")
+	}
+	if n := columnName(colPkt("price")); n != "price" {
+		t.Errorf("column name %q", n)
+	}
+}

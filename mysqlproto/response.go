@@ -1,0 +1,294 @@
+package mysqlproto
+
+import "fmt"
+
+// respKind is the shape of the response a command expects.
+type respKind uint8
+
+const (
+	// respGeneric: OK, ERR, LOCAL INFILE request or result sets, possibly
+	// several (SERVER_MORE_RESULTS_EXISTS). COM_QUERY, COM_STMT_EXECUTE,
+	// COM_PING, COM_INIT_DB, COM_RESET_CONNECTION, ...
+	respGeneric respKind = iota
+	// respPrepare: the COM_STMT_PREPARE OK with its parameter and column
+	// definitions, or ERR.
+	respPrepare
+	// respFieldList: column definitions ended by EOF, or ERR.
+	respFieldList
+	// respSingle: exactly one packet of any shape (COM_STATISTICS's
+	// string, COM_SET_OPTION's EOF or ERR).
+	respSingle
+	// respFetch: binary rows ended by EOF, or ERR (COM_STMT_FETCH).
+	respFetch
+)
+
+// respEvent is what the state machine says after a packet.
+type respEvent uint8
+
+const (
+	// evMore: the response continues with another backend packet.
+	evMore respEvent = iota
+	// evDone: that packet was the response's last.
+	evDone
+	// evInfile: the backend asks for a LOCAL INFILE; the client's file
+	// packets follow, then the backend's packets resume.
+	evInfile
+)
+
+type respState uint8
+
+const (
+	stFirst      respState = iota // OK / ERR / INFILE / column count
+	stColumns                     // column definitions
+	stColumnEOF                   // EOF after the column definitions
+	stRows                        // rows until EOF or ERR
+	stPrepOK                      // COM_STMT_PREPARE's OK
+	stPrepParams                  // its parameter definitions
+	stPrepParamEOF
+	stPrepColumns
+	stPrepColumnEOF
+	stFieldList
+	stSingle
+	stFetch
+)
+
+// respMachine follows a response's shape packet by packet without decoding
+// rows, so that the relay knows where the response ends. Its zero value is
+// not ready: call reset for each command.
+type respMachine struct {
+	deprecateEOF bool
+	binary       bool // result-set rows use the binary protocol (COM_STMT_EXECUTE)
+
+	state   respState
+	pending uint64 // definitions left in the current block
+	cols    uint16 // prepare: columns still to come after parameters
+
+	// Facts gathered along the way.
+	Status    uint16 // last status flags seen in an OK or EOF
+	HasStatus bool
+	Affected  uint64
+	ErrCode   uint16
+	StmtID    uint32 // prepare: statement id from the PREPARE OK
+	Prepared  bool   // prepare: an OK was received
+}
+
+// reset prepares the machine for the response to one command.
+func (m *respMachine) reset(kind respKind, deprecateEOF, binary bool) {
+	*m = respMachine{deprecateEOF: deprecateEOF, binary: binary}
+	switch kind {
+	case respPrepare:
+		m.state = stPrepOK
+	case respFieldList:
+		m.state = stFieldList
+	case respSingle:
+		m.state = stSingle
+	case respFetch:
+		m.state = stFetch
+	default:
+		m.state = stFirst
+	}
+}
+
+// isEOFPacket tells an EOF (or DEPRECATE_EOF's OK with an 0xfe header)
+// from a row or definition that happens to start with 0xfe: the latter is
+// at least 16 MiB - 1 bytes long.
+func isEOFPacket(p []byte, n int) bool {
+	return len(p) > 0 && p[0] == hdrEOF && n < maxChunk
+}
+
+// feed consumes the start of one logical packet (p holds at least its
+// first 64 bytes or all of it) whose full payload length is n.
+func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
+	if len(p) == 0 {
+		if m.state == stSingle {
+			return evDone, nil
+		}
+		return evDone, fmt.Errorf("%w: empty response packet", ErrMalformedPacket)
+	}
+	// No definition or row starts with 0xff (not a valid length-encoded
+	// value, and binary rows start with 0x00), so 0xff is always an ERR.
+	if p[0] == hdrERR && m.state != stSingle {
+		m.parseErr(p)
+		return evDone, nil
+	}
+	switch m.state {
+	case stFirst:
+		switch p[0] {
+		case hdrOK:
+			if err := m.parseOK(p); err != nil {
+				return evDone, err
+			}
+			return m.afterEnd(), nil
+		case hdrInfile:
+			return evInfile, nil // the OK/ERR after the file comes in stFirst
+		}
+		cnt, _, ok := lenenc(p)
+		if !ok || cnt == 0 {
+			return evDone, fmt.Errorf("%w: bad column count", ErrMalformedPacket)
+		}
+		m.pending = cnt
+		m.state = stColumns
+		return evMore, nil
+	case stColumns:
+		m.pending--
+		if m.pending == 0 {
+			if m.deprecateEOF {
+				m.state = stRows
+			} else {
+				m.state = stColumnEOF
+			}
+		}
+		return evMore, nil
+	case stColumnEOF:
+		if !isEOFPacket(p, n) {
+			return evDone, fmt.Errorf("%w: expected EOF after column definitions", ErrMalformedPacket)
+		}
+		m.parseEOF(p)
+		if m.binary && m.Status&statusCursorExists != 0 {
+			// A cursor was opened: rows come later through COM_STMT_FETCH.
+			return evDone, nil
+		}
+		m.state = stRows
+		return evMore, nil
+	case stRows, stFetch:
+		if isEOFPacket(p, n) {
+			if m.deprecateEOF && n >= 7 {
+				if err := m.parseOK(p); err != nil {
+					return evDone, err
+				}
+			} else {
+				m.parseEOF(p)
+			}
+			if m.state == stFetch {
+				return evDone, nil
+			}
+			return m.afterEnd(), nil
+		}
+		return evMore, nil
+	case stPrepOK:
+		return m.prepareOK(p)
+	case stPrepParams:
+		m.pending--
+		if m.pending == 0 {
+			m.endPrepParams()
+		}
+		return evMore, nil
+	case stPrepParamEOF:
+		if !isEOFPacket(p, n) {
+			return evDone, fmt.Errorf("%w: expected EOF after parameter definitions", ErrMalformedPacket)
+		}
+		m.parseEOF(p)
+		return m.startPrepColumns(), nil
+	case stPrepColumns:
+		m.pending--
+		if m.pending == 0 {
+			if m.deprecateEOF {
+				return evDone, nil
+			}
+			m.state = stPrepColumnEOF
+		}
+		return evMore, nil
+	case stPrepColumnEOF:
+		if !isEOFPacket(p, n) {
+			return evDone, fmt.Errorf("%w: expected EOF after column definitions", ErrMalformedPacket)
+		}
+		m.parseEOF(p)
+		return evDone, nil
+	case stFieldList:
+		if isEOFPacket(p, n) {
+			m.parseEOF(p)
+			return evDone, nil
+		}
+		return evMore, nil
+	case stSingle:
+		switch {
+		case p[0] == hdrERR:
+			m.parseErr(p)
+		case p[0] == hdrOK && n >= 7:
+			_ = m.parseOK(p)
+		case isEOFPacket(p, n):
+			m.parseEOF(p)
+		}
+		return evDone, nil
+	}
+	return evDone, fmt.Errorf("%w: bad response state %d", ErrMalformedPacket, m.state)
+}
+
+// afterEnd decides, after a final OK or EOF, whether another result follows.
+func (m *respMachine) afterEnd() respEvent {
+	if m.Status&statusMoreResults != 0 {
+		m.state = stFirst
+		return evMore
+	}
+	return evDone
+}
+
+func (m *respMachine) prepareOK(p []byte) (respEvent, error) {
+	if p[0] != hdrOK || len(p) < 12 {
+		return evDone, fmt.Errorf("%w: bad PREPARE OK", ErrMalformedPacket)
+	}
+	m.Prepared = true
+	m.StmtID = uint32(p[1]) | uint32(p[2])<<8 | uint32(p[3])<<16 | uint32(p[4])<<24
+	m.cols = uint16(p[5]) | uint16(p[6])<<8
+	params := uint16(p[7]) | uint16(p[8])<<8
+	if params == 0 {
+		return m.startPrepColumns(), nil
+	}
+	m.pending = uint64(params)
+	m.state = stPrepParams
+	return evMore, nil
+}
+
+func (m *respMachine) endPrepParams() {
+	if m.deprecateEOF {
+		m.startPrepColumns()
+		return
+	}
+	m.state = stPrepParamEOF
+}
+
+func (m *respMachine) startPrepColumns() respEvent {
+	if m.cols == 0 {
+		m.state = stPrepColumnEOF // unused: the response is over
+		return evDone
+	}
+	m.pending = uint64(m.cols)
+	m.state = stPrepColumns
+	return evMore
+}
+
+func (m *respMachine) parseErr(p []byte) {
+	if len(p) >= 3 {
+		m.ErrCode = uint16(p[1]) | uint16(p[2])<<8
+	} else {
+		m.ErrCode = 0xffff
+	}
+}
+
+// parseOK reads affected rows and status from an OK packet (header 0x00,
+// or 0xfe for DEPRECATE_EOF's end of result set).
+func (m *respMachine) parseOK(p []byte) error {
+	b := p[1:]
+	aff, k, ok := lenenc(b)
+	if !ok {
+		return fmt.Errorf("%w: bad OK packet", ErrMalformedPacket)
+	}
+	b = b[k:]
+	_, k, ok = lenenc(b)
+	if !ok || len(b) < k+2 {
+		return fmt.Errorf("%w: bad OK packet", ErrMalformedPacket)
+	}
+	b = b[k:]
+	m.Affected += aff
+	m.Status = uint16(b[0]) | uint16(b[1])<<8
+	m.HasStatus = true
+	return nil
+}
+
+// parseEOF reads the status flags of an EOF packet (0xfe, warnings, status).
+func (m *respMachine) parseEOF(p []byte) {
+	if len(p) >= 5 {
+		m.Status = uint16(p[3]) | uint16(p[4])<<8
+		m.HasStatus = true
+	}
+}

@@ -1,0 +1,167 @@
+package mysqlproto
+
+import (
+	"testing"
+)
+
+// Packet builders for synthetic responses.
+func okPkt(affected uint64, status uint16) []byte {
+	return appendOK(nil, hdrOK, affected, status, "", 0)
+}
+func eofPkt(status uint16) []byte { return appendEOF(nil, status) }
+func errPkt(code uint16) []byte {
+	return appendErr(nil, &Error{Code: code, State: "42S02", Message: "no"})
+}
+func colPkt(name string) []byte { return appendColumnDef(nil, name) }
+func countPkt(n uint64) []byte  { return appendLenenc(nil, n) }
+func rowPkt(vals ...string) []byte {
+	var b []byte
+	for _, v := range vals {
+		b = appendLenencString(b, v)
+	}
+	return b
+}
+func deprecEnd(status uint16) []byte { return appendOK(nil, hdrEOF, 0, status, "", 0) }
+func prepOK(id uint32, cols, params uint16) []byte {
+	return []byte{0, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), byte(cols), byte(cols >> 8), byte(params), byte(params >> 8), 0, 0, 0}
+}
+
+func TestResponseStateMachine(t *testing.T) {
+	type step struct {
+		p    []byte
+		want respEvent
+	}
+	M, D, I := evMore, evDone, evInfile
+	tests := []struct {
+		name      string
+		kind      respKind
+		deprecate bool
+		binary    bool
+		steps     []step
+		status    uint16
+		affected  uint64
+		errCode   uint16
+	}{
+		{name: "OK", steps: []step{{okPkt(3, statusAutocommit), D}}, status: statusAutocommit, affected: 3},
+		{name: "ERR", steps: []step{{errPkt(1146), D}}, errCode: 1146},
+		{name: "result set", steps: []step{{countPkt(2), M}, {colPkt("a"), M}, {colPkt("b"), M}, {eofPkt(0), M},
+			{rowPkt("1", "2"), M}, {rowPkt("3", "4"), M}, {eofPkt(statusInTrans), D}}, status: statusInTrans},
+		{name: "result set with DEPRECATE_EOF", deprecate: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
+			{rowPkt("1"), M}, {deprecEnd(statusInTrans | statusAutocommit), D}}, status: statusInTrans | statusAutocommit},
+		{name: "error after rows", steps: []step{{countPkt(1), M}, {colPkt("a"), M}, {eofPkt(0), M},
+			{rowPkt("1"), M}, {errPkt(1317), D}}, errCode: 1317},
+		{name: "multi results", steps: []step{{okPkt(1, statusMoreResults), M}, {countPkt(1), M}, {colPkt("a"), M},
+			{eofPkt(statusMoreResults), M}, {rowPkt("x"), M}, {eofPkt(statusMoreResults), M}, {okPkt(2, 0), D}}, affected: 3},
+		{name: "CALL with DEPRECATE_EOF", deprecate: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M}, {rowPkt("1"), M},
+			{deprecEnd(statusMoreResults), M}, {okPkt(0, statusAutocommit), D}}, status: statusAutocommit},
+		{name: "execute opens cursor", binary: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
+			{eofPkt(statusCursorExists), D}}, status: statusCursorExists},
+		{name: "execute binary rows", binary: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
+			{eofPkt(0), M}, {[]byte{0, 0, 1}, M}, {eofPkt(0), D}}},
+		{name: "text rows ignore cursor flag", steps: []step{{countPkt(1), M}, {colPkt("a"), M},
+			{eofPkt(statusCursorExists), M}, {eofPkt(0), D}}},
+		{name: "fetch", kind: respFetch, binary: true, steps: []step{{[]byte{0, 0, 1}, M}, {[]byte{0, 0, 2}, M},
+			{eofPkt(statusCursorExists | 0x80), D}}, status: statusCursorExists | 0x80},
+		{name: "fetch error", kind: respFetch, steps: []step{{errPkt(1421), D}}, errCode: 1421},
+		{name: "LOCAL INFILE", steps: []step{{append([]byte{hdrInfile}, "f.csv"...), I}, {okPkt(5, 0), D}}, affected: 5},
+		{name: "field list", kind: respFieldList, steps: []step{{colPkt("a"), M}, {colPkt("b"), M}, {eofPkt(2), D}}, status: 2},
+		{name: "statistics", kind: respSingle, steps: []step{{[]byte("Uptime: 5  Threads: 1"), D}}},
+		{name: "set option", kind: respSingle, steps: []step{{eofPkt(statusAutocommit), D}}, status: statusAutocommit},
+		{name: "prepare", kind: respPrepare, steps: []step{{prepOK(7, 2, 1), M}, {colPkt("?"), M}, {eofPkt(0), M},
+			{colPkt("a"), M}, {colPkt("b"), M}, {eofPkt(0), D}}},
+		{name: "prepare without params", kind: respPrepare, steps: []step{{prepOK(7, 1, 0), M}, {colPkt("a"), M}, {eofPkt(0), D}}},
+		{name: "prepare without columns", kind: respPrepare, steps: []step{{prepOK(7, 0, 2), M}, {colPkt("?"), M}, {colPkt("?"), M}, {eofPkt(0), D}}},
+		{name: "prepare nothing", kind: respPrepare, steps: []step{{prepOK(7, 0, 0), D}}},
+		{name: "prepare DEPRECATE_EOF", kind: respPrepare, deprecate: true, steps: []step{{prepOK(7, 1, 1), M}, {colPkt("?"), M}, {colPkt("a"), D}}},
+		{name: "prepare error", kind: respPrepare, steps: []step{{errPkt(1064), D}}, errCode: 1064},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var m respMachine
+			m.reset(tt.kind, tt.deprecate, tt.binary)
+			for i, s := range tt.steps {
+				ev, err := m.feed(s.p, len(s.p))
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if ev != s.want {
+					t.Fatalf("step %d: event %d, want %d", i, ev, s.want)
+				}
+				if ev == evInfile {
+					m.state = stFirst
+				}
+			}
+			if m.Status != tt.status || m.Affected != tt.affected || m.ErrCode != tt.errCode {
+				t.Errorf("status %#x affected %d err %d", m.Status, m.Affected, m.ErrCode)
+			}
+			if tt.kind == respPrepare && tt.errCode == 0 && (!m.Prepared || m.StmtID != 7) {
+				t.Errorf("prepare: %v id %d", m.Prepared, m.StmtID)
+			}
+		})
+	}
+}
+
+func TestResponseStateMachineErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		kind  respKind
+		steps [][]byte
+	}{
+		{"empty packet", respGeneric, [][]byte{{}}},
+		{"zero columns", respGeneric, [][]byte{{0xfc}}},
+		{"missing column EOF", respGeneric, [][]byte{countPkt(1), colPkt("a"), rowPkt("x")}},
+		{"short OK", respGeneric, [][]byte{{0}}},
+		{"short prepare OK", respPrepare, [][]byte{{0, 1}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var m respMachine
+			m.reset(tt.kind, false, false)
+			var err error
+			for _, p := range tt.steps {
+				if _, err = m.feed(p, len(p)); err != nil {
+					break
+				}
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+		})
+	}
+}
+
+// A row of 16 MiB - 1 bytes that starts with 0xfe is a row, not an EOF.
+func TestHugeRowIsNotEOF(t *testing.T) {
+	var m respMachine
+	m.reset(respGeneric, false, false)
+	for _, p := range [][]byte{countPkt(1), colPkt("a"), eofPkt(0)} {
+		m.feed(p, len(p))
+	}
+	ev, err := m.feed([]byte{0xfe, 0xff, 0xff}, maxChunk)
+	if err != nil || ev != evMore {
+		t.Fatalf("event %d err %v", ev, err)
+	}
+}
+
+func FuzzResponseStateMachine(f *testing.F) {
+	f.Add(byte(0), false, false, append(append(countPkt(1), colPkt("a")...), eofPkt(0)...))
+	f.Add(byte(1), true, false, prepOK(1, 1, 1))
+	f.Add(byte(4), false, true, []byte{0, 0, 1, 0xfe, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, kind byte, deprecate, binary bool, data []byte) {
+		var m respMachine
+		m.reset(respKind(kind%5), deprecate, binary)
+		// Cut data into packets: each starts with a one-byte length.
+		for len(data) > 0 {
+			n := min(int(data[0]), len(data)-1)
+			p := data[1 : 1+n]
+			data = data[1+n:]
+			ev, err := m.feed(p, n)
+			if err != nil || ev == evDone {
+				return
+			}
+			if ev == evInfile {
+				m.state = stFirst
+			}
+		}
+	})
+}

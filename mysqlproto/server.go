@@ -1,0 +1,381 @@
+package mysqlproto
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("mysqlproto: server closed")
+
+// Config configures a Server. The zero value of every field is replaced by
+// its default in NewServer.
+type Config struct {
+	// BackendAddr is the host:port of the MySQL/MariaDB server.
+	// Default "127.0.0.1:3306".
+	BackendAddr string
+	// DialTimeout bounds the backend dial, the backend's greeting and each
+	// TLS handshake. Default 5s.
+	DialTimeout time.Duration
+	// BackendTLS, when non-nil, makes rgproxy speak TLS to the backend
+	// (--backend-tls=skip-verify|verify). nil: plaintext (--backend-tls=off).
+	BackendTLS *tls.Config
+	// ClientTLS, when non-nil, lets clients upgrade to TLS (CLIENT_SSL is
+	// advertised). nil: CLIENT_SSL is not advertised.
+	ClientTLS *tls.Config
+	// RequireTLS refuses clients that do not upgrade to TLS (ERR 3159).
+	// Default false.
+	RequireTLS bool
+	// BackendProxyProtocol sends a PROXY protocol v1 header with the
+	// client's address before anything else on the backend connection.
+	// Default false.
+	BackendProxyProtocol bool
+	// MaxConnections is the most client sessions served at once; one more
+	// gets ERR 1040 "Too many connections". 0 means unlimited (the default).
+	MaxConnections int
+	// MaxPacketPayload is the largest client command payload accepted, in
+	// bytes, multi-packet continuations included; a larger one closes the
+	// connection with a warning logged. Default 1 GiB.
+	MaxPacketPayload int64
+	// WriteBufferSize is the size in bytes of each session's buffered
+	// writer towards the client (and of its reader from the backend).
+	// Default 64 KiB.
+	WriteBufferSize int
+	// Policy decides about each statement. Default PassThrough{}.
+	Policy Policy
+	// Logger receives the server's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Stats is a snapshot of a Server's counters.
+type Stats struct {
+	// Connections is the number of client sessions open now.
+	Connections int64
+	// Sessions is the number of client connections accepted so far
+	// (including those refused with 1040).
+	Sessions uint64
+	// ClientBytes counts bytes read from and written to clients, on the
+	// wire (packet headers and TLS records included).
+	ClientBytes uint64
+	// BackendBytes counts bytes read from and written to backends, on the
+	// wire.
+	BackendBytes uint64
+	// BackendErrors counts backend dial failures and backend connections
+	// lost in the middle of a session.
+	BackendErrors uint64
+}
+
+// Server accepts MySQL clients and relays each to its own backend
+// connection. Its methods are safe for concurrent use.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	// now is the clock behind BackendTime; tests replace it.
+	now func() time.Time
+	// classify decides a query's class.
+	classify func(q []byte) (Class, bool)
+	// passThrough is true when the policy never blocks, so that sessions
+	// need not watch for a client leaving during Before.
+	passThrough bool
+	// watchDelay: see defaultWatchDelay; tests shorten it.
+	watchDelay time.Duration
+
+	nextID        atomic.Uint64
+	conns         atomic.Int64
+	accepted      atomic.Uint64
+	clientBytes   atomic.Uint64
+	backendBytes  atomic.Uint64
+	backendErrors atomic.Uint64
+
+	mu        sync.Mutex
+	closing   bool
+	listeners map[net.Listener]struct{}
+	sessions  map[*session]struct{}
+	wg        sync.WaitGroup
+	// hardCtx ends when Shutdown gives up waiting: every session's context
+	// derives from it.
+	hardCtx    context.Context
+	hardCancel context.CancelFunc
+}
+
+// NewServer checks cfg, fills in defaults and returns a Server.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.BackendAddr == "" {
+		cfg.BackendAddr = "127.0.0.1:3306"
+	}
+	if _, _, err := net.SplitHostPort(cfg.BackendAddr); err != nil {
+		return nil, fmt.Errorf("mysqlproto: backend address %q: %w", cfg.BackendAddr, err)
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.RequireTLS && cfg.ClientTLS == nil {
+		return nil, errors.New("mysqlproto: RequireTLS needs ClientTLS (a certificate and key)")
+	}
+	if cfg.MaxConnections < 0 {
+		return nil, fmt.Errorf("mysqlproto: MaxConnections %d is negative", cfg.MaxConnections)
+	}
+	if cfg.MaxPacketPayload <= 0 {
+		cfg.MaxPacketPayload = 1 << 30
+	}
+	if cfg.WriteBufferSize <= 0 {
+		cfg.WriteBufferSize = 64 << 10
+	}
+	if cfg.WriteBufferSize < 4096 {
+		cfg.WriteBufferSize = 4096
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = PassThrough{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.BackendTLS != nil && cfg.BackendTLS.ServerName == "" && !cfg.BackendTLS.InsecureSkipVerify {
+		host, _, _ := net.SplitHostPort(cfg.BackendAddr)
+		cfg.BackendTLS = cfg.BackendTLS.Clone()
+		cfg.BackendTLS.ServerName = host
+	}
+	s := &Server{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		now:        time.Now,
+		classify:   ClassifyQuery,
+		watchDelay: defaultWatchDelay,
+		listeners:  make(map[net.Listener]struct{}),
+		sessions:   make(map[*session]struct{}),
+	}
+	_, s.passThrough = cfg.Policy.(PassThrough)
+	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Serve accepts connections on ln until Shutdown, and then returns
+// ErrServerClosed. It closes ln on return.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+		_ = ln.Close()
+	}()
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) {
+				// Running out of descriptors is transient: wait a little.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("accept failed; retrying", "err", err, "backoff", backoff)
+				t := time.NewTimer(backoff)
+				select {
+				case <-t.C:
+				case <-s.hardCtx.Done():
+					t.Stop()
+				}
+				continue
+			}
+			return fmt.Errorf("mysqlproto: accept: %w", err)
+		}
+		backoff = 0
+		s.accepted.Add(1)
+		if limit := s.cfg.MaxConnections; limit > 0 && s.conns.Load() >= int64(limit) {
+			go s.refuse(c)
+			continue
+		}
+		s.conns.Add(1)
+		s.wg.Add(1)
+		go s.serveConn(c)
+	}
+}
+
+// refuse answers a connection beyond MaxConnections with ERR 1040 in place
+// of the greeting, as a MySQL server does.
+func (s *Server) refuse(c net.Conn) {
+	defer c.Close()
+	_ = c.SetWriteDeadline(time.Now().Add(s.cfg.DialTimeout))
+	bw := bufio.NewWriterSize(c, 256)
+	_, _ = writeMessage(bw, 0, appendErr(nil, &Error{Code: errCodeConCount, State: "08004", Message: "Too many connections"}))
+	_ = bw.Flush()
+	s.log.Warn("connection refused: too many connections", "client", c.RemoteAddr(), "max", s.cfg.MaxConnections)
+}
+
+func (s *Server) serveConn(c net.Conn) {
+	defer s.wg.Done()
+	defer s.conns.Add(-1)
+	ss := newSession(s, c)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		_ = c.Close()
+		return
+	}
+	s.sessions[ss] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.sessions, ss)
+		s.mu.Unlock()
+	}()
+	defer ss.close()
+	defer func() {
+		if r := recover(); r != nil {
+			ss.log.Error("session panicked; closing it", "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	ss.run()
+}
+
+// Shutdown stops accepting, closes idle sessions at once and lets busy
+// ones finish their current response. When ctx ends first it closes
+// everything that is left and returns ctx's error.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		_ = ln.Close()
+	}
+	for ss := range s.sessions {
+		ss.shutdown()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.hardCancel()
+		return nil
+	case <-ctx.Done():
+	}
+	s.hardCancel()
+	s.mu.Lock()
+	for ss := range s.sessions {
+		ss.forceClose()
+	}
+	s.mu.Unlock()
+	<-done
+	return ctx.Err()
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	return Stats{
+		Connections:   s.conns.Load(),
+		Sessions:      s.accepted.Load(),
+		ClientBytes:   s.clientBytes.Load(),
+		BackendBytes:  s.backendBytes.Load(),
+		BackendErrors: s.backendErrors.Load(),
+	}
+}
+
+// ProbeBackend dials the backend and reads its greeting, to tell whether
+// it is reachable (for /readyz). It neither authenticates nor starts TLS.
+func ProbeBackend(ctx context.Context, cfg Config) error {
+	if cfg.BackendAddr == "" {
+		cfg.BackendAddr = "127.0.0.1:3306"
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", cfg.BackendAddr)
+	if err != nil {
+		return fmt.Errorf("mysqlproto: probe %s: %w", cfg.BackendAddr, err)
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if cfg.BackendProxyProtocol {
+		if _, err := c.Write([]byte("PROXY UNKNOWN\r\n")); err != nil {
+			return fmt.Errorf("mysqlproto: probe %s: %w", cfg.BackendAddr, err)
+		}
+	}
+	p, _, err := readMessage(bufio.NewReaderSize(c, 512), nil, 1<<16)
+	if err != nil {
+		return fmt.Errorf("mysqlproto: probe %s: reading greeting: %w", cfg.BackendAddr, err)
+	}
+	if len(p) > 0 && p[0] == hdrERR {
+		e := parseErrPacket(p)
+		return fmt.Errorf("mysqlproto: probe %s: backend refused: %w", cfg.BackendAddr, e)
+	}
+	if _, err := parseGreeting(p); err != nil {
+		return fmt.Errorf("mysqlproto: probe %s: %w", cfg.BackendAddr, err)
+	}
+	return nil
+}
+
+// parseErrPacket decodes an ERR packet payload.
+func parseErrPacket(p []byte) *Error {
+	e := &Error{Code: 0xffff, State: "HY000"}
+	if len(p) < 3 {
+		e.Message = "malformed error packet"
+		return e
+	}
+	e.Code = uint16(p[1]) | uint16(p[2])<<8
+	msg := p[3:]
+	if len(msg) >= 6 && msg[0] == '#' {
+		e.State = string(msg[1:6])
+		msg = msg[6:]
+	}
+	e.Message = string(msg)
+	return e
+}
+
+// countingConn counts a connection's bytes into a server counter and, for
+// client connections, the time spent blocked in Write.
+type countingConn struct {
+	net.Conn
+	n       *atomic.Uint64
+	now     func() time.Time
+	blocked time.Duration // written only by the session goroutine
+	timed   bool
+}
+
+func (c *countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.n.Add(uint64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	if !c.timed {
+		n, err := c.Conn.Write(b)
+		c.n.Add(uint64(n))
+		return n, err
+	}
+	t0 := c.now()
+	n, err := c.Conn.Write(b)
+	c.blocked += c.now().Sub(t0)
+	c.n.Add(uint64(n))
+	return n, err
+}

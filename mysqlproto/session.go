@@ -1,0 +1,490 @@
+package mysqlproto
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Session errors.
+var (
+	// ErrBackendLost means the backend connection failed mid-session.
+	ErrBackendLost = errors.New("mysqlproto: lost connection to backend")
+	// ErrAuthRefused means rgproxy refused to relay an authentication.
+	ErrAuthRefused = errors.New("mysqlproto: authentication refused by rgproxy")
+	// errQuit ends a session on COM_QUIT or a failed login.
+	errQuit = errors.New("mysqlproto: session ends")
+)
+
+// inspectLen is how much of a response packet the state machine looks at;
+// an OK packet's status flags lie within its first 23 bytes.
+const inspectLen = 64
+
+// authLimit bounds a single packet of the handshake.
+const authLimit = 1 << 20
+
+// loginTimeout is how long, beyond DialTimeout, a client may take to log in.
+const loginTimeout = 30 * time.Second
+
+// keepBuf is the largest command buffer a session keeps between commands.
+const keepBuf = 1 << 20
+
+// prepared is what a session remembers of a prepared statement.
+type prepared struct {
+	query    string
+	class    Class
+	longData int64 // SEND_LONG_DATA bytes not yet charged to an EXECUTE
+}
+
+// session is one client connection and its dedicated backend connection.
+// All its fields are used by its own goroutine, except mu's.
+type session struct {
+	srv *Server
+	log *slog.Logger
+	ctx context.Context
+	// cancel ends ctx: on session close or when Shutdown gives up.
+	cancel context.CancelFunc
+
+	rawClient *countingConn
+	client    net.Conn // rawClient, or the TLS connection over it
+	crd       *bufio.Reader
+	cwr       *bufio.Writer
+	clientTLS bool
+
+	rawBackend *countingConn
+	backend    net.Conn
+	brd        *bufio.Reader
+	bwr        *bufio.Writer
+	backendTLS bool
+
+	caps   uint32 // capabilities in force between client and backend
+	status uint16 // the backend's last status flags
+	info   SessionInfo
+	pol    SessionPolicy
+	m      respMachine
+	rw     replyWriter
+	buf    []byte
+	stmts  map[uint32]*prepared
+	seq    byte // sequence id of the last packet sent to the client
+
+	mu      sync.Mutex
+	busy    bool
+	closing bool
+}
+
+func newSession(s *Server, c net.Conn) *session {
+	ss := &session{
+		srv:       s,
+		rawClient: &countingConn{Conn: c, n: &s.clientBytes, now: s.now, timed: true},
+		stmts:     make(map[uint32]*prepared),
+	}
+	ss.info.ID = s.nextID.Add(1)
+	ss.info.ClientAddr = c.RemoteAddr()
+	ss.log = s.log.With("session", ss.info.ID, "client", ss.info.ClientAddr)
+	ss.ctx, ss.cancel = context.WithCancel(s.hardCtx)
+	ss.setClient(ss.rawClient)
+	return ss
+}
+
+func (ss *session) setClient(c net.Conn) {
+	ss.client = c
+	ss.crd = bufio.NewReaderSize(c, 16<<10)
+	ss.cwr = bufio.NewWriterSize(c, ss.srv.cfg.WriteBufferSize)
+}
+
+func (ss *session) setBackend(c net.Conn) {
+	ss.backend = c
+	ss.brd = bufio.NewReaderSize(c, ss.srv.cfg.WriteBufferSize)
+	ss.bwr = bufio.NewWriterSize(c, 16<<10)
+}
+
+// shutdown is called by Server.Shutdown: an idle session closes now, a
+// busy one after its current response.
+func (ss *session) shutdown() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.closing = true
+	if !ss.busy {
+		_ = ss.rawClient.Close()
+	}
+}
+
+// forceClose ends a session at once.
+func (ss *session) forceClose() {
+	ss.cancel()
+	_ = ss.rawClient.Close()
+	ss.mu.Lock()
+	if ss.rawBackend != nil {
+		_ = ss.rawBackend.Close()
+	}
+	ss.mu.Unlock()
+}
+
+// beginCommand marks the session busy; false means it must close instead.
+func (ss *session) beginCommand() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closing {
+		return false
+	}
+	ss.busy = true
+	return true
+}
+
+// endCommand marks the session idle; false means it must close now.
+func (ss *session) endCommand() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.busy = false
+	return !ss.closing
+}
+
+func (ss *session) isClosing() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.closing
+}
+
+// close releases everything and tells the policy.
+func (ss *session) close() {
+	ss.cancel()
+	if ss.backend != nil {
+		// A polite COM_QUIT; the backend would otherwise log an aborted connection.
+		_ = ss.backend.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+		_, _ = writeMessage(ss.bwr, 0, []byte{comQuit})
+		_ = ss.bwr.Flush()
+		_ = ss.backend.Close()
+	}
+	_ = ss.client.Close()
+	if ss.pol != nil {
+		defer func() {
+			if r := recover(); r != nil {
+				ss.log.Error("policy panicked in Event(close)", "panic", r)
+			}
+		}()
+		ss.pol.Event(EventClose, ss.info)
+	}
+}
+
+func (ss *session) run() {
+	if err := ss.login(); err != nil {
+		switch {
+		case errors.Is(err, errQuit):
+		case errors.Is(err, io.EOF):
+			// Health checks connect and leave: not worth a warning.
+			ss.log.Debug("client left during login", "err", err)
+		default:
+			ss.log.Warn("login failed", "err", err)
+		}
+		return
+	}
+	ss.pol = ss.srv.cfg.Policy.Open(ss.info)
+	for {
+		err := ss.command()
+		if err == nil {
+			if ss.endCommand() {
+				continue
+			}
+			ss.log.Debug("session closed by shutdown")
+			return
+		}
+		switch {
+		case errors.Is(err, errQuit):
+		case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) && ss.isClosing() ||
+			errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
+			ss.log.Debug("client closed the connection", "err", err)
+		case errors.Is(err, ErrBackendLost):
+			ss.log.Warn("backend connection lost", "err", err)
+		default:
+			ss.log.Warn("closing session", "err", err)
+		}
+		return
+	}
+}
+
+// sendClient writes one payload to the client with the next sequence id.
+func (ss *session) sendClient(seq byte, p []byte) error {
+	next, err := writeMessage(ss.cwr, seq, p)
+	ss.seq = next - 1
+	return err
+}
+
+// sendError writes an ERR packet to the client and flushes.
+func (ss *session) sendError(seq byte, e *Error) error {
+	if err := ss.sendClient(seq, appendErr(ss.buf[:0], e)); err != nil {
+		return err
+	}
+	return ss.cwr.Flush()
+}
+
+// login dials the backend and relays the handshake both ways.
+func (ss *session) login() error {
+	cfg := &ss.srv.cfg
+	// A client that stalls during login must not hold a session forever.
+	_ = ss.rawClient.SetDeadline(time.Now().Add(cfg.DialTimeout + loginTimeout))
+	defer ss.rawClient.SetDeadline(time.Time{})
+	handshakeCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ss.ctx, cfg.DialTimeout)
+	}
+
+	var d net.Dialer
+	ctx, cancel := handshakeCtx()
+	bc, err := d.DialContext(ctx, "tcp", cfg.BackendAddr)
+	cancel()
+	if err != nil {
+		ss.srv.backendErrors.Add(1)
+		_ = ss.sendError(0, &Error{Code: errCodeConnHost, State: "HY000",
+			Message: fmt.Sprintf("rgproxy: cannot connect to backend %s: %v", cfg.BackendAddr, err)})
+		return fmt.Errorf("%w: dial %s: %w", ErrBackendLost, cfg.BackendAddr, err)
+	}
+	ss.mu.Lock()
+	ss.rawBackend = &countingConn{Conn: bc, n: &ss.srv.backendBytes}
+	ss.mu.Unlock()
+	ss.setBackend(ss.rawBackend)
+	_ = bc.SetDeadline(time.Now().Add(cfg.DialTimeout))
+	if cfg.BackendProxyProtocol {
+		if _, err := ss.bwr.WriteString(proxyHeader(ss.info.ClientAddr, ss.rawClient.LocalAddr())); err != nil {
+			return ss.backendFailed(0, err)
+		}
+	}
+	if err := ss.bwr.Flush(); err != nil {
+		return ss.backendFailed(0, err)
+	}
+	gp, _, err := readMessage(ss.brd, nil, authLimit)
+	if err != nil {
+		return ss.backendFailed(0, fmt.Errorf("reading greeting: %w", err))
+	}
+	_ = bc.SetDeadline(time.Time{})
+	if len(gp) > 0 && gp[0] == hdrERR { // e.g. the backend's own 1040 or a blocked host
+		_ = ss.sendClient(0, gp)
+		_ = ss.cwr.Flush()
+		return fmt.Errorf("backend refused the connection: %w", parseErrPacket(gp))
+	}
+	g, err := parseGreeting(gp)
+	if err != nil {
+		return ss.backendFailed(0, err)
+	}
+	ss.info.BackendConnID = g.ConnID
+	backendCaps := g.Caps
+	offer := backendCaps & supportedCaps
+	if cfg.ClientTLS != nil {
+		offer |= capSSL
+	}
+	rewriteGreeting(gp, &g, offer)
+	if err := ss.sendClient(0, gp); err != nil {
+		return err
+	}
+	if err := ss.cwr.Flush(); err != nil {
+		return err
+	}
+
+	// The client's answer: an SSLRequest first when it upgrades.
+	rp, cseq, err := readMessage(ss.crd, ss.buf, authLimit)
+	if err != nil {
+		return fmt.Errorf("reading handshake response: %w", err)
+	}
+	resp, err := parseHandshakeResponse(rp)
+	if err != nil {
+		return err
+	}
+	if resp.Caps&capSSL != 0 {
+		if cfg.ClientTLS == nil || len(rp) != sslRequestLen {
+			return fmt.Errorf("%w: unexpected SSL request", ErrMalformedPacket)
+		}
+		// The ClientHello may already sit in crd: TLS reads through it.
+		tc := tls.Server(&bufferedConn{ss.rawClient, ss.crd}, cfg.ClientTLS)
+		ctx, cancel := handshakeCtx()
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("client TLS handshake: %w", err)
+		}
+		ss.setClient(tc)
+		ss.clientTLS = true
+		if rp, cseq, err = readMessage(ss.crd, ss.buf, authLimit); err != nil {
+			return fmt.Errorf("reading handshake response: %w", err)
+		}
+		if resp, err = parseHandshakeResponse(rp); err != nil {
+			return err
+		}
+	}
+	if cfg.RequireTLS && !ss.clientTLS {
+		_ = ss.sendError(cseq+1, &Error{Code: errCodeInsecure, State: "HY000",
+			Message: "rgproxy: connections using insecure transport are prohibited; connect with TLS"})
+		return fmt.Errorf("%w: client did not use TLS", ErrAuthRefused)
+	}
+	if len(rp) == sslRequestLen {
+		return fmt.Errorf("%w: second SSL request", ErrMalformedPacket)
+	}
+	ss.info.User = resp.User
+	plugin := resp.Plugin
+	if plugin == "" {
+		plugin = g.Plugin
+	}
+	if clearTextPlugin(resp.Plugin) && !ss.bothTLS() {
+		return ss.refuseClearText(cseq+1, resp.Plugin)
+	}
+	ss.caps = resp.Caps & supportedCaps & backendCaps
+
+	// The backend leg: SSLRequest and TLS first when configured.
+	bseq := byte(1)
+	if cfg.BackendTLS != nil {
+		if backendCaps&capSSL == 0 {
+			_ = ss.sendError(cseq+1, &Error{Code: 2026, State: "HY000",
+				Message: fmt.Sprintf("rgproxy: backend %s does not support TLS", cfg.BackendAddr)})
+			return fmt.Errorf("%w: backend does not support TLS", ErrAuthRefused)
+		}
+		sslReq := make([]byte, sslRequestLen)
+		copy(sslReq, rp[:sslRequestLen])
+		rewriteHandshakeResponse(sslReq, ss.caps|capSSL)
+		if _, err := writeMessage(ss.bwr, bseq, sslReq); err != nil {
+			return ss.backendFailed(cseq+1, err)
+		}
+		if err := ss.bwr.Flush(); err != nil {
+			return ss.backendFailed(cseq+1, err)
+		}
+		tc := tls.Client(&bufferedConn{ss.rawBackend, ss.brd}, cfg.BackendTLS)
+		ctx, cancel := handshakeCtx()
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			return ss.backendFailed(cseq+1, fmt.Errorf("backend TLS handshake: %w", err))
+		}
+		ss.setBackend(tc)
+		ss.backendTLS = true
+		bseq++
+	}
+	legCaps := ss.caps
+	if ss.backendTLS {
+		legCaps |= capSSL
+	}
+	rewriteHandshakeResponse(rp, legCaps)
+	if _, err := writeMessage(ss.bwr, bseq, rp); err != nil {
+		return ss.backendFailed(cseq+1, err)
+	}
+	if err := ss.bwr.Flush(); err != nil {
+		return ss.backendFailed(cseq+1, err)
+	}
+	ss.rw.caps = ss.caps
+	ok, err := ss.relayAuth(plugin, cseq-bseq)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errQuit // the backend's ERR (e.g. 1045) went to the client unchanged
+	}
+	ss.log = ss.log.With("user", ss.info.User, "backend_conn", ss.info.BackendConnID)
+	ss.log.Debug("session logged in")
+	return nil
+}
+
+func (ss *session) bothTLS() bool { return ss.clientTLS && ss.backendTLS }
+
+func (ss *session) refuseClearText(seq byte, plugin string) error {
+	_ = ss.sendError(seq, &Error{Code: errCodeNotSupported, State: "08004", Message: fmt.Sprintf(
+		"rgproxy: the '%s' plugin sends the password in clear text; it needs TLS between client and proxy and between proxy and backend", plugin)})
+	return fmt.Errorf("%w: clear-text plugin %s without TLS on both legs", ErrAuthRefused, plugin)
+}
+
+// relayAuth relays auth-switch and auth-more-data packets both ways until
+// the backend's OK or ERR, which reaches the client too. delta is the
+// client's sequence id minus the backend's for the same packet. ok is
+// false when the backend refused the login.
+func (ss *session) relayAuth(plugin string, delta byte) (ok bool, err error) {
+	for {
+		p, bseq, err := readMessage(ss.brd, ss.buf, authLimit)
+		ss.buf = p
+		if err != nil {
+			return false, ss.backendFailed(bseq+delta+1, err)
+		}
+		if len(p) == 0 {
+			return false, ss.backendFailed(bseq+delta, fmt.Errorf("%w: empty auth packet", ErrMalformedPacket))
+		}
+		switch p[0] {
+		case hdrOK:
+			var m respMachine
+			if err := m.parseOK(p); err == nil {
+				ss.status = m.Status
+			}
+			if err := ss.sendClient(bseq+delta, p); err != nil {
+				return false, err
+			}
+			return true, ss.cwr.Flush()
+		case hdrERR:
+			if err := ss.sendClient(bseq+delta, p); err != nil {
+				return false, err
+			}
+			return false, ss.cwr.Flush()
+		}
+		newPlugin, clearPwd := needsClearPassword(p, plugin)
+		if clearPwd && !ss.bothTLS() {
+			return false, ss.refuseClearText(bseq+delta, newPlugin)
+		}
+		plugin = newPlugin
+		if err := ss.sendClient(bseq+delta, p); err != nil {
+			return false, err
+		}
+		if err := ss.cwr.Flush(); err != nil {
+			return false, err
+		}
+		if len(p) == 2 && p[0] == hdrMore && p[1] == 3 {
+			continue // caching_sha2 fast auth succeeded: the OK follows
+		}
+		cp, cseq, err := readMessage(ss.crd, ss.buf, authLimit)
+		ss.buf = cp
+		if err != nil {
+			return false, fmt.Errorf("reading client auth data: %w", err)
+		}
+		if cseq != bseq+delta+1 {
+			return false, fmt.Errorf("%w: auth packet %d, want %d", ErrSequence, cseq, bseq+delta+1)
+		}
+		if _, err := writeMessage(ss.bwr, cseq-delta, cp); err != nil {
+			return false, ss.backendFailed(cseq, err)
+		}
+		if err := ss.bwr.Flush(); err != nil {
+			return false, ss.backendFailed(cseq, err)
+		}
+	}
+}
+
+// backendFailed reports a backend I/O failure to the client (as ERR 2013
+// with sequence id seq) and returns the error that ends the session.
+func (ss *session) backendFailed(seq byte, cause error) error {
+	ss.srv.backendErrors.Add(1)
+	_ = ss.sendError(seq, &Error{Code: errCodeServerLost, State: "HY000",
+		Message: fmt.Sprintf("Lost connection to backend MySQL server during query (rgproxy: %v)", cause)})
+	return fmt.Errorf("%w: %w", ErrBackendLost, cause)
+}
+
+// bufferedConn reads through a bufio.Reader that may already hold bytes
+// of the connection, and writes straight to it.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// proxyHeader renders a PROXY protocol v1 header.
+func proxyHeader(src, dst net.Addr) string {
+	s, ok1 := src.(*net.TCPAddr)
+	d, ok2 := dst.(*net.TCPAddr)
+	if !ok1 || !ok2 || (s.IP.To4() == nil) != (d.IP.To4() == nil) {
+		return "PROXY UNKNOWN\r\n"
+	}
+	fam := "TCP6"
+	sip, dip := s.IP.String(), d.IP.String()
+	if s.IP.To4() != nil {
+		fam = "TCP4"
+		sip, dip = s.IP.To4().String(), d.IP.To4().String()
+	}
+	return fmt.Sprintf("PROXY %s %s %s %d %d\r\n", fam, sip, dip, s.Port, d.Port)
+}
