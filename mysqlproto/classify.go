@@ -1,5 +1,7 @@
 package mysqlproto
 
+import "bytes"
+
 // This file holds the cheap statement classifier that runs on every
 // COM_QUERY, and the small SQL lexer it shares with Digest. Neither parses
 // SQL: they look at the first keyword of each statement (after comments and
@@ -1026,4 +1028,27 @@ func (l *sqlLexer) blockDelta(t sqlToken) (delta int, ifParen bool) {
 		return -1, false
 	}
 	return 0, false
+}
+
+// SplitStatements returns the non-empty statements of a query, each
+// without its terminating ";", by the same lexical rules as ClassifyQuery.
+// It allocates, so it is for the rare multi-statement (st.Multi), never
+// for every query.
+func SplitStatements(q []byte) [][]byte {
+	l := sqlLexer{q: q}
+	var out [][]byte
+	for {
+		start := l.pos
+		_, empty, more := classifyNext(&l)
+		if !empty {
+			part := bytes.TrimSpace(q[start:l.pos])
+			if more {
+				part = bytes.TrimSpace(bytes.TrimSuffix(part, []byte(";")))
+			}
+			out = append(out, part)
+		}
+		if !more {
+			return out
+		}
+	}
 }

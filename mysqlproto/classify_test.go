@@ -2,6 +2,7 @@ package mysqlproto
 
 import (
 	"bytes"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -402,5 +403,28 @@ func checkClassifyInvariants(t *testing.T, q []byte, nbe bool) {
 	q3 := append([]byte("/* x */ "), q...)
 	if c3, m3 := ClassifyQueryMode(q3, nbe); c3 != class || m3 != multi {
 		t.Fatalf("ClassifyQueryMode(%q, %v) = %v, %v but with a comment before = %v, %v", q, nbe, class, multi, c3, m3)
+	}
+}
+
+func TestSplitStatements(t *testing.T) {
+	cases := []struct {
+		q    string
+		want []string
+	}{
+		{"SELECT 1", []string{"SELECT 1"}},
+		{"SELECT 1;", []string{"SELECT 1"}},
+		{"SELECT 1; SELECT ';' ; ;  INSERT INTO t VALUES (1) ", []string{"SELECT 1", "SELECT ';'", "INSERT INTO t VALUES (1)"}},
+		{"SELECT 1; CREATE RESOURCE GROUP rg RU_PER_SEC = 1", []string{"SELECT 1", "CREATE RESOURCE GROUP rg RU_PER_SEC = 1"}},
+		{"SELECT 'a;b' /* ; */; -- x;\nSELECT 2", []string{"SELECT 'a;b' /* ; */", "-- x;\nSELECT 2"}},
+		{"", nil},
+	}
+	for _, c := range cases {
+		var got []string
+		for _, p := range SplitStatements([]byte(c.q)) {
+			got = append(got, string(p))
+		}
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("SplitStatements(%q) = %q, want %q", c.q, got, c.want)
+		}
 	}
 }

@@ -18,7 +18,10 @@
 #   BENCH_STRICT       1 = exit 1 when rgproxy misses a target (default 0)
 #   MYSQL_HOST, MYSQL_PORT  the MariaDB (default 127.0.0.1:3306, user root, no password)
 #   RGPROXY_BIN        rgproxy binary (default bin/rgproxy)
-#   RGPROXY_FLAGS      extra rgproxy flags (default none)
+#   RGSERVER_BIN       rgserver binary (default bin/rgserver); rgproxy meters
+#                      against a private one, as in production
+#   RGPROXY_FLAGS      extra rgproxy flags (default none; "--metering=false"
+#                      measures the bare wire path)
 set -euo pipefail
 
 BENCH_TIME=${BENCH_TIME:-10}
@@ -31,6 +34,7 @@ BENCH_STRICT=${BENCH_STRICT:-0}
 MYSQL_HOST=${MYSQL_HOST:-127.0.0.1}
 MYSQL_PORT=${MYSQL_PORT:-3306}
 RGPROXY_BIN=${RGPROXY_BIN:-bin/rgproxy}
+RGSERVER_BIN=${RGSERVER_BIN:-bin/rgserver}
 RGPROXY_FLAGS=${RGPROXY_FLAGS:-}
 DB=sbbench
 
@@ -45,7 +49,10 @@ for t in $BENCH_TARGETS; do
 	case $t in
 	direct) ;;
 	haproxy) need haproxy haproxy ;;
-	rgproxy) [ -x "$RGPROXY_BIN" ] || die "$RGPROXY_BIN missing; run make build (or set RGPROXY_BIN)" ;;
+	rgproxy)
+		[ -x "$RGPROXY_BIN" ] || die "$RGPROXY_BIN missing; run make build (or set RGPROXY_BIN)"
+		[ -x "$RGSERVER_BIN" ] || die "$RGSERVER_BIN missing; run make build (or set RGSERVER_BIN)"
+		;;
 	*) die "unknown target $t (want direct, haproxy, rgproxy)" ;;
 	esac
 done
@@ -78,12 +85,12 @@ free_port() {
 }
 
 wait_port() { # port pid name
-	for _ in $(seq 150); do
+	for _ in $(seq 200); do
 		kill -0 "$2" 2>/dev/null || die "$3 exited; log: $(cat "$WORK/$3.log")"
 		if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return; fi
 		sleep 0.1
 	done
-	die "$3 does not listen on 127.0.0.1:$1 after 15 s; log: $(cat "$WORK/$3.log")"
+	die "$3 does not listen on 127.0.0.1:$1 after 20 s; log: $(cat "$WORK/$3.log")"
 }
 
 # cpu_ticks prints utime+stime of a process in clock ticks (fields 14 and
@@ -140,10 +147,16 @@ EOF
 		wait_port "${PORT[haproxy]}" "${PID[haproxy]}" haproxy
 		;;
 	rgproxy)
+		rgs_port=$(free_port)
+		"$RGSERVER_BIN" --addr "127.0.0.1:$rgs_port" --status-addr "127.0.0.1:$(free_port)" \
+			--data-dir "$WORK/rgserver-data" --log-level warn >"$WORK/rgserver.log" 2>&1 &
+		PIDS+=("$!")
+		wait_port "$rgs_port" "$!" rgserver
 		PORT[rgproxy]=$(free_port)
 		# shellcheck disable=SC2086
 		"$RGPROXY_BIN" --listen "127.0.0.1:${PORT[rgproxy]}" --status-addr "127.0.0.1:$(free_port)" \
-			--backend "$MYSQL_HOST:$MYSQL_PORT" --log-level warn $RGPROXY_FLAGS >"$WORK/rgproxy.log" 2>&1 &
+			--backend "$MYSQL_HOST:$MYSQL_PORT" --token-server "127.0.0.1:$rgs_port" \
+			--cache-dir "$WORK/rgproxy-cache" --log-level warn $RGPROXY_FLAGS >"$WORK/rgproxy.log" 2>&1 &
 		PID[rgproxy]=$!
 		PIDS+=("$!")
 		wait_port "${PORT[rgproxy]}" "${PID[rgproxy]}" rgproxy

@@ -165,12 +165,6 @@ func TestThrottlingHoldsAcrossThreeProxies(t *testing.T) {
 	pxs := []*proxy{startMeteredProxy(t, ts), startMeteredProxy(t, ts), startMeteredProxy(t, ts)}
 	appUser(t, "rgsat")
 	const rate = 200.0
-	adminExec(t, pxs[0].Addr,
-		"DROP RESOURCE GROUP IF EXISTS rg_sat",
-		fmt.Sprintf("CREATE RESOURCE GROUP rg_sat RU_PER_SEC = %d", int(rate)),
-		"ALTER USER 'rgsat'@'%' RESOURCE GROUP rg_sat")
-	time.Sleep(time.Second) // the binding reaches every proxy's Watch cache
-
 	for _, tc := range []struct {
 		name    string
 		clients []int
@@ -179,18 +173,26 @@ func TestThrottlingHoldsAcrossThreeProxies(t *testing.T) {
 		{"uneven", []int{12, 4, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// A fresh group per run: its bucket starts full and no proxy
+			// holds tokens of it yet.
+			group := "rg_sat_" + tc.name
+			adminExec(t, pxs[0].Addr,
+				"DROP RESOURCE GROUP IF EXISTS "+group,
+				fmt.Sprintf("CREATE RESOURCE GROUP %s RU_PER_SEC = %d", group, int(rate)),
+				"ALTER USER 'rgsat'@'%' RESOURCE GROUP "+group)
+			time.Sleep(time.Second) // the binding reaches every proxy's Watch cache
 			const d = 20 * time.Second
-			before := serverRU(t, ts, "rg_sat")
+			before := serverRU(t, ts, group)
 			var proxyBefore []float64
 			for _, px := range pxs {
-				proxyBefore = append(proxyBefore, metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_sat"`))
+				proxyBefore = append(proxyBefore, metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+group+`"`))
 			}
 			res := runLoad(t, pxs, tc.clients, "rgsat", "SELECT 1", d)
 			if n := res.errors.Load(); n != 0 {
 				t.Fatalf("%d statement errors, first: %v", n, res.firstErr.Load())
 			}
 			time.Sleep(6 * time.Second) // one report period (5 s) and some
-			got := serverRU(t, ts, "rg_sat") - before
+			got := serverRU(t, ts, group) - before
 			// The bucket starts full: capacity (1 s of RU_PER_SEC, BURSTABLE
 			// OFF) plus the fill over the run.
 			want := rate*d.Seconds() + rate
@@ -202,7 +204,7 @@ func TestThrottlingHoldsAcrossThreeProxies(t *testing.T) {
 			var total float64
 			shares := make([]float64, len(pxs))
 			for i, px := range pxs {
-				shares[i] = metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_sat"`) - proxyBefore[i]
+				shares[i] = metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+group+`"`) - proxyBefore[i]
 				total += shares[i]
 			}
 			clients := 0
@@ -227,7 +229,11 @@ func TestThrottledTransactionNeverWaitsLong(t *testing.T) {
 	ts := startTokenServer(t)
 	px := startMeteredProxy(t, ts, "--max-wait-in-txn", "100ms")
 	appUser(t, "rgtxn")
-	const rate = 100.0
+	// Statements inside a transaction run on debt after 100 ms; BEGIN
+	// (outside one) waits until the debt is paid. So at the end of the run
+	// at most one transaction per client (≈ 20 RU each here) is owed: with
+	// 4 clients and 200 RU/s that is under 2% of R × T.
+	const rate = 200.0
 	adminExec(t, px.Addr,
 		"DROP RESOURCE GROUP IF EXISTS rg_txn",
 		fmt.Sprintf("CREATE RESOURCE GROUP rg_txn RU_PER_SEC = %d", int(rate)),
@@ -423,16 +429,20 @@ func TestAdminStatementsThroughProxies(t *testing.T) {
 	if err != nil || !strings.Contains(out, "CREATE RESOURCE GROUP `rg_b` RU_PER_SEC=1 PRIORITY=MEDIUM") || !strings.Contains(out, "rg_b\t1") {
 		t.Fatalf("CLI admin statements: %v\n%s", err, out)
 	}
-	out, err = mariadbCLI(t, a.Addr, "root", "", "SELECT 1 FROM seq_1_to_1")
-	if err != nil {
-		t.Fatalf("CLI: %v %s", err, out)
-	}
-	// A 1 RU/s group: the first statement takes its one token, a large
-	// write's cost exceeds what --max-wait (2 s here) can cover: 8252 at once.
+	// A 1 RU/s group: a 10 KiB INSERT costs 12 WRU before it runs, more
+	// than --max-wait (2 s here) can cover: 8252 at once, and the row never
+	// reaches the backend.
+	rootExec(t, "DROP TABLE IF EXISTS rgproxy_e2e.thr", "CREATE TABLE rgproxy_e2e.thr (v TEXT)")
 	c := startMeteredProxy(t, ts, "--max-wait", "2s")
-	out, err = mariadbCLI(t, c.Addr, "root", "", "SET RESOURCE GROUP rg_b; SELECT 1; SELECT 1; SELECT 1; SELECT 1; SELECT 1")
-	if err == nil || !strings.Contains(out, "ERROR 8252") {
-		t.Fatalf("CLI throttled: want 8252, got %v\n%s", err, out)
+	began := time.Now()
+	out, err = mariadbCLI(t, c.Addr, "root", "", "SET RESOURCE GROUP rg_b; INSERT INTO rgproxy_e2e.thr VALUES ('"+strings.Repeat("x", 10240)+"')")
+	if err == nil || !strings.Contains(out, "ERROR 8252") || time.Since(began) > time.Second {
+		t.Fatalf("CLI throttled: want 8252 at once, got %v after %v\n%s", err, time.Since(began), out)
+	}
+	var rows int
+	root.QueryRow("SELECT COUNT(*) FROM rgproxy_e2e.thr").Scan(&rows)
+	if rows != 0 {
+		t.Fatalf("a refused INSERT reached the backend")
 	}
 	out, err = mariadbCLI(t, a.Addr, "rgadm", "apppw", "CREATE RESOURCE GROUP rg_c RU_PER_SEC = 1")
 	if err == nil || !strings.Contains(out, "ERROR 1227") {

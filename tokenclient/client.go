@@ -89,7 +89,8 @@ type groupState struct {
 	ewmaAt      time.Time
 	ewmaAcc     float64 // RU consumed since ewmaAt
 	ewmaSampled bool
-	waiting     float64 // RU wanted by statements waiting now
+	waiting     float64 // RU wanted by statements waiting now for tokens
+	sleeping    float64 // RU reserved by statements sleeping until their debt is paid
 	waiters     int
 
 	// Reporting.
@@ -278,15 +279,23 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 		c.pollLowLocked(gs)
 		if ok {
 			unregister()
+			if wait > 0 {
+				// Sleeping on a reservation is waiting too: it counts in the
+				// demand that splits the fill rate between proxies.
+				gs.sleeping += n
+			}
 			c.mu.Unlock()
 			if wait > 0 {
-				if err := c.sleep(ctx, wait); err != nil {
-					c.mu.Lock()
+				err := c.sleep(ctx, wait)
+				c.mu.Lock()
+				gs.sleeping -= n
+				if err != nil {
 					gs.bucket.Refund(c.clk.Now(), n)
 					c.throttledLocked(gs)
 					c.mu.Unlock()
 					return c.clk.Now().Sub(start), fmt.Errorf("%w: group %q: %w", ErrThrottled, group, err)
 				}
+				c.mu.Unlock()
 			}
 			c.mu.Lock()
 			now = c.clk.Now()
@@ -296,10 +305,12 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 			c.met.wait.WithLabelValues(group).Observe(waited.Seconds())
 			return waited, nil
 		}
-		// Fail fast when the known refill cannot pay in time.
-		rate := gs.bucket.FillRate(now)
-		if rate <= 0 && !c.degraded {
-			rate = gs.shareRate
+		// Fail fast only when even the best case cannot pay in time: the
+		// whole group's RU_PER_SEC (this proxy's share may grow while it
+		// waits), or the local refill in degraded mode.
+		rate := float64(gs.ruPerSec)
+		if c.degraded {
+			rate = gs.bucket.FillRate(now)
 		}
 		short := n - gs.bucket.Tokens(now)
 		if remaining <= 0 || (rate > 0 && short/rate > remaining.Seconds()) {
@@ -523,14 +534,21 @@ func (gs *groupState) threshold(now time.Time) float64 {
 
 // demand is what the proxy wants for the group at now, in RU/s: the EWMA
 // of consumed RU/s (or the rate since its last sample when that is higher,
-// so a rise counts within a tick rather than a second) plus the RU waiting
-// statements want, counted as wanted within notifyLead.
+// so a rise counts within a tick rather than a second) plus the RU of the
+// statements waiting or sleeping on a reservation, counted as wanted within
+// waitLead.
+//
+// Under throttling consumption equals the grant, so only the waiting part
+// moves the split between proxies: with shares in proportion to demand, a
+// proxy's share converges to its part of all waiting statements — to its
+// part of the clients under closed-loop load. A short waitLead makes that
+// part dominate, so the split converges within a grant or two.
 func (gs *groupState) demand(now time.Time) float64 {
 	rate := gs.ewma
 	if el := now.Sub(gs.ewmaAt); el >= tick {
 		rate = max(rate, gs.ewmaAcc/el.Seconds())
 	}
-	return max(rate, 0) + max(gs.waiting, 0)/notifyLead.Seconds()
+	return max(rate, max(gs.waiting+gs.sleeping, 0)/waitLead.Seconds(), 0)
 }
 
 // record adds cons to what is reported and to the demand and usage figures.

@@ -139,10 +139,11 @@ func TestDemandIncludesWaiters(t *testing.T) {
 	waitFor(t, "the statement to wait", func() bool { return clk.pending() == 1 }, nil)
 	req := build(c, false)
 	g := groupEntry(req, "a")
-	if g == nil || !near(g.GetWaitingTokens(), 40) || !near(g.GetDemandRuPerSec(), 40) {
-		t.Fatalf("entry %v, want waiting 40 and demand 40", g)
+	// 40 RU wanted within waitLead (20 ms): 2,000 RU/s of demand.
+	if g == nil || !near(g.GetWaitingTokens(), 40) || !near(g.GetDemandRuPerSec(), 2000) {
+		t.Fatalf("entry %v, want waiting 40 and demand 2000", g)
 	}
-	if want := 40 * 5 * 1.1; !near(g.GetTokensWanted(), want) {
+	if want := 2000 * 5 * 1.1; !near(g.GetTokensWanted(), want) {
 		t.Fatalf("wanted %v, want %v", g.GetTokensWanted(), want)
 	}
 	if err := c.applyResponse(grantAll(req, 100)); err != nil {
@@ -151,8 +152,8 @@ func TestDemandIncludesWaiters(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Acquire after grant: %v", err)
 	}
-	if got := tokensOf(c, "a"); !near(got, 220-40) {
-		t.Fatalf("tokens %v, want 180", got)
+	if got := tokensOf(c, "a"); !near(got, 11000-40) {
+		t.Fatalf("tokens %v, want 10960", got)
 	}
 	c.mu.Lock()
 	waiting, waiters := c.groups["a"].waiting, c.groups["a"].waiters
@@ -351,12 +352,14 @@ func TestTrickle(t *testing.T) {
 	if g == nil || g.GetReportOnly() {
 		t.Fatalf("want an ask near the trickle's end, got %v", req)
 	}
-	trickle(req, 100, 10000) // 10 left from the old one: 110 over 10 s
+	// The new trickle replaces what was left of the old one (10 RU):
+	// rgserver released that reservation when it granted.
+	trickle(req, 100, 10000)
 	c.mu.Lock()
 	rate := c.groups["a"].bucket.FillRate(clk.Now())
 	c.mu.Unlock()
-	if !near(rate, 11) {
-		t.Fatalf("fill rate %v, want 11", rate)
+	if !near(rate, 10) {
+		t.Fatalf("fill rate %v, want 10", rate)
 	}
 }
 

@@ -35,6 +35,9 @@ const (
 	// a group asks for tokens when it holds less than demand × notifyLead,
 	// so a grant normally lands before the bucket runs dry.
 	notifyLead = time.Second
+	// waitLead converts RU that statements wait for into demand (RU/s):
+	// waiting statements want their tokens within this time.
+	waitLead = 20 * time.Millisecond
 	// requestHeadroom scales a request above the target period's demand.
 	requestHeadroom = 1.1
 	// minRequest is the least a token request asks for, in RU.

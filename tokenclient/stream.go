@@ -324,12 +324,11 @@ func contains(list []*groupState, gs *groupState) bool {
 	return false
 }
 
-// wanted is the request size: demand × period × 1.1 − tokens left
-// (counting a running trickle's remainder), at least what waiting
-// statements are short of, and at least minRequest.
+// wanted is the request size: demand × period × 1.1 − tokens left (not
+// counting a running trickle's remainder, which the grant replaces), at
+// least what waiting statements are short of, and at least minRequest.
 func (gs *groupState) wanted(now time.Time, period time.Duration) float64 {
-	_, trickled := gs.trickleLeft(now)
-	left := gs.bucket.Tokens(now) + trickled
+	left := gs.bucket.Tokens(now)
 	w := gs.demand(now)*period.Seconds()*requestHeadroom - left
 	w = max(w, gs.waiting-left, minRequest)
 	if math.IsInf(w, 0) || math.IsNaN(w) {
@@ -441,15 +440,15 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 		if sent != nil && !sent.asked[gs.name] && g.GetTokens() == 0 {
 			continue // a report's answer: keep the bucket (and any trickle) as it is
 		}
-		left, trickled := gs.trickleLeft(now)
+		// A grant replaces what is left of the running trickle: rgserver
+		// released that part of its reservation when it granted, so
+		// carrying it over would spend it twice.
 		if ms := g.GetTrickleMs(); ms > 0 {
-			// Bucket.Trickle would drop what the running trickle has still
-			// to deliver: carry it over into the new one.
 			d := time.Duration(ms) * time.Millisecond
-			gs.bucket.Trickle(now, g.GetTokens()+trickled, max(d, left), gs.threshold(now))
-			gs.trickleUntil = now.Add(max(d, left))
+			gs.bucket.Trickle(now, g.GetTokens(), d, gs.threshold(now))
+			gs.trickleUntil = now.Add(d)
 		} else {
-			gs.bucket.Reconfigure(now, g.GetTokens()+trickled, 0, 0, gs.threshold(now))
+			gs.bucket.Reconfigure(now, g.GetTokens(), 0, 0, gs.threshold(now))
 			gs.trickleUntil = time.Time{}
 		}
 		gs.wake()

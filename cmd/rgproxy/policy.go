@@ -85,6 +85,9 @@ func (s *rgSession) Before(ctx context.Context, st *mysqlproto.Statement, be mys
 	if (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) && resourcegroup.IsAdmin(st.Query) {
 		return s.admin(ctx, st, be)
 	}
+	if st.Multi && st.Command == mysql.COM_QUERY && multiHasAdmin(st.Query) {
+		return errReply(errAdminInMulti)
+	}
 	s.group = s.resolve(ctx, st, be)
 	if s.group == "" { // a refused hint
 		return errReply(resourcegroup.NewAccessDenied())
@@ -245,8 +248,11 @@ func (s *rgSession) hasSuper(ctx context.Context, be mysqlproto.Backend) bool {
 
 // admin answers one of rgproxy's own statements; nothing reaches the backend.
 func (s *rgSession) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
-	if st.Command == mysql.COM_STMT_PREPARE || st.Multi {
+	if st.Command == mysql.COM_STMT_PREPARE {
 		return errReply(resourcegroup.NewNotAllowedInPrepare())
+	}
+	if st.Multi {
+		return errReply(errAdminInMulti)
 	}
 	stmt, err := resourcegroup.Parse(st.Query)
 	if err != nil {
@@ -319,6 +325,22 @@ func (s *rgSession) showUsage() mysqlproto.Verdict {
 			strconv.FormatUint(u.Throttled, 10), yesNo(u.Degraded)})
 	}
 	return resultReply(cols, rows)
+}
+
+// errAdminInMulti refuses an admin statement inside a multi-statement:
+// rgproxy answers those itself, the backend would get the rest.
+var errAdminInMulti = &mysqlproto.Error{Code: resourcegroup.CodeNotAllowedPrepare, State: "HY000",
+	Message: "rgproxy: resource group statements must be sent alone, not inside a multi-statement"}
+
+// multiHasAdmin reports whether any part of a multi-statement is one of
+// rgproxy's admin statements.
+func multiHasAdmin(q string) bool {
+	for _, part := range mysqlproto.SplitStatements([]byte(q)) {
+		if resourcegroup.IsAdmin(string(part)) {
+			return true
+		}
+	}
+	return false
 }
 
 // costClass maps the wire class (and command) to the cost model's class.

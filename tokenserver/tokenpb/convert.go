@@ -1,27 +1,32 @@
 package tokenpb
 
 import (
+	"strconv"
 	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/status"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
 
-// GroupToPB converts a definition to its wire form. Both ends of the
-// protocol use these converters so that the mapping exists once.
+// Conversions between resourcegroup's types and their wire form, shared by
+// rgserver and the proxy's client so both sides agree field by field.
+
+// GroupToPB converts a definition to its wire form.
 func GroupToPB(g resourcegroup.Group) *ResourceGroup {
-	pb := &ResourceGroup{
+	out := &ResourceGroup{
 		Name:     g.Name,
+		RuPerSec: g.RUPerSec,
 		Priority: Priority(g.Priority),
 		Burst:    BurstMode(g.Burst),
 		Version:  g.Version,
 	}
 	if g.RUPerSec == resourcegroup.Unlimited {
-		pb.Unlimited = true
-	} else {
-		pb.RuPerSec = g.RUPerSec
+		out.RuPerSec, out.Unlimited = 0, true
 	}
 	if q := g.QueryLimit; q != nil {
-		pb.QueryLimit = &QueryLimit{
+		out.QueryLimit = &QueryLimit{
 			ExecElapsedMs:   q.ExecElapsed.Milliseconds(),
 			Ru:              q.RU,
 			Action:          Action(q.Action),
@@ -30,25 +35,25 @@ func GroupToPB(g resourcegroup.Group) *ResourceGroup {
 			WatchDurationMs: q.WatchDuration.Milliseconds(),
 		}
 	}
-	return pb
+	return out
 }
 
-// GroupFromPB converts a wire definition back; nil gives the zero Group.
-func GroupFromPB(pb *ResourceGroup) resourcegroup.Group {
-	if pb == nil {
+// GroupFromPB converts the wire form to a definition (not validated).
+func GroupFromPB(p *ResourceGroup) resourcegroup.Group {
+	if p == nil {
 		return resourcegroup.Group{}
 	}
 	g := resourcegroup.Group{
-		Name:     pb.GetName(),
-		RUPerSec: pb.GetRuPerSec(),
-		Priority: resourcegroup.Priority(pb.GetPriority()),
-		Burst:    resourcegroup.BurstMode(pb.GetBurst()),
-		Version:  pb.GetVersion(),
+		Name:     p.GetName(),
+		RUPerSec: p.GetRuPerSec(),
+		Priority: resourcegroup.Priority(p.GetPriority()),
+		Burst:    resourcegroup.BurstMode(p.GetBurst()),
+		Version:  p.GetVersion(),
 	}
-	if pb.GetUnlimited() {
+	if p.GetUnlimited() {
 		g.RUPerSec = resourcegroup.Unlimited
 	}
-	if q := pb.GetQueryLimit(); q != nil {
+	if q := p.GetQueryLimit(); q != nil {
 		g.QueryLimit = &resourcegroup.QueryLimit{
 			ExecElapsed:   time.Duration(q.GetExecElapsedMs()) * time.Millisecond,
 			RU:            q.GetRu(),
@@ -66,7 +71,71 @@ func BindingToPB(b resourcegroup.Binding) *Binding {
 	return &Binding{User: b.User, Host: b.Host, Group: b.Group}
 }
 
-// BindingFromPB converts a wire binding back; nil gives the zero Binding.
-func BindingFromPB(pb *Binding) resourcegroup.Binding {
-	return resourcegroup.Binding{User: pb.GetUser(), Host: pb.GetHost(), Group: pb.GetGroup()}
+// BindingFromPB converts the wire form to a binding.
+func BindingFromPB(p *Binding) resourcegroup.Binding {
+	return resourcegroup.Binding{User: p.GetUser(), Host: p.GetHost(), Group: p.GetGroup()}
+}
+
+// A ResourceGroupService error that stands for a *resourcegroup.Error
+// carries an errdetails.ErrorInfo with this domain, one of the Reason
+// values below, and the MySQL code and SQLSTATE in its metadata.
+const (
+	ErrorDomain       = "rgproxy.token.v1"
+	ErrorMetaCode     = "mysql_code"
+	ErrorMetaSQLState = "sql_state"
+
+	ReasonExists   = "EXISTS"
+	ReasonNotFound = "NOT_FOUND"
+	ReasonInvalid  = "INVALID"
+	ReasonConflict = "CONFLICT"
+	// ReasonReserved: dropping the `default` group (ErrInvalid).
+	ReasonReserved = "RESERVED"
+)
+
+// ErrorInfo describes e for a status's details.
+func ErrorInfo(e *resourcegroup.Error, reason string) *errdetails.ErrorInfo {
+	return &errdetails.ErrorInfo{
+		Reason: reason, Domain: ErrorDomain,
+		Metadata: map[string]string{ErrorMetaCode: strconv.Itoa(int(e.Code)), ErrorMetaSQLState: e.State},
+	}
+}
+
+// ErrorFromStatus turns a gRPC error from ResourceGroupService back into
+// the *resourcegroup.Error it stands for (so errors.Is(err,
+// resourcegroup.ErrExists) and the MySQL code work on the proxy side). Any
+// other error is returned unchanged.
+func ErrorFromStatus(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return err
+	}
+	for _, d := range st.Details() {
+		info, ok := d.(*errdetails.ErrorInfo)
+		if !ok || info.GetDomain() != ErrorDomain {
+			continue
+		}
+		var sentinel error
+		switch info.GetReason() {
+		case ReasonExists:
+			sentinel = resourcegroup.ErrExists
+		case ReasonNotFound:
+			sentinel = resourcegroup.ErrNotFound
+		case ReasonConflict:
+			sentinel = resourcegroup.ErrConflict
+		case ReasonInvalid, ReasonReserved:
+			sentinel = resourcegroup.ErrInvalid
+		default:
+			return err
+		}
+		code, cerr := strconv.ParseUint(info.GetMetadata()[ErrorMetaCode], 10, 16)
+		if cerr != nil {
+			code = uint64(resourcegroup.CodeUnknown)
+		}
+		state := info.GetMetadata()[ErrorMetaSQLState]
+		if len(state) != 5 {
+			state = "HY000"
+		}
+		return &resourcegroup.Error{Code: uint16(code), State: state, Message: st.Message(), Err: sentinel}
+	}
+	return err
 }

@@ -9,24 +9,29 @@ import (
 )
 
 func TestGroupRoundTrip(t *testing.T) {
-	groups := []resourcegroup.Group{
-		{Name: "default", RUPerSec: resourcegroup.Unlimited, Burst: resourcegroup.BurstUnlimited, Version: 3},
-		{Name: "rg1", RUPerSec: 500, Priority: resourcegroup.PriorityHigh, Burst: resourcegroup.BurstModerated},
-		{Name: "rg2", RUPerSec: 1, Priority: resourcegroup.PriorityLow, QueryLimit: &resourcegroup.QueryLimit{
-			ExecElapsed: 1500 * time.Millisecond, Action: resourcegroup.ActionSwitchGroup, SwitchGroup: "rg1",
-			Watch: resourcegroup.WatchSimilar, WatchDuration: 10 * time.Minute}},
-		{Name: "rg3", RUPerSec: 10, QueryLimit: &resourcegroup.QueryLimit{RU: 1000, Action: resourcegroup.ActionKill}},
+	tests := []resourcegroup.Group{
+		resourcegroup.DefaultGroupDefinition(),
+		{Name: "rg1", RUPerSec: 500, Priority: resourcegroup.PriorityHigh, Burst: resourcegroup.BurstModerated, Version: 42},
+		{Name: "rg2", RUPerSec: 1, QueryLimit: &resourcegroup.QueryLimit{
+			ExecElapsed: 90 * time.Second, Action: resourcegroup.ActionSwitchGroup, SwitchGroup: "rg1",
+			Watch: resourcegroup.WatchSimilar, WatchDuration: 10 * time.Minute,
+		}},
+		{Name: "rg3", RUPerSec: 7, QueryLimit: &resourcegroup.QueryLimit{RU: 1000, Action: resourcegroup.ActionKill}},
 	}
-	for _, g := range groups {
-		if got := GroupFromPB(GroupToPB(g)); !reflect.DeepEqual(got, g) {
-			t.Errorf("round trip of %+v gave %+v", g, got)
+	for _, g := range tests {
+		p := GroupToPB(g)
+		if g.RUPerSec == resourcegroup.Unlimited && (!p.Unlimited || p.RuPerSec != 0) {
+			t.Errorf("%s: unlimited sent as %v", g.Name, p)
+		}
+		if back := GroupFromPB(p); !reflect.DeepEqual(back, g) {
+			t.Errorf("round trip: %+v became %+v", g, back)
 		}
 	}
-	b := resourcegroup.Binding{User: "app", Host: "%", Group: "rg1"}
-	if got := BindingFromPB(BindingToPB(b)); got != b {
-		t.Errorf("binding round trip gave %+v", got)
-	}
 	if g := GroupFromPB(nil); !reflect.DeepEqual(g, resourcegroup.Group{}) {
-		t.Errorf("nil group gave %+v", g)
+		t.Errorf("nil: %+v", g)
+	}
+	b := resourcegroup.Binding{User: "app", Host: "10.%", Group: "rg1"}
+	if back := BindingFromPB(BindingToPB(b)); back != b {
+		t.Errorf("binding round trip: %+v", back)
 	}
 }

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// errUsage marks a bad command line or config file (exit status 2).
+var errUsage = errors.New("rgserver: usage")
+
+// config is rgserver's configuration. The TOML keys mirror the flags;
+// flags given on the command line win over the file.
+type config struct {
+	// Addr is the gRPC listen address. Default 127.0.0.1:3379 (loopback).
+	Addr string `toml:"addr"`
+	// StatusAddr serves /metrics, /healthz, /readyz. Default 127.0.0.1:3380.
+	StatusAddr string `toml:"status-addr"`
+	// DataDir holds the embedded etcd member's data. Default ./rgserver-data.
+	DataDir string `toml:"data-dir"`
+	// EtcdEndpoints, comma-separated, selects an existing etcd cluster
+	// instead of the embedded member. Default "" (embedded).
+	EtcdEndpoints string `toml:"etcd-endpoints"`
+	// EtcdPeerAddr is the embedded member's peer URL (http://host:port),
+	// needed when several rgservers form one etcd cluster. Default "" (a
+	// free loopback port, single node).
+	EtcdPeerAddr string `toml:"etcd-peer-addr"`
+	// EtcdInitialCluster lists every embedded member as name=peerURL,...
+	// Default "" (this member alone).
+	EtcdInitialCluster string `toml:"etcd-initial-cluster"`
+	// Name is this replica's etcd member name. Default "rgserver".
+	Name string `toml:"name"`
+	// AdvertiseAddr is the gRPC address proxies are sent to when this
+	// replica leads. Default: Addr.
+	AdvertiseAddr string `toml:"advertise-addr"`
+	// ElectionTTL is the leader's session TTL (whole seconds). Default 3s.
+	ElectionTTL time.Duration `toml:"election-ttl"`
+	// ClientExpiry drops a vanished proxy's slots after this long. Default 60s.
+	ClientExpiry time.Duration `toml:"client-expiry"`
+	// TLSCert and TLSKey (PEM files) turn on TLS for gRPC. Default "" (plaintext).
+	TLSCert string `toml:"tls-cert"`
+	TLSKey  string `toml:"tls-key"`
+	// TLSCA (PEM file) requires and verifies client certificates (mTLS).
+	// Default "" (no client certificates).
+	TLSCA string `toml:"tls-ca"`
+	// AdminTokenFile holds the bearer token admin RPCs need. Default "" (none).
+	AdminTokenFile string `toml:"admin-token-file"`
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string `toml:"log-level"`
+}
+
+func defaultConfig() config {
+	return config{
+		Addr:         "127.0.0.1:3379",
+		StatusAddr:   "127.0.0.1:3380",
+		DataDir:      "./rgserver-data",
+		Name:         "rgserver",
+		ElectionTTL:  3 * time.Second,
+		ClientExpiry: 60 * time.Second,
+		LogLevel:     "info",
+	}
+}
+
+// bind declares every flag onto c, with c's current values as defaults.
+func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
+	fs.StringVar(configFile, "config", "", "TOML file whose keys mirror these flags (flags win)")
+	fs.BoolVar(version, "version", false, "print the version and exit")
+	fs.StringVar(&c.Addr, "addr", c.Addr, "gRPC listen address")
+	fs.StringVar(&c.StatusAddr, "status-addr", c.StatusAddr, "HTTP address for /metrics, /healthz, /readyz")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory of the embedded etcd member")
+	fs.StringVar(&c.EtcdEndpoints, "etcd-endpoints", c.EtcdEndpoints, "comma-separated endpoints of an existing etcd cluster (instead of embedding one)")
+	fs.StringVar(&c.EtcdPeerAddr, "etcd-peer-addr", c.EtcdPeerAddr, "peer URL of the embedded etcd member, e.g. http://10.0.0.1:2380")
+	fs.StringVar(&c.EtcdInitialCluster, "etcd-initial-cluster", c.EtcdInitialCluster, "embedded members as name=peerURL,... (one per rgserver)")
+	fs.StringVar(&c.Name, "name", c.Name, "this replica's etcd member name")
+	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "gRPC address proxies reach this replica at (default --addr)")
+	fs.DurationVar(&c.ElectionTTL, "election-ttl", c.ElectionTTL, "leader session TTL; a dead leader is replaced after about this long")
+	fs.DurationVar(&c.ClientExpiry, "client-expiry", c.ClientExpiry, "drop a silent proxy's share after this long")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate for gRPC TLS")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key for gRPC TLS")
+	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "PEM CA bundle: require client certificates signed by it (mTLS)")
+	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding the bearer token required by admin RPCs")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+}
+
+// parseArgs reads the command line and, with --config, the file under it.
+// It returns version = true when --version was given.
+func parseArgs(args []string, stderr io.Writer) (c config, version bool, err error) {
+	// First pass: find --config. Second pass: flags over the file's values.
+	c = defaultConfig()
+	var file string
+	fs := flag.NewFlagSet("rgserver", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	bind(fs, &c, &file, &version)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(stderr)
+		}
+		return c, false, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	c = defaultConfig()
+	if file != "" {
+		md, err := toml.DecodeFile(file, &c)
+		if err != nil {
+			return c, false, fmt.Errorf("%w: config %s: %w", errUsage, file, err)
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			return c, false, fmt.Errorf("%w: config %s: unknown keys %v", errUsage, file, und)
+		}
+	}
+	fs = flag.NewFlagSet("rgserver", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	bind(fs, &c, &file, &version)
+	if err := fs.Parse(args); err != nil {
+		return c, false, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return c, false, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return c, version, c.check()
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: rgserver [flags]\n\nrgserver hands out tokens from one global bucket per resource group to every rgproxy.\n\nflags:")
+	var c config
+	var file string
+	var v bool
+	c = defaultConfig()
+	fs := flag.NewFlagSet("rgserver", flag.ContinueOnError)
+	bind(fs, &c, &file, &v)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// check rejects inconsistent settings.
+func (c *config) check() error {
+	switch {
+	case c.Addr == "":
+		return fmt.Errorf("%w: --addr is empty", errUsage)
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return fmt.Errorf("%w: --tls-cert and --tls-key go together", errUsage)
+	case c.TLSCA != "" && c.TLSCert == "":
+		return fmt.Errorf("%w: --tls-ca needs --tls-cert and --tls-key", errUsage)
+	case c.ElectionTTL < time.Second:
+		return fmt.Errorf("%w: --election-ttl %v is under 1s", errUsage, c.ElectionTTL)
+	case c.ClientExpiry <= 0:
+		return fmt.Errorf("%w: --client-expiry must be positive", errUsage)
+	case c.EtcdEndpoints != "" && (c.EtcdPeerAddr != "" || c.EtcdInitialCluster != ""):
+		return fmt.Errorf("%w: --etcd-endpoints excludes --etcd-peer-addr and --etcd-initial-cluster", errUsage)
+	case c.EtcdEndpoints == "" && c.DataDir == "":
+		return fmt.Errorf("%w: --data-dir is empty", errUsage)
+	}
+	if c.EtcdPeerAddr != "" && !strings.Contains(c.EtcdPeerAddr, "://") {
+		c.EtcdPeerAddr = "http://" + c.EtcdPeerAddr
+	}
+	if c.AdvertiseAddr == "" {
+		c.AdvertiseAddr = c.Addr
+	}
+	return nil
+}

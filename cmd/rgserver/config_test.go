@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseArgs(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "rgserver.toml")
+	if err := os.WriteFile(file, []byte(`
+addr = "0.0.0.0:4000"
+election-ttl = "5s"
+client-expiry = "2m"
+etcd-endpoints = "http://a:2379, http://b:2379"
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.toml")
+	if err := os.WriteFile(bad, []byte(`adress = "x"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		check   func(config) bool
+		wantErr error
+	}{
+		{"defaults", nil, func(c config) bool {
+			return c.Addr == "127.0.0.1:3379" && c.StatusAddr == "127.0.0.1:3380" && c.DataDir == "./rgserver-data" &&
+				c.ElectionTTL == 3*time.Second && c.ClientExpiry == time.Minute && c.AdvertiseAddr == "127.0.0.1:3379"
+		}, nil},
+		{"file", []string{"--config", file}, func(c config) bool {
+			return c.Addr == "0.0.0.0:4000" && c.ElectionTTL == 5*time.Second && c.ClientExpiry == 2*time.Minute &&
+				c.StatusAddr == "127.0.0.1:3380" && c.AdvertiseAddr == "0.0.0.0:4000"
+		}, nil},
+		{"flags win over file", []string{"--election-ttl", "4s", "--config", file}, func(c config) bool {
+			return c.ElectionTTL == 4*time.Second && c.Addr == "0.0.0.0:4000"
+		}, nil},
+		{"peer addr gets a scheme", []string{"--etcd-peer-addr", "10.0.0.1:2380", "--etcd-initial-cluster", "a=http://10.0.0.1:2380"}, func(c config) bool {
+			return c.EtcdPeerAddr == "http://10.0.0.1:2380"
+		}, nil},
+		{"unknown key in file", []string{"--config", bad}, nil, errUsage},
+		{"missing file", []string{"--config", filepath.Join(dir, "none.toml")}, nil, errUsage},
+		{"unknown flag", []string{"--nope"}, nil, errUsage},
+		{"stray argument", []string{"extra"}, nil, errUsage},
+		{"cert without key", []string{"--tls-cert", "c.pem"}, nil, errUsage},
+		{"ca without cert", []string{"--tls-ca", "ca.pem"}, nil, errUsage},
+		{"ttl under a second", []string{"--election-ttl", "500ms"}, nil, errUsage},
+		{"endpoints with peer", []string{"--config", file, "--etcd-peer-addr", "http://x:1"}, nil, errUsage},
+		{"help", []string{"--help"}, nil, flag.ErrHelp},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			c, _, err := parseArgs(tc.args, &stderr)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(c) {
+				t.Fatalf("config = %+v", c)
+			}
+		})
+	}
+}
+
+func TestHelpDocumentsEveryFlag(t *testing.T) {
+	var out bytes.Buffer
+	usage(&out)
+	for _, f := range []string{"addr", "status-addr", "data-dir", "etcd-endpoints", "etcd-peer-addr", "etcd-initial-cluster",
+		"name", "advertise-addr", "election-ttl", "client-expiry", "tls-cert", "tls-key", "tls-ca", "admin-token-file", "config", "version"} {
+		if !strings.Contains(out.String(), "-"+f+" ") && !strings.Contains(out.String(), "-"+f+"\n") {
+			t.Errorf("--help does not document --%s", f)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run([]string{"--version"}, &out, &errOut); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "rgserver ") {
+		t.Fatalf("--version printed %q", out.String())
+	}
+}

@@ -1,0 +1,285 @@
+// Command rgserver is the token server of rgproxy: it keeps resource group
+// settings and user bindings in etcd (embedded by default) and hands out
+// tokens from one global bucket per group to every proxy over gRPC. Several
+// replicas elect one leader through etcd.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/rgproxy/rgproxy/tokenserver"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	cfg, showVersion, err := parseArgs(args, stderr)
+	if err != nil {
+		return err
+	}
+	if showVersion {
+		fmt.Fprintln(stdout, "rgserver", versionString())
+		return nil
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		return fmt.Errorf("%w: --log-level: %w", errUsage, err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// The live heap is small (settings and slots) while every token message
+	// allocates a little: collecting less often cuts GC CPU and tail
+	// latency at the cost of a few MB. GOGC in the environment still wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	// etcd: embedded member, or an existing cluster.
+	endpoints := splitList(cfg.EtcdEndpoints)
+	if len(endpoints) == 0 {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return fmt.Errorf("data dir: %w", err)
+		}
+		e, err := tokenserver.StartEmbeddedEtcd(ctx, tokenserver.EmbedConfig{
+			Name: cfg.Name, DataDir: cfg.DataDir, PeerURL: cfg.EtcdPeerAddr, InitialCluster: cfg.EtcdInitialCluster,
+		})
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		endpoints = e.Endpoints
+		log.Info("embedded etcd ready", "name", cfg.Name, "data_dir", cfg.DataDir, "peer", cfg.EtcdPeerAddr)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+	})
+	if err != nil {
+		return fmt.Errorf("etcd client: %w", err)
+	}
+	defer cli.Close()
+
+	var adminToken string
+	if cfg.AdminTokenFile != "" {
+		b, err := os.ReadFile(cfg.AdminTokenFile)
+		if err != nil {
+			return fmt.Errorf("admin token: %w", err)
+		}
+		adminToken = strings.TrimSpace(string(b))
+		if adminToken == "" {
+			return fmt.Errorf("admin token file %s is empty", cfg.AdminTokenFile)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	srv, err := tokenserver.New(cli, tokenserver.Config{
+		Alloc:         tokenserver.AllocConfig{ClientExpiry: cfg.ClientExpiry},
+		AdvertiseAddr: cfg.AdvertiseAddr,
+		ElectionTTL:   cfg.ElectionTTL,
+		Logger:        log,
+		Registerer:    reg,
+	})
+	if err != nil {
+		return err
+	}
+
+	creds := insecure.NewCredentials()
+	if cfg.TLSCert != "" {
+		tc, err := serverTLS(cfg)
+		if err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(tc)
+	} else if !isLoopback(cfg.Addr) {
+		log.Warn("gRPC listens beyond loopback without TLS", "addr", cfg.Addr)
+	}
+	if host, _, err := net.SplitHostPort(cfg.AdvertiseAddr); err == nil {
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			log.Warn("--advertise-addr is not an address proxies can dial; followers will send it as the leader's", "advertise", cfg.AdvertiseAddr)
+		}
+	}
+	unary, streamAuth := tokenserver.AdminAuth(adminToken)
+	gs := grpc.NewServer(grpc.Creds(creds), grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(streamAuth))
+	srv.Register(gs)
+	reflection.Register(gs)
+
+	lis, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	statusLis, err := net.Listen("tcp", cfg.StatusAddr)
+	if err != nil {
+		lis.Close()
+		return fmt.Errorf("status listen: %w", err)
+	}
+	hs := &http.Server{Handler: statusMux(srv, cli, reg), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := hs.Serve(statusLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("status server", "err", err)
+		}
+	}()
+	go func() {
+		if err := gs.Serve(lis); err != nil {
+			log.Error("grpc server", "err", err)
+		}
+	}()
+	log.Info("rgserver started", "version", versionString(), "addr", lis.Addr().String(),
+		"status_addr", statusLis.Addr().String(), "advertise", cfg.AdvertiseAddr, "tls", cfg.TLSCert != "", "mtls", cfg.TLSCA != "")
+
+	// Run returns after ctx ends, having persisted the buckets and resigned.
+	runErr := srv.Run(ctx)
+	log.Info("rgserver stopping")
+	stopped := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		// Token streams are long-lived; do not wait for proxies to hang up.
+		gs.Stop()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(sctx)
+	return runErr
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// serverTLS builds the gRPC TLS config; with --tls-ca, clients must present
+// a certificate signed by it.
+func serverTLS(cfg config) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if cfg.TLSCA != "" {
+		pem, err := os.ReadFile(cfg.TLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("tls ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls ca: no certificates in %s", cfg.TLSCA)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+// health is the JSON body of /healthz and /readyz, in etcd's style.
+type health struct {
+	Health string `json:"health"`
+	Reason string `json:"reason,omitempty"`
+	Leader string `json:"leader,omitempty"`
+}
+
+func writeHealth(w http.ResponseWriter, ok bool, reason, leader string) {
+	w.Header().Set("Content-Type", "application/json")
+	h := health{Health: "true", Leader: leader}
+	if !ok {
+		h.Health, h.Reason = "false", reason
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_ = json.NewEncoder(w).Encode(h)
+}
+
+func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Registry) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// /healthz: the process is up and etcd answers.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if _, err := cli.Get(ctx, "/rg/health"); err != nil {
+			writeHealth(w, false, "etcd: "+err.Error(), srv.LeaderAddr())
+			return
+		}
+		writeHealth(w, true, "", srv.LeaderAddr())
+	})
+	// /readyz: the leader, or a follower that knows the leader.
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !srv.Ready() {
+			writeHealth(w, false, "no leader known yet", "")
+			return
+		}
+		writeHealth(w, true, "", srv.LeaderAddr())
+	})
+	return mux
+}

@@ -1,0 +1,468 @@
+package tokenserver
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
+
+// ErrUnknownGroup is returned by Allocator.Acquire for a group it does not hold.
+var ErrUnknownGroup = errors.New("tokenserver: unknown resource group")
+
+// firstTrickle is the length of a new slot's first trickle.
+const firstTrickle = time.Second
+
+// Defaults of AllocConfig.
+const (
+	DefaultTargetPeriod = 5 * time.Second
+	DefaultClientExpiry = 60 * time.Second
+)
+
+// AllocConfig tunes the Allocator.
+type AllocConfig struct {
+	// TargetPeriod is how long a trickle grant lasts: its tokens are to be
+	// spent evenly over this period. It also converts tokens wanted into a
+	// demand in RU/s when a request carries none. Default 5 s.
+	TargetPeriod time.Duration
+	// ClientExpiry is how long a proxy's slot lives after its last request;
+	// a vanished proxy stops holding a share after it. Default 60 s.
+	ClientExpiry time.Duration
+}
+
+func (c AllocConfig) withDefaults() AllocConfig {
+	if c.TargetPeriod <= 0 {
+		c.TargetPeriod = DefaultTargetPeriod
+	}
+	if c.ClientExpiry <= 0 {
+		c.ClientExpiry = DefaultClientExpiry
+	}
+	return c
+}
+
+// Settings is what the allocator needs of a group's definition.
+type Settings struct {
+	// RUPerSec is the fill rate in RU/s, or resourcegroup.Unlimited.
+	RUPerSec uint64
+	// Burst is the BURSTABLE mode; it sets the bucket's capacity.
+	Burst resourcegroup.BurstMode
+	// Version is the definition's etcd ModRevision, echoed in grants.
+	Version int64
+}
+
+// SettingsOf extracts the allocator's settings from a definition.
+func SettingsOf(g resourcegroup.Group) Settings {
+	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version}
+}
+
+// Unlimited reports whether the group is never throttled.
+func (s Settings) Unlimited() bool {
+	return s.RUPerSec == resourcegroup.Unlimited || s.Burst == resourcegroup.BurstUnlimited
+}
+
+// Capacity is the most the global bucket holds: 1 s of RU_PER_SEC, or 10 s
+// when BURSTABLE = MODERATED. +Inf when unlimited.
+func (s Settings) Capacity() float64 {
+	switch {
+	case s.Unlimited():
+		return math.Inf(1)
+	case s.Burst == resourcegroup.BurstModerated:
+		return 10 * float64(s.RUPerSec)
+	default:
+		return float64(s.RUPerSec)
+	}
+}
+
+// Request is one group's part of a proxy's token request.
+type Request struct {
+	// ProxyID keys the proxy's slot.
+	ProxyID string
+	// Wanted is the number of tokens asked for (RU).
+	Wanted float64
+	// Demand is the proxy's demand in RU/s (EWMA of consumption plus what
+	// waiting statements need). 0 = derive it from Wanted / TargetPeriod.
+	Demand float64
+	// ReportOnly keeps the slot alive and updates its demand, granting nothing.
+	ReportOnly bool
+}
+
+// Grant is the allocator's answer to one Request.
+type Grant struct {
+	// Tokens granted (RU).
+	Tokens float64
+	// Trickle > 0: Tokens are to be spent evenly over this duration, and the
+	// grant replaces what is left of the proxy's previous trickle for the group.
+	Trickle time.Duration
+	// FillRate is the proxy's share of the fill rate, in RU/s.
+	FillRate float64
+	// Proxies is the number of live slots of the group.
+	Proxies int
+	// Unlimited is set for groups that are never throttled.
+	Unlimited bool
+	// RUPerSec and Version echo the group's settings.
+	RUPerSec uint64
+	Version  int64
+}
+
+// slot is one proxy's view of a group.
+type slot struct {
+	id string
+	// demand in RU/s, as last reported.
+	demand float64
+	// lastSeen is the time of the last request.
+	lastSeen time.Time
+	// rate is the RU/s of the proxy's running trickle, until trickleEnd.
+	rate       float64
+	trickleEnd time.Time
+	// granted is every token granted to this proxy, for metrics and tests.
+	granted float64
+}
+
+// String describes the slot at now, for logs and test failures.
+func (s *slot) String(now time.Time) string {
+	tr := "no trickle"
+	if s.rate > 0 && s.trickleEnd.After(now) {
+		tr = fmt.Sprintf("trickle %.1f RU/s for %v", s.rate, s.trickleEnd.Sub(now))
+	}
+	return fmt.Sprintf("proxy %s: demand %.1f RU/s, %s, seen %v ago, granted %.1f",
+		s.id, s.demand, tr, now.Sub(s.lastSeen), s.granted)
+}
+
+// Bucket is one group's global token bucket and its proxies' slots. Tokens
+// are what can be granted at once; running trickles reserve part of the fill
+// rate, so the bucket fills at RU_PER_SEC minus the trickles' rates (and
+// drains when, after a change of shares, they add up to more). Every token a
+// proxy can spend therefore came out of the bucket's fill, and the total
+// spendable by time T never exceeds RU_PER_SEC × T + capacity.
+type Bucket struct {
+	name     string
+	settings Settings
+	tokens   float64
+	last     time.Time
+	slots    map[string]*slot
+	// reserved is the sum of the running trickles' rates.
+	reserved float64
+	// demand is the sum of the slots' demands, kept up to date so a grant
+	// costs O(1) however many proxies share the group.
+	demand float64
+	// nextEnd is the earliest trickleEnd among running trickles (zero if none).
+	nextEnd time.Time
+	// granted counts every token granted, for metrics.
+	granted float64
+}
+
+// String describes the bucket and its slots at now.
+func (b *Bucket) String(now time.Time) string {
+	var sb strings.Builder
+	if b.settings.Unlimited() {
+		fmt.Fprintf(&sb, "group %s: unlimited, %d proxies", b.name, len(b.slots))
+	} else {
+		fmt.Fprintf(&sb, "group %s: %.1f/%.0f tokens, fill %d RU/s, trickles reserve %.1f RU/s, %d proxies",
+			b.name, b.tokens, b.settings.Capacity(), b.settings.RUPerSec, b.reserved, len(b.slots))
+	}
+	ids := make([]string, 0, len(b.slots))
+	for id := range b.slots {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		sb.WriteString("\n  ")
+		sb.WriteString(b.slots[id].String(now))
+	}
+	return sb.String()
+}
+
+// Tokens returns the bucket's level after advancing it to now.
+func (b *Bucket) Tokens(now time.Time) float64 {
+	b.advance(now)
+	return b.tokens
+}
+
+// advance brings tokens to now, ending trickles as their periods run out.
+func (b *Bucket) advance(now time.Time) {
+	if b.settings.Unlimited() {
+		b.last = now
+		return
+	}
+	for !b.nextEnd.IsZero() && !b.nextEnd.After(now) {
+		b.fill(b.nextEnd)
+		b.endTrickles(b.nextEnd)
+	}
+	b.fill(now)
+}
+
+// fill adds the unreserved fill rate from b.last to t.
+func (b *Bucket) fill(t time.Time) {
+	dt := t.Sub(b.last).Seconds()
+	if dt <= 0 {
+		return
+	}
+	b.last = t
+	rate := float64(b.settings.RUPerSec) - b.reserved
+	b.tokens += rate * dt
+	if c := b.settings.Capacity(); b.tokens > c {
+		b.tokens = c
+	}
+}
+
+// endTrickles stops every trickle that ends at or before t and recomputes
+// reserved and nextEnd.
+func (b *Bucket) endTrickles(t time.Time) {
+	b.reserved = 0
+	b.nextEnd = time.Time{}
+	for _, s := range b.slots {
+		if s.rate == 0 {
+			continue
+		}
+		if !s.trickleEnd.After(t) {
+			s.rate = 0
+			continue
+		}
+		b.reserved += s.rate
+		if b.nextEnd.IsZero() || s.trickleEnd.Before(b.nextEnd) {
+			b.nextEnd = s.trickleEnd
+		}
+	}
+	if b.reserved < 1e-9 {
+		b.reserved = 0
+	}
+}
+
+// expire drops slots not seen since before now−expiry; it reports how many.
+func (b *Bucket) expire(now time.Time, expiry time.Duration) int {
+	b.advance(now)
+	n := 0
+	for id, s := range b.slots {
+		if now.Sub(s.lastSeen) >= expiry {
+			delete(b.slots, id)
+			n++
+		}
+	}
+	if n > 0 {
+		b.endTrickles(now)
+	}
+	// Recomputed rather than adjusted, so float rounding never accumulates.
+	b.demand = 0
+	for _, s := range b.slots {
+		b.demand += s.demand
+	}
+	return n
+}
+
+// acquire serves one request at now.
+func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
+	b.advance(now)
+	s := b.slots[req.ProxyID]
+	isNew := s == nil
+	if isNew {
+		s = &slot{id: req.ProxyID}
+		b.slots[req.ProxyID] = s
+	}
+	s.lastSeen = now
+	period := cfg.TargetPeriod.Seconds()
+	d := req.Demand
+	if d <= 0 && !req.ReportOnly {
+		d = req.Wanted / period
+	}
+	d = math.Max(d, 0)
+	b.demand += d - s.demand
+	s.demand = d
+
+	g := Grant{Proxies: len(b.slots), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version}
+	if b.settings.Unlimited() {
+		g.Unlimited = true
+		g.RUPerSec = 0
+		if !req.ReportOnly {
+			g.Tokens = req.Wanted
+		}
+		g.FillRate = math.Max(s.demand, req.Wanted/period)
+		s.granted += g.Tokens
+		b.granted += g.Tokens
+		return g
+	}
+
+	rate := float64(b.settings.RUPerSec)
+	total := math.Max(b.demand, 0)
+	// The proxy's share of the fill rate is in proportion to its demand,
+	// whether total demand is above RU_PER_SEC or below it (then the spare
+	// is split the same way); with no demand at all, shares are equal.
+	var frac float64
+	if total > 0 {
+		frac = math.Min(s.demand/total, 1)
+	} else {
+		frac = 1 / float64(len(b.slots))
+	}
+	g.FillRate = rate * frac
+	if req.ReportOnly || req.Wanted <= 0 {
+		return g
+	}
+
+	// A new grant replaces what is left of this proxy's running trickle, so
+	// its reservation ends now.
+	// (nextEnd may now be early; advance then just recomputes.)
+	if s.rate > 0 {
+		b.reserved -= s.rate
+		s.rate = 0
+		if b.reserved < 1e-9 {
+			b.reserved = 0
+		}
+	}
+	if total <= rate && b.tokens >= req.Wanted {
+		g.Tokens = req.Wanted
+		b.tokens -= req.Wanted
+	} else {
+		// Short, or oversubscribed: a trickle of the proxy's share of the
+		// fill rate, plus its share of what the bucket holds (or minus its
+		// share of the bucket's debt), spread over the target period.
+		r := g.FillRate + b.tokens*frac/period
+		r = math.Min(r, req.Wanted/period)
+		// A proxy's first trickle is short: when many proxies (re)connect
+		// at once, as after a leader change, the first to ask would
+		// otherwise hold a share computed before the others were known.
+		dur := cfg.TargetPeriod
+		if isNew {
+			dur = min(dur, firstTrickle)
+		}
+		if r > 0 {
+			s.rate = r
+			s.trickleEnd = now.Add(dur)
+			b.reserved += r
+			if b.nextEnd.IsZero() || s.trickleEnd.Before(b.nextEnd) {
+				b.nextEnd = s.trickleEnd
+			}
+			g.Tokens = r * dur.Seconds()
+			g.Trickle = dur
+		}
+	}
+	s.granted += g.Tokens
+	b.granted += g.Tokens
+	return g
+}
+
+// Allocator holds one Bucket per group. It is pure logic: every method takes
+// the time, and it is not safe for concurrent use (the server serializes it).
+type Allocator struct {
+	cfg    AllocConfig
+	groups map[string]*Bucket
+}
+
+// NewAllocator returns an empty allocator.
+func NewAllocator(cfg AllocConfig) *Allocator {
+	return &Allocator{cfg: cfg.withDefaults(), groups: map[string]*Bucket{}}
+}
+
+// Config returns the allocator's configuration with defaults applied.
+func (a *Allocator) Config() AllocConfig { return a.cfg }
+
+// SetGroup adds a group with a full bucket, or updates an existing group's
+// settings (its level is clipped to the new capacity).
+func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
+	b := a.groups[name]
+	if b == nil {
+		b = &Bucket{name: name, settings: s, last: now, slots: map[string]*slot{}}
+		if !s.Unlimited() {
+			b.tokens = s.Capacity()
+		}
+		a.groups[name] = b
+		return
+	}
+	b.advance(now)
+	wasUnlimited := b.settings.Unlimited()
+	b.settings = s
+	switch {
+	case s.Unlimited():
+		b.tokens = 0
+	case wasUnlimited:
+		b.tokens = s.Capacity()
+	case b.tokens > s.Capacity():
+		b.tokens = s.Capacity()
+	}
+}
+
+// RemoveGroup forgets a dropped group.
+func (a *Allocator) RemoveGroup(name string) { delete(a.groups, name) }
+
+// Group returns a group's bucket, or nil.
+func (a *Allocator) Group(name string) *Bucket { return a.groups[name] }
+
+// Groups returns the names of every group held, sorted.
+func (a *Allocator) Groups() []string {
+	out := make([]string, 0, len(a.groups))
+	for n := range a.groups {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Acquire serves one group's request from one proxy.
+func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, error) {
+	b := a.groups[group]
+	if b == nil {
+		return Grant{}, fmt.Errorf("%w: %q", ErrUnknownGroup, group)
+	}
+	return b.acquire(req, now, a.cfg), nil
+}
+
+// Expire drops the slots of proxies not heard from for ClientExpiry; it
+// reports how many were dropped.
+func (a *Allocator) Expire(now time.Time) int {
+	n := 0
+	for _, b := range a.groups {
+		n += b.expire(now, a.cfg.ClientExpiry)
+	}
+	return n
+}
+
+// Proxies returns the number of live slots of a group (0 if unknown).
+func (a *Allocator) Proxies(group string) int {
+	if b := a.groups[group]; b != nil {
+		return len(b.slots)
+	}
+	return 0
+}
+
+// BucketState is the part of a bucket persisted across leaders.
+type BucketState struct {
+	// Tokens is the bucket's level at At.
+	Tokens float64 `json:"tokens"`
+	// At is when Tokens was measured.
+	At time.Time `json:"at"`
+}
+
+// State returns a group's persistable state at now.
+func (a *Allocator) State(group string, now time.Time) (BucketState, bool) {
+	b := a.groups[group]
+	if b == nil || b.settings.Unlimited() {
+		return BucketState{}, false
+	}
+	b.advance(now)
+	// Running trickles are promises already made: count them as spent, so a
+	// new leader does not hand the same tokens out again.
+	t := b.tokens
+	for _, s := range b.slots {
+		if s.rate > 0 && s.trickleEnd.After(now) {
+			t -= s.rate * s.trickleEnd.Sub(now).Seconds()
+		}
+	}
+	return BucketState{Tokens: t, At: now}, true
+}
+
+// Restore sets a known group's level from a persisted state, refilled for the
+// time since it was taken.
+func (a *Allocator) Restore(group string, st BucketState, now time.Time) {
+	b := a.groups[group]
+	if b == nil || b.settings.Unlimited() {
+		return
+	}
+	t := st.Tokens
+	if el := now.Sub(st.At).Seconds(); el > 0 {
+		t += float64(b.settings.RUPerSec) * el
+	}
+	b.tokens = math.Min(t, b.settings.Capacity())
+	b.last = now
+}

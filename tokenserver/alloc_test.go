@@ -1,0 +1,405 @@
+package tokenserver
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func at(sec float64) time.Time { return t0.Add(time.Duration(sec * float64(time.Second))) }
+
+func TestSettingsCapacity(t *testing.T) {
+	tests := []struct {
+		s    Settings
+		want float64
+	}{
+		{Settings{RUPerSec: 100}, 100},
+		{Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, 1000},
+		{Settings{RUPerSec: 100, Burst: resourcegroup.BurstUnlimited}, math.Inf(1)},
+		{Settings{RUPerSec: resourcegroup.Unlimited}, math.Inf(1)},
+	}
+	for _, tc := range tests {
+		if got := tc.s.Capacity(); got != tc.want {
+			t.Errorf("%+v: capacity %v, want %v", tc.s, got, tc.want)
+		}
+	}
+}
+
+// step is one request in a story told to the allocator.
+type step struct {
+	at      float64 // seconds since t0
+	proxy   string
+	wanted  float64
+	demand  float64
+	report  bool
+	tokens  float64 // expected grant
+	trickle time.Duration
+	rate    float64 // expected FillRate
+	proxies int
+}
+
+func TestAllocatorStories(t *testing.T) {
+	tests := []struct {
+		name     string
+		settings Settings
+		steps    []step
+	}{
+		{
+			name:     "bucket holds enough: immediate grant",
+			settings: Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated, Version: 7},
+			steps: []step{
+				{at: 0, proxy: "a", wanted: 300, demand: 50, tokens: 300, rate: 100, proxies: 1},
+				{at: 1, proxy: "a", wanted: 500, demand: 50, tokens: 500, rate: 100, proxies: 1},
+			},
+		},
+		{
+			name:     "bucket short: trickle of the fill rate plus what is left",
+			settings: Settings{RUPerSec: 100},
+			steps: []step{
+				// Capacity 100, asks 600 with demand 120 (> RU_PER_SEC):
+				// fill 100 RU/s + 100 left / 5 s = 120 RU/s; a new proxy's
+				// first trickle lasts 1 s.
+				{at: 0, proxy: "a", wanted: 600, demand: 120, tokens: 120, trickle: time.Second, rate: 100, proxies: 1},
+				// The trickle took 20 RU/s above the fill for 1 s (80 left),
+				// then the bucket refilled to its capacity: 120 RU/s for 5 s.
+				{at: 2, proxy: "a", wanted: 1000, demand: 120, tokens: 600, trickle: 5 * time.Second, rate: 100, proxies: 1},
+				// 2 s later 40 more went; the new trickle replaces the old:
+				// 100 + 60/5 = 112 RU/s.
+				{at: 4, proxy: "a", wanted: 1000, demand: 120, tokens: 560, trickle: 5 * time.Second, rate: 100, proxies: 1},
+			},
+		},
+		{
+			name:     "trickle is capped by what was asked",
+			settings: Settings{RUPerSec: 100},
+			steps: []step{
+				{at: 0, proxy: "a", report: true, demand: 200, rate: 100, proxies: 1},
+				{at: 0, proxy: "a", wanted: 150, demand: 200, tokens: 150, trickle: 5 * time.Second, rate: 100, proxies: 1},
+			},
+		},
+		{
+			name:     "oversubscribed: shares follow demand",
+			settings: Settings{RUPerSec: 100},
+			steps: []step{
+				{at: 0, proxy: "a", report: true, demand: 300, rate: 100, proxies: 1},
+				{at: 0, proxy: "b", report: true, demand: 100, rate: 25, proxies: 2},
+				// a: 3/4 of the fill and of the 100 in the bucket over 5 s:
+				// 75 + 15 = 90 RU/s.
+				{at: 0, proxy: "a", wanted: 1000, demand: 300, tokens: 450, trickle: 5 * time.Second, rate: 75, proxies: 2},
+				// b: 25 + 5 = 30 RU/s (a's reservation has not drawn the
+				// bucket down yet: no time has passed).
+				{at: 0, proxy: "b", wanted: 1000, demand: 100, tokens: 150, trickle: 5 * time.Second, rate: 25, proxies: 2},
+				// 5 s on both trickles have ended; the bucket lost
+				// (120 − 100) × 5 = 100: empty. a's share is 3/4 of the fill.
+				{at: 5, proxy: "a", wanted: 1000, demand: 300, tokens: 375, trickle: 5 * time.Second, rate: 75, proxies: 2},
+			},
+		},
+		{
+			name:     "a demand that changes moves the split",
+			settings: Settings{RUPerSec: 100},
+			steps: []step{
+				{at: 0, proxy: "a", report: true, demand: 100, rate: 100, proxies: 1},
+				{at: 0, proxy: "b", report: true, demand: 100, rate: 50, proxies: 2},
+				{at: 1, proxy: "b", report: true, demand: 300, rate: 75, proxies: 2},
+				{at: 1, proxy: "a", report: true, demand: 100, rate: 25, proxies: 2},
+			},
+		},
+		{
+			name:     "report only: no tokens, shares still reported",
+			settings: Settings{RUPerSec: 100},
+			steps: []step{
+				{at: 0, proxy: "a", report: true, demand: 30, rate: 100, proxies: 1},
+				{at: 0, proxy: "b", report: true, demand: 10, rate: 25, proxies: 2},
+			},
+		},
+		{
+			name:     "no demand at all: equal shares",
+			settings: Settings{RUPerSec: 90},
+			steps: []step{
+				{at: 0, proxy: "a", report: true, rate: 90, proxies: 1},
+				{at: 0, proxy: "b", report: true, rate: 45, proxies: 2},
+				{at: 0, proxy: "c", report: true, rate: 30, proxies: 3},
+			},
+		},
+		{
+			name:     "unlimited group grants whatever is asked",
+			settings: SettingsOf(resourcegroup.DefaultGroupDefinition()),
+			steps: []step{
+				{at: 0, proxy: "a", wanted: 1e9, demand: 1e6, tokens: 1e9, rate: 2e8, proxies: 1},
+				{at: 0, proxy: "b", wanted: 5, tokens: 5, rate: 1, proxies: 2},
+			},
+		},
+		{
+			name:     "vanished proxy's slot expires and its share returns",
+			settings: Settings{RUPerSec: 100},
+			steps: []step{
+				{at: 0, proxy: "a", report: true, demand: 50, rate: 100, proxies: 1},
+				{at: 30, proxy: "b", report: true, demand: 50, rate: 50, proxies: 2},
+				{at: 61, proxy: "b", report: true, demand: 50, rate: 100, proxies: 1},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewAllocator(AllocConfig{})
+			a.SetGroup("g", tc.settings, t0)
+			for i, st := range tc.steps {
+				now := at(st.at)
+				a.Expire(now)
+				g, err := a.Acquire("g", Request{ProxyID: st.proxy, Wanted: st.wanted, Demand: st.demand, ReportOnly: st.report}, now)
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if math.Abs(g.Tokens-st.tokens) > 1e-6 || g.Trickle != st.trickle || math.Abs(g.FillRate-st.rate) > 1e-6 || g.Proxies != st.proxies {
+					t.Fatalf("step %d (%s at %vs): got %.3f tokens over %v, fill %.3f, %d proxies; want %.3f over %v, fill %.3f, %d proxies\n%s",
+						i, st.proxy, st.at, g.Tokens, g.Trickle, g.FillRate, g.Proxies, st.tokens, st.trickle, st.rate, st.proxies,
+						a.Group("g").String(now))
+				}
+				if g.Version != tc.settings.Version || g.Unlimited != tc.settings.Unlimited() {
+					t.Fatalf("step %d: version %d unlimited %v, want %d %v", i, g.Version, g.Unlimited, tc.settings.Version, tc.settings.Unlimited())
+				}
+			}
+		})
+	}
+}
+
+func TestAllocatorUnknownGroup(t *testing.T) {
+	a := NewAllocator(AllocConfig{})
+	if _, err := a.Acquire("nope", Request{ProxyID: "a", Wanted: 1}, t0); !errors.Is(err, ErrUnknownGroup) {
+		t.Fatalf("err = %v, want ErrUnknownGroup", err)
+	}
+	a.SetGroup("g", Settings{RUPerSec: 10}, t0)
+	a.RemoveGroup("g")
+	if _, err := a.Acquire("g", Request{ProxyID: "a", Wanted: 1}, t0); !errors.Is(err, ErrUnknownGroup) {
+		t.Fatalf("after remove: err = %v, want ErrUnknownGroup", err)
+	}
+}
+
+func TestAllocatorAlterClipsAndRefills(t *testing.T) {
+	a := NewAllocator(AllocConfig{})
+	a.SetGroup("g", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, t0)
+	if got := a.Group("g").Tokens(t0); got != 1000 {
+		t.Fatalf("new group holds %v, want 1000", got)
+	}
+	a.SetGroup("g", Settings{RUPerSec: 50}, at(1))
+	if got := a.Group("g").Tokens(at(1)); got != 50 {
+		t.Fatalf("after lowering: %v, want 50", got)
+	}
+	a.SetGroup("g", Settings{RUPerSec: resourcegroup.Unlimited}, at(2))
+	g, _ := a.Acquire("g", Request{ProxyID: "p", Wanted: 1e6}, at(2))
+	if !g.Unlimited || g.Tokens != 1e6 {
+		t.Fatalf("unlimited grant: %+v", g)
+	}
+	a.SetGroup("g", Settings{RUPerSec: 10}, at(3))
+	if got := a.Group("g").Tokens(at(3)); got != 10 {
+		t.Fatalf("back to limited: %v, want full bucket 10", got)
+	}
+}
+
+func TestAllocatorStateRestore(t *testing.T) {
+	a := NewAllocator(AllocConfig{})
+	a.SetGroup("g", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, t0)
+	if _, err := a.Acquire("g", Request{ProxyID: "p", Wanted: 700, Demand: 10}, t0); err != nil {
+		t.Fatal(err)
+	}
+	st, ok := a.State("g", t0)
+	if !ok || st.Tokens != 300 {
+		t.Fatalf("state = %+v %v, want 300 tokens", st, ok)
+	}
+	b := NewAllocator(AllocConfig{})
+	b.SetGroup("g", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, at(2))
+	b.Restore("g", st, at(2))
+	if got := b.Group("g").Tokens(at(2)); got != 500 {
+		t.Fatalf("restored 2 s later: %v, want 300 + 2 s × 100", got)
+	}
+	// A running trickle counts as spent in the persisted state.
+	c := NewAllocator(AllocConfig{})
+	c.SetGroup("g", Settings{RUPerSec: 100}, t0)
+	if _, err := c.Acquire("g", Request{ProxyID: "p", Demand: 200, ReportOnly: true}, t0); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := c.Acquire("g", Request{ProxyID: "p", Wanted: 1000, Demand: 200}, t0)
+	if g.Trickle == 0 {
+		t.Fatalf("want a trickle, got %+v", g)
+	}
+	st, _ = c.State("g", at(1))
+	// Bucket: 100 − (120−100)×1 = 80; trickle left 120 × 4 = 480.
+	if math.Abs(st.Tokens-(80-480)) > 1e-6 {
+		t.Fatalf("state with trickle = %v, want -400\n%s", st.Tokens, c.Group("g").String(at(1)))
+	}
+	if _, ok := c.State("nope", t0); ok {
+		t.Fatal("state of unknown group")
+	}
+}
+
+// simProxy is a proxy in the simulation: it spends tokens at up to its
+// demand and asks for more the way tokenclient does.
+type simProxy struct {
+	id        string
+	demand    func(sec float64) float64
+	local     float64
+	rate      float64 // running trickle
+	end       float64
+	sent      float64 // demand sent in the last request
+	delivered float64 // tokens it could spend: immediate grants + trickle delivered so far
+	expected  float64 // its proportional share, integrated
+}
+
+func TestAllocatorSimulation(t *testing.T) {
+	phase := func(vals ...float64) func(float64) float64 {
+		return func(s float64) float64 {
+			i := int(s / 40)
+			if i >= len(vals) {
+				i = len(vals) - 1
+			}
+			return vals[i]
+		}
+	}
+	// twenty proxies whose demands are redrawn every 40 s (seeded, so the
+	// story is the same every run), adding up to more than R.
+	twenty := func() []*simProxy {
+		rng := rand.New(rand.NewPCG(1, 2))
+		var ps []*simProxy
+		for i := range 20 {
+			vals := make([]float64, 3)
+			for j := range vals {
+				vals[j] = float64(20 + rng.IntN(200))
+			}
+			ps = append(ps, &simProxy{id: fmt.Sprintf("q%02d", i), demand: phase(vals...)})
+		}
+		return ps
+	}
+	type scenario struct {
+		name    string
+		burst   resourcegroup.BurstMode
+		proxies func() []*simProxy
+	}
+	five := func() []*simProxy {
+		return []*simProxy{
+			{id: "p1", demand: phase(300, 1000, 100)},
+			{id: "p2", demand: phase(300, 200, 900)},
+			{id: "p3", demand: phase(600, 200, 500)},
+			{id: "p4", demand: phase(800, 600, 500)},
+			{id: "p5", demand: phase(0, 500, 500)}, // joins at 40 s
+		}
+	}
+	for _, sc := range []scenario{
+		{"5 proxies, burst off", resourcegroup.BurstOff, five},
+		{"5 proxies, moderated", resourcegroup.BurstModerated, five},
+		{"20 proxies, random demand", resourcegroup.BurstOff, twenty},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			const R = 1000.0
+			const T = 120.0
+			const dt = 0.01
+			settings := Settings{RUPerSec: R, Burst: sc.burst}
+			a := NewAllocator(AllocConfig{})
+			a.SetGroup("g", settings, t0)
+			proxies := sc.proxies()
+			capacity := settings.Capacity()
+			totalAt := func(s float64) float64 {
+				d := 0.0
+				for _, p := range proxies {
+					d += p.demand(s)
+				}
+				return d
+			}
+			// The start-up burst is shared in proportion to initial demand.
+			for _, p := range proxies {
+				p.expected = capacity * p.demand(0) / totalAt(0)
+			}
+			// Every proxy first reports its demand, as proxies already
+			// connected would have: the story is about sharing, not about
+			// who asked first for the full start-up bucket.
+			for _, p := range proxies {
+				if d := p.demand(0); d > 0 {
+					if _, err := a.Acquire("g", Request{ProxyID: p.id, Demand: d, ReportOnly: true}, t0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			steps := int(T / dt)
+			for k := 0; k < steps; k++ {
+				s := float64(k) * dt
+				now := at(s)
+				a.Expire(now)
+				total := totalAt(s)
+				for _, p := range proxies {
+					d := p.demand(s)
+					p.expected += R * d / total * dt
+					if d == 0 {
+						continue
+					}
+					// Ask when local tokens plus the rest of the trickle fall
+					// under 1 s of demand, or when demand moved by more than
+					// 25% since the last request (as tokenpb asks), for
+					// 5 s × 1.1 of demand.
+					left := p.local + p.rate*math.Max(p.end-s, 0)
+					if left < d || math.Abs(d-p.sent) > 0.25*p.sent {
+						p.sent = d
+						g, err := a.Acquire("g", Request{ProxyID: p.id, Wanted: d*5*1.1 - p.local, Demand: d}, now)
+						if err != nil {
+							t.Fatal(err)
+						}
+						p.rate, p.end = 0, 0
+						if g.Trickle > 0 {
+							p.rate = g.Tokens / g.Trickle.Seconds()
+							p.end = s + g.Trickle.Seconds()
+						} else {
+							p.local += g.Tokens
+							p.delivered += g.Tokens
+						}
+					}
+					if p.end > s {
+						got := p.rate * math.Min(dt, p.end-s)
+						p.local += got
+						p.delivered += got
+					}
+					p.local -= math.Min(p.local, d*dt)
+
+				}
+			}
+			sum := 0.0
+			for _, p := range proxies {
+				sum += p.delivered
+				if dev := math.Abs(p.delivered-p.expected) / p.expected; dev > 0.05 {
+					t.Errorf("%s got %.0f RU, its proportional share is %.0f (%.1f%% off)", p.id, p.delivered, p.expected, 100*dev)
+				} else {
+					t.Logf("%s got %.0f RU, share %.0f (%.2f%% off)", p.id, p.delivered, p.expected, 100*(p.delivered-p.expected)/p.expected)
+				}
+			}
+			bound := R*T + capacity
+			t.Logf("total %.0f RU, bound %.0f (%.2f%%)\n%s", sum, bound, 100*sum/bound, a.Group("g").String(at(T)))
+			if sum > bound*1.01 {
+				t.Errorf("total granted %.0f exceeds RU_PER_SEC × T + capacity = %.0f by more than 1%%", sum, bound)
+			}
+			// Demand exceeds the rate throughout: the group must not be starved either.
+			if sum < bound*0.97 {
+				t.Errorf("total granted %.0f is under 97%% of %.0f: throttled harder than RU_PER_SEC", sum, bound)
+			}
+		})
+	}
+}
+
+// BenchmarkAcquire is one grant in a group shared by 200 proxies.
+func BenchmarkAcquire(b *testing.B) {
+	a := NewAllocator(AllocConfig{})
+	a.SetGroup("g", Settings{RUPerSec: 1e6, Burst: resourcegroup.BurstModerated}, t0)
+	ids := make([]string, 200)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("proxy-%03d", i)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		now := t0.Add(time.Duration(i) * time.Microsecond)
+		if _, err := a.Acquire("g", Request{ProxyID: ids[i%len(ids)], Wanted: 100, Demand: 20}, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

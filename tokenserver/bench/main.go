@@ -1,0 +1,303 @@
+// Command bench measures rgserver's token throughput: many simulated
+// proxies, each with one AcquireTokens stream, drive one real rgserver over
+// loopback gRPC closed-loop (each proxy sends its next batch as soon as the
+// last is answered). It prints group-grants per second, the p50/p99 latency
+// of one stream message, and the server's CPU microseconds per group-grant
+// (from its process_cpu_seconds_total).
+//
+//	go run ./tokenserver/bench --rgserver ./bin/rgserver   # spawns one
+//	go run ./tokenserver/bench --addr 127.0.0.1:3379 --status-addr 127.0.0.1:3380
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+)
+
+// options are the benchmark's flags.
+type options struct {
+	// bin is the rgserver binary to spawn; "" = use addr.
+	bin string
+	// addr and statusAddr locate a running rgserver when bin is "".
+	addr, statusAddr string
+	// proxies is the number of simulated proxies (streams). Default 200.
+	proxies int
+	// groups is the number of resource groups. Default 1000.
+	groups int
+	// perMsg is how many groups one message asks for. Default 50.
+	perMsg int
+	// ruPerSec is every group's RU_PER_SEC. Default 1,000,000.
+	ruPerSec uint64
+	// warmup is discarded before measuring; duration is measured. Defaults 2 s, 10 s.
+	warmup, duration time.Duration
+	// rate paces the proxies to this many group-grants/s in total (each
+	// still waits for its answer before the next message); 0 = closed loop,
+	// as fast as answers come. Default 0.
+	rate float64
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.bin, "rgserver", "", "rgserver binary to spawn (fresh data dir and ports)")
+	flag.StringVar(&o.addr, "addr", "127.0.0.1:3379", "gRPC address of a running rgserver (without --rgserver)")
+	flag.StringVar(&o.statusAddr, "status-addr", "127.0.0.1:3380", "status address of a running rgserver (for CPU time)")
+	flag.IntVar(&o.proxies, "proxies", 200, "simulated proxies, one stream each")
+	flag.IntVar(&o.groups, "groups", 1000, "resource groups")
+	flag.IntVar(&o.perMsg, "groups-per-message", 50, "groups asked for in one message")
+	flag.Uint64Var(&o.ruPerSec, "ru-per-sec", 1_000_000, "RU_PER_SEC of every group")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up time, not measured")
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "measured time")
+	flag.Float64Var(&o.rate, "rate", 0, "pace to this many group-grants/s in total (0 = closed loop, find the maximum)")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// The load generator allocates per message too; keep its GC from
+	// competing with the server for the same cores.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
+	if err := run(context.Background(), o, os.Stdout, log); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// spawn starts rgserver with a temporary data dir and waits for /readyz.
+func spawn(ctx context.Context, o *options) (stop func(), err error) {
+	dir, err := os.MkdirTemp("", "rgserver-bench")
+	if err != nil {
+		return nil, err
+	}
+	if o.addr, err = freeAddr(); err != nil {
+		return nil, err
+	}
+	if o.statusAddr, err = freeAddr(); err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, o.bin, "--addr", o.addr, "--status-addr", o.statusAddr, "--data-dir", dir+"/data", "--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	stop = func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+		os.RemoveAll(dir)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + o.statusAddr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return stop, nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	return nil, errors.New("rgserver not ready after 30 s")
+}
+
+// serverCPU reads process_cpu_seconds_total from the status port.
+func serverCPU(statusAddr string) (float64, error) {
+	resp, err := http.Get("http://" + statusAddr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "process_cpu_seconds_total "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, errors.New("no process_cpu_seconds_total in /metrics")
+}
+
+// proxyStats is what one simulated proxy measured.
+type proxyStats struct {
+	grants    int
+	latencies []time.Duration
+}
+
+func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error {
+	if o.bin != "" {
+		stop, err := spawn(ctx, &o)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	conn, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	rg := pb.NewResourceGroupServiceClient(conn)
+	names := make([]string, o.groups)
+	for i := range names {
+		names[i] = fmt.Sprintf("bench%04d", i)
+		_, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: names[i], RuPerSec: o.ruPerSec, Burst: pb.BurstMode_BURST_MODERATED}})
+		if err != nil && status.Code(err) != codes.AlreadyExists {
+			return fmt.Errorf("create %s: %w", names[i], err)
+		}
+	}
+	log.Info("groups ready", "groups", o.groups, "proxies", o.proxies, "groups_per_message", o.perMsg)
+
+	// One connection per 20 proxies, as separate proxies would have their own.
+	conns := make([]*grpc.ClientConn, (o.proxies+19)/20)
+	for i := range conns {
+		if conns[i], err = grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			return err
+		}
+		defer conns[i].Close()
+	}
+
+	start := time.Now()
+	measureFrom := start.Add(o.warmup)
+	end := measureFrom.Add(o.duration)
+	var cpu0 float64
+	var cpuOnce sync.Once
+	stats := make([]proxyStats, o.proxies)
+	errs := make(chan error, o.proxies)
+	var wg sync.WaitGroup
+	for p := 0; p < o.proxies; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			var every time.Duration
+			if o.rate > 0 {
+				every = time.Duration(float64(time.Second) * float64(o.proxies*o.perMsg) / o.rate)
+			}
+			errs <- proxy(ctx, conns[p/20], p, names, o.perMsg, every, measureFrom, end, &stats[p], func() {
+				cpuOnce.Do(func() { cpu0, _ = serverCPU(o.statusAddr) })
+			})
+		}(p)
+	}
+	wg.Wait()
+	cpu1, cpuErr := serverCPU(o.statusAddr)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	var all []time.Duration
+	grants := 0
+	for _, s := range stats {
+		grants += s.grants
+		all = append(all, s.latencies...)
+	}
+	if len(all) == 0 {
+		return errors.New("no message answered in the measured window")
+	}
+	slices.Sort(all)
+	pct := func(q float64) time.Duration { return all[min(len(all)-1, int(q*float64(len(all))))] }
+	secs := o.duration.Seconds()
+	mode := "closed loop"
+	if o.rate > 0 {
+		mode = fmt.Sprintf("paced at %.0f group-grants/s", o.rate)
+	}
+	fmt.Fprintf(out, "proxies %d, groups %d, groups per message %d, %s, measured %v\n", o.proxies, o.groups, o.perMsg, mode, o.duration)
+	fmt.Fprintf(out, "group-grants/s        %.0f\n", float64(grants)/secs)
+	fmt.Fprintf(out, "messages/s            %.0f\n", float64(len(all))/secs)
+	fmt.Fprintf(out, "latency per message   p50 %v  p99 %v  max %v\n", pct(0.50), pct(0.99), all[len(all)-1])
+	if cpuErr == nil && cpu0 > 0 {
+		fmt.Fprintf(out, "server CPU per grant  %.2f µs\n", (cpu1-cpu0)*1e6/float64(grants))
+	} else {
+		fmt.Fprintf(out, "server CPU per grant  unknown (%v)\n", cpuErr)
+	}
+	return nil
+}
+
+// proxy drives one stream until end, counting what is answered after
+// measureFrom. With every > 0 it sends at most one message per every;
+// otherwise the next as soon as the last is answered.
+func proxy(ctx context.Context, conn *grpc.ClientConn, p int, names []string, perMsg int, every time.Duration, measureFrom, end time.Time, st *proxyStats, atMeasure func()) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := pb.NewTokenServiceClient(conn).AcquireTokens(ctx)
+	if err != nil {
+		return err
+	}
+	id := fmt.Sprintf("bench-proxy-%03d", p)
+	next := (p * perMsg) % len(names)
+	req := &pb.TokenRequest{ProxyId: id, Groups: make([]*pb.GroupTokenRequest, perMsg)}
+	for i := range req.Groups {
+		req.Groups[i] = &pb.GroupTokenRequest{TokensWanted: 100, DemandRuPerSec: 20, Consumption: &pb.Consumption{Rru: 50, Wru: 40, Statements: 10}}
+	}
+	// Stagger paced proxies so they do not all send at once.
+	due := time.Now()
+	if every > 0 {
+		due = due.Add(time.Duration(p) * every / 200)
+	}
+	for n := uint64(1); ; n++ {
+		if every > 0 {
+			if d := time.Until(due); d > 0 {
+				time.Sleep(d)
+			}
+			due = due.Add(every)
+		}
+		t := time.Now()
+		if t.After(end) {
+			return s.CloseSend()
+		}
+		req.RequestId = n
+		for i := range req.Groups {
+			req.Groups[i].Group = names[next]
+			next = (next + 1) % len(names)
+		}
+		if err := s.Send(req); err != nil {
+			return err
+		}
+		resp, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		if resp.NotLeader != nil {
+			return fmt.Errorf("not the leader; leader is %q", resp.NotLeader.LeaderAddr)
+		}
+		if !t.Before(measureFrom) {
+			atMeasure()
+			st.latencies = append(st.latencies, time.Since(t))
+			for _, g := range resp.Grants {
+				if g.Error == "" {
+					st.grants++
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,244 @@
+package tokenserver
+
+import (
+	"context"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+)
+
+// The ResourceGroupService methods mirror resourcegroup.Store one to one;
+// every replica serves them straight from etcd.
+
+func needGroup(p *pb.ResourceGroup) error {
+	if p == nil {
+		return status.Error(codes.InvalidArgument, "missing group")
+	}
+	return nil
+}
+
+// CreateGroup implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) CreateGroup(ctx context.Context, req *pb.CreateGroupRequest) (*pb.CreateGroupResponse, error) {
+	if err := needGroup(req.GetGroup()); err != nil {
+		return nil, err
+	}
+	g, err := s.store.createGroup(ctx, pb.GroupFromPB(req.GetGroup()))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.log.Info("resource group created", "group", g.Name, "version", g.Version)
+	return &pb.CreateGroupResponse{Group: pb.GroupToPB(g)}, nil
+}
+
+// AlterGroup implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) AlterGroup(ctx context.Context, req *pb.AlterGroupRequest) (*pb.AlterGroupResponse, error) {
+	if err := needGroup(req.GetGroup()); err != nil {
+		return nil, err
+	}
+	g, err := s.store.alterGroup(ctx, pb.GroupFromPB(req.GetGroup()))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.log.Info("resource group altered", "group", g.Name, "version", g.Version)
+	return &pb.AlterGroupResponse{Group: pb.GroupToPB(g)}, nil
+}
+
+// DropGroup implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) DropGroup(ctx context.Context, req *pb.DropGroupRequest) (*pb.DropGroupResponse, error) {
+	if err := s.store.DropGroup(ctx, req.GetName()); err != nil {
+		return nil, toStatus(err)
+	}
+	s.log.Info("resource group dropped", "group", resourcegroup.NormalizeName(req.GetName()))
+	return &pb.DropGroupResponse{}, nil
+}
+
+// GetGroup implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) GetGroup(ctx context.Context, req *pb.GetGroupRequest) (*pb.GetGroupResponse, error) {
+	g, err := s.store.GetGroup(ctx, req.GetName())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.GetGroupResponse{Group: pb.GroupToPB(g)}, nil
+}
+
+// ListGroups implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) ListGroups(ctx context.Context, _ *pb.ListGroupsRequest) (*pb.ListGroupsResponse, error) {
+	gs, rev, err := s.store.listGroups(ctx, 0)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &pb.ListGroupsResponse{Revision: rev, Groups: make([]*pb.ResourceGroup, len(gs))}
+	for i, g := range gs {
+		out.Groups[i] = pb.GroupToPB(g)
+	}
+	return out, nil
+}
+
+// BindUser implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) BindUser(ctx context.Context, req *pb.BindUserRequest) (*pb.BindUserResponse, error) {
+	if req.GetBinding() == nil {
+		return nil, status.Error(codes.InvalidArgument, "missing binding")
+	}
+	if err := s.store.BindUser(ctx, pb.BindingFromPB(req.GetBinding())); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.BindUserResponse{}, nil
+}
+
+// UnbindUser implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) UnbindUser(ctx context.Context, req *pb.UnbindUserRequest) (*pb.UnbindUserResponse, error) {
+	if err := s.store.UnbindUser(ctx, req.GetUser()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.UnbindUserResponse{}, nil
+}
+
+// GetBinding implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) GetBinding(ctx context.Context, req *pb.GetBindingRequest) (*pb.GetBindingResponse, error) {
+	b, err := s.store.GetBinding(ctx, req.GetUser())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.GetBindingResponse{Binding: pb.BindingToPB(b)}, nil
+}
+
+// ListBindings implements tokenpb.ResourceGroupServiceServer.
+func (s *Server) ListBindings(ctx context.Context, _ *pb.ListBindingsRequest) (*pb.ListBindingsResponse, error) {
+	bs, rev, err := s.store.listBindings(ctx, 0)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	out := &pb.ListBindingsResponse{Revision: rev, Bindings: make([]*pb.Binding, len(bs))}
+	for i, b := range bs {
+		out.Bindings[i] = pb.BindingToPB(b)
+	}
+	return out, nil
+}
+
+// Watch implements tokenpb.ResourceGroupServiceServer: an optional snapshot,
+// then every change to settings and bindings, each message carrying the etcd
+// revision it brings the watcher to.
+func (s *Server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.WatchResponse]) error {
+	ctx := stream.Context()
+	after := req.GetAfterRevision()
+	if after < 0 {
+		return status.Errorf(codes.InvalidArgument, "after_revision %d is negative", after)
+	}
+	for {
+		if after == 0 {
+			rev, err := s.sendSnapshot(ctx, stream)
+			if err != nil {
+				return err
+			}
+			after = rev
+		}
+		next, err := s.watchFrom(ctx, stream, after)
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		// next = 0: history compacted away, start over with a snapshot.
+		after = next
+	}
+}
+
+// sendSnapshot sends every group and binding read at one revision.
+func (s *Server) sendSnapshot(ctx context.Context, stream grpc.ServerStreamingServer[pb.WatchResponse]) (int64, error) {
+	gs, rev, err := s.store.listGroups(ctx, 0)
+	if err != nil {
+		return 0, toStatus(err)
+	}
+	bs, _, err := s.store.listBindings(ctx, rev)
+	if err != nil {
+		return 0, toStatus(err)
+	}
+	resp := &pb.WatchResponse{Revision: rev, Snapshot: true, Events: make([]*pb.WatchEvent, 0, len(gs)+len(bs))}
+	for _, g := range gs {
+		resp.Events = append(resp.Events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Group: pb.GroupToPB(g)})
+	}
+	for _, b := range bs {
+		resp.Events = append(resp.Events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Binding: pb.BindingToPB(b)})
+	}
+	if err := stream.Send(resp); err != nil {
+		return 0, err
+	}
+	return rev, nil
+}
+
+// watchFrom streams changes after revision after. It returns the revision
+// to resume from, 0 if the history was compacted (a snapshot is needed).
+func (s *Server) watchFrom(ctx context.Context, stream grpc.ServerStreamingServer[pb.WatchResponse], after int64) (int64, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range s.cli.Watch(wctx, keyRoot, clientv3.WithPrefix(), clientv3.WithRev(after+1)) {
+		if wr.CompactRevision != 0 {
+			return 0, nil
+		}
+		if err := wr.Err(); err != nil {
+			return 0, status.Errorf(codes.Unavailable, "watch: %v", err)
+		}
+		resp := &pb.WatchResponse{Revision: wr.Header.Revision}
+		for _, ev := range wr.Events {
+			e, err := watchEvent(ev)
+			if err != nil {
+				s.log.Warn("skipping bad value in etcd", "key", string(ev.Kv.Key), "err", err)
+				continue
+			}
+			if e != nil {
+				resp.Events = append(resp.Events, e)
+			}
+		}
+		after = wr.Header.Revision
+		if len(resp.Events) == 0 {
+			continue
+		}
+		if err := stream.Send(resp); err != nil {
+			return 0, err
+		}
+	}
+	if ctx.Err() != nil {
+		return after, nil
+	}
+	return 0, status.Error(codes.Unavailable, "watch closed by etcd")
+}
+
+// watchEvent converts an etcd event on a settings or user key; nil for
+// other keys (bucket states).
+func watchEvent(ev *clientv3.Event) (*pb.WatchEvent, error) {
+	key := string(ev.Kv.Key)
+	typ := pb.WatchEvent_PUT
+	if ev.Type == clientv3.EventTypeDelete {
+		typ = pb.WatchEvent_DELETE
+	}
+	switch {
+	case strings.HasPrefix(key, keySettings):
+		name := strings.TrimPrefix(key, keySettings)
+		if typ == pb.WatchEvent_DELETE {
+			return &pb.WatchEvent{Type: typ, Group: &pb.ResourceGroup{Name: name}}, nil
+		}
+		g, err := decodeGroup(name, ev.Kv.Value, ev.Kv.ModRevision)
+		if err != nil {
+			return nil, err
+		}
+		return &pb.WatchEvent{Type: typ, Group: pb.GroupToPB(g)}, nil
+	case strings.HasPrefix(key, keyUsers):
+		user := strings.TrimPrefix(key, keyUsers)
+		if typ == pb.WatchEvent_DELETE {
+			return &pb.WatchEvent{Type: typ, Binding: &pb.Binding{User: user}}, nil
+		}
+		b, err := decodeBinding(user, ev.Kv.Value)
+		if err != nil {
+			return nil, err
+		}
+		return &pb.WatchEvent{Type: typ, Binding: pb.BindingToPB(b)}, nil
+	}
+	return nil, nil
+}

@@ -1,0 +1,354 @@
+package tokenserver
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
+
+// etcd key layout (DESIGN.md, "rgserver").
+const (
+	keyRoot     = "/rg/"
+	keySettings = "/rg/settings/"
+	keyUsers    = "/rg/users/"
+	keyStates   = "/rg/states/"
+	keyElection = "/rg/election"
+)
+
+func settingsKey(name string) string { return keySettings + name }
+func userKey(user string) string     { return keyUsers + user }
+func stateKey(name string) string    { return keyStates + name }
+
+// groupRecord is a group as stored in etcd (JSON). It has its own shape so
+// that renaming a Go field never breaks stored data.
+type groupRecord struct {
+	RUPerSec   uint64       `json:"ru_per_sec"`
+	Unlimited  bool         `json:"unlimited,omitempty"`
+	Priority   uint8        `json:"priority"`
+	Burst      uint8        `json:"burst"`
+	QueryLimit *limitRecord `json:"query_limit,omitempty"`
+}
+
+type limitRecord struct {
+	ExecElapsedMs   int64  `json:"exec_elapsed_ms,omitempty"`
+	RU              uint64 `json:"ru,omitempty"`
+	Action          uint8  `json:"action"`
+	SwitchGroup     string `json:"switch_group,omitempty"`
+	Watch           uint8  `json:"watch,omitempty"`
+	WatchDurationMs int64  `json:"watch_duration_ms,omitempty"`
+}
+
+type bindingRecord struct {
+	Host  string `json:"host,omitempty"`
+	Group string `json:"group"`
+}
+
+func encodeGroup(g resourcegroup.Group) ([]byte, error) {
+	r := groupRecord{RUPerSec: g.RUPerSec, Priority: uint8(g.Priority), Burst: uint8(g.Burst)}
+	if g.RUPerSec == resourcegroup.Unlimited {
+		r.RUPerSec, r.Unlimited = 0, true
+	}
+	if q := g.QueryLimit; q != nil {
+		r.QueryLimit = &limitRecord{
+			ExecElapsedMs: q.ExecElapsed.Milliseconds(), RU: q.RU, Action: uint8(q.Action),
+			SwitchGroup: q.SwitchGroup, Watch: uint8(q.Watch), WatchDurationMs: q.WatchDuration.Milliseconds(),
+		}
+	}
+	return json.Marshal(r)
+}
+
+func decodeGroup(name string, data []byte, version int64) (resourcegroup.Group, error) {
+	var r groupRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		return resourcegroup.Group{}, fmt.Errorf("%w: group %q: bad stored value: %w", ErrEtcd, name, err)
+	}
+	g := resourcegroup.Group{Name: name, RUPerSec: r.RUPerSec, Priority: resourcegroup.Priority(r.Priority),
+		Burst: resourcegroup.BurstMode(r.Burst), Version: version}
+	if r.Unlimited {
+		g.RUPerSec = resourcegroup.Unlimited
+	}
+	if q := r.QueryLimit; q != nil {
+		g.QueryLimit = &resourcegroup.QueryLimit{
+			ExecElapsed: time.Duration(q.ExecElapsedMs) * time.Millisecond, RU: q.RU,
+			Action: resourcegroup.Action(q.Action), SwitchGroup: q.SwitchGroup,
+			Watch: resourcegroup.WatchType(q.Watch), WatchDuration: time.Duration(q.WatchDurationMs) * time.Millisecond,
+		}
+	}
+	return g, nil
+}
+
+func decodeBinding(user string, data []byte) (resourcegroup.Binding, error) {
+	var r bindingRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		return resourcegroup.Binding{}, fmt.Errorf("%w: binding %q: bad stored value: %w", ErrEtcd, user, err)
+	}
+	return resourcegroup.Binding{User: user, Host: r.Host, Group: r.Group}, nil
+}
+
+// EtcdStore is the resourcegroup.Store of rgserver: groups under
+// /rg/settings/<name>, bindings under /rg/users/<user>, JSON values. A
+// group's Version is its key's ModRevision. Creates are guarded by
+// CreateRevision = 0 and updates by ModRevision, so concurrent writers on
+// any replica never overwrite each other silently.
+type EtcdStore struct {
+	cli *clientv3.Client
+}
+
+var _ resourcegroup.Store = (*EtcdStore)(nil)
+
+// NewEtcdStore returns a store over cli.
+func NewEtcdStore(cli *clientv3.Client) *EtcdStore { return &EtcdStore{cli: cli} }
+
+// EnsureDefault creates the `default` group if it is not stored yet.
+func (s *EtcdStore) EnsureDefault(ctx context.Context) error {
+	val, err := encodeGroup(resourcegroup.DefaultGroupDefinition())
+	if err != nil {
+		return err
+	}
+	k := settingsKey(resourcegroup.DefaultGroup)
+	_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("%w: create default group: %w", ErrEtcd, err)
+	}
+	return nil
+}
+
+// CreateGroup implements resourcegroup.Store.
+func (s *EtcdStore) CreateGroup(ctx context.Context, g resourcegroup.Group) error {
+	_, err := s.createGroup(ctx, g)
+	return err
+}
+
+func (s *EtcdStore) createGroup(ctx context.Context, g resourcegroup.Group) (resourcegroup.Group, error) {
+	g.Name = resourcegroup.NormalizeName(g.Name)
+	if err := g.Validate(); err != nil {
+		return g, err
+	}
+	val, err := encodeGroup(g)
+	if err != nil {
+		return g, err
+	}
+	k := settingsKey(g.Name)
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, string(val))).Commit()
+	if err != nil {
+		return g, fmt.Errorf("%w: create group %q: %w", ErrEtcd, g.Name, err)
+	}
+	if !resp.Succeeded {
+		return g, resourcegroup.NewExists(g.Name)
+	}
+	g.Version = resp.Header.Revision
+	return g, nil
+}
+
+// AlterGroup implements resourcegroup.Store. With g.Version = 0 it replaces
+// whatever is stored (retrying if it changes underneath).
+func (s *EtcdStore) AlterGroup(ctx context.Context, g resourcegroup.Group) error {
+	_, err := s.alterGroup(ctx, g)
+	return err
+}
+
+func (s *EtcdStore) alterGroup(ctx context.Context, g resourcegroup.Group) (resourcegroup.Group, error) {
+	g.Name = resourcegroup.NormalizeName(g.Name)
+	if err := g.Validate(); err != nil {
+		return g, err
+	}
+	val, err := encodeGroup(g)
+	if err != nil {
+		return g, err
+	}
+	k := settingsKey(g.Name)
+	for {
+		cur, err := s.GetGroup(ctx, g.Name)
+		if err != nil {
+			return g, err
+		}
+		if g.Version != 0 && g.Version != cur.Version {
+			return g, resourcegroup.NewConflict(g.Name, g.Version, cur.Version)
+		}
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.Version)).
+			Then(clientv3.OpPut(k, string(val))).Commit()
+		if err != nil {
+			return g, fmt.Errorf("%w: alter group %q: %w", ErrEtcd, g.Name, err)
+		}
+		if resp.Succeeded {
+			g.Version = resp.Header.Revision
+			return g, nil
+		}
+		if g.Version != 0 {
+			// Changed between our read and our write.
+			latest, err := s.GetGroup(ctx, g.Name)
+			if err != nil {
+				return g, err
+			}
+			return g, resourcegroup.NewConflict(g.Name, g.Version, latest.Version)
+		}
+	}
+}
+
+// DropGroup implements resourcegroup.Store. The group's token state goes
+// with it; bindings to it are kept (sessions fall back to `default`).
+func (s *EtcdStore) DropGroup(ctx context.Context, name string) error {
+	name = resourcegroup.NormalizeName(name)
+	if name == resourcegroup.DefaultGroup {
+		return resourcegroup.NewDropReserved()
+	}
+	if err := resourcegroup.ValidateName(name); err != nil {
+		return err
+	}
+	k := settingsKey(name)
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), ">", 0)).
+		Then(clientv3.OpDelete(k), clientv3.OpDelete(stateKey(name))).Commit()
+	if err != nil {
+		return fmt.Errorf("%w: drop group %q: %w", ErrEtcd, name, err)
+	}
+	if !resp.Succeeded {
+		return resourcegroup.NewNotFound(name)
+	}
+	return nil
+}
+
+// GetGroup implements resourcegroup.Store.
+func (s *EtcdStore) GetGroup(ctx context.Context, name string) (resourcegroup.Group, error) {
+	name = resourcegroup.NormalizeName(name)
+	if err := resourcegroup.ValidateName(name); err != nil {
+		return resourcegroup.Group{}, err
+	}
+	resp, err := s.cli.Get(ctx, settingsKey(name))
+	if err != nil {
+		return resourcegroup.Group{}, fmt.Errorf("%w: get group %q: %w", ErrEtcd, name, err)
+	}
+	if len(resp.Kvs) == 0 {
+		if name == resourcegroup.DefaultGroup {
+			return resourcegroup.DefaultGroupDefinition(), nil
+		}
+		return resourcegroup.Group{}, resourcegroup.NewNotFound(name)
+	}
+	kv := resp.Kvs[0]
+	return decodeGroup(name, kv.Value, kv.ModRevision)
+}
+
+// ListGroups implements resourcegroup.Store.
+func (s *EtcdStore) ListGroups(ctx context.Context) ([]resourcegroup.Group, error) {
+	gs, _, err := s.listGroups(ctx, 0)
+	return gs, err
+}
+
+// listGroups reads every group at revision rev (0 = latest) and returns the
+// revision read.
+func (s *EtcdStore) listGroups(ctx context.Context, rev int64) ([]resourcegroup.Group, int64, error) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	resp, err := s.cli.Get(ctx, keySettings, opts...)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: list groups: %w", ErrEtcd, err)
+	}
+	out := make([]resourcegroup.Group, 0, len(resp.Kvs)+1)
+	hasDefault := false
+	for _, kv := range resp.Kvs {
+		name := strings.TrimPrefix(string(kv.Key), keySettings)
+		g, err := decodeGroup(name, kv.Value, kv.ModRevision)
+		if err != nil {
+			return nil, 0, err
+		}
+		hasDefault = hasDefault || name == resourcegroup.DefaultGroup
+		out = append(out, g)
+	}
+	if !hasDefault {
+		out = append(out, resourcegroup.DefaultGroupDefinition())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, resp.Header.Revision, nil
+}
+
+// BindUser implements resourcegroup.Store. The group must exist when the
+// binding is written (checked in the same transaction).
+func (s *EtcdStore) BindUser(ctx context.Context, b resourcegroup.Binding) error {
+	b.Group = resourcegroup.NormalizeName(b.Group)
+	if b.User == "" {
+		return resourcegroup.NewInvalid("invalid binding: empty user name")
+	}
+	if err := resourcegroup.ValidateName(b.Group); err != nil {
+		return err
+	}
+	if b.Group == resourcegroup.DefaultGroup {
+		return s.UnbindUser(ctx, b.User)
+	}
+	val, err := json.Marshal(bindingRecord{Host: b.Host, Group: b.Group})
+	if err != nil {
+		return err
+	}
+	gk := settingsKey(b.Group)
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(gk), ">", 0)).
+		Then(clientv3.OpPut(userKey(b.User), string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("%w: bind user %q: %w", ErrEtcd, b.User, err)
+	}
+	if !resp.Succeeded {
+		return resourcegroup.NewNotFound(b.Group)
+	}
+	return nil
+}
+
+// UnbindUser implements resourcegroup.Store.
+func (s *EtcdStore) UnbindUser(ctx context.Context, user string) error {
+	if user == "" {
+		return resourcegroup.NewInvalid("invalid binding: empty user name")
+	}
+	if _, err := s.cli.Delete(ctx, userKey(user)); err != nil {
+		return fmt.Errorf("%w: unbind user %q: %w", ErrEtcd, user, err)
+	}
+	return nil
+}
+
+// GetBinding implements resourcegroup.Store.
+func (s *EtcdStore) GetBinding(ctx context.Context, user string) (resourcegroup.Binding, error) {
+	if user == "" {
+		return resourcegroup.Binding{}, resourcegroup.NewInvalid("invalid binding: empty user name")
+	}
+	resp, err := s.cli.Get(ctx, userKey(user))
+	if err != nil {
+		return resourcegroup.Binding{}, fmt.Errorf("%w: get binding %q: %w", ErrEtcd, user, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return resourcegroup.Binding{}, resourcegroup.NewNoBinding(user)
+	}
+	return decodeBinding(user, resp.Kvs[0].Value)
+}
+
+// ListBindings implements resourcegroup.Store.
+func (s *EtcdStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, error) {
+	bs, _, err := s.listBindings(ctx, 0)
+	return bs, err
+}
+
+func (s *EtcdStore) listBindings(ctx context.Context, rev int64) ([]resourcegroup.Binding, int64, error) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	resp, err := s.cli.Get(ctx, keyUsers, opts...)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: list bindings: %w", ErrEtcd, err)
+	}
+	out := make([]resourcegroup.Binding, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		b, err := decodeBinding(strings.TrimPrefix(string(kv.Key), keyUsers), kv.Value)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, b)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	return out, resp.Header.Revision, nil
+}
