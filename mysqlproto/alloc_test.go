@@ -3,6 +3,7 @@ package mysqlproto
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"testing"
@@ -84,30 +85,50 @@ func BenchmarkRelaySmallResultSet(b *testing.B) {
 	}
 }
 
-// BenchmarkStatement runs one COM_QUERY through a session (PassThrough
-// policy) against an in-memory backend: read the command, forward it,
-// relay a one-row result set.
+// nopPolicy forwards everything like PassThrough, but is not
+// PassThrough: sessions treat it as a policy that may block, as they treat
+// rgproxy's production policy.
+type nopPolicy struct{ after int }
+
+func (p *nopPolicy) Open(SessionInfo) SessionPolicy                      { return p }
+func (p *nopPolicy) Before(context.Context, *Statement, Backend) Verdict { return Verdict{} }
+func (p *nopPolicy) After(*Statement, *Outcome)                          { p.after++ }
+func (p *nopPolicy) Event(EventKind, SessionInfo)                        {}
+
+// BenchmarkStatement runs one COM_QUERY through a session against an
+// in-memory backend: read the command, ask the policy, forward it, relay a
+// one-row result set, report the outcome. "passthrough" is the bare wire
+// path; "policy" is what production runs (a policy that may block, so the
+// session arms its client watch).
 func BenchmarkStatement(b *testing.B) {
-	s, err := NewServer(Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ss := newSession(s, discardConn{})
-	ss.pol = PassThrough{}.Open(SessionInfo{})
-	ss.bwr = bufio.NewWriter(io.Discard)
-	cmd := wirePacket(query("SELECT c FROM sbtest1 WHERE id=4242"))
-	resp := smallResultSetRows(1)
-	cr, br := bytes.NewReader(nil), bytes.NewReader(nil)
-	ss.crd, ss.brd = bufio.NewReader(cr), bufio.NewReader(br)
-	b.ReportAllocs()
-	for b.Loop() {
-		cr.Reset(cmd)
-		ss.crd.Reset(cr)
-		br.Reset(resp)
-		ss.brd.Reset(br)
-		if err := ss.command(); err != nil {
-			b.Fatal(err)
-		}
-		ss.endCommand()
+	for _, bc := range []struct {
+		name string
+		pol  Policy
+	}{{"passthrough", PassThrough{}}, {"policy", &nopPolicy{}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			s, err := NewServer(Config{Policy: bc.pol})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ss := newSession(s, discardConn{})
+			ss.pol = s.cfg.Policy.Open(SessionInfo{})
+			ss.bwr = bufio.NewWriter(io.Discard)
+			cmd := wirePacket(query("SELECT c FROM sbtest1 WHERE id=4242"))
+			resp := smallResultSetRows(1)
+			cr, br := bytes.NewReader(nil), bytes.NewReader(nil)
+			ss.crd, ss.brd = bufio.NewReader(cr), bufio.NewReader(br)
+			b.ReportAllocs()
+			for b.Loop() {
+				cr.Reset(cmd)
+				ss.crd.Reset(cr)
+				br.Reset(resp)
+				ss.brd.Reset(br)
+				if err := ss.command(); err != nil {
+					b.Fatal(err)
+				}
+				ss.endCommand()
+			}
+			ss.cancel()
+		})
 	}
 }

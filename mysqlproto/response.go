@@ -144,8 +144,11 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 			return evDone, fmt.Errorf("%w: expected EOF after column definitions", ErrMalformedPacket)
 		}
 		m.parseEOF(p)
-		if m.binary && m.Status&statusCursorExists != 0 {
+		if m.binary && m.Status&statusCursorExists != 0 && m.Status&statusMoreResults == 0 {
 			// A cursor was opened: rows come later through COM_STMT_FETCH.
+			// Not so in a CALL's result set (MORE_RESULTS): MariaDB leaks
+			// the CURSOR_EXISTS flag of a cursor the procedure opened, and
+			// the rows follow.
 			return evDone, nil
 		}
 		m.state = stRows

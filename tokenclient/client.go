@@ -89,8 +89,14 @@ type groupState struct {
 	ewmaAt      time.Time
 	ewmaAcc     float64 // RU consumed since ewmaAt
 	ewmaSampled bool
-	waiting     float64 // RU wanted by statements waiting now for tokens
-	sleeping    float64 // RU reserved by statements sleeping until their debt is paid
+	// waiting is the RU of the statements waiting now: for tokens, or
+	// sleeping on a reservation until the debt it made is paid.
+	waiting float64
+	// waitArea integrates waiting over time (RU·s) since waitSince, so that
+	// demand reports the average over the period, not a noisy sample.
+	waitArea  float64
+	waitAt    time.Time
+	waitSince time.Time
 	waiters     int
 
 	// Reporting.
@@ -260,7 +266,7 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 	registered := false
 	unregister := func() {
 		if registered {
-			gs.waiting -= n
+			gs.addWaiting(c.clk.Now(), -n)
 			gs.waiters--
 			registered = false
 		}
@@ -282,13 +288,13 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 			if wait > 0 {
 				// Sleeping on a reservation is waiting too: it counts in the
 				// demand that splits the fill rate between proxies.
-				gs.sleeping += n
+				gs.addWaiting(now, n)
 			}
 			c.mu.Unlock()
 			if wait > 0 {
 				err := c.sleep(ctx, wait)
 				c.mu.Lock()
-				gs.sleeping -= n
+				gs.addWaiting(c.clk.Now(), -n)
 				if err != nil {
 					gs.bucket.Refund(c.clk.Now(), n)
 					c.throttledLocked(gs)
@@ -321,7 +327,7 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 		}
 		if !registered {
 			registered = true
-			gs.waiting += n
+			gs.addWaiting(now, n)
 			gs.waiters++
 			gs.want = true
 			c.kickLocked()
@@ -548,7 +554,42 @@ func (gs *groupState) demand(now time.Time) float64 {
 	if el := now.Sub(gs.ewmaAt); el >= tick {
 		rate = max(rate, gs.ewmaAcc/el.Seconds())
 	}
-	return max(rate, max(gs.waiting+gs.sleeping, 0)/waitLead.Seconds(), 0)
+	return max(rate, gs.avgWaiting(now)/waitLead.Seconds(), 0)
+}
+
+// addWaiting changes the RU of waiting statements by d at now.
+func (gs *groupState) addWaiting(now time.Time, d float64) {
+	gs.integrateWaiting(now)
+	gs.waiting += d
+	if gs.waiting < 1e-9 {
+		gs.waiting = max(gs.waiting, 0)
+	}
+}
+
+func (gs *groupState) integrateWaiting(now time.Time) {
+	if gs.waitSince.IsZero() {
+		gs.waitSince, gs.waitAt = now, now
+	}
+	if dt := now.Sub(gs.waitAt).Seconds(); dt > 0 {
+		gs.waitArea += gs.waiting * dt
+		gs.waitAt = now
+	}
+}
+
+// avgWaiting is the time average of waiting since the last report, or the
+// current value when no time has passed.
+func (gs *groupState) avgWaiting(now time.Time) float64 {
+	gs.integrateWaiting(now)
+	if span := now.Sub(gs.waitSince).Seconds(); span > 0 {
+		return max(gs.waitArea/span, 0)
+	}
+	return gs.waiting
+}
+
+// resetWaiting starts a new averaging window at now (after a report).
+func (gs *groupState) resetWaiting(now time.Time) {
+	gs.integrateWaiting(now)
+	gs.waitArea, gs.waitSince = 0, now
 }
 
 // record adds cons to what is reported and to the demand and usage figures.

@@ -296,6 +296,7 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			gr.TokensWanted = gs.wanted(now, c.cfg.TargetPeriod)
 			gs.want = false
 		}
+		gs.resetWaiting(now)
 		gs.lastReport = now
 		gs.inFlight = !final
 		sent.reports[gs.name] = cons

@@ -19,16 +19,23 @@ const firstTrickle = time.Second
 
 // Defaults of AllocConfig.
 const (
-	DefaultTargetPeriod = 5 * time.Second
-	DefaultClientExpiry = 60 * time.Second
+	DefaultTargetPeriod  = 5 * time.Second
+	DefaultTricklePeriod = 2 * time.Second
+	DefaultClientExpiry  = 60 * time.Second
 )
 
 // AllocConfig tunes the Allocator.
 type AllocConfig struct {
-	// TargetPeriod is how long a trickle grant lasts: its tokens are to be
-	// spent evenly over this period. It also converts tokens wanted into a
-	// demand in RU/s when a request carries none. Default 5 s.
+	// TargetPeriod is the period a proxy sizes its requests for: it
+	// converts tokens wanted into a demand in RU/s when a request carries
+	// none, and spreads a proxy's share of the bucket's tokens. Default 5 s.
 	TargetPeriod time.Duration
+	// TricklePeriod is how long a trickle grant lasts: its tokens are to
+	// be spent evenly over it. Shares take effect as running trickles end
+	// (the fill is never reserved twice), so a short period lets a changed
+	// split converge quickly; it costs one request per period per
+	// throttled group and proxy. Default 2 s.
+	TricklePeriod time.Duration
 	// ClientExpiry is how long a proxy's slot lives after its last request;
 	// a vanished proxy stops holding a share after it. Default 60 s.
 	ClientExpiry time.Duration
@@ -37,6 +44,9 @@ type AllocConfig struct {
 func (c AllocConfig) withDefaults() AllocConfig {
 	if c.TargetPeriod <= 0 {
 		c.TargetPeriod = DefaultTargetPeriod
+	}
+	if c.TricklePeriod <= 0 {
+		c.TricklePeriod = DefaultTricklePeriod
 	}
 	if c.ClientExpiry <= 0 {
 		c.ClientExpiry = DefaultClientExpiry
@@ -320,10 +330,16 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		// share of the bucket's debt), spread over the target period.
 		r := g.FillRate + b.tokens*frac/period
 		r = math.Min(r, req.Wanted/period)
+		// Never reserve more of the fill than other proxies' running
+		// trickles leave free: after a change of shares a proxy whose share
+		// grew waits for theirs to end (one period at most) rather than the
+		// group overdrawing its bucket, which would let more than
+		// RU_PER_SEC × T + capacity be spent by time T.
+		r = math.Min(r, rate-b.reserved+math.Max(b.tokens, 0)/period)
 		// A proxy's first trickle is short: when many proxies (re)connect
 		// at once, as after a leader change, the first to ask would
 		// otherwise hold a share computed before the others were known.
-		dur := cfg.TargetPeriod
+		dur := cfg.TricklePeriod
 		if isNew {
 			dur = min(dur, firstTrickle)
 		}

@@ -147,7 +147,7 @@ func TestAllocatorStories(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a := NewAllocator(AllocConfig{})
+			a := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
 			a.SetGroup("g", tc.settings, t0)
 			for i, st := range tc.steps {
 				now := at(st.at)
@@ -170,7 +170,7 @@ func TestAllocatorStories(t *testing.T) {
 }
 
 func TestAllocatorUnknownGroup(t *testing.T) {
-	a := NewAllocator(AllocConfig{})
+	a := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
 	if _, err := a.Acquire("nope", Request{ProxyID: "a", Wanted: 1}, t0); !errors.Is(err, ErrUnknownGroup) {
 		t.Fatalf("err = %v, want ErrUnknownGroup", err)
 	}
@@ -182,7 +182,7 @@ func TestAllocatorUnknownGroup(t *testing.T) {
 }
 
 func TestAllocatorAlterClipsAndRefills(t *testing.T) {
-	a := NewAllocator(AllocConfig{})
+	a := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
 	a.SetGroup("g", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, t0)
 	if got := a.Group("g").Tokens(t0); got != 1000 {
 		t.Fatalf("new group holds %v, want 1000", got)
@@ -203,7 +203,7 @@ func TestAllocatorAlterClipsAndRefills(t *testing.T) {
 }
 
 func TestAllocatorStateRestore(t *testing.T) {
-	a := NewAllocator(AllocConfig{})
+	a := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
 	a.SetGroup("g", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, t0)
 	if _, err := a.Acquire("g", Request{ProxyID: "p", Wanted: 700, Demand: 10}, t0); err != nil {
 		t.Fatal(err)
@@ -212,14 +212,14 @@ func TestAllocatorStateRestore(t *testing.T) {
 	if !ok || st.Tokens != 300 {
 		t.Fatalf("state = %+v %v, want 300 tokens", st, ok)
 	}
-	b := NewAllocator(AllocConfig{})
+	b := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
 	b.SetGroup("g", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, at(2))
 	b.Restore("g", st, at(2))
 	if got := b.Group("g").Tokens(at(2)); got != 500 {
 		t.Fatalf("restored 2 s later: %v, want 300 + 2 s × 100", got)
 	}
 	// A running trickle counts as spent in the persisted state.
-	c := NewAllocator(AllocConfig{})
+	c := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
 	c.SetGroup("g", Settings{RUPerSec: 100}, t0)
 	if _, err := c.Acquire("g", Request{ProxyID: "p", Demand: 200, ReportOnly: true}, t0); err != nil {
 		t.Fatal(err)
@@ -299,7 +299,7 @@ func TestAllocatorSimulation(t *testing.T) {
 			const T = 120.0
 			const dt = 0.01
 			settings := Settings{RUPerSec: R, Burst: sc.burst}
-			a := NewAllocator(AllocConfig{})
+			a := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
 			a.SetGroup("g", settings, t0)
 			proxies := sc.proxies()
 			capacity := settings.Capacity()
@@ -389,7 +389,7 @@ func TestAllocatorSimulation(t *testing.T) {
 
 // BenchmarkAcquire is one grant in a group shared by 200 proxies.
 func BenchmarkAcquire(b *testing.B) {
-	a := NewAllocator(AllocConfig{})
+	a := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
 	a.SetGroup("g", Settings{RUPerSec: 1e6, Burst: resourcegroup.BurstModerated}, t0)
 	ids := make([]string, 200)
 	for i := range ids {

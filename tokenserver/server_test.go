@@ -447,9 +447,9 @@ func TestAcquireTokens(t *testing.T) {
 		t.Fatalf("grant missing = %v", g)
 	}
 	// The bucket holds 50 now; asking 500 with demand 200 gets a trickle
-	// over 5 s (capped at what was asked).
+	// over the trickle period (2 s) at the rate asked for (500 / 5 s).
 	resp = acquire(t, s, &pb.TokenRequest{ProxyId: "p1", RequestId: 8, Groups: []*pb.GroupTokenRequest{{Group: "g", TokensWanted: 500, DemandRuPerSec: 200}}})
-	if g := resp.Grants[0]; g.TrickleMs != 5000 || g.Tokens != 500 || g.FillRate != 100 {
+	if g := resp.Grants[0]; g.TrickleMs != 2000 || g.Tokens != 200 || g.FillRate != 100 {
 		t.Fatalf("trickle grant = %v", g)
 	}
 	for _, m := range []struct {
@@ -462,7 +462,7 @@ func TestAcquireTokens(t *testing.T) {
 		{`rgserver_write_bytes_total{resource_group="g"}`, 10},
 		{`rgserver_backend_seconds_total{resource_group="g"}`, 0.5},
 		{`rgserver_statements_total{resource_group="g"}`, 4},
-		{`rgserver_tokens_granted_total{resource_group="g"}`, 550},
+		{`rgserver_tokens_granted_total{resource_group="g"}`, 250},
 		{`rgserver_group_ru_per_sec{resource_group="g"}`, 100},
 		{`rgserver_group_clients{resource_group="g"}`, 1},
 		{`rgserver_is_leader`, 1},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"time"
 
@@ -116,6 +117,11 @@ func (s *Server) serveTokens(ctx context.Context, req *pb.TokenRequest) *pb.Toke
 			continue
 		}
 		resp.Grants[i] = grantToPB(name, g)
+		if s.log.Enabled(ctx, slog.LevelDebug) && !gr.GetReportOnly() {
+			s.log.Debug("grant", "resource_group", name, "proxy", req.GetProxyId(),
+				"demand", gr.GetDemandRuPerSec(), "wanted", gr.GetTokensWanted(),
+				"tokens", g.Tokens, "trickle", g.Trickle, "share", g.FillRate)
+		}
 	}
 	s.mu.Unlock()
 	for _, i := range missing {
