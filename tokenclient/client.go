@@ -97,7 +97,7 @@ type groupState struct {
 	waitArea  float64
 	waitAt    time.Time
 	waitSince time.Time
-	waiters     int
+	waiters   int
 
 	// Reporting.
 	pending    ru.Consumption
