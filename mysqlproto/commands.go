@@ -39,33 +39,34 @@ func (ss *session) command() error {
 		return err
 	}
 	p := ss.buf
-	st := Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&statusInTrans != 0}
+	ss.st = Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&statusInTrans != 0}
+	st := &ss.st
 	switch p[0] {
 	case comQuit:
 		return errQuit
 	case comQuery:
 		st.Class, st.Multi = ss.srv.classify(p[1:])
 		st.Query = string(p[1:])
-		return ss.statement(&st, n, respGeneric, false, nil)
+		return ss.statement(st, n, respGeneric, false, nil)
 	case comStmtPrepare:
 		st.Class = ClassOther
 		st.Query = string(p[1:])
-		return ss.statement(&st, n, respPrepare, false, nil)
+		return ss.statement(st, n, respPrepare, false, nil)
 	case comStmtExecute, comStmtFetch, comStmtReset, comStmtSendLongData, comStmtClose:
-		return ss.stmtCommand(&st, n)
+		return ss.stmtCommand(st, n)
 	case comInitDB, comProcessKill, comResetConnection, comRefresh:
 		st.Class = ClassOther
-		return ss.statement(&st, n, respGeneric, false, nil)
+		return ss.statement(st, n, respGeneric, false, nil)
 	case comStatistics, comSetOption, comDebug:
 		// One packet: a string (STATISTICS) or an EOF, or an ERR.
 		st.Class = ClassOther
-		return ss.statement(&st, n, respSingle, false, nil)
+		return ss.statement(st, n, respSingle, false, nil)
 	case comFieldList:
 		st.Class = ClassRead
-		return ss.statement(&st, n, respFieldList, false, nil)
+		return ss.statement(st, n, respFieldList, false, nil)
 	case comPing:
 		st.Class = ClassFree
-		return ss.statement(&st, n, respGeneric, false, nil)
+		return ss.statement(st, n, respGeneric, false, nil)
 	case comChangeUser:
 		return ss.changeUser(n)
 	}
@@ -128,9 +129,9 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	if ss.srv.passThrough {
 		v = ss.pol.Before(ss.ctx, st, sessionBackend{ss})
 	} else {
-		w := ss.startWatch()
+		ss.beginBefore()
 		v = ss.pol.Before(ss.ctx, st, sessionBackend{ss})
-		w.stop()
+		ss.endBefore()
 	}
 	if v.Reply != nil {
 		if err := ss.drainContinuations(n); err != nil {
@@ -147,7 +148,8 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	if err := ss.ctx.Err(); err != nil {
 		return err
 	}
-	var out Outcome
+	ss.out = Outcome{}
+	out := &ss.out
 	ss.seq = 0
 	req, err := ss.forward(n)
 	out.RequestBytes = req
@@ -162,12 +164,12 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	}
 	if err != nil {
 		out.ErrCode = errCodeServerLost
-		ss.pol.After(st, &out)
+		ss.pol.After(st, out)
 		return err
 	}
 	start := ss.srv.now()
 	blocked := ss.rawClient.blocked
-	err = ss.relayResponse(kind, binary, &out)
+	err = ss.relayResponse(kind, binary, out)
 	out.BackendTime = max(0, ss.srv.now().Sub(start)-(ss.rawClient.blocked-blocked)-out.BackendTime)
 	out.InTransaction = ss.status&statusInTrans != 0
 	if err == nil {
@@ -180,7 +182,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 			ss.pol.Event(EventResetConnection, ss.info)
 		}
 	}
-	ss.pol.After(st, &out)
+	ss.pol.After(st, out)
 	return err
 }
 

@@ -97,11 +97,13 @@ type Server struct {
 	backendBytes  atomic.Uint64
 	backendErrors atomic.Uint64
 
-	mu        sync.Mutex
-	closing   bool
-	listeners map[net.Listener]struct{}
-	sessions  map[*session]struct{}
-	wg        sync.WaitGroup
+	mu      sync.Mutex
+	closing bool
+	// watchdogOn: the client-watch sampler (watch.go) runs.
+	watchdogOn bool
+	listeners  map[net.Listener]struct{}
+	sessions   map[*session]struct{}
+	wg         sync.WaitGroup
 	// hardCtx ends when Shutdown gives up waiting: every session's context
 	// derives from it.
 	hardCtx    context.Context
@@ -169,6 +171,10 @@ func (s *Server) Serve(ln net.Listener) error {
 		return ErrServerClosed
 	}
 	s.listeners[ln] = struct{}{}
+	if !s.passThrough && !s.watchdogOn && s.watchDelay > 0 {
+		s.watchdogOn = true
+		go s.watchdog(s.hardCtx)
+	}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()

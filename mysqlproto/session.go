@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -74,6 +75,17 @@ type session struct {
 	buf    []byte
 	stmts  map[uint32]*prepared
 	seq    byte // sequence id of the last packet sent to the client
+	// st and out are the current statement's, reused so that a statement
+	// costs no allocation for them; policies get pointers valid only
+	// during the call.
+	st  Statement
+	out Outcome
+
+	// The client watch (watch.go): bgen is shared with the watchdog,
+	// wdSeen is the watchdog's own, wdone tells a watch's end.
+	bgen   atomic.Uint64
+	wdSeen uint64
+	wdone  chan struct{}
 
 	mu      sync.Mutex
 	busy    bool
@@ -85,6 +97,7 @@ func newSession(s *Server, c net.Conn) *session {
 		srv:       s,
 		rawClient: &countingConn{Conn: c, n: &s.clientBytes, now: s.now, timed: true},
 		stmts:     make(map[uint32]*prepared),
+		wdone:     make(chan struct{}, 1),
 	}
 	ss.info.ID = s.nextID.Add(1)
 	ss.info.ClientAddr = c.RemoteAddr()

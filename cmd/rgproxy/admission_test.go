@@ -39,9 +39,15 @@ func TestAdmissionOrdersWaitersByPriority(t *testing.T) {
 			t.Fatalf("admitted %s, want %s", got, want)
 		}
 	}
-	if a.running != 0 {
-		t.Fatalf("running = %d after all released", a.running)
+	if r := running(a); r != 0 {
+		t.Fatalf("running = %d after all released", r)
 	}
+}
+
+func running(a *admission) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.running
 }
 
 func queued(a *admission) int {
@@ -64,8 +70,8 @@ func TestAdmissionCancelledWaiterLeavesNoSlot(t *testing.T) {
 		t.Fatal("cancelled acquire succeeded")
 	}
 	a.release()
-	if a.running != 0 || queued(a) != 0 {
-		t.Fatalf("running=%d queued=%d", a.running, queued(a))
+	if running(a) != 0 || queued(a) != 0 {
+		t.Fatalf("running=%d queued=%d", running(a), queued(a))
 	}
 	if err := a.acquire(context.Background(), resourcegroup.PriorityLow); err != nil {
 		t.Fatal(err)
