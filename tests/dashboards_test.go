@@ -263,6 +263,28 @@ func TestDashboardsModel(t *testing.T) {
 	}
 }
 
+// TestDashboardsPrometheusConfig: the walkthrough's Prometheus
+// configuration is valid and scrapes the status ports `make run` uses.
+func TestDashboardsPrometheusConfig(t *testing.T) {
+	const f = "../dashboards/prometheus.yml"
+	bin, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatalf("promtool is not installed (Debian package prometheus): %v", err)
+	}
+	if out, err := exec.Command(bin, "check", "config", f).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check config %s: %v\n%s", f, err, out)
+	}
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, target := range []string{"'127.0.0.1:10080'", "'127.0.0.1:3380'"} {
+		if !strings.Contains(string(b), target) {
+			t.Errorf("%s does not scrape %s", f, target)
+		}
+	}
+}
+
 // TestDashboardsModelCheckCatches: the checker rejects each kind of
 // mistake it is there for, so TestDashboardsModel can fail.
 func TestDashboardsModelCheckCatches(t *testing.T) {

@@ -467,7 +467,8 @@ func TestServesThroughTokenServerOutage(t *testing.T) {
 	args := []string{"--addr", addr, "--status-addr", status, "--data-dir", dataDir}
 	ts := &tokenServer{Addr: addr, StatusAddr: status, process: startProcess(t, "rgserver", args...)}
 	waitReady(t, "http://"+status+"/readyz", ts.process)
-	px := startMeteredProxy(t, ts, "--degraded-after", "2s")
+	cacheDir := t.TempDir()
+	px := startMeteredProxy(t, ts, "--degraded-after", "2s", "--cache-dir", cacheDir)
 	appUser(t, "rgdeg")
 	const rate = 100.0
 	adminExec(t, px.Addr,
@@ -492,6 +493,20 @@ func TestServesThroughTokenServerOutage(t *testing.T) {
 	outRU, outDur := proxyRU()-ruStart, time.Since(outStart)
 	if d := metricSum(t, px.StatusAddr, "rgproxy_degraded"); d != 1 {
 		t.Errorf("rgproxy_degraded = %v during the outage", d)
+	}
+	// A proxy started while rgserver is down serves from the snapshot the
+	// first one keeps, in degraded mode, and says so.
+	late := startMeteredProxy(t, ts, "--degraded-after", "2s", "--cache-dir", cacheDir)
+	if code, body := httpGet(t, "http://"+late.StatusAddr+"/readyz"); code != 200 || !strings.Contains(body, `"degraded":"true"`) {
+		t.Errorf("/readyz of a proxy started without rgserver: %d %s", code, body)
+	}
+	lateDB := openDB(t, late.Addr, "user=rgdeg", "password=apppw")
+	var cur string
+	if err := lateDB.QueryRow("SELECT CURRENT_RESOURCE_GROUP()").Scan(&cur); err != nil || cur != "rg_deg" {
+		t.Errorf("a proxy started from the snapshot puts rgdeg in %q (%v), want rg_deg", cur, err)
+	}
+	if _, err := lateDB.Exec("SELECT 1"); err != nil {
+		t.Errorf("statement through a proxy started without rgserver: %v", err)
 	}
 	ts.process = startProcess(t, "rgserver", args...)
 	waitReady(t, "http://"+status+"/readyz", ts.process)

@@ -77,6 +77,7 @@ type groupState struct {
 	proxies      uint32
 	ruPerSec     uint64
 	trickleUntil time.Time // zero: no trickle
+	trickleRate  float64   // RU/s of the trickle that runs until trickleUntil
 	dead         bool      // rgserver does not know the group
 
 	// Request state.

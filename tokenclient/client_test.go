@@ -520,3 +520,42 @@ func TestUsageWindow(t *testing.T) {
 		t.Fatalf("rate after idle %v", u[1].RUPerSec)
 	}
 }
+
+// What the old trickle delivers while a renewal is on its way was already
+// released by rgserver when it granted: it is taken back, so slow round
+// trips do not add up to more than the group's rate.
+func TestRenewalRoundTripNotCountedTwice(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	c.Charge("a", rruOf(0))
+	c.mu.Lock()
+	c.groups["a"].want = true
+	c.mu.Unlock()
+	apply := func(req *tokenpb.TokenRequest, n float64, ms int64) {
+		t.Helper()
+		if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+			{Group: "a", Tokens: n, TrickleMs: ms, FillRate: n / float64(ms) * 1000, Proxies: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(build(c, false), 100, 10000) // 10 RU/s for 10 s
+	clk.Advance(9500 * time.Millisecond)
+	c.mu.Lock()
+	c.groups["a"].nextAsk = time.Time{}
+	c.groups["a"].want = true
+	c.mu.Unlock()
+	req := build(c, false)
+	if g := groupEntry(req, "a"); g == nil || g.GetReportOnly() {
+		t.Fatalf("want an ask near the trickle's end, got %v", req)
+	}
+	clk.Advance(300 * time.Millisecond) // the round trip: 3 RU more trickled here
+	apply(req, 50, 5000)
+	// 95 delivered before the request left; the 3 that came during the
+	// round trip are taken back; the new trickle has delivered nothing yet.
+	if got := tokensOf(c, "a"); !near(got, 95) {
+		t.Fatalf("tokens after the renewal: %v, want 95", got)
+	}
+	clk.Advance(5 * time.Second)
+	if got := tokensOf(c, "a"); !near(got, 145) {
+		t.Fatalf("tokens after the new trickle: %v, want 145", got)
+	}
+}

@@ -443,14 +443,28 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 		}
 		// A grant replaces what is left of the running trickle: rgserver
 		// released that part of its reservation when it granted, so
-		// carrying it over would spend it twice.
+		// carrying it over would spend it twice. Nor does it count what the
+		// old trickle delivered here while the request was on its way (a
+		// slow round trip would otherwise add up, renewal after renewal):
+		// take that back.
+		if sent != nil && !gs.trickleUntil.IsZero() {
+			end := gs.trickleUntil
+			if now.Before(end) {
+				end = now
+			}
+			if d := end.Sub(sent.at); d > 0 {
+				gs.bucket.Take(now, gs.trickleRate*d.Seconds())
+			}
+		}
 		if ms := g.GetTrickleMs(); ms > 0 {
 			d := time.Duration(ms) * time.Millisecond
 			gs.bucket.Trickle(now, g.GetTokens(), d, gs.threshold(now))
 			gs.trickleUntil = now.Add(d)
+			gs.trickleRate = g.GetTokens() / d.Seconds()
 		} else {
 			gs.bucket.Reconfigure(now, g.GetTokens(), 0, 0, gs.threshold(now))
 			gs.trickleUntil = time.Time{}
+			gs.trickleRate = 0
 		}
 		gs.wake()
 	}

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/tokenclient"
+	"github.com/rgproxy/rgproxy/tokenserver"
+)
+
+// lintKnownProblems are promlint findings on names this package does not
+// own, waiting for a rename in tokenclient; any other finding fails.
+func lintKnownProblems() []string {
+	return []string{"rgproxy_group_ru_per_sec: metric names should not contain abbreviated units"}
+}
+
+// lintTokenServer runs a real rgserver (embedded etcd, gRPC on loopback)
+// in the test process and returns its address.
+func lintTokenServer(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	e, err := tokenserver.StartEmbeddedEtcd(ctx, tokenserver.EmbedConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := tokenserver.New(cli, tokenserver.Config{AdvertiseAddr: lis.Addr().String(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	srv.Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	rctx, rcancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { _ = srv.Run(rctx); close(ran) }()
+	// Cleanups run last-in first-out: stop Run and gRPC before etcd.
+	t.Cleanup(func() { rcancel(); <-ran; gs.Stop() })
+	return lis.Addr().String()
+}
+
+// TestMetricsLint lints rgproxy's registry (its own collectors, the wire
+// counters and the token client's) after each family has samples: a
+// statement counted and charged, tokens granted, one statement refused.
+func TestMetricsLint(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	addr := lintTokenServer(t, ctx)
+	quiet := slog.New(slog.DiscardHandler)
+
+	m := newMetrics()
+	srv, err := mysqlproto.NewServer(mysqlproto.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.registerServer(srv)
+	tc, err := tokenclient.New(tokenclient.Config{Servers: []string{addr}, Logger: quiet, Registerer: m.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	if err := tc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []resourcegroup.Group{{Name: "lint", RUPerSec: 1000}, {Name: "lint_tiny", RUPerSec: 1}} {
+		if err := tc.Store().CreateGroup(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cost := ru.Consumption{RRU: 1, Statements: 1}
+	if _, err := tc.Acquire(ctx, "lint", cost, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// 100 RU at 1 RU/s cannot be had within 10 ms: refused at once.
+	if _, err := tc.Acquire(ctx, "lint_tiny", ru.Consumption{RRU: 100, Statements: 1}, 10*time.Millisecond); !errors.Is(err, tokenclient.ErrThrottled) {
+		t.Fatalf("Acquire of 100 RU at 1 RU/s: %v, want ErrThrottled", err)
+	}
+	m.wrap(mysqlproto.PassThrough{}).Open(mysqlproto.SessionInfo{ID: 1, User: "lint"}).
+		After(&mysqlproto.Statement{Class: mysqlproto.ClassRead}, &mysqlproto.Outcome{BackendTime: time.Millisecond})
+	m.charged("lint", "read", ru.Consumption{RRU: 1, WRU: 1, Statements: 1})
+
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+	}
+	for _, want := range []string{
+		"rgproxy_statements_total", "rgproxy_statement_duration_seconds", "rgproxy_ru_consumed_total",
+		"rgproxy_group_statements_total", "rgproxy_connections", "rgproxy_client_bytes_total",
+		"rgproxy_backend_bytes_total", "rgproxy_backend_errors_total", "rgproxy_token_requests_total",
+		"rgproxy_token_request_duration_seconds", "rgproxy_throttled_total", "rgproxy_throttle_wait_seconds",
+		"rgproxy_group_tokens", "rgproxy_group_ru_per_sec", "rgproxy_degraded",
+		"go_goroutines", "process_cpu_seconds_total",
+	} {
+		if !slices.Contains(names, want) {
+			t.Errorf("%s not gathered; have %s", want, strings.Join(names, " "))
+		}
+	}
+	problems, err := testutil.GatherAndLint(m.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if !slices.Contains(lintKnownProblems(), p.Metric+": "+p.Text) {
+			t.Errorf("%s: %s", p.Metric, p.Text)
+		} else {
+			t.Logf("known, to be renamed in tokenclient: %s: %s", p.Metric, p.Text)
+		}
+	}
+}
