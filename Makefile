@@ -6,7 +6,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # Seconds each fuzz target runs in `make fuzz`.
 FUZZTIME  ?= 60s
 
-.PHONY: all build run test test-unit test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering generate tools clean
+.PHONY: all build run test test-unit test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering demo-load generate tools clean
 
 all: build
 
@@ -34,6 +34,11 @@ test-unit:
 
 test-e2e: build
 	$(GO) test -count=1 -timeout 25m -v ./tests/
+
+# Drives app_a and app_b through rgproxy for the README walkthrough;
+# DEMO_LOAD_FLAGS passes flags (see bin/demo-load --help).
+demo-load: build
+	$(BIN)/demo-load $(DEMO_LOAD_FLAGS)
 
 # Each fuzz target for $(FUZZTIME); not part of `make test`.
 fuzz:

@@ -17,16 +17,17 @@ stop() {
 }
 trap stop INT TERM
 
-proxy_args=()
-if [ -x bin/rgserver ]; then
-  bin/rgserver --data-dir run/rgserver-data >run/rgserver.log 2>&1 &
-  pids+=($!)
-  echo "rgserver: 127.0.0.1:3379 (status http://127.0.0.1:3380), log run/rgserver.log"
-  if bin/rgproxy --help 2>&1 | grep -q -- '-token-server'; then
-    proxy_args+=(--token-server 127.0.0.1:3379)
-  fi
-fi
-bin/rgproxy "${proxy_args[@]}" >run/rgproxy.log 2>&1 &
+# RGPROXY_FLAGS / RGSERVER_FLAGS pass extra flags, e.g. RGPROXY_FLAGS="--max-wait 100ms".
+# shellcheck disable=SC2086
+bin/rgserver --data-dir run/rgserver-data ${RGSERVER_FLAGS:-} >run/rgserver.log 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+  (exec 3<>/dev/tcp/127.0.0.1/3379) 2>/dev/null && break
+  sleep 0.2
+done
+echo "rgserver: 127.0.0.1:3379 (status http://127.0.0.1:3380), log run/rgserver.log"
+# shellcheck disable=SC2086
+bin/rgproxy --token-server 127.0.0.1:3379 --cache-dir run/rgproxy-cache ${RGPROXY_FLAGS:-} >run/rgproxy.log 2>&1 &
 pids+=($!)
 for _ in $(seq 1 50); do
   if (exec 3<>/dev/tcp/127.0.0.1/4000) 2>/dev/null; then break; fi

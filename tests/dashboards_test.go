@@ -291,7 +291,7 @@ func TestDashboardsModelCheckCatches(t *testing.T) {
 	const f = "../dashboards/rgproxy-resource-control.json"
 	for _, tc := range []struct {
 		name   string
-		break_ func(m *dashModel)
+		mutate func(m *dashModel)
 		want   string
 	}{
 		{"old schema", func(m *dashModel) { m.SchemaVersion = 27 }, "schemaVersion"},
@@ -320,7 +320,7 @@ func TestDashboardsModelCheckCatches(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := dashRead(t, f)
-			tc.break_(&m)
+			tc.mutate(&m)
 			bad := dashCheckModel(m, dashRows(f))
 			if !slices.ContainsFunc(bad, func(s string) bool { return strings.Contains(s, tc.want) }) {
 				t.Errorf("no problem mentioning %q; got %q", tc.want, bad)
