@@ -532,3 +532,36 @@ func TestServesThroughTokenServerOutage(t *testing.T) {
 		t.Fatalf("SHOW RESOURCE GROUP USAGE: %v\n%s", err, out)
 	}
 }
+
+// TestBackendConcurrencyAdmitsByPriority: with --max-backend-concurrency 1
+// and the slot busy, a HIGH group's statement queued after a LOW one runs
+// first.
+func TestBackendConcurrencyAdmitsByPriority(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts, "--max-backend-concurrency", "1")
+	adminExec(t, px.Addr,
+		"DROP RESOURCE GROUP IF EXISTS rg_low", "DROP RESOURCE GROUP IF EXISTS rg_high",
+		"CREATE RESOURCE GROUP rg_low RU_PER_SEC = 100000 PRIORITY = LOW",
+		"CREATE RESOURCE GROUP rg_high RU_PER_SEC = 100000 PRIORITY = HIGH")
+	db := openDB(t, px.Addr)
+	db.SetMaxOpenConns(3)
+	busy := make(chan error, 1)
+	go func() { _, err := db.Exec("SELECT SLEEP(1.5)"); busy <- err }()
+	time.Sleep(300 * time.Millisecond) // the slot is taken
+	order := make(chan string, 2)
+	run := func(group string) {
+		if _, err := db.Exec("SELECT /*+ RESOURCE_GROUP(" + group + ") */ 1"); err != nil {
+			t.Errorf("%s: %v", group, err)
+		}
+		order <- group
+	}
+	go run("rg_low")
+	time.Sleep(300 * time.Millisecond) // LOW queues first
+	go run("rg_high")
+	if err := <-busy; err != nil {
+		t.Fatal(err)
+	}
+	if first, second := <-order, <-order; first != "rg_high" || second != "rg_low" {
+		t.Fatalf("admitted %s before %s; HIGH must go before LOW", first, second)
+	}
+}
