@@ -148,6 +148,11 @@ func (s *rgSession) charge(ctx context.Context, st *mysqlproto.Statement) *mysql
 		return nil
 	}
 	if errors.Is(err, tokenclient.ErrThrottled) {
+		if s.p.logger.Enabled(ctx, slog.LevelDebug) {
+			// Statements are logged only as digests: literals may be secrets.
+			s.p.logger.Debug("statement throttled", "resource_group", s.group,
+				"digest", mysqlproto.Digest([]byte(st.Query)), "waited", waited)
+		}
 		return &mysqlproto.Reply{Err: &mysqlproto.Error{Code: codeThrottled, State: "HY000",
 			Message: fmt.Sprintf("Exceeded resource group quota limitation (resource group %s)", s.group)}}
 	}
@@ -289,6 +294,9 @@ func (s *rgSession) admin(ctx context.Context, st *mysqlproto.Statement, be mysq
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
 	if err != nil {
 		return errReply(err)
+	}
+	if resourcegroup.RequiresSuper(stmt) {
+		s.p.logger.Info("resource group change", "user", s.user, "statement", mysqlproto.Digest([]byte(st.Query)))
 	}
 	if res.IsResultSet() {
 		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{Columns: res.Columns, Rows: res.Rows}}
