@@ -54,7 +54,7 @@ func (r *recordingTokens) Binding(user string) (resourcegroup.Binding, bool) {
 	return b, ok
 }
 
-func (r *recordingTokens) Store() resourcegroup.Store                 { return resourcegroup.NewMemStore() }
+func (r *recordingTokens) Store() resourcegroup.Store               { return resourcegroup.NewMemStore() }
 func (r *recordingTokens) Usage(time.Time) []tokenclient.GroupUsage { return nil }
 
 // grants answers SHOW GRANTS like the backend would.
