@@ -83,6 +83,13 @@ type config struct {
 	// while rgserver is down. Default ./rgproxy-cache; empty = none.
 	CacheDir string
 
+	// AdminUser is rgproxy's one backend account (needs CONNECTION ADMIN or
+	// SUPER), used to KILL QUERY runaway statements; empty (the default)
+	// disables QUERY_LIMIT ACTION=KILL.
+	AdminUser string
+	// AdminPasswordFile holds AdminUser's password; rgproxy stores no other.
+	AdminPasswordFile string
+
 	// RU is the cost model, from the config file's [ru] table only.
 	RU ru.Config
 }
@@ -114,6 +121,8 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.DurationVar(&cfg.MaxWaitInTxn, "max-wait-in-txn", 100*time.Millisecond, "longest wait for tokens inside an open transaction; then the statement runs on debt")
 	fs.IntVar(&cfg.MaxBackendConcurrency, "max-backend-concurrency", 0, "statements running on the backend at once, 0 = unlimited; waiting ones are admitted HIGH before MEDIUM before LOW")
 	fs.DurationVar(&cfg.DegradedAfter, "degraded-after", 5*time.Second, "without a grant for this long, refill locally at RU_PER_SEC / proxies (degraded mode)")
+	fs.StringVar(&cfg.AdminUser, "admin-user", "", "rgproxy's service `account` on the backend (CONNECTION ADMIN or SUPER), for KILL QUERY of runaway statements; without it ACTION=KILL is refused")
+	fs.StringVar(&cfg.AdminPasswordFile, "admin-password-file", "", "`file` holding --admin-user's password")
 	fs.StringVar(&cfg.CacheDir, "cache-dir", "rgproxy-cache", "`directory` keeping the last snapshot of groups and bindings, for starts while rgserver is down (empty = none)")
 	return fs
 }
@@ -217,6 +226,9 @@ func (c *config) validate() error {
 	}
 	if c.MaxWait <= 0 || c.MaxWaitInTxn < 0 || c.DegradedAfter <= 0 {
 		errs = append(errs, errors.New("--max-wait and --degraded-after must be > 0, --max-wait-in-txn >= 0"))
+	}
+	if (c.AdminUser == "") != (c.AdminPasswordFile == "") {
+		errs = append(errs, errors.New("--admin-user and --admin-password-file go together"))
 	}
 	if c.MaxBackendConcurrency < 0 {
 		errs = append(errs, errors.New("--max-backend-concurrency must be >= 0"))

@@ -73,7 +73,21 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			return err
 		}
 		defer tc.Close()
+		var svc *serviceConn
+		if cfg.AdminUser != "" {
+			if svc, err = newServiceConn(cfg.Backend, cfg.AdminUser, cfg.AdminPasswordFile, pcfg.BackendTLS, cfg.DialTimeout); err != nil {
+				return err
+			}
+			defer svc.Close()
+			pctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+			err = svc.Ping(pctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
 		policy = &rgPolicy{
+			service:   svc,
 			tokens:    tc,
 			cost:      cfg.RU,
 			strict:    cfg.StrictResourceGroups,

@@ -19,6 +19,7 @@ type metrics struct {
 	// By resource group, for metered statements.
 	ruConsumed      *prometheus.CounterVec
 	groupStatements *prometheus.CounterVec
+	runaway         *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -42,7 +43,11 @@ func newMetrics() *metrics {
 		Name: "rgproxy_group_statements_total",
 		Help: "Statements charged to each resource group, by class.",
 	}, []string{"resource_group", "class"})
-	m.reg.MustRegister(m.statements, m.duration, m.ruConsumed, m.groupStatements,
+	m.runaway = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rgproxy_runaway_total",
+		Help: "Statements that crossed their group's QUERY_LIMIT, by the action taken (DRYRUN, COOLDOWN, KILL, SWITCH_GROUP).",
+	}, []string{"resource_group", "action"})
+	m.reg.MustRegister(m.statements, m.duration, m.ruConsumed, m.groupStatements, m.runaway,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -37,8 +37,11 @@ const (
 // rgPolicy meters every statement in RU and charges it to the session's
 // resource group; it answers rgproxy's admin statements itself.
 type rgPolicy struct {
-	tokens    tokens
-	cost      ru.Config
+	tokens tokens
+	cost   ru.Config
+	// service is rgproxy's one backend account, for KILL QUERY; nil when
+	// --admin-user is not set.
+	service   *serviceConn
 	strict    bool
 	maxWait   time.Duration
 	txnWait   time.Duration
@@ -49,7 +52,7 @@ type rgPolicy struct {
 }
 
 func (p *rgPolicy) Open(info mysqlproto.SessionInfo) mysqlproto.SessionPolicy {
-	return &rgSession{p: p, user: info.User}
+	return &rgSession{p: p, user: info.User, connID: info.BackendConnID}
 }
 
 // rgSession is one client session's policy state; mysqlproto calls it from
@@ -57,6 +60,8 @@ func (p *rgPolicy) Open(info mysqlproto.SessionInfo) mysqlproto.SessionPolicy {
 type rgSession struct {
 	p    *rgPolicy
 	user string
+	// connID is the backend's id of this session's connection (KILL QUERY).
+	connID uint32
 	// setGroup is the group named by SET RESOURCE GROUP, "" = none.
 	setGroup string
 	// super caches whether the session's user has SUPER (nil = unknown),
@@ -69,6 +74,7 @@ type rgSession struct {
 	before   ru.Consumption
 	waited   time.Duration
 	admitted bool
+	guard    *runawayGuard
 
 	last lastStatement
 }
@@ -117,6 +123,7 @@ func (s *rgSession) Before(ctx context.Context, st *mysqlproto.Statement, be mys
 		return errReply(&mysqlproto.Error{Code: 1317, State: "70100", Message: "Query execution was interrupted"})
 	}
 	s.admitted = true
+	s.guard = s.armRunaway(g)
 	return mysqlproto.Verdict{}
 }
 
@@ -171,8 +178,11 @@ func (s *rgSession) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		Failed:      out.ErrCode != 0,
 	}
 	after := s.p.cost.AfterCost(s.req, res)
+	fired := s.guard.disarm()
+	chargeTo := s.chargeGroupAfter(s.guard, fired)
+	s.guard = nil
 	if !after.IsZero() {
-		s.p.tokens.Charge(s.group, after)
+		s.p.tokens.Charge(chargeTo, after)
 	}
 	total := s.before
 	total.Add(after)
@@ -290,6 +300,9 @@ func (s *rgSession) admin(ctx context.Context, st *mysqlproto.Statement, be mysq
 	}
 	if resourcegroup.RequiresSuper(stmt) && !s.hasSuperFresh(ctx, be) {
 		return errReply(resourcegroup.NewAccessDenied())
+	}
+	if err := s.checkKillRule(stmt); err != nil {
+		return errReply(err)
 	}
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
 	if err != nil {
