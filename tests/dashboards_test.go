@@ -36,7 +36,7 @@ func dashFiles() []string {
 func dashRows(file string) []string {
 	switch filepath.Base(file) {
 	case "rgproxy-resource-control.json":
-		return []string{"RU", "Details", "Throttling", "Token client"}
+		return []string{"RU", "Details", "Throttling", "Token client", "Runaway"}
 	case "rgserver.json":
 		return []string{"Server", "Reported consumption"}
 	}
@@ -615,7 +615,9 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 		"DROP RESOURCE GROUP IF EXISTS "+slow,
 		"DROP RESOURCE GROUP IF EXISTS "+fast,
 		fmt.Sprintf("CREATE RESOURCE GROUP %s RU_PER_SEC = %d", slow, int(slowRate)),
-		"CREATE RESOURCE GROUP "+fast+" RU_PER_SEC = 1000000",
+		// Every statement of the fast group outlives EXEC_ELAPSED: the
+		// Runaway row has DRYRUN events to show.
+		"CREATE RESOURCE GROUP "+fast+" RU_PER_SEC = 1000000 QUERY_LIMIT = (EXEC_ELAPSED = '2ms', ACTION = DRYRUN)",
 		"ALTER USER 'dashslow'@'%' RESOURCE GROUP "+slow,
 		"ALTER USER 'dashfast'@'%' RESOURCE GROUP "+fast)
 	dashWaitGroup(t, px.Addr, "dashslow", slow)
