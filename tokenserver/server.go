@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
@@ -99,7 +100,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cli:    cli,
-		store:  NewEtcdStore(cli),
+		store:  &EtcdStore{cli: cli, now: cfg.Now},
 		cfg:    cfg,
 		log:    cfg.Logger,
 		m:      newMetrics(),
@@ -295,10 +296,14 @@ func (s *Server) watchLeaderLiveness(ctx context.Context, observed <-chan leader
 		}
 		s.log.Warn("leader refuses connections: revoking its lease", "leader", cur.addr)
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		if _, err := s.cli.Revoke(rctx, cur.lease); err != nil {
-			s.log.Debug("revoke dead leader's lease", "err", err)
-		}
+		_, err = s.cli.Revoke(rctx, cur.lease)
 		cancel()
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// etcd may be electing its own leader (it may have died with
+			// ours): try again at the next tick.
+			s.log.Debug("revoke dead leader's lease", "err", err)
+			continue
+		}
 		cur, refused = leaderSeen{}, 0
 	}
 }
