@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"testing"
+	"time"
 )
 
 // discardConn is a client connection that swallows what it is written.
@@ -131,4 +133,107 @@ func BenchmarkStatement(b *testing.B) {
 			ss.cancel()
 		})
 	}
+}
+
+// BenchmarkSessionLoop runs statements through a real Server over loopback
+// TCP: a client, the session's goroutine and an in-process backend that
+// answers every command with a one-row result set. It measures the whole
+// session loop, syscalls and scheduling included (the client's and the
+// fake backend's costs too, so compare it only with itself).
+func BenchmarkSessionLoop(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		pol  Policy
+	}{{"passthrough", PassThrough{}}, {"policy", &nopPolicy{}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			resp := smallResultSetRows(1)
+			backend := fakeBackend(b, resp)
+			s, err := NewServer(Config{BackendAddr: backend, Policy: bc.pol,
+				Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			go func() { _ = s.Serve(ln) }()
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = s.Shutdown(ctx)
+			}()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			if _, _, err := readMessage(br, nil, 1<<20); err != nil { // greeting
+				b.Fatal(err)
+			}
+			caps := capProtocol41 | capSecureConnection | capPluginAuth
+			login := wirePacket(handshakeResp(caps, "bench", nil, "", "mysql_native_password", false))
+			login[3] = 1
+			if _, err := c.Write(login); err != nil {
+				b.Fatal(err)
+			}
+			if p, _, err := readMessage(br, nil, 1<<20); err != nil || p[0] != hdrOK {
+				b.Fatalf("login: %q, %v", p, err)
+			}
+			cmd := wirePacket(query("SELECT c FROM sbtest1 WHERE id=4242"))
+			got := make([]byte, len(resp))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.Write(cmd); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(br, got); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			if !bytes.Equal(got, resp) {
+				b.Fatalf("response %q, want %q", got, resp)
+			}
+		})
+	}
+}
+
+// fakeBackend serves one connection: a greeting, OK to the login, then
+// resp to every command. It returns its address.
+func fakeBackend(b *testing.B, resp []byte) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br, bw := bufio.NewReader(c), bufio.NewWriter(c)
+		caps := capProtocol41 | capSecureConnection | capPluginAuth
+		_, _ = writeMessage(bw, 0, mariaGreeting(caps, 0, "mysql_native_password"))
+		_ = bw.Flush()
+		if _, seq, err := readMessage(br, nil, 1<<20); err == nil {
+			_, _ = writeMessage(bw, seq+1, okPkt(0, statusAutocommit))
+			_ = bw.Flush()
+		}
+		var buf []byte
+		for {
+			if buf, _, err = readMessage(br, buf, 1<<24); err != nil {
+				return
+			}
+			if buf[0] == comQuit {
+				return
+			}
+			if _, err := c.Write(resp); err != nil {
+				return
+			}
+		}
+	}()
+	return ln.Addr().String()
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Store holds group definitions and user bindings. tokenclient implements it
@@ -52,6 +53,11 @@ type MemStore struct {
 	rev      int64
 	groups   map[string]Group
 	bindings map[string]Binding
+	// The runaway watch list (watchstore.go); now is its clock, nil =
+	// time.Now.
+	watches  map[uint64]Watch
+	watchSeq uint64
+	now      func() time.Time
 }
 
 var _ Store = (*MemStore)(nil)

@@ -1,12 +1,19 @@
 package tests
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // replicaSet is three rgservers, each embedding one member of one etcd
@@ -141,5 +148,242 @@ func TestChaosLeaderKilledAndResignedUnderLoad(t *testing.T) {
 		res.statements.Load(), got, elapsed.Round(time.Millisecond), want, 100*(got-want)/want)
 	if !within(got, want, 0.10) {
 		t.Fatalf("consumption %.1f RU not within ±10%% of %.0f", got, want)
+	}
+}
+
+// TestChaosEtcdQuorumLostFor10s: two of three etcd members (with their
+// rgservers) stop for 10 s. Proxies keep serving from granted and degraded
+// tokens, and afterwards no group is lost or duplicated.
+func TestChaosEtcdQuorumLostFor10s(t *testing.T) {
+	rs := startReplicaSet(t)
+	px := startProxy(t, "--token-server", rs.endpoints(), "--log-level", "warn", "--degraded-after", "2s")
+	appUser(t, "rgquorum")
+	var stmts []string
+	for i := 0; i < 5; i++ {
+		stmts = append(stmts, fmt.Sprintf("DROP RESOURCE GROUP IF EXISTS rg_q%d", i),
+			fmt.Sprintf("CREATE RESOURCE GROUP rg_q%d RU_PER_SEC = %d", i, 100+i))
+	}
+	adminExec(t, px.Addr, append(stmts, "ALTER USER 'rgquorum'@'%' RESOURCE GROUP rg_q0")...)
+	groups := func() []string {
+		rows := rowsOf(t, openDB(t, px.Addr), "SELECT NAME, RU_PER_SEC FROM information_schema.resource_groups")
+		var out []string
+		for _, r := range rows[1:] {
+			out = append(out, strings.Join(r, "="))
+		}
+		return out
+	}
+	before := groups()
+	time.Sleep(time.Second)
+
+	done := make(chan *loadResult, 1)
+	go func() { done <- runLoad(t, []*proxy{px}, []int{4}, "rgquorum", "SELECT 1", 20*time.Second) }()
+	time.Sleep(4 * time.Second)
+	l := rs.leader()
+	var stopped []int
+	for i := range rs.procs {
+		if i != l && len(stopped) < 2 {
+			stopped = append(stopped, i)
+		}
+	}
+	if len(stopped) < 2 {
+		stopped = append(stopped, l)
+	}
+	for _, i := range stopped {
+		rs.procs[i].cmd.Process.Signal(syscall.SIGKILL)
+		<-rs.procs[i].done
+	}
+	t.Logf("etcd members %s and %s stopped: no quorum", rs.names[stopped[0]], rs.names[stopped[1]])
+	time.Sleep(10 * time.Second)
+	for _, i := range stopped {
+		// Restarted together: each waits for the quorum the other completes.
+		rs.procs[i] = startProcess(t, "rgserver", rs.args[i]...)
+	}
+	for _, i := range stopped {
+		waitReady(t, "http://"+rs.status[i]+"/readyz", rs.procs[i])
+	}
+	res := <-done
+	if n := res.errors.Load(); n != 0 {
+		t.Fatalf("%d statement errors while etcd had no quorum, first: %v", n, res.firstErr.Load())
+	}
+	t.Logf("%d statements through the outage, 0 errors", res.statements.Load())
+	// Every group is still there, once, with its settings.
+	var after []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		after = groups()
+		if strings.Join(after, ",") == strings.Join(before, ",") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if strings.Join(after, ",") != strings.Join(before, ",") {
+		t.Fatalf("groups after the outage:\n %v\nbefore:\n %v", after, before)
+	}
+	adminExec(t, px.Addr, "CREATE RESOURCE GROUP rg_q_after RU_PER_SEC = 1", "DROP RESOURCE GROUP rg_q_after")
+}
+
+// TestChaosBackendKilledMidResult: the backend dies while a big result
+// streams. That client gets a clear error, others on the proxy too, new
+// sessions work once the backend is back, and the proxy's goroutines and
+// memory return to where they were.
+func TestChaosBackendKilledMidResult(t *testing.T) {
+	db := startPrivateMariaDB(t)
+	px := startProxy(t, "--backend", db.Addr)
+	goroutines := func() float64 { return metricSum(t, px.StatusAddr, "go_goroutines") }
+	rss := func() float64 { return metricSum(t, px.StatusAddr, "process_resident_memory_bytes") }
+	warm := openDB(t, px.Addr, "db=mysql")
+	warm.Exec("SELECT 1")
+	warm.Close()
+	time.Sleep(300 * time.Millisecond)
+	baseG, baseRSS := goroutines(), rss()
+
+	c := openDB(t, px.Addr, "db=mysql")
+	c.SetMaxOpenConns(1)
+	rows, err := c.Query("SELECT seq, REPEAT('x', 65536) FROM seq_1_to_100000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var v string
+	var seq int
+	for rows.Next() && n < 100 {
+		rows.Scan(&seq, &v)
+		n++
+	}
+	db.process.cmd.Process.Signal(syscall.SIGKILL)
+	<-db.process.done
+	for rows.Next() {
+	}
+	err = rows.Err()
+	rows.Close()
+	t.Logf("client mid-result when the backend died: %v", err)
+	if err == nil {
+		t.Fatal("the interrupted result set ended without an error")
+	}
+	if c.Ping() == nil {
+		t.Fatal("the session survived its backend")
+	}
+	// Refused while the backend is down, with the backend named.
+	down, _ := sql.Open("mysql", dsn(px.Addr, "db=mysql"))
+	if err := down.Ping(); err == nil || !strings.Contains(err.Error(), db.Addr) {
+		t.Fatalf("session while the backend is down: %v", err)
+	}
+	down.Close()
+	db.start(t)
+	back := openDB(t, px.Addr, "db=mysql")
+	if err := back.QueryRow("SELECT 1").Scan(&n); err != nil {
+		t.Fatalf("new session after the backend came back: %v", err)
+	}
+	back.Close()
+	c.Close()
+	// Goroutines and memory return to the baseline.
+	deadline := time.Now().Add(10 * time.Second)
+	for goroutines() > baseG+2 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	g, r := goroutines(), rss()
+	t.Logf("goroutines %v → %v, RSS %.1f → %.1f MiB", baseG, g, baseRSS/(1<<20), r/(1<<20))
+	if g > baseG+2 {
+		t.Fatalf("goroutines did not return to the baseline: %v, was %v", g, baseG)
+	}
+	if r > baseRSS+32<<20 {
+		t.Fatalf("RSS grew by %.1f MiB", (r-baseRSS)/(1<<20))
+	}
+}
+
+// TestChaosStalledClient: a client with a small receive buffer stops
+// reading a big result for 10 s. Other sessions are unaffected, and the
+// stalled statement's backend time excludes the stall.
+func TestChaosStalledClient(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts)
+	mysql.RegisterDialContext("rgsmallbuf", func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.(*net.TCPConn).SetReadBuffer(32 << 10)
+		}
+		return c, err
+	})
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr, cfg.DBName = "root", "rgsmallbuf", px.Addr, "rgproxy_e2e"
+	slow, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	ctx := context.Background()
+	conn, err := slow.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	others := openDB(t, px.Addr)
+	others.SetMaxOpenConns(4)
+	var stmts, errs atomic.Int64
+	var worst atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				start := time.Now()
+				if _, err := others.Exec("SELECT 1"); err != nil {
+					errs.Add(1)
+				}
+				stmts.Add(1)
+				if d := time.Since(start).Microseconds(); d > worst.Load() {
+					worst.Store(d)
+				}
+			}
+		}()
+	}
+
+	// 16 MiB: more than the socket buffers on either side hold, so the
+	// proxy blocks writing to this client while it stalls.
+	rows, err := conn.QueryContext(ctx, "SELECT seq, REPEAT('x', 65536) FROM seq_1_to_256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows.Next()
+	time.Sleep(10 * time.Second) // the client stops reading
+	var total int
+	var seq int
+	var v sql.RawBytes
+	for ok := true; ok; ok = rows.Next() {
+		rows.Scan(&seq, &v)
+		total += len(v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("the stalled client's result: %v", err)
+	}
+	rows.Close()
+	close(stop)
+	wg.Wait()
+	if total != 256*65536 {
+		t.Fatalf("the stalled client read %d bytes", total)
+	}
+	var grp string
+	var rru, wru, rb, wb, backendMS, waitMS float64
+	if err := conn.QueryRowContext(ctx, "SHOW LAST STATEMENT RU").Scan(&grp, &rru, &wru, &rb, &wb, &backendMS, &waitMS); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("other sessions: %d statements, %d errors, slowest %v; stalled statement's backend time %.0f ms",
+		stmts.Load(), errs.Load(), time.Duration(worst.Load())*time.Microsecond, backendMS)
+	if errs.Load() != 0 {
+		t.Fatalf("other sessions failed %d times", errs.Load())
+	}
+	if worst.Load() > int64(time.Second/time.Microsecond) {
+		t.Fatalf("another session waited %v during the stall", time.Duration(worst.Load())*time.Microsecond)
+	}
+	if backendMS >= 5000 {
+		t.Fatalf("the stalled statement was charged %.0f ms of backend time: the 10 s stall was not excluded", backendMS)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
@@ -60,6 +61,9 @@ type Client struct {
 	watchSynced  bool          // the cache came from a Watch (not only from the file)
 	cacheChanged chan struct{} // closed and replaced on every cache change
 	closed       bool
+	// watchIdx is the runaway watch list indexed for MatchWatch, replaced
+	// with the cache so that matching takes no lock.
+	watchIdx atomic.Pointer[watchIndex]
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

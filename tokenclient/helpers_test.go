@@ -192,6 +192,8 @@ type rgServer struct {
 	rev      int64
 	groups   map[string]*tokenpb.ResourceGroup
 	bindings map[string]*tokenpb.Binding
+	watches  map[uint64]*tokenpb.RunawayWatch
+	watchSeq uint64
 	subs     map[chan *tokenpb.WatchResponse]bool
 	hold     bool
 	held     []*tokenpb.WatchResponse
@@ -201,7 +203,7 @@ type rgServer struct {
 
 func newRGServer() *rgServer {
 	s := &rgServer{groups: map[string]*tokenpb.ResourceGroup{}, bindings: map[string]*tokenpb.Binding{},
-		subs: map[chan *tokenpb.WatchResponse]bool{}}
+		watches: map[uint64]*tokenpb.RunawayWatch{}, subs: map[chan *tokenpb.WatchResponse]bool{}}
 	d := tokenpb.GroupToPB(resourcegroup.DefaultGroupDefinition())
 	s.rev++
 	d.Version = s.rev
@@ -334,6 +336,9 @@ func (s *rgServer) Watch(r *tokenpb.WatchRequest, stream tokenpb.ResourceGroupSe
 	for _, b := range s.bindings {
 		snap.Events = append(snap.Events, &tokenpb.WatchEvent{Binding: b})
 	}
+	for _, w := range s.watches {
+		snap.Events = append(snap.Events, &tokenpb.WatchEvent{Watch: w})
+	}
 	s.subs[ch] = true
 	s.mu.Unlock()
 	defer func() {
@@ -421,4 +426,55 @@ func groupEntry(req *tokenpb.TokenRequest, name string) *tokenpb.GroupTokenReque
 		}
 	}
 	return nil
+}
+
+// AddWatch of the double: ids count up from 1; the same group, match and
+// text return the stored entry (this double does not expire entries; tests
+// delete them with expireWatch, as rgserver's lease would).
+func (s *rgServer) AddWatch(ctx context.Context, r *tokenpb.AddWatchRequest) (*tokenpb.AddWatchResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noteAuth(ctx)
+	w := r.GetWatch()
+	if w.GetText() == "" {
+		return nil, status.Error(codes.InvalidArgument, "invalid runaway watch: empty SQL text or digest")
+	}
+	for _, old := range s.watches {
+		if old.GetGroup() == w.GetGroup() && old.GetMatch() == w.GetMatch() && old.GetText() == w.GetText() {
+			return &tokenpb.AddWatchResponse{Watch: old, Existing: true}, nil
+		}
+	}
+	s.watchSeq++
+	w.Id = s.watchSeq
+	s.watches[w.Id] = w
+	s.rev++
+	s.publishLocked(&tokenpb.WatchEvent{Watch: w})
+	return &tokenpb.AddWatchResponse{Watch: w}, nil
+}
+
+func (s *rgServer) RemoveWatch(ctx context.Context, r *tokenpb.RemoveWatchRequest) (*tokenpb.RemoveWatchResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noteAuth(ctx)
+	if !s.deleteWatchLocked(r.GetId()) {
+		return nil, status.Errorf(codes.NotFound, "no runaway watch with the specific ID %d", r.GetId())
+	}
+	return &tokenpb.RemoveWatchResponse{}, nil
+}
+
+// expireWatch deletes a watch as rgserver's lease expiry does.
+func (s *rgServer) expireWatch(id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deleteWatchLocked(id)
+}
+
+func (s *rgServer) deleteWatchLocked(id uint64) bool {
+	if _, ok := s.watches[id]; !ok {
+		return false
+	}
+	delete(s.watches, id)
+	s.rev++
+	s.publishLocked(&tokenpb.WatchEvent{Type: tokenpb.WatchEvent_DELETE, Watch: &tokenpb.RunawayWatch{Id: id}})
+	return true
 }

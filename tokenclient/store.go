@@ -19,7 +19,8 @@ import (
 // resourcegroup's errors: AlreadyExists → ErrExists, NotFound →
 // ErrNotFound, InvalidArgument and FailedPrecondition → ErrInvalid (with
 // the server's message), Aborted → ErrConflict; an unreachable rgserver
-// gives an error wrapping ErrUnavailable.
+// gives an error wrapping ErrUnavailable. The value also implements
+// resourcegroup.WatchStore (runaway.go), the same way.
 func (c *Client) Store() resourcegroup.Store { return rpcStore{c} }
 
 type rpcStore struct{ c *Client }

@@ -205,6 +205,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 	f.Add([]byte(`{"revision":3,"groups":{"RG":{"Name":"RG","RUPerSec":5}},"bindings":{"u":{"User":"u","Group":"RG"}}}`))
 	f.Add([]byte(`{"groups":{"x":{"Name":"","QueryLimit":{"RU":1}}}}`))
 	f.Add([]byte(`null`))
+	f.Add([]byte(`{"watches":{"3":{"ID":3,"Group":"RG","Match":1,"Text":"select 1"},"4":{"ID":0,"Text":"x"}}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		snap, err := decodeSnapshot(data)
 		if err != nil {
@@ -218,6 +219,11 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		for user, b := range snap.Bindings {
 			if user == "" || b.User != user {
 				t.Fatalf("binding key %q user %q", user, b.User)
+			}
+		}
+		for id, w := range snap.Watches {
+			if id == 0 || w.ID != id || w.Group != resourcegroup.NormalizeName(w.Group) {
+				t.Fatalf("watch key %d: %+v", id, w)
 			}
 		}
 	})

@@ -20,16 +20,24 @@ type snapshot struct {
 	Groups map[string]resourcegroup.Group `json:"groups"`
 	// Bindings by user.
 	Bindings map[string]resourcegroup.Binding `json:"bindings"`
+	// Watches is the runaway watch list by id, expired entries included
+	// until rgserver deletes them (readers filter on Expires).
+	Watches map[uint64]resourcegroup.Watch `json:"watches"`
 }
 
 func newSnapshot() snapshot {
-	return snapshot{Groups: map[string]resourcegroup.Group{}, Bindings: map[string]resourcegroup.Binding{}}
+	return snapshot{Groups: map[string]resourcegroup.Group{}, Bindings: map[string]resourcegroup.Binding{},
+		Watches: map[uint64]resourcegroup.Watch{}}
 }
 
 func (s snapshot) clone() snapshot {
 	out := snapshot{Revision: s.Revision,
 		Groups:   make(map[string]resourcegroup.Group, len(s.Groups)),
-		Bindings: make(map[string]resourcegroup.Binding, len(s.Bindings))}
+		Bindings: make(map[string]resourcegroup.Binding, len(s.Bindings)),
+		Watches:  make(map[uint64]resourcegroup.Watch, len(s.Watches))}
+	for k, w := range s.Watches {
+		out.Watches[k] = w
+	}
 	for k, g := range s.Groups {
 		out.Groups[k] = g.Clone()
 	}
@@ -161,6 +169,13 @@ func (c *Client) applyWatch(resp *tokenpb.WatchResponse) (snapshot, bool) {
 				b.Group = resourcegroup.NormalizeName(b.Group)
 				next.Bindings[user] = b
 			}
+		case ev.GetWatch() != nil:
+			id := ev.GetWatch().GetId()
+			if del {
+				delete(next.Watches, id)
+			} else if id != 0 {
+				next.Watches[id] = normalizeWatch(tokenpb.WatchFromPB(ev.GetWatch()))
+			}
 		}
 	}
 	next.Revision = resp.GetRevision()
@@ -174,6 +189,7 @@ func (c *Client) applyWatch(resp *tokenpb.WatchResponse) (snapshot, bool) {
 func (c *Client) setCacheLocked(snap snapshot) {
 	c.cache = snap
 	c.cacheLoaded = true
+	c.watchIdx.Store(newWatchIndex(snap.Watches))
 	now := c.clk.Now()
 	for name, gs := range c.groups {
 		g, ok := snap.Groups[name]
@@ -260,6 +276,12 @@ func decodeSnapshot(data []byte) (snapshot, error) {
 		}
 		b.Group = resourcegroup.NormalizeName(b.Group)
 		snap.Bindings[b.User] = b
+	}
+	for _, w := range raw.Watches {
+		if w.ID == 0 {
+			continue
+		}
+		snap.Watches[w.ID] = normalizeWatch(w)
 	}
 	return snap, nil
 }

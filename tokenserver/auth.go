@@ -13,8 +13,8 @@ import (
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
-// IsAdminMethod reports whether a full gRPC method name changes settings or
-// bindings, and so needs the admin token when one is configured. Reads,
+// IsAdminMethod reports whether a full gRPC method name changes settings,
+// bindings or runaway watches, and so needs the admin token when one is configured. Reads,
 // Watch and AcquireTokens do not (TLS client certificates guard those).
 func IsAdminMethod(fullMethod string) bool {
 	switch fullMethod {
@@ -22,7 +22,9 @@ func IsAdminMethod(fullMethod string) bool {
 		pb.ResourceGroupService_AlterGroup_FullMethodName,
 		pb.ResourceGroupService_DropGroup_FullMethodName,
 		pb.ResourceGroupService_BindUser_FullMethodName,
-		pb.ResourceGroupService_UnbindUser_FullMethodName:
+		pb.ResourceGroupService_UnbindUser_FullMethodName,
+		pb.ResourceGroupService_AddWatch_FullMethodName,
+		pb.ResourceGroupService_RemoveWatch_FullMethodName:
 		return true
 	}
 	return false

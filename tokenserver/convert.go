@@ -27,6 +27,8 @@ func toStatus(err error) error {
 			code, reason = codes.AlreadyExists, pb.ReasonExists
 		case errors.Is(err, resourcegroup.ErrNotFound):
 			code, reason = codes.NotFound, pb.ReasonNotFound
+		case errors.Is(err, resourcegroup.ErrWatchNotFound):
+			code, reason = codes.NotFound, pb.ReasonWatchNotFound
 		case errors.Is(err, resourcegroup.ErrConflict):
 			code, reason = codes.Aborted, pb.ReasonConflict
 		case errors.Is(err, resourcegroup.ErrInvalid):

@@ -13,8 +13,9 @@ import (
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
-// The ResourceGroupService methods mirror resourcegroup.Store one to one;
-// every replica serves them straight from etcd.
+// The ResourceGroupService methods mirror resourcegroup.Store (and, in
+// watches.go, resourcegroup.WatchStore) one to one; every replica serves
+// them straight from etcd.
 
 func needGroup(p *pb.ResourceGroup) error {
 	if p == nil {
@@ -150,7 +151,8 @@ func (s *Server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}
 }
 
-// sendSnapshot sends every group and binding read at one revision.
+// sendSnapshot sends every group, binding and live watch entry read at one
+// revision.
 func (s *Server) sendSnapshot(ctx context.Context, stream grpc.ServerStreamingServer[pb.WatchResponse]) (int64, error) {
 	gs, rev, err := s.store.listGroups(ctx, 0)
 	if err != nil {
@@ -160,12 +162,19 @@ func (s *Server) sendSnapshot(ctx context.Context, stream grpc.ServerStreamingSe
 	if err != nil {
 		return 0, toStatus(err)
 	}
-	resp := &pb.WatchResponse{Revision: rev, Snapshot: true, Events: make([]*pb.WatchEvent, 0, len(gs)+len(bs))}
+	ws, _, err := s.store.listWatches(ctx, rev)
+	if err != nil {
+		return 0, toStatus(err)
+	}
+	resp := &pb.WatchResponse{Revision: rev, Snapshot: true, Events: make([]*pb.WatchEvent, 0, len(gs)+len(bs)+len(ws))}
 	for _, g := range gs {
 		resp.Events = append(resp.Events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Group: pb.GroupToPB(g)})
 	}
 	for _, b := range bs {
 		resp.Events = append(resp.Events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Binding: pb.BindingToPB(b)})
+	}
+	for _, w := range ws {
+		resp.Events = append(resp.Events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Watch: pb.WatchToPB(w)})
 	}
 	if err := stream.Send(resp); err != nil {
 		return 0, err
@@ -210,8 +219,8 @@ func (s *Server) watchFrom(ctx context.Context, stream grpc.ServerStreamingServe
 	return 0, status.Error(codes.Unavailable, "watch closed by etcd")
 }
 
-// watchEvent converts an etcd event on a settings or user key; nil for
-// other keys (bucket states).
+// watchEvent converts an etcd event on a settings, user or watch key; nil
+// for other keys (bucket states, the watch id counter).
 func watchEvent(ev *clientv3.Event) (*pb.WatchEvent, error) {
 	key := string(ev.Kv.Key)
 	typ := pb.WatchEvent_PUT
@@ -239,6 +248,8 @@ func watchEvent(ev *clientv3.Event) (*pb.WatchEvent, error) {
 			return nil, err
 		}
 		return &pb.WatchEvent{Type: typ, Binding: pb.BindingToPB(b)}, nil
+	case strings.HasPrefix(key, keyWatches):
+		return watchEntryEvent(typ, ev.Kv.Value, key)
 	}
 	return nil, nil
 }

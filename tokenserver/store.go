@@ -99,6 +99,8 @@ func decodeBinding(user string, data []byte) (resourcegroup.Binding, error) {
 // any replica never overwrite each other silently.
 type EtcdStore struct {
 	cli *clientv3.Client
+	// now is the clock of watch creation and expiry; nil = time.Now.
+	now func() time.Time
 }
 
 var _ resourcegroup.Store = (*EtcdStore)(nil)

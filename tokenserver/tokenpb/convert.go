@@ -76,6 +76,42 @@ func BindingFromPB(p *Binding) resourcegroup.Binding {
 	return resourcegroup.Binding{User: p.GetUser(), Host: p.GetHost(), Group: p.GetGroup()}
 }
 
+// WatchToPB converts a runaway watch entry to its wire form. Times travel
+// as Unix milliseconds; the zero time is 0.
+func WatchToPB(w resourcegroup.Watch) *RunawayWatch {
+	return &RunawayWatch{
+		Id: w.ID, Group: w.Group, Action: Action(w.Action), SwitchGroup: w.SwitchGroup,
+		Match: WatchType(w.Match), Text: w.Text, Source: w.Source,
+		CreatedUnixMs: unixMs(w.Created), ExpiresUnixMs: unixMs(w.Expires),
+	}
+}
+
+// WatchFromPB converts the wire form to a watch entry (not validated).
+func WatchFromPB(p *RunawayWatch) resourcegroup.Watch {
+	if p == nil {
+		return resourcegroup.Watch{}
+	}
+	return resourcegroup.Watch{
+		ID: p.GetId(), Group: p.GetGroup(), Action: resourcegroup.Action(p.GetAction()),
+		SwitchGroup: p.GetSwitchGroup(), Match: resourcegroup.WatchType(p.GetMatch()), Text: p.GetText(),
+		Source: p.GetSource(), Created: fromUnixMs(p.GetCreatedUnixMs()), Expires: fromUnixMs(p.GetExpiresUnixMs()),
+	}
+}
+
+func unixMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromUnixMs(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
 // A ResourceGroupService error that stands for a *resourcegroup.Error
 // carries an errdetails.ErrorInfo with this domain, one of the Reason
 // values below, and the MySQL code and SQLSTATE in its metadata.
@@ -90,6 +126,9 @@ const (
 	ReasonConflict = "CONFLICT"
 	// ReasonReserved: dropping the `default` group (ErrInvalid).
 	ReasonReserved = "RESERVED"
+	// ReasonWatchNotFound: removing an unknown runaway watch
+	// (ErrWatchNotFound).
+	ReasonWatchNotFound = "WATCH_NOT_FOUND"
 )
 
 // ErrorInfo describes e for a status's details.
@@ -124,6 +163,8 @@ func ErrorFromStatus(err error) error {
 			sentinel = resourcegroup.ErrConflict
 		case ReasonInvalid, ReasonReserved:
 			sentinel = resourcegroup.ErrInvalid
+		case ReasonWatchNotFound:
+			sentinel = resourcegroup.ErrWatchNotFound
 		default:
 			return err
 		}

@@ -35,3 +35,32 @@ func TestGroupRoundTrip(t *testing.T) {
 		t.Errorf("binding round trip: %+v", back)
 	}
 }
+
+func TestWatchRoundTrip(t *testing.T) {
+	created := time.UnixMilli(1_700_000_000_123)
+	tests := []resourcegroup.Watch{
+		{},
+		{ID: 7, Group: "rg1", Action: resourcegroup.ActionKill, Match: resourcegroup.WatchExact,
+			Text: "select sleep(5)", Source: resourcegroup.WatchSourceManual, Created: created},
+		{ID: 1 << 40, Group: "rg2", Action: resourcegroup.ActionSwitchGroup, SwitchGroup: "rg1",
+			Match: resourcegroup.WatchSimilar, Text: "e3b0c442", Source: "proxy-a",
+			Created: created, Expires: created.Add(10 * time.Minute)},
+	}
+	for _, w := range tests {
+		p := WatchToPB(w)
+		if w.Expires.IsZero() != (p.GetExpiresUnixMs() == 0) {
+			t.Errorf("%d: zero expiry sent as %d", w.ID, p.GetExpiresUnixMs())
+		}
+		back := WatchFromPB(p)
+		if !back.Created.Equal(w.Created) || !back.Expires.Equal(w.Expires) {
+			t.Errorf("times: %+v became %+v", w, back)
+		}
+		back.Created, back.Expires, w.Created, w.Expires = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		if back != w {
+			t.Errorf("round trip: %+v became %+v", w, back)
+		}
+	}
+	if w := WatchFromPB(nil); w != (resourcegroup.Watch{}) {
+		t.Errorf("nil: %+v", w)
+	}
+}

@@ -277,7 +277,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{22, 0}
+	return file_tokenpb_proto_rawDescGZIP(), []int{29, 0}
 }
 
 // QueryLimit is a group's runaway-query rule; exactly one of exec_elapsed_ms
@@ -1301,9 +1301,396 @@ func (x *ListBindingsResponse) GetRevision() int64 {
 	return 0
 }
 
+// RunawayWatch is one entry of the runaway watch list, stored under
+// /rg/watches/<id>.
+type RunawayWatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Global id, assigned by rgserver from /rg/watch-seq; 0 in AddWatch.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The watched group.
+	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	// ACTION_NONE = the group's QUERY_LIMIT action.
+	Action Action `protobuf:"varint,3,opt,name=action,proto3,enum=rgproxy.token.v1.Action" json:"action,omitempty"`
+	// Target of ACTION_SWITCH_GROUP.
+	SwitchGroup string `protobuf:"bytes,4,opt,name=switch_group,json=switchGroup,proto3" json:"switch_group,omitempty"`
+	// WATCH_EXACT (text is the SQL text) or WATCH_SIMILAR (text is the
+	// normalized digest).
+	Match WatchType `protobuf:"varint,5,opt,name=match,proto3,enum=rgproxy.token.v1.WatchType" json:"match,omitempty"`
+	Text  string    `protobuf:"bytes,6,opt,name=text,proto3" json:"text,omitempty"`
+	// "manual" (QUERY WATCH ADD) or the id of the proxy that caught it.
+	Source string `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
+	// Creation time, Unix milliseconds; 0 in AddWatch = the server's now.
+	CreatedUnixMs int64 `protobuf:"varint,8,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// Expiry time, Unix milliseconds; 0 = never.
+	ExpiresUnixMs int64 `protobuf:"varint,9,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunawayWatch) Reset() {
+	*x = RunawayWatch{}
+	mi := &file_tokenpb_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunawayWatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunawayWatch) ProtoMessage() {}
+
+func (x *RunawayWatch) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunawayWatch.ProtoReflect.Descriptor instead.
+func (*RunawayWatch) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RunawayWatch) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *RunawayWatch) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *RunawayWatch) GetAction() Action {
+	if x != nil {
+		return x.Action
+	}
+	return Action_ACTION_NONE
+}
+
+func (x *RunawayWatch) GetSwitchGroup() string {
+	if x != nil {
+		return x.SwitchGroup
+	}
+	return ""
+}
+
+func (x *RunawayWatch) GetMatch() WatchType {
+	if x != nil {
+		return x.Match
+	}
+	return WatchType_WATCH_NONE
+}
+
+func (x *RunawayWatch) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *RunawayWatch) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *RunawayWatch) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *RunawayWatch) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+type AddWatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Watch         *RunawayWatch          `protobuf:"bytes,1,opt,name=watch,proto3" json:"watch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddWatchRequest) Reset() {
+	*x = AddWatchRequest{}
+	mi := &file_tokenpb_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddWatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddWatchRequest) ProtoMessage() {}
+
+func (x *AddWatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddWatchRequest.ProtoReflect.Descriptor instead.
+func (*AddWatchRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *AddWatchRequest) GetWatch() *RunawayWatch {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+type AddWatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stored watch with its id: the new one, or the live one with the
+	// same group, match and text.
+	Watch *RunawayWatch `protobuf:"bytes,1,opt,name=watch,proto3" json:"watch,omitempty"`
+	// True when watch is an existing entry.
+	Existing      bool `protobuf:"varint,2,opt,name=existing,proto3" json:"existing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddWatchResponse) Reset() {
+	*x = AddWatchResponse{}
+	mi := &file_tokenpb_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddWatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddWatchResponse) ProtoMessage() {}
+
+func (x *AddWatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddWatchResponse.ProtoReflect.Descriptor instead.
+func (*AddWatchResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *AddWatchResponse) GetWatch() *RunawayWatch {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+func (x *AddWatchResponse) GetExisting() bool {
+	if x != nil {
+		return x.Existing
+	}
+	return false
+}
+
+type RemoveWatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveWatchRequest) Reset() {
+	*x = RemoveWatchRequest{}
+	mi := &file_tokenpb_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveWatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWatchRequest) ProtoMessage() {}
+
+func (x *RemoveWatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWatchRequest.ProtoReflect.Descriptor instead.
+func (*RemoveWatchRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RemoveWatchRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+type RemoveWatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveWatchResponse) Reset() {
+	*x = RemoveWatchResponse{}
+	mi := &file_tokenpb_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveWatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveWatchResponse) ProtoMessage() {}
+
+func (x *RemoveWatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveWatchResponse.ProtoReflect.Descriptor instead.
+func (*RemoveWatchResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{25}
+}
+
+type ListWatchesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWatchesRequest) Reset() {
+	*x = ListWatchesRequest{}
+	mi := &file_tokenpb_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWatchesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWatchesRequest) ProtoMessage() {}
+
+func (x *ListWatchesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWatchesRequest.ProtoReflect.Descriptor instead.
+func (*ListWatchesRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{26}
+}
+
+type ListWatchesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The live watches, sorted by id.
+	Watches       []*RunawayWatch `protobuf:"bytes,1,rep,name=watches,proto3" json:"watches,omitempty"`
+	Revision      int64           `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWatchesResponse) Reset() {
+	*x = ListWatchesResponse{}
+	mi := &file_tokenpb_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWatchesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWatchesResponse) ProtoMessage() {}
+
+func (x *ListWatchesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWatchesResponse.ProtoReflect.Descriptor instead.
+func (*ListWatchesResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListWatchesResponse) GetWatches() []*RunawayWatch {
+	if x != nil {
+		return x.Watches
+	}
+	return nil
+}
+
+func (x *ListWatchesResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// 0: start with a snapshot of every group and binding, then changes after
+	// 0: start with a snapshot of every group, binding and watch, then changes after
 	// it. > 0: send the changes made after this revision (the revision of the
 	// last WatchResponse seen). If that history was compacted away, the server
 	// sends a fresh snapshot instead (snapshot = true).
@@ -1314,7 +1701,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_tokenpb_proto_msgTypes[21]
+	mi := &file_tokenpb_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1713,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[21]
+	mi := &file_tokenpb_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1726,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{21}
+	return file_tokenpb_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchRequest) GetAfterRevision() int64 {
@@ -1352,17 +1739,19 @@ func (x *WatchRequest) GetAfterRevision() int64 {
 type WatchEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  WatchEvent_Type        `protobuf:"varint,1,opt,name=type,proto3,enum=rgproxy.token.v1.WatchEvent_Type" json:"type,omitempty"`
-	// Exactly one of group and binding is set. On DELETE only the name (or
-	// user) is filled in.
+	// Exactly one of group, binding and watch is set. On DELETE only the
+	// name (or user, or id) is filled in. A watch is deleted when removed or
+	// when it expires.
 	Group         *ResourceGroup `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
 	Binding       *Binding       `protobuf:"bytes,3,opt,name=binding,proto3" json:"binding,omitempty"`
+	Watch         *RunawayWatch  `protobuf:"bytes,4,opt,name=watch,proto3" json:"watch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_tokenpb_proto_msgTypes[22]
+	mi := &file_tokenpb_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1763,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[22]
+	mi := &file_tokenpb_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1776,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{22}
+	return file_tokenpb_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -1411,13 +1800,20 @@ func (x *WatchEvent) GetBinding() *Binding {
 	return nil
 }
 
+func (x *WatchEvent) GetWatch() *RunawayWatch {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
 type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The etcd revision these events bring the watcher to; pass it back as
 	// after_revision to resume.
 	Revision int64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	// True when events are a full snapshot: the watcher must replace its whole
-	// cache with them (every group and binding as PUT).
+	// cache with them (every group, binding and runaway watch as PUT).
 	Snapshot      bool          `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	Events        []*WatchEvent `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1426,7 +1822,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_tokenpb_proto_msgTypes[23]
+	mi := &file_tokenpb_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1834,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[23]
+	mi := &file_tokenpb_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1847,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{23}
+	return file_tokenpb_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchResponse) GetRevision() int64 {
@@ -1492,7 +1888,7 @@ type Consumption struct {
 
 func (x *Consumption) Reset() {
 	*x = Consumption{}
-	mi := &file_tokenpb_proto_msgTypes[24]
+	mi := &file_tokenpb_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1900,7 @@ func (x *Consumption) String() string {
 func (*Consumption) ProtoMessage() {}
 
 func (x *Consumption) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[24]
+	mi := &file_tokenpb_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1913,7 @@ func (x *Consumption) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Consumption.ProtoReflect.Descriptor instead.
 func (*Consumption) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{24}
+	return file_tokenpb_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Consumption) GetRru() float64 {
@@ -1586,7 +1982,7 @@ type GroupTokenRequest struct {
 
 func (x *GroupTokenRequest) Reset() {
 	*x = GroupTokenRequest{}
-	mi := &file_tokenpb_proto_msgTypes[25]
+	mi := &file_tokenpb_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1994,7 @@ func (x *GroupTokenRequest) String() string {
 func (*GroupTokenRequest) ProtoMessage() {}
 
 func (x *GroupTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[25]
+	mi := &file_tokenpb_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +2007,7 @@ func (x *GroupTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupTokenRequest.ProtoReflect.Descriptor instead.
 func (*GroupTokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{25}
+	return file_tokenpb_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GroupTokenRequest) GetGroup() string {
@@ -1670,7 +2066,7 @@ type TokenRequest struct {
 
 func (x *TokenRequest) Reset() {
 	*x = TokenRequest{}
-	mi := &file_tokenpb_proto_msgTypes[26]
+	mi := &file_tokenpb_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +2078,7 @@ func (x *TokenRequest) String() string {
 func (*TokenRequest) ProtoMessage() {}
 
 func (x *TokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[26]
+	mi := &file_tokenpb_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +2091,7 @@ func (x *TokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRequest.ProtoReflect.Descriptor instead.
 func (*TokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{26}
+	return file_tokenpb_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TokenRequest) GetProxyId() string {
@@ -1750,7 +2146,7 @@ type GroupGrant struct {
 
 func (x *GroupGrant) Reset() {
 	*x = GroupGrant{}
-	mi := &file_tokenpb_proto_msgTypes[27]
+	mi := &file_tokenpb_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +2158,7 @@ func (x *GroupGrant) String() string {
 func (*GroupGrant) ProtoMessage() {}
 
 func (x *GroupGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[27]
+	mi := &file_tokenpb_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +2171,7 @@ func (x *GroupGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupGrant.ProtoReflect.Descriptor instead.
 func (*GroupGrant) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{27}
+	return file_tokenpb_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GroupGrant) GetGroup() string {
@@ -1852,7 +2248,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_tokenpb_proto_msgTypes[28]
+	mi := &file_tokenpb_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +2260,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[28]
+	mi := &file_tokenpb_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +2273,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{28}
+	return file_tokenpb_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NotLeader) GetLeaderAddr() string {
@@ -1901,7 +2297,7 @@ type TokenResponse struct {
 
 func (x *TokenResponse) Reset() {
 	*x = TokenResponse{}
-	mi := &file_tokenpb_proto_msgTypes[29]
+	mi := &file_tokenpb_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2309,7 @@ func (x *TokenResponse) String() string {
 func (*TokenResponse) ProtoMessage() {}
 
 func (x *TokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[29]
+	mi := &file_tokenpb_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2322,7 @@ func (x *TokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenResponse.ProtoReflect.Descriptor instead.
 func (*TokenResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{29}
+	return file_tokenpb_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *TokenResponse) GetRequestId() uint64 {
@@ -2009,14 +2405,37 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x13ListBindingsRequest\"i\n" +
 	"\x14ListBindingsResponse\x125\n" +
 	"\bbindings\x18\x01 \x03(\v2\x19.rgproxy.token.v1.BindingR\bbindings\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"\xb8\x02\n" +
+	"\fRunawayWatch\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x120\n" +
+	"\x06action\x18\x03 \x01(\x0e2\x18.rgproxy.token.v1.ActionR\x06action\x12!\n" +
+	"\fswitch_group\x18\x04 \x01(\tR\vswitchGroup\x121\n" +
+	"\x05match\x18\x05 \x01(\x0e2\x1b.rgproxy.token.v1.WatchTypeR\x05match\x12\x12\n" +
+	"\x04text\x18\x06 \x01(\tR\x04text\x12\x16\n" +
+	"\x06source\x18\a \x01(\tR\x06source\x12&\n" +
+	"\x0fcreated_unix_ms\x18\b \x01(\x03R\rcreatedUnixMs\x12&\n" +
+	"\x0fexpires_unix_ms\x18\t \x01(\x03R\rexpiresUnixMs\"G\n" +
+	"\x0fAddWatchRequest\x124\n" +
+	"\x05watch\x18\x01 \x01(\v2\x1e.rgproxy.token.v1.RunawayWatchR\x05watch\"d\n" +
+	"\x10AddWatchResponse\x124\n" +
+	"\x05watch\x18\x01 \x01(\v2\x1e.rgproxy.token.v1.RunawayWatchR\x05watch\x12\x1a\n" +
+	"\bexisting\x18\x02 \x01(\bR\bexisting\"$\n" +
+	"\x12RemoveWatchRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\x15\n" +
+	"\x13RemoveWatchResponse\"\x14\n" +
+	"\x12ListWatchesRequest\"k\n" +
+	"\x13ListWatchesResponse\x128\n" +
+	"\awatches\x18\x01 \x03(\v2\x1e.rgproxy.token.v1.RunawayWatchR\awatches\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"5\n" +
 	"\fWatchRequest\x12%\n" +
-	"\x0eafter_revision\x18\x01 \x01(\x03R\rafterRevision\"\xcc\x01\n" +
+	"\x0eafter_revision\x18\x01 \x01(\x03R\rafterRevision\"\x82\x02\n" +
 	"\n" +
 	"WatchEvent\x125\n" +
 	"\x04type\x18\x01 \x01(\x0e2!.rgproxy.token.v1.WatchEvent.TypeR\x04type\x125\n" +
 	"\x05group\x18\x02 \x01(\v2\x1f.rgproxy.token.v1.ResourceGroupR\x05group\x123\n" +
-	"\abinding\x18\x03 \x01(\v2\x19.rgproxy.token.v1.BindingR\abinding\"\x1b\n" +
+	"\abinding\x18\x03 \x01(\v2\x19.rgproxy.token.v1.BindingR\abinding\x124\n" +
+	"\x05watch\x18\x04 \x01(\v2\x1e.rgproxy.token.v1.RunawayWatchR\x05watch\"\x1b\n" +
 	"\x04Type\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -2089,7 +2508,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"WATCH_NONE\x10\x00\x12\x0f\n" +
 	"\vWATCH_EXACT\x10\x01\x12\x11\n" +
-	"\rWATCH_SIMILAR\x10\x022\xfd\x06\n" +
+	"\rWATCH_SIMILAR\x10\x022\x88\t\n" +
 	"\x14ResourceGroupService\x12Z\n" +
 	"\vCreateGroup\x12$.rgproxy.token.v1.CreateGroupRequest\x1a%.rgproxy.token.v1.CreateGroupResponse\x12W\n" +
 	"\n" +
@@ -2103,7 +2522,10 @@ const file_tokenpb_proto_rawDesc = "" +
 	"UnbindUser\x12#.rgproxy.token.v1.UnbindUserRequest\x1a$.rgproxy.token.v1.UnbindUserResponse\x12W\n" +
 	"\n" +
 	"GetBinding\x12#.rgproxy.token.v1.GetBindingRequest\x1a$.rgproxy.token.v1.GetBindingResponse\x12]\n" +
-	"\fListBindings\x12%.rgproxy.token.v1.ListBindingsRequest\x1a&.rgproxy.token.v1.ListBindingsResponse\x12J\n" +
+	"\fListBindings\x12%.rgproxy.token.v1.ListBindingsRequest\x1a&.rgproxy.token.v1.ListBindingsResponse\x12Q\n" +
+	"\bAddWatch\x12!.rgproxy.token.v1.AddWatchRequest\x1a\".rgproxy.token.v1.AddWatchResponse\x12Z\n" +
+	"\vRemoveWatch\x12$.rgproxy.token.v1.RemoveWatchRequest\x1a%.rgproxy.token.v1.RemoveWatchResponse\x12Z\n" +
+	"\vListWatches\x12$.rgproxy.token.v1.ListWatchesRequest\x1a%.rgproxy.token.v1.ListWatchesResponse\x12J\n" +
 	"\x05Watch\x12\x1e.rgproxy.token.v1.WatchRequest\x1a\x1f.rgproxy.token.v1.WatchResponse0\x012d\n" +
 	"\fTokenService\x12T\n" +
 	"\rAcquireTokens\x12\x1e.rgproxy.token.v1.TokenRequest\x1a\x1f.rgproxy.token.v1.TokenResponse(\x010\x01B0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
@@ -2121,7 +2543,7 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_tokenpb_proto_goTypes = []any{
 	(Priority)(0),                // 0: rgproxy.token.v1.Priority
 	(BurstMode)(0),               // 1: rgproxy.token.v1.BurstMode
@@ -2149,15 +2571,22 @@ var file_tokenpb_proto_goTypes = []any{
 	(*GetBindingResponse)(nil),   // 23: rgproxy.token.v1.GetBindingResponse
 	(*ListBindingsRequest)(nil),  // 24: rgproxy.token.v1.ListBindingsRequest
 	(*ListBindingsResponse)(nil), // 25: rgproxy.token.v1.ListBindingsResponse
-	(*WatchRequest)(nil),         // 26: rgproxy.token.v1.WatchRequest
-	(*WatchEvent)(nil),           // 27: rgproxy.token.v1.WatchEvent
-	(*WatchResponse)(nil),        // 28: rgproxy.token.v1.WatchResponse
-	(*Consumption)(nil),          // 29: rgproxy.token.v1.Consumption
-	(*GroupTokenRequest)(nil),    // 30: rgproxy.token.v1.GroupTokenRequest
-	(*TokenRequest)(nil),         // 31: rgproxy.token.v1.TokenRequest
-	(*GroupGrant)(nil),           // 32: rgproxy.token.v1.GroupGrant
-	(*NotLeader)(nil),            // 33: rgproxy.token.v1.NotLeader
-	(*TokenResponse)(nil),        // 34: rgproxy.token.v1.TokenResponse
+	(*RunawayWatch)(nil),         // 26: rgproxy.token.v1.RunawayWatch
+	(*AddWatchRequest)(nil),      // 27: rgproxy.token.v1.AddWatchRequest
+	(*AddWatchResponse)(nil),     // 28: rgproxy.token.v1.AddWatchResponse
+	(*RemoveWatchRequest)(nil),   // 29: rgproxy.token.v1.RemoveWatchRequest
+	(*RemoveWatchResponse)(nil),  // 30: rgproxy.token.v1.RemoveWatchResponse
+	(*ListWatchesRequest)(nil),   // 31: rgproxy.token.v1.ListWatchesRequest
+	(*ListWatchesResponse)(nil),  // 32: rgproxy.token.v1.ListWatchesResponse
+	(*WatchRequest)(nil),         // 33: rgproxy.token.v1.WatchRequest
+	(*WatchEvent)(nil),           // 34: rgproxy.token.v1.WatchEvent
+	(*WatchResponse)(nil),        // 35: rgproxy.token.v1.WatchResponse
+	(*Consumption)(nil),          // 36: rgproxy.token.v1.Consumption
+	(*GroupTokenRequest)(nil),    // 37: rgproxy.token.v1.GroupTokenRequest
+	(*TokenRequest)(nil),         // 38: rgproxy.token.v1.TokenRequest
+	(*GroupGrant)(nil),           // 39: rgproxy.token.v1.GroupGrant
+	(*NotLeader)(nil),            // 40: rgproxy.token.v1.NotLeader
+	(*TokenResponse)(nil),        // 41: rgproxy.token.v1.TokenResponse
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
@@ -2174,41 +2603,53 @@ var file_tokenpb_proto_depIdxs = []int32{
 	7,  // 11: rgproxy.token.v1.BindUserRequest.binding:type_name -> rgproxy.token.v1.Binding
 	7,  // 12: rgproxy.token.v1.GetBindingResponse.binding:type_name -> rgproxy.token.v1.Binding
 	7,  // 13: rgproxy.token.v1.ListBindingsResponse.bindings:type_name -> rgproxy.token.v1.Binding
-	4,  // 14: rgproxy.token.v1.WatchEvent.type:type_name -> rgproxy.token.v1.WatchEvent.Type
-	6,  // 15: rgproxy.token.v1.WatchEvent.group:type_name -> rgproxy.token.v1.ResourceGroup
-	7,  // 16: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
-	27, // 17: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
-	29, // 18: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
-	30, // 19: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
-	32, // 20: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
-	33, // 21: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	8,  // 22: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	10, // 23: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	12, // 24: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	14, // 25: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	16, // 26: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	18, // 27: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	20, // 28: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	22, // 29: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	24, // 30: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	26, // 31: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	31, // 32: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	9,  // 33: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	11, // 34: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	13, // 35: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	15, // 36: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	17, // 37: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	19, // 38: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	21, // 39: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	23, // 40: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	25, // 41: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	28, // 42: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	34, // 43: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	33, // [33:44] is the sub-list for method output_type
-	22, // [22:33] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	2,  // 14: rgproxy.token.v1.RunawayWatch.action:type_name -> rgproxy.token.v1.Action
+	3,  // 15: rgproxy.token.v1.RunawayWatch.match:type_name -> rgproxy.token.v1.WatchType
+	26, // 16: rgproxy.token.v1.AddWatchRequest.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	26, // 17: rgproxy.token.v1.AddWatchResponse.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	26, // 18: rgproxy.token.v1.ListWatchesResponse.watches:type_name -> rgproxy.token.v1.RunawayWatch
+	4,  // 19: rgproxy.token.v1.WatchEvent.type:type_name -> rgproxy.token.v1.WatchEvent.Type
+	6,  // 20: rgproxy.token.v1.WatchEvent.group:type_name -> rgproxy.token.v1.ResourceGroup
+	7,  // 21: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
+	26, // 22: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	34, // 23: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
+	36, // 24: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
+	37, // 25: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
+	39, // 26: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
+	40, // 27: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	8,  // 28: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	10, // 29: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	12, // 30: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	14, // 31: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	16, // 32: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	18, // 33: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	20, // 34: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	22, // 35: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	24, // 36: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	27, // 37: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	29, // 38: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	31, // 39: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	33, // 40: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	38, // 41: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	9,  // 42: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	11, // 43: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	13, // 44: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	15, // 45: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	17, // 46: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	19, // 47: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	21, // 48: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	23, // 49: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	25, // 50: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	28, // 51: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	30, // 52: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	32, // 53: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	35, // 54: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	41, // 55: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	42, // [42:56] is the sub-list for method output_type
+	28, // [28:42] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -2222,7 +2663,7 @@ func file_tokenpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   30,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

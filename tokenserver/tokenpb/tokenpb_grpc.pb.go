@@ -32,6 +32,9 @@ const (
 	ResourceGroupService_UnbindUser_FullMethodName   = "/rgproxy.token.v1.ResourceGroupService/UnbindUser"
 	ResourceGroupService_GetBinding_FullMethodName   = "/rgproxy.token.v1.ResourceGroupService/GetBinding"
 	ResourceGroupService_ListBindings_FullMethodName = "/rgproxy.token.v1.ResourceGroupService/ListBindings"
+	ResourceGroupService_AddWatch_FullMethodName     = "/rgproxy.token.v1.ResourceGroupService/AddWatch"
+	ResourceGroupService_RemoveWatch_FullMethodName  = "/rgproxy.token.v1.ResourceGroupService/RemoveWatch"
+	ResourceGroupService_ListWatches_FullMethodName  = "/rgproxy.token.v1.ResourceGroupService/ListWatches"
 	ResourceGroupService_Watch_FullMethodName        = "/rgproxy.token.v1.ResourceGroupService/Watch"
 )
 
@@ -39,7 +42,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// ResourceGroupService manages groups and bindings. Writes need the admin
+// ResourceGroupService manages groups, bindings and runaway watches. Writes need the admin
 // bearer token ("authorization: Bearer <token>" metadata) when the server has
 // one configured. Any replica answers (reads and writes go to etcd).
 type ResourceGroupServiceClient interface {
@@ -52,7 +55,15 @@ type ResourceGroupServiceClient interface {
 	UnbindUser(ctx context.Context, in *UnbindUserRequest, opts ...grpc.CallOption) (*UnbindUserResponse, error)
 	GetBinding(ctx context.Context, in *GetBindingRequest, opts ...grpc.CallOption) (*GetBindingResponse, error)
 	ListBindings(ctx context.Context, in *ListBindingsRequest, opts ...grpc.CallOption) (*ListBindingsResponse, error)
-	// Watch streams settings and binding changes with their etcd revision.
+	// AddWatch adds a runaway watch entry (deduplicated on group, match and
+	// text while one is live); it expires after its expires_unix_ms.
+	AddWatch(ctx context.Context, in *AddWatchRequest, opts ...grpc.CallOption) (*AddWatchResponse, error)
+	// RemoveWatch deletes a watch entry; NotFound if there is none.
+	RemoveWatch(ctx context.Context, in *RemoveWatchRequest, opts ...grpc.CallOption) (*RemoveWatchResponse, error)
+	// ListWatches returns the live watch entries.
+	ListWatches(ctx context.Context, in *ListWatchesRequest, opts ...grpc.CallOption) (*ListWatchesResponse, error)
+	// Watch streams settings, binding and runaway watch changes with their
+	// etcd revision.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 }
 
@@ -154,6 +165,36 @@ func (c *resourceGroupServiceClient) ListBindings(ctx context.Context, in *ListB
 	return out, nil
 }
 
+func (c *resourceGroupServiceClient) AddWatch(ctx context.Context, in *AddWatchRequest, opts ...grpc.CallOption) (*AddWatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddWatchResponse)
+	err := c.cc.Invoke(ctx, ResourceGroupService_AddWatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceGroupServiceClient) RemoveWatch(ctx context.Context, in *RemoveWatchRequest, opts ...grpc.CallOption) (*RemoveWatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveWatchResponse)
+	err := c.cc.Invoke(ctx, ResourceGroupService_RemoveWatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceGroupServiceClient) ListWatches(ctx context.Context, in *ListWatchesRequest, opts ...grpc.CallOption) (*ListWatchesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWatchesResponse)
+	err := c.cc.Invoke(ctx, ResourceGroupService_ListWatches_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *resourceGroupServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &ResourceGroupService_ServiceDesc.Streams[0], ResourceGroupService_Watch_FullMethodName, cOpts...)
@@ -177,7 +218,7 @@ type ResourceGroupService_WatchClient = grpc.ServerStreamingClient[WatchResponse
 // All implementations must embed UnimplementedResourceGroupServiceServer
 // for forward compatibility.
 //
-// ResourceGroupService manages groups and bindings. Writes need the admin
+// ResourceGroupService manages groups, bindings and runaway watches. Writes need the admin
 // bearer token ("authorization: Bearer <token>" metadata) when the server has
 // one configured. Any replica answers (reads and writes go to etcd).
 type ResourceGroupServiceServer interface {
@@ -190,7 +231,15 @@ type ResourceGroupServiceServer interface {
 	UnbindUser(context.Context, *UnbindUserRequest) (*UnbindUserResponse, error)
 	GetBinding(context.Context, *GetBindingRequest) (*GetBindingResponse, error)
 	ListBindings(context.Context, *ListBindingsRequest) (*ListBindingsResponse, error)
-	// Watch streams settings and binding changes with their etcd revision.
+	// AddWatch adds a runaway watch entry (deduplicated on group, match and
+	// text while one is live); it expires after its expires_unix_ms.
+	AddWatch(context.Context, *AddWatchRequest) (*AddWatchResponse, error)
+	// RemoveWatch deletes a watch entry; NotFound if there is none.
+	RemoveWatch(context.Context, *RemoveWatchRequest) (*RemoveWatchResponse, error)
+	// ListWatches returns the live watch entries.
+	ListWatches(context.Context, *ListWatchesRequest) (*ListWatchesResponse, error)
+	// Watch streams settings, binding and runaway watch changes with their
+	// etcd revision.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	mustEmbedUnimplementedResourceGroupServiceServer()
 }
@@ -228,6 +277,15 @@ func (UnimplementedResourceGroupServiceServer) GetBinding(context.Context, *GetB
 }
 func (UnimplementedResourceGroupServiceServer) ListBindings(context.Context, *ListBindingsRequest) (*ListBindingsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListBindings not implemented")
+}
+func (UnimplementedResourceGroupServiceServer) AddWatch(context.Context, *AddWatchRequest) (*AddWatchResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AddWatch not implemented")
+}
+func (UnimplementedResourceGroupServiceServer) RemoveWatch(context.Context, *RemoveWatchRequest) (*RemoveWatchResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveWatch not implemented")
+}
+func (UnimplementedResourceGroupServiceServer) ListWatches(context.Context, *ListWatchesRequest) (*ListWatchesResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListWatches not implemented")
 }
 func (UnimplementedResourceGroupServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
@@ -415,6 +473,60 @@ func _ResourceGroupService_ListBindings_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ResourceGroupService_AddWatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddWatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceGroupServiceServer).AddWatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceGroupService_AddWatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceGroupServiceServer).AddWatch(ctx, req.(*AddWatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceGroupService_RemoveWatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveWatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceGroupServiceServer).RemoveWatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceGroupService_RemoveWatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceGroupServiceServer).RemoveWatch(ctx, req.(*RemoveWatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceGroupService_ListWatches_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWatchesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceGroupServiceServer).ListWatches(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceGroupService_ListWatches_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceGroupServiceServer).ListWatches(ctx, req.(*ListWatchesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _ResourceGroupService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -468,6 +580,18 @@ var ResourceGroupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListBindings",
 			Handler:    _ResourceGroupService_ListBindings_Handler,
+		},
+		{
+			MethodName: "AddWatch",
+			Handler:    _ResourceGroupService_AddWatch_Handler,
+		},
+		{
+			MethodName: "RemoveWatch",
+			Handler:    _ResourceGroupService_RemoveWatch_Handler,
+		},
+		{
+			MethodName: "ListWatches",
+			Handler:    _ResourceGroupService_ListWatches_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
