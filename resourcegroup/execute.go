@@ -64,7 +64,7 @@ func Execute(ctx context.Context, st Statement, store Store) (*Result, error) {
 	case *SelectGroups:
 		return selectGroups(ctx, s, store)
 	case *QueryWatchAdd, *QueryWatchRemove, *SelectWatches:
-		return nil, NewUnsupported("runaway watches")
+		return executeWatch(ctx, st, store)
 	case nil:
 		return nil, fmt.Errorf("resourcegroup: execute: %w", ErrUnsupported)
 	}

@@ -172,3 +172,14 @@ func (s rpcStore) ListWatches(ctx context.Context) ([]resourcegroup.Watch, error
 	}
 	return s.c.Watches(), nil
 }
+
+// HasWatches reports whether any EXACT, and any SIMILAR, watch is cached,
+// so that a caller computes a statement's digest only when it can match.
+// It takes no lock.
+func (c *Client) HasWatches() (exact, similar bool) {
+	idx := c.watchIdx.Load()
+	if idx == nil {
+		return false, false
+	}
+	return len(idx.exact) > 0, len(idx.similar) > 0
+}

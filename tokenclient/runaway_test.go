@@ -33,6 +33,9 @@ func TestWatchCacheMatchAndExpiry(t *testing.T) {
 	c2, _ := startClient(t, nil, s.addr)
 	st := watchStoreOf(t, c)
 	ctx := context.Background()
+	if e, sim := c.HasWatches(); e || sim {
+		t.Fatalf("HasWatches before any watch: %v %v", e, sim)
+	}
 
 	exact, err := st.AddWatch(ctx, resourcegroup.Watch{Group: "RG1", Match: resourcegroup.WatchExact,
 		Text: "SELECT SLEEP(5)", Action: resourcegroup.ActionKill, Source: resourcegroup.WatchSourceManual,
@@ -47,6 +50,9 @@ func TestWatchCacheMatchAndExpiry(t *testing.T) {
 		Text: "digest-1", Action: resourcegroup.ActionSwitchGroup, SwitchGroup: "RG1", Source: "proxy-9"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if e, sim := c.HasWatches(); !e || !sim {
+		t.Fatalf("HasWatches with an EXACT and a SIMILAR watch: %v %v", e, sim)
 	}
 	if dup, err := st.AddWatch(ctx, resourcegroup.Watch{Group: "rg1", Match: resourcegroup.WatchExact, Text: "SELECT SLEEP(5)"}); err != nil || dup.ID != exact.ID {
 		t.Fatalf("duplicate add = %+v, %v", dup, err)

@@ -88,6 +88,8 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		}
 		policy = &rgPolicy{
 			service:   svc,
+			proxyID:   proxyID(cfg),
+			cooldown:  make(chan struct{}, 1),
 			tokens:    tc,
 			cost:      cfg.RU,
 			strict:    cfg.StrictResourceGroups,
@@ -167,11 +169,7 @@ func startTokenClient(ctx context.Context, cfg config, m *metrics, logger *slog.
 			tcfg.Servers = append(tcfg.Servers, s)
 		}
 	}
-	if tcfg.ProxyID == "" {
-		host, _ := os.Hostname()
-		_, port, _ := net.SplitHostPort(cfg.Listen)
-		tcfg.ProxyID = host + ":" + port
-	}
+	tcfg.ProxyID = proxyID(cfg)
 	if cfg.TokenServerTokenFile != "" {
 		b, err := os.ReadFile(cfg.TokenServerTokenFile)
 		if err != nil {
@@ -190,6 +188,16 @@ func startTokenClient(ctx context.Context, cfg config, m *metrics, logger *slog.
 			"token_servers", cfg.TokenServers, "err", err)
 	}
 	return tc, nil
+}
+
+// proxyID is --proxy-id, or hostname:listen-port.
+func proxyID(cfg config) string {
+	if cfg.ProxyID != "" {
+		return cfg.ProxyID
+	}
+	host, _ := os.Hostname()
+	_, port, _ := net.SplitHostPort(cfg.Listen)
+	return host + ":" + port
 }
 
 // proxyConfig turns flags into mysqlproto's configuration, loading TLS

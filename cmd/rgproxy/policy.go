@@ -27,6 +27,9 @@ type tokens interface {
 	Binding(user string) (resourcegroup.Binding, bool)
 	Store() resourcegroup.Store
 	Usage(now time.Time) []tokenclient.GroupUsage
+	// The runaway watch list, cached from rgserver.
+	HasWatches() (exact, similar bool)
+	MatchGroupWatch(group, text, digest string) (resourcegroup.Watch, bool)
 }
 
 // Error codes of the resource-control surface (TiDB's numbers).
@@ -41,7 +44,11 @@ type rgPolicy struct {
 	cost   ru.Config
 	// service is rgproxy's one backend account, for KILL QUERY; nil when
 	// --admin-user is not set.
-	service   *serviceConn
+	service *serviceConn
+	// proxyID names this proxy as the source of the watches it adds.
+	proxyID string
+	// cooldown lets one statement under a COOLDOWN watch run at a time.
+	cooldown  chan struct{}
 	strict    bool
 	maxWait   time.Duration
 	txnWait   time.Duration
@@ -75,6 +82,8 @@ type rgSession struct {
 	waited   time.Duration
 	admitted bool
 	guard    *runawayGuard
+	// cooling: the statement holds the proxy's COOLDOWN slot.
+	cooling bool
 
 	last lastStatement
 }
@@ -110,6 +119,10 @@ func (s *rgSession) Before(ctx context.Context, st *mysqlproto.Statement, be mys
 		}
 		return mysqlproto.Verdict{}
 	}
+	watched, cooldown := s.applyWatch(st)
+	if watched != nil {
+		return mysqlproto.Verdict{Reply: watched}
+	}
 	s.req = ru.RequestInfo{Class: costClass(st), WriteBytes: st.PayloadBytes}
 	s.before = s.p.cost.BeforeCost(s.req)
 	if !s.before.IsZero() {
@@ -118,12 +131,24 @@ func (s *rgSession) Before(ctx context.Context, st *mysqlproto.Statement, be mys
 		}
 	}
 	g, _ := s.p.tokens.Group(s.group)
-	if err := s.p.admission.acquire(ctx, g.Priority); err != nil {
+	prio := g.Priority
+	if cooldown {
+		prio = resourcegroup.PriorityLow
+		select {
+		case s.p.cooldown <- struct{}{}:
+			s.cooling = true
+		case <-ctx.Done():
+			s.p.tokens.Charge(s.group, negate(s.before))
+			return errReply(errInterrupted)
+		}
+	}
+	if err := s.p.admission.acquire(ctx, prio); err != nil {
+		s.releaseCooldown()
 		s.p.tokens.Charge(s.group, negate(s.before))
-		return errReply(&mysqlproto.Error{Code: 1317, State: "70100", Message: "Query execution was interrupted"})
+		return errReply(errInterrupted)
 	}
 	s.admitted = true
-	s.guard = s.armRunaway(g)
+	s.guard = s.armRunaway(g, st.Query)
 	return mysqlproto.Verdict{}
 }
 
@@ -163,14 +188,18 @@ func (s *rgSession) charge(ctx context.Context, st *mysqlproto.Statement) *mysql
 		return &mysqlproto.Reply{Err: &mysqlproto.Error{Code: codeThrottled, State: "HY000",
 			Message: fmt.Sprintf("Exceeded resource group quota limitation (resource group %s)", s.group)}}
 	}
-	return &mysqlproto.Reply{Err: &mysqlproto.Error{Code: 1317, State: "70100", Message: "Query execution was interrupted"}}
+	return &mysqlproto.Reply{Err: errInterrupted}
 }
+
+// errInterrupted answers a statement whose session ended while it waited.
+var errInterrupted = &mysqlproto.Error{Code: 1317, State: "70100", Message: "Query execution was interrupted"}
 
 func (s *rgSession) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	if s.admitted {
 		s.p.admission.release()
 		s.admitted = false
 	}
+	s.releaseCooldown()
 	res := ru.ResponseInfo{
 		ReadBytes:   out.ResponseBytes,
 		WriteBytes:  out.RequestBytes - st.PayloadBytes,
@@ -218,6 +247,15 @@ func (s *rgSession) resolve(ctx context.Context, st *mysqlproto.Statement, be my
 		if _, ok := s.p.tokens.Group(s.setGroup); ok {
 			return s.setGroup
 		}
+	}
+	return s.bound()
+}
+
+// currentGroup is the session's group: SET RESOURCE GROUP, else the
+// binding, else default.
+func (s *rgSession) currentGroup() string {
+	if s.setGroup != "" {
+		return s.setGroup
 	}
 	return s.bound()
 }
@@ -288,11 +326,7 @@ func (s *rgSession) admin(ctx context.Context, st *mysqlproto.Statement, be mysq
 		}
 		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{}}
 	case *resourcegroup.CurrentGroup:
-		g := s.setGroup
-		if g == "" {
-			g = s.bound()
-		}
-		return resultReply([]string{"CURRENT_RESOURCE_GROUP()"}, [][]string{{g}})
+		return resultReply([]string{"CURRENT_RESOURCE_GROUP()"}, [][]string{{s.currentGroup()}})
 	case *resourcegroup.ShowLastStatementRU:
 		return s.showLast()
 	case *resourcegroup.ShowUsage:
@@ -303,6 +337,16 @@ func (s *rgSession) admin(ctx context.Context, st *mysqlproto.Statement, be mysq
 	}
 	if err := s.checkKillRule(stmt); err != nil {
 		return errReply(err)
+	}
+	if a, ok := stmt.(*resourcegroup.QueryWatchAdd); ok {
+		// What resourcegroup cannot know: the session's group, and the
+		// digest of a SIMILAR text.
+		if a.Group == "" {
+			a.Group = s.currentGroup()
+		}
+		if a.Match == resourcegroup.WatchSimilar && a.Digest == "" {
+			a.Digest = mysqlproto.Digest([]byte(a.Text))
+		}
 	}
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
 	if err != nil {

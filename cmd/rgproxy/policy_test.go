@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
@@ -22,6 +23,7 @@ type recordingTokens struct {
 	groups   map[string]resourcegroup.Group
 	bindings map[string]resourcegroup.Binding
 	refuse   bool
+	watches  []resourcegroup.Watch
 	acquired []string // group:maxWait
 	charged  []string // group
 	ru       float64
@@ -54,6 +56,18 @@ func (r *recordingTokens) Binding(user string) (resourcegroup.Binding, bool) {
 	return b, ok
 }
 
+func (r *recordingTokens) HasWatches() (bool, bool) { return len(r.watches) > 0, len(r.watches) > 0 }
+
+func (r *recordingTokens) MatchGroupWatch(group, text, digest string) (resourcegroup.Watch, bool) {
+	for _, w := range r.watches {
+		if w.Group == group && ((w.Match == resourcegroup.WatchExact && w.Text == text) ||
+			(w.Match == resourcegroup.WatchSimilar && w.Text == digest)) {
+			return w, true
+		}
+	}
+	return resourcegroup.Watch{}, false
+}
+
 func (r *recordingTokens) Store() resourcegroup.Store               { return resourcegroup.NewMemStore() }
 func (r *recordingTokens) Usage(time.Time) []tokenclient.GroupUsage { return nil }
 
@@ -78,7 +92,7 @@ var (
 
 func newTestPolicy(tok *recordingTokens) *rgPolicy {
 	return &rgPolicy{tokens: tok, cost: ru.DefaultConfig(), strict: true, maxWait: 30 * time.Second,
-		txnWait: 100 * time.Millisecond, admission: newAdmission(0), metrics: newMetrics(),
+		txnWait: 100 * time.Millisecond, admission: newAdmission(0), metrics: newMetrics(), cooldown: make(chan struct{}, 1),
 		logger: slog.New(slog.NewTextHandler(io.Discard, nil)), now: time.Now}
 }
 
@@ -226,5 +240,58 @@ func TestPolicyAdminStatements(t *testing.T) {
 	}
 	if len(tok.acquired)+len(tok.charged) != 0 {
 		t.Fatalf("admin statements are free: %v %v", tok.acquired, tok.charged)
+	}
+}
+
+func TestPolicyWatchList(t *testing.T) {
+	ctx := context.Background()
+	tok := testGroups()
+	tok.watches = []resourcegroup.Watch{
+		{ID: 1, Group: "bound", Match: resourcegroup.WatchExact, Text: "SELECT SLEEP(5)", Action: resourcegroup.ActionKill},
+		{ID: 2, Group: "bound", Match: resourcegroup.WatchSimilar, Text: "SELECT * FROM t WHERE id = ?", Action: resourcegroup.ActionSwitchGroup, SwitchGroup: "other"},
+		{ID: 3, Group: "bound", Match: resourcegroup.WatchSimilar, Text: "SELECT SLEEP(?)", Action: resourcegroup.ActionCooldown},
+		{ID: 4, Group: "other", Match: resourcegroup.WatchExact, Text: "SELECT 1", Action: resourcegroup.ActionKill},
+	}
+	p := newTestPolicy(tok)
+	s := p.Open(mysqlproto.SessionInfo{User: "app"})
+	// KILL: 8254 before the backend.
+	if v := s.Before(ctx, query("SELECT SLEEP(5)"), plainGrants); v.Reply == nil || v.Reply.Err == nil || v.Reply.Err.Code != 8254 {
+		t.Fatalf("EXACT KILL watch: %+v", v.Reply)
+	}
+	// Another group's watch does not apply.
+	st := query("SELECT 1")
+	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatalf("a watch of another group applied: %+v", v.Reply.Err)
+	}
+	s.After(st, &mysqlproto.Outcome{})
+	// SWITCH_GROUP by digest: charged to the target.
+	tok.acquired = nil
+	st = query("select * from t where id = 42")
+	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatalf("SWITCH_GROUP watch: %+v", v.Reply.Err)
+	}
+	if len(tok.acquired) != 1 || tok.acquired[0] != "other:30s" {
+		t.Fatalf("acquired %v, want other:30s", tok.acquired)
+	}
+	s.After(st, &mysqlproto.Outcome{})
+	// COOLDOWN: one such statement at a time on this proxy.
+	first := query("SELECT SLEEP(1)")
+	if v := s.Before(ctx, first, plainGrants); v.Reply != nil {
+		t.Fatal(v.Reply.Err)
+	}
+	s2 := p.Open(mysqlproto.SessionInfo{User: "app"})
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if v := s2.Before(wctx, query("SELECT SLEEP(2)"), plainGrants); v.Reply == nil || v.Reply.Err.Code != 1317 {
+		t.Fatalf("a second COOLDOWN statement ran alongside the first: %+v", v.Reply)
+	}
+	s.After(first, &mysqlproto.Outcome{})
+	st = query("SELECT SLEEP(3)")
+	if v := s2.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatalf("COOLDOWN slot not released: %+v", v.Reply.Err)
+	}
+	s2.After(st, &mysqlproto.Outcome{})
+	if n := testutil.ToFloat64(p.metrics.runaway.WithLabelValues("bound", "COOLDOWN")); n != 3 {
+		t.Fatalf("COOLDOWN watch hits counted %v, want 3", n)
 	}
 }

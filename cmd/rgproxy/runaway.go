@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
 
@@ -30,19 +32,25 @@ type runawayGuard struct {
 
 // armRunaway starts the guard of a statement about to be forwarded, or
 // returns nil when its group has no EXEC_ELAPSED limit.
-func (s *rgSession) armRunaway(g resourcegroup.Group) *runawayGuard {
+func (s *rgSession) armRunaway(g resourcegroup.Group, query string) *runawayGuard {
 	q := g.QueryLimit
 	if q == nil || q.ExecElapsed <= 0 {
 		return nil
 	}
 	gd := &runawayGuard{rule: *q, group: g.Name, done: make(chan struct{})}
 	connID := s.connID
+	if q.Watch != resourcegroup.WatchNone {
+		query = strings.Clone(query) // kept past the statement
+	}
 	gd.timer = time.AfterFunc(q.ExecElapsed, func() {
 		defer close(gd.done)
 		gd.fired.Store(true)
 		s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
 		s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
 			"exec_elapsed", gd.rule.ExecElapsed, "backend_connection", connID)
+		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
+			go s.p.addWatch(gd.group, gd.rule, query)
+		}
 		if gd.rule.Action == resourcegroup.ActionKill && s.p.service != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 			defer cancel()
@@ -97,4 +105,74 @@ func (s *rgSession) chargeGroupAfter(gd *runawayGuard, fired bool) string {
 		}
 	}
 	return s.group
+}
+
+// errQuarantined answers a statement that matches a KILL watch: it never
+// reaches the backend (TiDB's 8254).
+var errQuarantined = &mysqlproto.Error{Code: 8254, State: "HY000",
+	Message: "Quarantined and interrupted because of being in runaway watch list"}
+
+// applyWatch checks a statement against its group's runaway watch list
+// before it is forwarded: KILL answers it with 8254, SWITCH_GROUP moves it
+// to the target group, COOLDOWN makes it wait for the proxy's one cooldown
+// slot at LOW priority, DRYRUN only counts. The digest is computed only
+// when a SIMILAR watch exists.
+func (s *rgSession) applyWatch(st *mysqlproto.Statement) (reply *mysqlproto.Reply, cooldown bool) {
+	if st.Query == "" {
+		return nil, false
+	}
+	exact, similar := s.p.tokens.HasWatches()
+	if !exact && !similar {
+		return nil, false
+	}
+	var digest string
+	if similar {
+		digest = mysqlproto.Digest([]byte(st.Query))
+	}
+	w, ok := s.p.tokens.MatchGroupWatch(s.group, st.Query, digest)
+	if !ok {
+		return nil, false
+	}
+	s.p.metrics.runaway.WithLabelValues(s.group, w.Action.String()).Inc()
+	switch w.Action {
+	case resourcegroup.ActionKill:
+		return &mysqlproto.Reply{Err: errQuarantined}, false
+	case resourcegroup.ActionSwitchGroup:
+		if _, ok := s.p.tokens.Group(w.SwitchGroup); ok {
+			s.group = w.SwitchGroup
+		}
+	case resourcegroup.ActionCooldown:
+		return nil, true
+	}
+	return nil, false
+}
+
+func (s *rgSession) releaseCooldown() {
+	if s.cooling {
+		<-s.p.cooldown
+		s.cooling = false
+	}
+}
+
+// addWatch records, through rgserver, a watch for the statement that just
+// crossed its group's limit, so that every proxy acts on its like as soon
+// as it arrives. It runs on its own goroutine: the session does not wait.
+func (p *rgPolicy) addWatch(group string, rule resourcegroup.QueryLimit, text string) {
+	ws, ok := p.tokens.Store().(resourcegroup.WatchStore)
+	if !ok {
+		return
+	}
+	w := resourcegroup.Watch{Group: group, Action: rule.Action, SwitchGroup: rule.SwitchGroup,
+		Match: rule.Watch, Text: text, Source: p.proxyID}
+	if rule.Watch == resourcegroup.WatchSimilar {
+		w.Text = mysqlproto.Digest([]byte(text))
+	}
+	if rule.WatchDuration > 0 {
+		w.Expires = time.Now().Add(rule.WatchDuration)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+	defer cancel()
+	if _, err := ws.AddWatch(ctx, w); err != nil {
+		p.logger.Warn("adding a runaway watch failed", "resource_group", group, "err", err)
+	}
 }
