@@ -2,6 +2,8 @@ package tests
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,6 +88,18 @@ func TestRunawayDryRunAndSwitchGroup(t *testing.T) {
 	if n := metricSum(t, px.StatusAddr, "rgproxy_runaway_total", `resource_group="rg_dry"`, `action="DRYRUN"`); n != 1 {
 		t.Fatalf("rgproxy_runaway_total for DRYRUN = %v, want 1", n)
 	}
+	// RU = 100: 0.5 s of backend time is 167 RU and crosses it while the
+	// statement runs; 0.1 s (33 RU) does not.
+	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS rg_ru",
+		"CREATE RESOURCE GROUP rg_ru RU_PER_SEC = 100000 QUERY_LIMIT = (RU = 100, ACTION = DRYRUN)")
+	for _, q := range []string{"SELECT /*+ RESOURCE_GROUP(rg_ru) */ SLEEP(0.1)", "SELECT /*+ RESOURCE_GROUP(rg_ru) */ SLEEP(0.5)"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := metricSum(t, px.StatusAddr, "rgproxy_runaway_total", `resource_group="rg_ru"`, `action="DRYRUN"`); n != 1 {
+		t.Fatalf("RU = 100 fired %v times, want once (for the 0.5 s statement)", n)
+	}
 	// SWITCH_GROUP charges the rest of the statement to the target group:
 	// 0.9 s of backend time is 300 RU.
 	toBefore := serverRU(t, ts, "rg_to")
@@ -100,5 +114,92 @@ func TestRunawayDryRunAndSwitchGroup(t *testing.T) {
 	}
 	if n := metricSum(t, px.StatusAddr, "rgproxy_runaway_total", `resource_group="rg_from"`, `action="SWITCH_GROUP"`); n != 1 {
 		t.Fatalf("rgproxy_runaway_total for SWITCH_GROUP = %v, want 1", n)
+	}
+}
+
+// TestRunawayWatchSharedBetweenProxies: a KILL with WATCH = SIMILAR on one
+// proxy quarantines its like on every proxy: a second SELECT SLEEP(6)
+// through another proxy gets 8254 at once, before touching the backend.
+func TestRunawayWatchSharedBetweenProxies(t *testing.T) {
+	ts := startTokenServer(t)
+	svc := serviceAccount(t)
+	a, b := startMeteredProxy(t, ts, svc...), startMeteredProxy(t, ts, svc...)
+	adminExec(t, a.Addr,
+		"DROP RESOURCE GROUP IF EXISTS rg_watch",
+		"CREATE RESOURCE GROUP rg_watch RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '1s', ACTION = KILL, WATCH = SIMILAR DURATION = '1m')")
+	da, db := openDB(t, a.Addr), openDB(t, b.Addr)
+	da.SetMaxOpenConns(1)
+	db.SetMaxOpenConns(1)
+	for _, d := range []*sql.DB{da, db} {
+		if _, err := d.Exec("SET RESOURCE GROUP rg_watch"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := da.Exec("SELECT SLEEP(5)"); mysqlErrNo(err) != 8253 {
+		t.Fatalf("first runaway: want 8253, got %v", err)
+	}
+	// The watch reaches proxy b within 1 s; then a similar statement is
+	// quarantined at once.
+	deadline := time.Now().Add(time.Second)
+	for {
+		rows := rowsOf(t, db, "SELECT * FROM information_schema.runaway_watches")
+		if len(rows) > 1 {
+			t.Logf("watch list through proxy b: %q", rows)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the watch did not reach proxy b within 1 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	_, err := db.Exec("SELECT SLEEP(6)")
+	took := time.Since(start)
+	if mysqlErrNo(err) != 8254 || took > 200*time.Millisecond {
+		t.Fatalf("a similar statement through proxy b: %v after %v, want 8254 at once", err, took)
+	}
+	if n := metricSum(t, b.StatusAddr, "rgproxy_runaway_total", `resource_group="rg_watch"`, `action="KILL"`); n != 1 {
+		t.Fatalf("proxy b counted %v runaway KILLs, want 1", n)
+	}
+	// Another statement of the group still runs.
+	if _, err := db.Exec("SELECT 1"); err != nil {
+		t.Fatalf("an unwatched statement: %v", err)
+	}
+}
+
+// TestQueryWatchStatements: QUERY WATCH ADD / REMOVE and
+// information_schema.runaway_watches, answered by the proxy.
+func TestQueryWatchStatements(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts)
+	adminExec(t, px.Addr,
+		"DROP RESOURCE GROUP IF EXISTS rg_qw",
+		"CREATE RESOURCE GROUP rg_qw RU_PER_SEC = 100000")
+	root := openDB(t, px.Addr)
+	root.SetMaxOpenConns(1)
+	var id int64
+	if err := root.QueryRow("QUERY WATCH ADD RESOURCE GROUP rg_qw ACTION KILL SQL TEXT EXACT TO 'SELECT 42'").Scan(&id); err != nil || id == 0 {
+		t.Fatalf("QUERY WATCH ADD: %v %d", err, id)
+	}
+	rows := rowsOf(t, root, "SELECT * FROM information_schema.runaway_watches")
+	if len(rows) != 2 || rows[1][1] != "rg_qw" || rows[1][4] != "EXACT" || rows[1][5] != "SELECT 42" || rows[1][7] != "KILL" {
+		t.Fatalf("runaway_watches: %q", rows)
+	}
+	root.Exec("SET RESOURCE GROUP rg_qw")
+	if _, err := root.Exec("SELECT 42"); mysqlErrNo(err) != 8254 {
+		t.Fatalf("a watched statement: want 8254, got %v", err)
+	}
+	if _, err := root.Exec("SELECT 43"); err != nil {
+		t.Fatalf("an unwatched statement: %v", err)
+	}
+	appUser(t, "rgqw")
+	if _, err := openDB(t, px.Addr, "user=rgqw", "password=apppw").Exec("QUERY WATCH REMOVE " + fmt.Sprint(id)); mysqlErrNo(err) != 1227 {
+		t.Fatalf("QUERY WATCH REMOVE without SUPER: %v", err)
+	}
+	if _, err := root.Exec("QUERY WATCH REMOVE " + fmt.Sprint(id)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := root.Exec("SELECT 42"); err != nil {
+		t.Fatalf("after QUERY WATCH REMOVE: %v", err)
 	}
 }

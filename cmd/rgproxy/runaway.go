@@ -31,10 +31,24 @@ type runawayGuard struct {
 }
 
 // armRunaway starts the guard of a statement about to be forwarded, or
-// returns nil when its group has no EXEC_ELAPSED limit.
+// returns nil when its group has no QUERY_LIMIT. EXEC_ELAPSED fires after
+// that wall time; RU fires when the statement's RU so far — its before-cost
+// plus its backend time, which grows while it runs — reaches the limit.
 func (s *rgSession) armRunaway(g resourcegroup.Group, query string) *runawayGuard {
 	q := g.QueryLimit
-	if q == nil || q.ExecElapsed <= 0 {
+	if q == nil {
+		return nil
+	}
+	after := q.ExecElapsed
+	if q.RU > 0 {
+		left := float64(q.RU) - s.before.RU()
+		if s.p.cost.CPUMsCost > 0 {
+			after = time.Duration(max(left, 0) / s.p.cost.CPUMsCost * float64(time.Millisecond))
+		} else if left > 0 {
+			return nil // backend time is free: only bytes could cross it
+		}
+	}
+	if after <= 0 && q.RU == 0 {
 		return nil
 	}
 	gd := &runawayGuard{rule: *q, group: g.Name, done: make(chan struct{})}
@@ -42,12 +56,12 @@ func (s *rgSession) armRunaway(g resourcegroup.Group, query string) *runawayGuar
 	if q.Watch != resourcegroup.WatchNone {
 		query = strings.Clone(query) // kept past the statement
 	}
-	gd.timer = time.AfterFunc(q.ExecElapsed, func() {
+	gd.timer = time.AfterFunc(after, func() {
 		defer close(gd.done)
 		gd.fired.Store(true)
 		s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
 		s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
-			"exec_elapsed", gd.rule.ExecElapsed, "backend_connection", connID)
+			"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
 			go s.p.addWatch(gd.group, gd.rule, query)
 		}
