@@ -163,6 +163,24 @@ type SessionPolicy interface {
 	Event(kind EventKind, info SessionInfo)
 }
 
+// ErrorRewriter may be implemented by a SessionPolicy. When a forwarded
+// statement's response ends in an ERR packet, mysqlproto asks it before
+// relaying that packet, and sends the returned error instead when it is
+// not nil (for example to tell the client why its statement was killed).
+// It is called from the session goroutine, between Before and After.
+type ErrorRewriter interface {
+	RewriteError(st *Statement, code uint16) *Error
+}
+
+// ProgressObserver may be implemented by a SessionPolicy to follow a
+// statement while its response streams: mysqlproto calls Progress each
+// time it flushes relayed packets to the client (at most once per write
+// buffer), with the response payload bytes so far. It is called from the
+// session goroutine, between Before and After, and must not block.
+type ProgressObserver interface {
+	Progress(st *Statement, responseBytes int64)
+}
+
 // PassThrough is a Policy that forwards everything: a pure proxy.
 type PassThrough struct{}
 

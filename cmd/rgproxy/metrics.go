@@ -110,6 +110,20 @@ func (s *meteredSession) Event(kind mysqlproto.EventKind, info mysqlproto.Sessio
 	s.next.Event(kind, info)
 }
 
+// RewriteError and Progress pass mysqlproto's optional hooks through.
+func (s *meteredSession) RewriteError(st *mysqlproto.Statement, code uint16) *mysqlproto.Error {
+	if r, ok := s.next.(mysqlproto.ErrorRewriter); ok {
+		return r.RewriteError(st, code)
+	}
+	return nil
+}
+
+func (s *meteredSession) Progress(st *mysqlproto.Statement, responseBytes int64) {
+	if o, ok := s.next.(mysqlproto.ProgressObserver); ok {
+		o.Progress(st, responseBytes)
+	}
+}
+
 // charged records one metered statement's total cost. Counters only go
 // up: a failed write's refund lowers what is charged to the bucket but is
 // not subtracted here (its WRU may be negative in the total).

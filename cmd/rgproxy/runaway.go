@@ -18,45 +18,44 @@ const killTimeout = 5 * time.Second
 var errKillNeedsService = resourcegroup.NewInvalid(
 	"QUERY_LIMIT ACTION=KILL needs rgproxy's service account: start every rgproxy with --admin-user and --admin-password-file")
 
-// runawayGuard watches one statement against its group's EXEC_ELAPSED
-// limit. The timer's callback runs on its own goroutine; the session
-// goroutine disarms the guard in After and, if it fired, waits for the
-// action (a KILL) to have returned before the session's next command.
+// runawayGuard watches one statement against its group's QUERY_LIMIT.
+// It fires from its timer's goroutine, or from Progress when the bytes
+// read push the statement's RU over the limit; the session goroutine
+// disarms it in After and, if it fired, waits for the action (a KILL) to
+// have returned before the session's next command.
 type runawayGuard struct {
 	rule  resourcegroup.QueryLimit
 	group string
+	start time.Time
 	timer *time.Timer
+	fire  func()
 	fired atomic.Bool
 	done  chan struct{} // closed when the fired action completed
 }
 
 // armRunaway starts the guard of a statement about to be forwarded, or
 // returns nil when its group has no QUERY_LIMIT. EXEC_ELAPSED fires after
-// that wall time; RU fires when the statement's RU so far — its before-cost
-// plus its backend time, which grows while it runs — reaches the limit.
+// that wall time; RU fires when the statement's RU so far — its
+// before-cost, plus its backend time and read bytes as they grow — reaches
+// the limit (the timer covers time, Progress the bytes).
 func (s *rgSession) armRunaway(g resourcegroup.Group, query string) *runawayGuard {
 	q := g.QueryLimit
-	if q == nil {
+	if q == nil || (q.ExecElapsed <= 0 && q.RU == 0) {
 		return nil
 	}
 	after := q.ExecElapsed
 	if q.RU > 0 {
-		left := float64(q.RU) - s.before.RU()
-		if s.p.cost.CPUMsCost > 0 {
+		after = time.Duration(1<<63 - 1)
+		if left := float64(q.RU) - s.before.RU(); s.p.cost.CPUMsCost > 0 {
 			after = time.Duration(max(left, 0) / s.p.cost.CPUMsCost * float64(time.Millisecond))
-		} else if left > 0 {
-			return nil // backend time is free: only bytes could cross it
 		}
 	}
-	if after <= 0 && q.RU == 0 {
-		return nil
-	}
-	gd := &runawayGuard{rule: *q, group: g.Name, done: make(chan struct{})}
+	gd := &runawayGuard{rule: *q, group: g.Name, start: time.Now(), done: make(chan struct{})}
 	connID := s.connID
 	if q.Watch != resourcegroup.WatchNone {
 		query = strings.Clone(query) // kept past the statement
 	}
-	gd.timer = time.AfterFunc(after, func() {
+	gd.fire = func() {
 		defer close(gd.done)
 		gd.fired.Store(true)
 		s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
@@ -72,8 +71,16 @@ func (s *rgSession) armRunaway(g resourcegroup.Group, query string) *runawayGuar
 				s.p.logger.Warn("killing a runaway statement failed", "err", err)
 			}
 		}
-	})
+	}
+	gd.timer = time.AfterFunc(after, gd.fire)
 	return gd
+}
+
+// fireNow fires the guard from the session goroutine, if its timer has not.
+func (gd *runawayGuard) fireNow() {
+	if gd.timer.Stop() {
+		go gd.fire() // a KILL must not hold up the relay it interrupts
+	}
 }
 
 // disarm stops the guard once the statement's response is over and reports
@@ -87,6 +94,33 @@ func (gd *runawayGuard) disarm() bool {
 	}
 	<-gd.done
 	return true
+}
+
+// Progress implements mysqlproto.ProgressObserver: a QUERY_LIMIT RU is
+// crossed by the read bytes as well as by the backend time.
+func (s *rgSession) Progress(_ *mysqlproto.Statement, responseBytes int64) {
+	gd := s.guard
+	if gd == nil || gd.rule.RU == 0 || gd.fired.Load() {
+		return
+	}
+	soFar := s.before.RU() + float64(responseBytes)*s.p.cost.ReadCostPerByte +
+		float64(time.Since(gd.start))/float64(time.Millisecond)*s.p.cost.CPUMsCost
+	if soFar >= float64(gd.rule.RU) {
+		gd.fireNow()
+	}
+}
+
+// errRunawayKilled tells the client its statement was killed by a
+// QUERY_LIMIT (TiDB's 8253), instead of the backend's 1317.
+var errRunawayKilled = &mysqlproto.Error{Code: 8253, State: "HY000",
+	Message: "Query execution was interrupted, identified as runaway query"}
+
+// RewriteError implements mysqlproto.ErrorRewriter.
+func (s *rgSession) RewriteError(_ *mysqlproto.Statement, code uint16) *mysqlproto.Error {
+	if gd := s.guard; gd != nil && code == 1317 && gd.rule.Action == resourcegroup.ActionKill && gd.fired.Load() {
+		return errRunawayKilled
+	}
+	return nil
 }
 
 // checkKillRule refuses a CREATE or ALTER that would give a group a KILL
