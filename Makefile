@@ -6,7 +6,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # Seconds each fuzz target runs in `make fuzz`.
 FUZZTIME  ?= 60s
 
-.PHONY: all build run test test-unit test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering demo-load generate tools clean
+.PHONY: all build run test test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering demo-load generate tools clean
 
 all: build
 
@@ -20,7 +20,7 @@ run: build
 
 # Everything CI runs: static checks, unit tests with the race detector, and
 # the end-to-end tests in tests/ against real processes.
-test: vet fmt-check test-unit test-e2e
+test: vet fmt-check test-unit test-failpoints test-e2e
 
 vet:
 	$(GO) vet ./...
@@ -31,6 +31,15 @@ fmt-check:
 
 test-unit:
 	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /tests)
+
+# The failpoint suite: pingcap/failpoint markers compiled in by
+# failpoint-toolexec, with a build cache of its own so that the source tree
+# stays clean and normal builds never see rewritten code.
+FAILPOINT_GOCACHE := $(CURDIR)/.cache/failpoint-gocache
+test-failpoints:
+	$(GO) build -o $(BIN)/failpoint-toolexec github.com/pingcap/failpoint/failpoint-toolexec
+	GOCACHE=$(FAILPOINT_GOCACHE) $(GO) test -race -count=1 -timeout 10m \
+		-toolexec=$(CURDIR)/$(BIN)/failpoint-toolexec -run Failpoint ./tokenclient/ ./tokenserver/ ./mysqlproto/
 
 test-e2e: build
 	$(GO) test -count=1 -timeout 25m -v ./tests/

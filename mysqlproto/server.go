@@ -361,26 +361,38 @@ func parseErrPacket(p []byte) *Error {
 // client connections, the time spent blocked in Write.
 type countingConn struct {
 	net.Conn
+	raw     *rawSock // nil: use Conn's Read and Write
 	n       *atomic.Uint64
 	now     func() time.Time
 	blocked time.Duration // written only by the session goroutine
 	timed   bool
 }
 
-func (c *countingConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
+func (c *countingConn) Read(b []byte) (n int, err error) {
+	if c.raw != nil {
+		n, err = c.raw.Read(b)
+	} else {
+		n, err = c.Conn.Read(b)
+	}
 	c.n.Add(uint64(n))
 	return n, err
 }
 
+func (c *countingConn) write(b []byte) (int, error) {
+	if c.raw != nil {
+		return c.raw.Write(b)
+	}
+	return c.Conn.Write(b)
+}
+
 func (c *countingConn) Write(b []byte) (int, error) {
 	if !c.timed {
-		n, err := c.Conn.Write(b)
+		n, err := c.write(b)
 		c.n.Add(uint64(n))
 		return n, err
 	}
 	t0 := c.now()
-	n, err := c.Conn.Write(b)
+	n, err := c.write(b)
 	c.blocked += c.now().Sub(t0)
 	c.n.Add(uint64(n))
 	return n, err

@@ -95,7 +95,7 @@ type session struct {
 func newSession(s *Server, c net.Conn) *session {
 	ss := &session{
 		srv:       s,
-		rawClient: &countingConn{Conn: c, n: &s.clientBytes, now: s.now, timed: true},
+		rawClient: &countingConn{Conn: c, raw: newRawSock(c), n: &s.clientBytes, now: s.now, timed: true},
 		stmts:     make(map[uint32]*prepared),
 		wdone:     make(chan struct{}, 1),
 	}
@@ -259,7 +259,7 @@ func (ss *session) login() error {
 		return fmt.Errorf("%w: dial %s: %w", ErrBackendLost, cfg.BackendAddr, err)
 	}
 	ss.mu.Lock()
-	ss.rawBackend = &countingConn{Conn: bc, n: &ss.srv.backendBytes}
+	ss.rawBackend = &countingConn{Conn: bc, raw: newRawSock(bc), n: &ss.srv.backendBytes}
 	ss.mu.Unlock()
 	ss.setBackend(ss.rawBackend)
 	_ = bc.SetDeadline(time.Now().Add(cfg.DialTimeout))

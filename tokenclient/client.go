@@ -65,6 +65,9 @@ type Client struct {
 	// with the cache so that matching takes no lock.
 	watchIdx atomic.Pointer[watchIndex]
 
+	// droppedTokens counts granted tokens a dropGrant failpoint discarded.
+	droppedTokens float64
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -82,6 +85,7 @@ type groupState struct {
 	ruPerSec     uint64
 	trickleUntil time.Time // zero: no trickle
 	trickleRate  float64   // RU/s of the trickle that runs until trickleUntil
+	received     float64   // every token granted to this proxy, as applied
 	dead         bool      // rgserver does not know the group
 
 	// Request state.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pingcap/failpoint"
 	"math"
 	"math/rand/v2"
 	"sync/atomic"
@@ -150,9 +151,27 @@ func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err
 		defer close(recvDone)
 		for {
 			resp, err := stream.Recv()
+			failpoint.Inject("tokenStreamRecvError", func() {
+				err = errFailpoint
+			})
 			if err != nil {
 				recvErr <- fmt.Errorf("token stream from %s: %w", addr, err)
 				return
+			}
+			failpoint.Inject("delayGrant", func(val failpoint.Value) {
+				// A grant that arrives late: the rgserver or network stalls.
+				if ms, ok := val.(int); ok {
+					time.Sleep(time.Duration(ms) * time.Millisecond)
+				}
+			})
+			if carriesTokens(resp) {
+				failpoint.Inject("dropGrant", func() {
+					// The stream breaks with a grant in flight: rgserver
+					// counted it, this proxy never applies it.
+					c.lostGrant(resp)
+					recvErr <- fmt.Errorf("token stream from %s: %w", addr, errFailpoint)
+					failpoint.Return()
+				})
 			}
 			if err := c.applyResponse(resp); err != nil {
 				recvErr <- err
@@ -183,6 +202,9 @@ func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err
 		}
 		force = false
 		if req != nil {
+			failpoint.Inject("tokenStreamSendError", func() {
+				failpoint.Return(false, fmt.Errorf("send token request to %s: %w", addr, errFailpoint))
+			})
 			if err := stream.Send(req); err != nil {
 				return false, fmt.Errorf("send token request to %s: %w", addr, err)
 			}
@@ -456,6 +478,7 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 				gs.bucket.Take(now, gs.trickleRate*d.Seconds())
 			}
 		}
+		gs.received += g.GetTokens()
 		if ms := g.GetTrickleMs(); ms > 0 {
 			d := time.Duration(ms) * time.Millisecond
 			gs.bucket.Trickle(now, g.GetTokens(), d, gs.threshold(now))
