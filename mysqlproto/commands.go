@@ -259,6 +259,7 @@ func (ss *session) drainContinuations(n int) error {
 func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error {
 	m := &ss.m
 	m.reset(kind, ss.caps&capDeprecateEOF != 0, binary)
+	nextProgress := int64(progressEvery)
 	for {
 		n, seq, err := readHeader(ss.brd)
 		if err != nil {
@@ -271,8 +272,26 @@ func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error
 			return ss.backendFailed(ss.seq+1, err)
 		}
 		ev, merr := m.feed(p, n)
-		if err := ss.relayPacket(n, seq, out); err != nil {
+		var rewritten *Error
+		if ev == evDone && merr == nil && m.ErrCode != 0 && ss.rewriter != nil {
+			rewritten = ss.rewriter.RewriteError(&ss.st, m.ErrCode)
+		}
+		if rewritten != nil {
+			// The policy answers for the backend's ERR (same sequence id).
+			if err := discardN(ss.brd, n); err != nil {
+				out.ErrCode = errCodeServerLost
+				return ss.backendFailed(ss.seq+1, err)
+			}
+			out.ResponseBytes += int64(n)
+			if err := ss.sendClient(seq, appendErr(ss.buf[:0], rewritten)); err != nil {
+				return err
+			}
+		} else if err := ss.relayPacket(n, seq, out); err != nil {
 			return err
+		}
+		if ss.progress != nil && out.ResponseBytes >= nextProgress {
+			ss.progress.Progress(&ss.st, out.ResponseBytes)
+			nextProgress = out.ResponseBytes + progressEvery
 		}
 		if merr != nil {
 			out.ErrCode = errCodeServerLost
@@ -297,6 +316,10 @@ func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error
 		}
 	}
 }
+
+// progressEvery is how much response payload passes between two calls of
+// a ProgressObserver.
+const progressEvery = 64 << 10
 
 // relayPacket copies one logical packet whose first header (n, seq) has
 // been read, continuations included.

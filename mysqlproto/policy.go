@@ -36,7 +36,8 @@ func (c Class) String() string {
 }
 
 // Statement is what mysqlproto knows of a command before forwarding it.
-// Its byte slices are valid only during the Policy call that receives them.
+// A session reuses one Statement (and one Outcome) for all its commands:
+// the pointers a policy receives are valid only during the call.
 type Statement struct {
 	// Command is the COM_* code of the command packet.
 	Command byte
@@ -173,10 +174,10 @@ type ErrorRewriter interface {
 }
 
 // ProgressObserver may be implemented by a SessionPolicy to follow a
-// statement while its response streams: mysqlproto calls Progress each
-// time it flushes relayed packets to the client (at most once per write
-// buffer), with the response payload bytes so far. It is called from the
-// session goroutine, between Before and After, and must not block.
+// statement while its response streams: mysqlproto calls Progress every
+// 64 KiB of response payload relayed, with the payload bytes so far. It is
+// called from the session goroutine, between Before and After, and must
+// not block.
 type ProgressObserver interface {
 	Progress(st *Statement, responseBytes int64)
 }

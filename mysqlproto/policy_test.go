@@ -406,3 +406,70 @@ func TestLocalReplyToMultiPacketCommand(t *testing.T) {
 		t.Fatal("session unusable")
 	}
 }
+
+// hookSession is a pass-through session that implements the optional
+// hooks: it rewrites one error code and records progress calls.
+type hookSession struct {
+	passThroughSession
+	mu       sync.Mutex
+	progress []int64
+}
+
+func (h *hookSession) RewriteError(st *Statement, code uint16) *Error {
+	if code == 1146 && strings.Contains(st.Query, "no_such_hook_table") {
+		return &Error{Code: 8253, State: "HY000", Message: "rewritten by the policy"}
+	}
+	return nil
+}
+
+func (h *hookSession) Progress(_ *Statement, n int64) {
+	h.mu.Lock()
+	h.progress = append(h.progress, n)
+	h.mu.Unlock()
+}
+
+type hookPolicy struct{ s *hookSession }
+
+func (p hookPolicy) Open(SessionInfo) SessionPolicy { return p.s }
+
+func TestPolicyHooks(t *testing.T) {
+	h := &hookSession{}
+	_, addr := startProxy(t, Config{Policy: hookPolicy{h}})
+	c := oneConn(t, addr)
+	ctx := context.Background()
+	// The backend's 1146 reaches the client as the policy's error...
+	_, err := c.ExecContext(ctx, "SELECT * FROM no_such_hook_table")
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != 8253 || me.Message != "rewritten by the policy" {
+		t.Fatalf("rewritten error: %v", err)
+	}
+	// ...other errors pass unchanged, and the session goes on.
+	_, err = c.ExecContext(ctx, "SELECT * FROM no_such_other_table")
+	if !errors.As(err, &me) || me.Number != 1146 {
+		t.Fatalf("error not to rewrite: %v", err)
+	}
+	// A 1 MiB result (1,024 rows of 1 KiB) reports its progress every
+	// 64 KiB, growing.
+	rows, err := c.QueryContext(ctx, "SELECT REPEAT('x', 1024) FROM seq_1_to_1024")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	if n != 1024 {
+		t.Fatalf("read %d rows", n)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.progress) < 15 {
+		t.Fatalf("%d progress calls for 1 MiB, want about 16: %v", len(h.progress), h.progress)
+	}
+	for i := 1; i < len(h.progress); i++ {
+		if h.progress[i]-h.progress[i-1] < progressEvery {
+			t.Fatalf("progress calls closer than 64 KiB: %v", h.progress)
+		}
+	}
+}

@@ -70,11 +70,14 @@ type session struct {
 	status uint16 // the backend's last status flags
 	info   SessionInfo
 	pol    SessionPolicy
-	m      respMachine
-	rw     replyWriter
-	buf    []byte
-	stmts  map[uint32]*prepared
-	seq    byte // sequence id of the last packet sent to the client
+	// The policy's optional hooks, nil when it has none.
+	rewriter ErrorRewriter
+	progress ProgressObserver
+	m        respMachine
+	rw       replyWriter
+	buf      []byte
+	stmts    map[uint32]*prepared
+	seq      byte // sequence id of the last packet sent to the client
 	// st and out are the current statement's, reused so that a statement
 	// costs no allocation for them; policies get pointers valid only
 	// during the call.
@@ -200,6 +203,8 @@ func (ss *session) run() {
 		return
 	}
 	ss.pol = ss.srv.cfg.Policy.Open(ss.info)
+	ss.rewriter, _ = ss.pol.(ErrorRewriter)
+	ss.progress, _ = ss.pol.(ProgressObserver)
 	for {
 		err := ss.command()
 		if err == nil {

@@ -295,3 +295,27 @@ func TestPolicyWatchList(t *testing.T) {
 		t.Fatalf("COOLDOWN watch hits counted %v, want 3", n)
 	}
 }
+
+// A QUERY_LIMIT RU is crossed by the bytes a statement reads, as they
+// stream, not only by its backend time.
+func TestPolicyRunawayRUCrossedByReadBytes(t *testing.T) {
+	tok := testGroups()
+	tok.groups["capped"] = resourcegroup.Group{Name: "capped", RUPerSec: 1000,
+		QueryLimit: &resourcegroup.QueryLimit{RU: 10, Action: resourcegroup.ActionDryRun}}
+	p := newTestPolicy(tok)
+	s := p.Open(mysqlproto.SessionInfo{User: "app"})
+	st := query("SELECT /*+ RESOURCE_GROUP(capped) */ * FROM big")
+	if v := s.Before(context.Background(), st, superGrants); v.Reply != nil {
+		t.Fatal(v.Reply.Err)
+	}
+	po := s.(mysqlproto.ProgressObserver)
+	po.Progress(st, 64<<10) // 1 RU so far
+	if n := testutil.ToFloat64(p.metrics.runaway.WithLabelValues("capped", "DRYRUN")); n != 0 {
+		t.Fatalf("fired at 1 RU of 10")
+	}
+	po.Progress(st, 1<<20) // 16 RU: over
+	s.After(st, &mysqlproto.Outcome{ResponseBytes: 1 << 20})
+	if n := testutil.ToFloat64(p.metrics.runaway.WithLabelValues("capped", "DRYRUN")); n != 1 {
+		t.Fatalf("RU limit crossed by read bytes counted %v times, want 1", n)
+	}
+}
