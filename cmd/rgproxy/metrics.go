@@ -16,6 +16,11 @@ type metrics struct {
 	reg        *prometheus.Registry
 	statements *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
+	// The children of statements and duration for each class, resolved
+	// once: WithLabelValues per statement hashes the label and takes the
+	// vector's lock, shared by every session.
+	classStatements [mysqlproto.ClassOther + 1]prometheus.Counter
+	classDuration   [mysqlproto.ClassOther + 1]prometheus.Observer
 	// By resource group, for metered statements.
 	ruConsumed      *prometheus.CounterVec
 	groupStatements *prometheus.CounterVec
@@ -47,6 +52,11 @@ func newMetrics() *metrics {
 		Name: "rgproxy_runaway_total",
 		Help: "Statements that crossed their group's QUERY_LIMIT, by the action taken (DRYRUN, COOLDOWN, KILL, SWITCH_GROUP).",
 	}, []string{"resource_group", "action"})
+	for c := range m.classStatements {
+		class := mysqlproto.Class(c).String()
+		m.classStatements[c] = m.statements.WithLabelValues(class)
+		m.classDuration[c] = m.duration.WithLabelValues(class)
+	}
 	m.reg.MustRegister(m.statements, m.duration, m.ruConsumed, m.groupStatements, m.runaway,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -100,9 +110,10 @@ func (s *meteredSession) Before(ctx context.Context, st *mysqlproto.Statement, b
 }
 
 func (s *meteredSession) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
-	class := st.Class.String()
-	s.m.statements.WithLabelValues(class).Inc()
-	s.m.duration.WithLabelValues(class).Observe(out.BackendTime.Seconds())
+	if c := int(st.Class); c < len(s.m.classStatements) {
+		s.m.classStatements[c].Inc()
+		s.m.classDuration[c].Observe(out.BackendTime.Seconds())
+	}
 	s.next.After(st, out)
 }
 
