@@ -61,7 +61,8 @@ bench-proxy: build
 
 # 200 simulated proxies x 1,000 groups against one real rgserver, closed loop.
 bench-server: build
-	$(GO) run ./tokenserver/bench --rgserver $(BIN)/rgserver
+	$(GO) run ./tokenserver/bench --rgserver $(BIN)/rgserver --groups-per-message 10
+	$(GO) run ./tokenserver/bench --rgserver $(BIN)/rgserver --groups-per-message 50
 
 # sysbench through rgproxy, metering on (a limited group at >= 2x demand)
 # vs --metering=false; token requests per 1,000 statements; 3-proxy accuracy.
