@@ -203,3 +203,51 @@ func TestQueryWatchStatements(t *testing.T) {
 		t.Fatalf("after QUERY WATCH REMOVE: %v", err)
 	}
 }
+
+// TestRunawayCooldownSerializesWatchedStatements: after a COOLDOWN rule
+// with WATCH fires, statements like it run one at a time on a proxy.
+func TestRunawayCooldownSerializesWatchedStatements(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts)
+	adminExec(t, px.Addr,
+		"DROP RESOURCE GROUP IF EXISTS rg_cool",
+		"CREATE RESOURCE GROUP rg_cool RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '200ms', ACTION = COOLDOWN, WATCH = EXACT DURATION = '1m')")
+	db := openDB(t, px.Addr)
+	db.SetMaxOpenConns(4)
+	const q = "SELECT /*+ RESOURCE_GROUP(rg_cool) */ SLEEP(0.5)"
+	if _, err := db.Exec(q); err != nil { // crosses EXEC_ELAPSED: the watch is added
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Second)
+	for len(rowsOf(t, db, "SELECT * FROM information_schema.runaway_watches")) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no watch after the COOLDOWN rule fired")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	errs := make(chan error, 2)
+	for i := 0; i < 2; i++ {
+		go func() { _, err := db.Exec(q); errs <- err }()
+	}
+	for i := 0; i < 2; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	t.Logf("two watched statements of 0.5 s each under COOLDOWN took %v together", took.Round(time.Millisecond))
+	if took < 950*time.Millisecond {
+		t.Fatalf("two COOLDOWN statements ran side by side (%v for two 0.5 s sleeps)", took)
+	}
+	// Unwatched statements of the group still run side by side.
+	start = time.Now()
+	for i := 0; i < 2; i++ {
+		go func() { _, err := db.Exec("SELECT /*+ RESOURCE_GROUP(rg_cool) */ SLEEP(0.15)"); errs <- err }()
+	}
+	<-errs
+	<-errs
+	if took := time.Since(start); took > 290*time.Millisecond {
+		t.Fatalf("unwatched statements were serialized too (%v)", took)
+	}
+}
