@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/pingcap/failpoint"
 )
 
 // command reads one client command and handles it to the end of its
@@ -262,6 +264,12 @@ func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error
 	nextProgress := int64(progressEvery)
 	for {
 		n, seq, err := readHeader(ss.brd)
+		failpoint.Inject("backendReadError", func(val failpoint.Value) {
+			// The backend goes away once val bytes of the response passed.
+			if after, ok := val.(int); ok && out.ResponseBytes >= int64(after) {
+				err = errFailpoint
+			}
+		})
 		if err != nil {
 			out.ErrCode = errCodeServerLost
 			return ss.backendFailed(ss.seq+1, err)

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/pingcap/failpoint"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -392,6 +394,11 @@ func (c *countingConn) Write(b []byte) (int, error) {
 		return n, err
 	}
 	t0 := c.now()
+	failpoint.Inject("clientWriteStall", func(val failpoint.Value) {
+		if ms, ok := val.(int); ok {
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+		}
+	})
 	n, err := c.write(b)
 	c.blocked += c.now().Sub(t0)
 	c.n.Add(uint64(n))

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/pingcap/failpoint"
 )
 
 // Session errors.
@@ -257,6 +259,12 @@ func (ss *session) login() error {
 	ctx, cancel := handshakeCtx()
 	bc, err := d.DialContext(ctx, "tcp", cfg.BackendAddr)
 	cancel()
+	failpoint.Inject("backendDialError", func() {
+		if err == nil {
+			bc.Close()
+			err = errFailpoint
+		}
+	})
 	if err != nil {
 		ss.srv.backendErrors.Add(1)
 		_ = ss.sendError(0, &Error{Code: errCodeConnHost, State: "HY000",

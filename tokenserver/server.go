@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pingcap/failpoint"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -168,6 +169,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		if err := s.campaign(ctx); err != nil && ctx.Err() == nil {
+			failpoint.InjectCall("electionRetry", err)
 			s.log.Warn("leader election", "err", err)
 			select {
 			case <-time.After(time.Second):
@@ -220,6 +222,9 @@ func (s *Server) campaign(ctx context.Context) error {
 		case <-cctx.Done():
 		}
 	}()
+	failpoint.Inject("campaignError", func() {
+		failpoint.Return(fmt.Errorf("%w: campaign: %w", ErrEtcd, errFailpoint))
+	})
 	if err := el.Campaign(cctx, s.cfg.AdvertiseAddr); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -384,7 +389,13 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 				s.log.Warn("persist on shutdown", "err", err)
 			}
 			s.stepDown()
-			if err := el.Resign(wctx); err != nil {
+			resign := el.Resign
+			failpoint.Inject("resignError", func() {
+				resign = func(context.Context) error { return errFailpoint }
+			})
+			if err := resign(wctx); err != nil {
+				// The session's lease is revoked on close anyway, so
+				// another replica still takes over.
 				s.log.Warn("resign", "err", err)
 			}
 			cancel()
@@ -456,6 +467,9 @@ func (s *Server) Persist(ctx context.Context) error {
 	fence := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
 	for len(ops) > 0 {
 		n := min(len(ops), maxTxnOps)
+		failpoint.Inject("persistError", func() {
+			failpoint.Return(fmt.Errorf("%w: persist bucket states: %w", ErrEtcd, errFailpoint))
+		})
 		resp, err := s.cli.Txn(ctx).If(fence).Then(ops[:n]...).Commit()
 		if err != nil {
 			return fmt.Errorf("%w: persist bucket states: %w", ErrEtcd, err)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pingcap/failpoint"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
@@ -139,6 +140,9 @@ func (s *EtcdStore) createGroup(ctx context.Context, g resourcegroup.Group) (res
 		return g, err
 	}
 	k := settingsKey(g.Name)
+	failpoint.Inject("etcdWriteError", func() {
+		failpoint.Return(g, fmt.Errorf("%w: create group %q: %w", ErrEtcd, g.Name, errFailpoint))
+	})
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(clientv3.OpPut(k, string(val))).Commit()
 	if err != nil {
@@ -176,7 +180,15 @@ func (s *EtcdStore) alterGroup(ctx context.Context, g resourcegroup.Group) (reso
 		if g.Version != 0 && g.Version != cur.Version {
 			return g, resourcegroup.NewConflict(g.Name, g.Version, cur.Version)
 		}
-		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", cur.Version)).
+		failpoint.Inject("etcdWriteError", func() {
+			failpoint.Return(g, fmt.Errorf("%w: alter group %q: %w", ErrEtcd, g.Name, errFailpoint))
+		})
+		expect := cur.Version
+		failpoint.Inject("etcdTxnConflict", func() {
+			// Another writer got in between our read and our write.
+			expect--
+		})
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k), "=", expect)).
 			Then(clientv3.OpPut(k, string(val))).Commit()
 		if err != nil {
 			return g, fmt.Errorf("%w: alter group %q: %w", ErrEtcd, g.Name, err)
@@ -224,6 +236,9 @@ func (s *EtcdStore) GetGroup(ctx context.Context, name string) (resourcegroup.Gr
 	if err := resourcegroup.ValidateName(name); err != nil {
 		return resourcegroup.Group{}, err
 	}
+	failpoint.Inject("etcdReadError", func() {
+		failpoint.Return(resourcegroup.Group{}, fmt.Errorf("%w: get group %q: %w", ErrEtcd, name, errFailpoint))
+	})
 	resp, err := s.cli.Get(ctx, settingsKey(name))
 	if err != nil {
 		return resourcegroup.Group{}, fmt.Errorf("%w: get group %q: %w", ErrEtcd, name, err)
@@ -251,6 +266,9 @@ func (s *EtcdStore) listGroups(ctx context.Context, rev int64) ([]resourcegroup.
 	if rev > 0 {
 		opts = append(opts, clientv3.WithRev(rev))
 	}
+	failpoint.Inject("etcdReadError", func() {
+		failpoint.Return(nil, 0, fmt.Errorf("%w: list groups: %w", ErrEtcd, errFailpoint))
+	})
 	resp, err := s.cli.Get(ctx, keySettings, opts...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: list groups: %w", ErrEtcd, err)

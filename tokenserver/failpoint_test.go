@@ -1,0 +1,265 @@
+package tokenserver
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pingcap/failpoint"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+)
+
+const fpPkg = "github.com/rgproxy/rgproxy/tokenserver/"
+
+// needFailpoints skips a test unless `make test-failpoints` compiled the
+// markers in; there it must run.
+func needFailpoints(t *testing.T) {
+	t.Helper()
+	if err := failpoint.Enable(fpPkg+"probe", "return(true)"); err != nil {
+		t.Fatal(err)
+	}
+	defer failpoint.Disable(fpPkg + "probe")
+	if !failpointsCompiledIn() {
+		t.Skip("failpoints are compiled in only by `make test-failpoints`")
+	}
+}
+
+func enable(t *testing.T, name, term string) {
+	t.Helper()
+	if err := failpoint.Enable(fpPkg+name, term); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { failpoint.Disable(fpPkg + name) })
+}
+
+// wantInjected checks that err has code and names the injected fault.
+func wantInjected(t *testing.T, what string, err error, code codes.Code) {
+	t.Helper()
+	if codeOf(err) != code || !strings.Contains(status.Convert(err).Message(), "injected") {
+		t.Fatalf("%s: got %v, want %v naming the injected fault", what, err, code)
+	}
+}
+
+// storedGroups counts the groups named name in a ListGroups answer and
+// returns the RU/s of the last.
+func storedGroup(t *testing.T, ctx context.Context, rg pb.ResourceGroupServiceClient, name string) (n int, ruPerSec uint64) {
+	t.Helper()
+	resp, err := rg.ListGroups(ctx, &pb.ListGroupsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range resp.GetGroups() {
+		if g.GetName() == name {
+			n++
+			ruPerSec = g.GetRuPerSec()
+		}
+	}
+	return n, ruPerSec
+}
+
+// A group write that fails reports Unavailable and leaves nothing behind:
+// the retry creates the group once, and a failed alter keeps the old value.
+func TestFailpointEtcdWriteError(t *testing.T) {
+	needFailpoints(t)
+	ts := startServer(t, startEtcd(t), "")
+	rg := pb.NewResourceGroupServiceClient(ts.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	enable(t, "etcdWriteError", "return(true)")
+	create := &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 100}}
+	_, err := rg.CreateGroup(ctx, create)
+	wantInjected(t, "create", err, codes.Unavailable)
+	if n, _ := storedGroup(t, ctx, rg, "g"); n != 0 {
+		t.Fatalf("failed create left %d groups", n)
+	}
+	failpoint.Disable(fpPkg + "etcdWriteError")
+	if _, err := rg.CreateGroup(ctx, create); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if _, err := rg.CreateGroup(ctx, create); codeOf(err) != codes.AlreadyExists {
+		t.Fatalf("second create: %v", err)
+	}
+	if n, ru := storedGroup(t, ctx, rg, "g"); n != 1 || ru != 100 {
+		t.Fatalf("after retry: %d groups at %d RU/s", n, ru)
+	}
+
+	enable(t, "etcdWriteError", "return(true)")
+	_, err = rg.AlterGroup(ctx, &pb.AlterGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 500}})
+	wantInjected(t, "alter", err, codes.Unavailable)
+	if n, ru := storedGroup(t, ctx, rg, "g"); n != 1 || ru != 100 {
+		t.Fatalf("after failed alter: %d groups at %d RU/s", n, ru)
+	}
+}
+
+// An alter that loses its compare-and-swap once is retried when it asked
+// for no particular version, and reported as Aborted when it did: no
+// write is lost or applied behind the caller's back.
+func TestFailpointEtcdTxnConflict(t *testing.T) {
+	needFailpoints(t)
+	ts := startServer(t, startEtcd(t), "")
+	rg := pb.NewResourceGroupServiceClient(ts.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 100}}); err != nil {
+		t.Fatal(err)
+	}
+
+	enable(t, "etcdTxnConflict", "1*return(true)")
+	resp, err := rg.AlterGroup(ctx, &pb.AlterGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 200}})
+	if err != nil {
+		t.Fatalf("unversioned alter after one conflict: %v", err)
+	}
+	if _, ru := storedGroup(t, ctx, rg, "g"); ru != 200 {
+		t.Fatalf("stored %d RU/s, want 200", ru)
+	}
+
+	version := resp.GetGroup().GetVersion()
+	enable(t, "etcdTxnConflict", "1*return(true)")
+	_, err = rg.AlterGroup(ctx, &pb.AlterGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 300, Version: version}})
+	if codeOf(err) != codes.Aborted {
+		t.Fatalf("versioned alter after a conflict: %v, want Aborted", err)
+	}
+	if _, ru := storedGroup(t, ctx, rg, "g"); ru != 200 {
+		t.Fatalf("aborted alter stored %d RU/s", ru)
+	}
+	// The caller re-reads and tries again; the fault was one-shot.
+	got, err := rg.GetGroup(ctx, &pb.GetGroupRequest{Name: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rg.AlterGroup(ctx, &pb.AlterGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 300, Version: got.GetGroup().GetVersion()}}); err != nil {
+		t.Fatalf("retry with the read version: %v", err)
+	}
+	if _, ru := storedGroup(t, ctx, rg, "g"); ru != 300 {
+		t.Fatalf("stored %d RU/s, want 300", ru)
+	}
+}
+
+// Reads that fail report Unavailable; tokens are still granted from the
+// settings the server already holds.
+func TestFailpointEtcdReadError(t *testing.T) {
+	needFailpoints(t)
+	ts := startServer(t, startEtcd(t), "")
+	waitFor(t, "leadership", ts.srv.IsLeader)
+	rg := pb.NewResourceGroupServiceClient(ts.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pb.NewTokenServiceClient(ts.conn).AcquireTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func(id uint64) *pb.TokenRequest {
+		return &pb.TokenRequest{ProxyId: "p", RequestId: id, Groups: []*pb.GroupTokenRequest{{Group: "g", TokensWanted: 10, DemandRuPerSec: 10}}}
+	}
+	if r := acquire(t, s, req(1)); len(r.Grants) != 1 || r.Grants[0].Tokens != 10 {
+		t.Fatalf("before the fault: %v", r)
+	}
+
+	enable(t, "etcdReadError", "return(true)")
+	_, err = rg.GetGroup(ctx, &pb.GetGroupRequest{Name: "g"})
+	wantInjected(t, "get", err, codes.Unavailable)
+	_, err = rg.ListGroups(ctx, &pb.ListGroupsRequest{})
+	wantInjected(t, "list", err, codes.Unavailable)
+	if r := acquire(t, s, req(2)); len(r.Grants) != 1 || r.Grants[0].Tokens != 10 || r.Grants[0].RuPerSec != 100 {
+		t.Fatalf("during the fault: %v", r)
+	}
+
+	failpoint.Disable(fpPkg + "etcdReadError")
+	if n, ru := storedGroup(t, ctx, rg, "g"); n != 1 || ru != 100 {
+		t.Fatalf("after the fault: %d groups at %d RU/s", n, ru)
+	}
+}
+
+// A failed persist keeps the leader leading and granting; the next
+// persist saves the buckets.
+func TestFailpointPersistError(t *testing.T) {
+	needFailpoints(t)
+	cli := startEtcd(t)
+	ts := startServer(t, cli, "")
+	waitFor(t, "leadership", ts.srv.IsLeader)
+	rg := pb.NewResourceGroupServiceClient(ts.conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pb.NewTokenServiceClient(ts.conn).AcquireTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func(id uint64) *pb.TokenRequest {
+		return &pb.TokenRequest{ProxyId: "p", RequestId: id, Groups: []*pb.GroupTokenRequest{{Group: "g", TokensWanted: 10, DemandRuPerSec: 10}}}
+	}
+	acquire(t, s, req(1))
+
+	enable(t, "persistError", "return(true)")
+	if err := ts.srv.Persist(ctx); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("persist under the fault: %v", err)
+	}
+	if r := acquire(t, s, req(2)); !ts.srv.IsLeader() || len(r.Grants) != 1 || r.Grants[0].Tokens != 10 {
+		t.Fatalf("after a failed persist: leader=%v %v", ts.srv.IsLeader(), r)
+	}
+	if resp, err := cli.Get(ctx, stateKey("g")); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("failed persist wrote %v (%v)", resp, err)
+	}
+
+	failpoint.Disable(fpPkg + "persistError")
+	if err := ts.srv.Persist(ctx); err != nil {
+		t.Fatalf("persist after the fault: %v", err)
+	}
+	if resp, err := cli.Get(ctx, stateKey("g")); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("state of g after persist: %v (%v)", resp, err)
+	}
+}
+
+// A failing campaign keeps the server a follower; it retries, and leads
+// once the fault is gone.
+func TestFailpointCampaignError(t *testing.T) {
+	needFailpoints(t)
+	retried := make(chan error, 16)
+	if err := failpoint.EnableCall(fpPkg+"electionRetry", func(err error) {
+		select {
+		case retried <- err:
+		default:
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { failpoint.Disable(fpPkg + "electionRetry") })
+	enable(t, "campaignError", "return(true)")
+	ts := startServer(t, startEtcd(t), "")
+	select {
+	case err := <-retried:
+		if !strings.Contains(err.Error(), "injected") {
+			t.Fatalf("election failed with %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no failed campaign seen")
+	}
+	if ts.srv.IsLeader() {
+		t.Fatal("leads although every campaign fails")
+	}
+	failpoint.Disable(fpPkg + "campaignError")
+	waitFor(t, "leadership after failed campaigns", ts.srv.IsLeader)
+}
+
+// A leader whose resign fails on shutdown still hands over: its session's
+// lease is revoked, and the other replica leads.
+func TestFailpointResignError(t *testing.T) {
+	needFailpoints(t)
+	cli := startEtcd(t)
+	a := startServer(t, cli, "")
+	waitFor(t, "a leads", a.srv.IsLeader)
+	b := startServer(t, cli, "")
+	waitFor(t, "b knows the leader", func() bool { return b.srv.LeaderAddr() == a.addr })
+	enable(t, "resignError", "return(true)")
+	a.stop()
+	waitFor(t, "b leads after a's failed resign", b.srv.IsLeader)
+}
