@@ -547,17 +547,17 @@ func (gs *groupState) threshold(now time.Time) float64 {
 	return gs.demand(now) * notifyLead.Seconds()
 }
 
-// demand is what the proxy wants for the group at now, in RU/s: the EWMA
-// of consumed RU/s (or the rate since its last sample when that is higher,
-// so a rise counts within a tick rather than a second) plus the RU of the
-// statements waiting or sleeping on a reservation, counted as wanted within
-// waitLead.
+// demand is what the proxy wants for the group at now, in RU/s: the
+// larger of the EWMA of consumed RU/s (or the rate since its last sample
+// when that is higher, so a rise counts within a tick rather than a second)
+// and the RU of the statements waiting or sleeping on a reservation,
+// averaged since the last report and counted as wanted within waitLead.
 //
-// Under throttling consumption equals the grant, so only the waiting part
-// moves the split between proxies: with shares in proportion to demand, a
-// proxy's share converges to its part of all waiting statements — to its
-// part of the clients under closed-loop load. A short waitLead makes that
-// part dominate, so the split converges within a grant or two.
+// Under throttling consumption equals the grant, so it must not decide the
+// split between proxies (a proxy that once got more would keep more); the
+// waiting part, the larger then, does: with shares in proportion to
+// demand, each proxy's share is its part of all waiting statements — its
+// part of the clients under closed-loop load.
 func (gs *groupState) demand(now time.Time) float64 {
 	rate := gs.ewma
 	if el := now.Sub(gs.ewmaAt); el >= tick {
