@@ -40,6 +40,8 @@ test-failpoints:
 	$(GO) build -o $(BIN)/failpoint-toolexec github.com/pingcap/failpoint/failpoint-toolexec
 	GOCACHE=$(FAILPOINT_GOCACHE) $(GO) test -race -count=1 -timeout 10m \
 		-toolexec=$(CURDIR)/$(BIN)/failpoint-toolexec -run Failpoint ./tokenclient/ ./tokenserver/ ./mysqlproto/
+	GOCACHE=$(FAILPOINT_GOCACHE) $(GO) build -toolexec=$(CURDIR)/$(BIN)/failpoint-toolexec -o $(BIN)/failpoint/ ./cmd/rgproxy
+	RGPROXY_FAILPOINT_BIN=$(CURDIR)/$(BIN)/failpoint $(GO) test -count=1 -timeout 10m -run ChaosFailpoint -v ./tests/
 
 test-e2e: build
 	$(GO) test -count=1 -timeout 25m -v ./tests/

@@ -17,6 +17,8 @@ type metrics struct {
 	duration prometheus.Histogram
 	// throttled counts Acquire refusals by group.
 	throttled *prometheus.CounterVec
+	// granted counts the tokens rgserver granted this proxy, by group.
+	granted *prometheus.CounterVec
 	// wait is the time successful Acquires waited, by group.
 	wait *prometheus.HistogramVec
 	// state reads tokens, RU_PER_SEC and degraded mode under the lock.
@@ -38,6 +40,10 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 			Name: "rgproxy_throttled_total",
 			Help: "Statements refused because their group's tokens could not be had within the maximum wait.",
 		}, []string{"resource_group"}),
+		granted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_tokens_granted_total",
+			Help: "Tokens (RU) rgserver granted this proxy, as applied to its buckets (a trickle counts in full when granted).",
+		}, []string{"resource_group"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "rgproxy_throttle_wait_seconds",
 			Help:    "Time statements waited for their group's tokens before running.",
@@ -56,7 +62,7 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, col := range []prometheus.Collector{m.requests, m.duration, m.throttled, m.wait, m.state} {
+	for _, col := range []prometheus.Collector{m.requests, m.duration, m.throttled, m.granted, m.wait, m.state} {
 		if err := reg.Register(col); err != nil {
 			errs = append(errs, err)
 		}

@@ -479,6 +479,7 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 			}
 		}
 		gs.received += g.GetTokens()
+		c.met.granted.WithLabelValues(gs.name).Add(g.GetTokens())
 		if ms := g.GetTrickleMs(); ms > 0 {
 			d := time.Duration(ms) * time.Millisecond
 			gs.bucket.Trickle(now, g.GetTokens(), d, gs.threshold(now))
