@@ -57,7 +57,7 @@ const (
 	ewmaAlpha = 0.5
 	// backoffMin and backoffMax bound the reconnect backoff.
 	backoffMin = 100 * time.Millisecond
-	backoffMax = 5 * time.Second
+	backoffMax = 2 * time.Second
 	// syncWait bounds how long a Store write waits for the Watch cache to
 	// show it (read-your-writes through one proxy).
 	syncWait = time.Second

@@ -14,6 +14,7 @@ import (
 	"github.com/rgproxy/rgproxy/ru"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -42,7 +43,14 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if c.cfg.TLS != nil {
 		creds = credentials.NewTLS(c.cfg.TLS)
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	// gRPC's own reconnect backoff grows to two minutes; after an outage
+	// that would hold the proxy degraded long after rgserver is back.
+	// Keep it short: a proxy must resync within seconds.
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           grpcbackoff.Config{BaseDelay: backoffMin, Multiplier: 1.6, Jitter: 0.2, MaxDelay: backoffMax},
+			MinConnectTimeout: 2 * time.Second,
+		}))
 	if err != nil {
 		return nil, fmt.Errorf("tokenclient: dial %s: %w", addr, err)
 	}

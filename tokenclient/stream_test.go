@@ -237,8 +237,8 @@ func TestBackoff(t *testing.T) {
 		{1, 50 * time.Millisecond, 100 * time.Millisecond},
 		{2, 100 * time.Millisecond, 200 * time.Millisecond},
 		{4, 400 * time.Millisecond, 800 * time.Millisecond},
-		{7, 2500 * time.Millisecond, 5 * time.Second},
-		{100, 2500 * time.Millisecond, 5 * time.Second},
+		{6, time.Second, 2 * time.Second},
+		{100, time.Second, 2 * time.Second},
 	}
 	for _, tc := range tests {
 		for range 50 {
