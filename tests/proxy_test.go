@@ -452,6 +452,12 @@ func TestMaxConnections(t *testing.T) {
 	px := startProxy(t, "--max-connections", "2")
 	ctx := context.Background()
 	db := openDB(t, px.Addr)
+	// startProxy's readiness probe is a session too until rgproxy sees it
+	// hang up: wait for the pool's one connection to be the only one.
+	deadline := time.Now().Add(5 * time.Second)
+	for metricSum(t, px.StatusAddr, "rgproxy_connections") != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 	c1, err := db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
