@@ -8,30 +8,17 @@ import (
 	"time"
 
 	"github.com/pingcap/failpoint"
+
+	"github.com/rgproxy/rgproxy/internal/fptest"
 )
 
 const fpPkg = "github.com/rgproxy/rgproxy/mysqlproto/"
 
 // needFailpoints skips a test unless `make test-failpoints` compiled the
 // markers in; there it must run.
-func needFailpoints(t *testing.T) {
-	t.Helper()
-	if err := failpoint.Enable(fpPkg+"probe", "return(true)"); err != nil {
-		t.Fatal(err)
-	}
-	defer failpoint.Disable(fpPkg + "probe")
-	if !failpointsCompiledIn() {
-		t.Skip("failpoints are compiled in only by `make test-failpoints`")
-	}
-}
+func needFailpoints(t *testing.T) { fptest.Need(t, fpPkg, failpointsCompiledIn) }
 
-func enable(t *testing.T, name, term string) {
-	t.Helper()
-	if err := failpoint.Enable(fpPkg+name, term); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { failpoint.Disable(fpPkg + name) })
-}
+func enable(t *testing.T, name, term string) { fptest.Enable(t, fpPkg, name, term) }
 
 // A failed backend dial reaches the client as an ERR naming the backend;
 // a session already open keeps working, and the next session logs in.

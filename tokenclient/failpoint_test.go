@@ -9,6 +9,7 @@ import (
 
 	"github.com/pingcap/failpoint"
 
+	"github.com/rgproxy/rgproxy/internal/fptest"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -16,24 +17,9 @@ const fpPkg = "github.com/rgproxy/rgproxy/tokenclient/"
 
 // needFailpoints skips a test unless `make test-failpoints` compiled the
 // markers in; there it must run.
-func needFailpoints(t *testing.T) {
-	t.Helper()
-	if err := failpoint.Enable(fpPkg+"probe", "return(true)"); err != nil {
-		t.Fatal(err)
-	}
-	defer failpoint.Disable(fpPkg + "probe")
-	if !failpointsCompiledIn() {
-		t.Skip("failpoints are compiled in only by `make test-failpoints`")
-	}
-}
+func needFailpoints(t *testing.T) { fptest.Need(t, fpPkg, failpointsCompiledIn) }
 
-func enable(t *testing.T, name, term string) {
-	t.Helper()
-	if err := failpoint.Enable(fpPkg+name, term); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { failpoint.Disable(fpPkg + name) })
-}
+func enable(t *testing.T, name, term string) { fptest.Enable(t, fpPkg, name, term) }
 
 // A stream that fails on send or on receive is reopened; statements wait
 // no longer than their maxWait meanwhile, and are served once it is back.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/pingcap/failpoint"
+
+	"github.com/rgproxy/rgproxy/internal/fptest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -17,24 +19,9 @@ const fpPkg = "github.com/rgproxy/rgproxy/tokenserver/"
 
 // needFailpoints skips a test unless `make test-failpoints` compiled the
 // markers in; there it must run.
-func needFailpoints(t *testing.T) {
-	t.Helper()
-	if err := failpoint.Enable(fpPkg+"probe", "return(true)"); err != nil {
-		t.Fatal(err)
-	}
-	defer failpoint.Disable(fpPkg + "probe")
-	if !failpointsCompiledIn() {
-		t.Skip("failpoints are compiled in only by `make test-failpoints`")
-	}
-}
+func needFailpoints(t *testing.T) { fptest.Need(t, fpPkg, failpointsCompiledIn) }
 
-func enable(t *testing.T, name, term string) {
-	t.Helper()
-	if err := failpoint.Enable(fpPkg+name, term); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { failpoint.Disable(fpPkg + name) })
-}
+func enable(t *testing.T, name, term string) { fptest.Enable(t, fpPkg, name, term) }
 
 // wantInjected checks that err has code and names the injected fault.
 func wantInjected(t *testing.T, what string, err error, code codes.Code) {
