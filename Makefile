@@ -6,7 +6,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # Seconds each fuzz target runs in `make fuzz`.
 FUZZTIME  ?= 60s
 
-.PHONY: all build run test test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering demo-load generate tools clean
+.PHONY: all build run test test-deps tidy-check test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering demo-load generate tools clean
 
 all: build
 
@@ -19,8 +19,16 @@ run: build
 	bash scripts/run.sh
 
 # Everything CI runs: static checks, unit tests with the race detector, and
-# the end-to-end tests in tests/ against real processes.
-test: vet fmt-check test-unit test-failpoints test-e2e
+# the end-to-end tests in tests/ against real processes. test-deps installs
+# (apt, only what is absent) and starts what those tests need.
+test: test-deps vet fmt-check tidy-check test-unit test-failpoints test-e2e
+
+test-deps:
+	bash scripts/test-deps.sh
+
+# go.mod and go.sum must be what `go mod tidy` makes them.
+tidy-check:
+	$(GO) mod tidy -diff
 
 vet:
 	$(GO) vet ./...
@@ -43,7 +51,7 @@ test-failpoints:
 	GOCACHE=$(FAILPOINT_GOCACHE) $(GO) build -toolexec=$(CURDIR)/$(BIN)/failpoint-toolexec -o $(BIN)/failpoint/ ./cmd/rgproxy
 	RGPROXY_FAILPOINT_BIN=$(CURDIR)/$(BIN)/failpoint $(GO) test -count=1 -timeout 10m -run ChaosFailpoint -v ./tests/
 
-test-e2e: build
+test-e2e: build test-deps
 	$(GO) test -count=1 -timeout 25m -v ./tests/
 
 # Drives app_a and app_b through rgproxy for the README walkthrough;

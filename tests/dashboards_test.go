@@ -267,10 +267,7 @@ func TestDashboardsModel(t *testing.T) {
 // configuration is valid and scrapes the status ports `make run` uses.
 func TestDashboardsPrometheusConfig(t *testing.T) {
 	const f = "../dashboards/prometheus.yml"
-	bin, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatalf("promtool is not installed (Debian package prometheus): %v", err)
-	}
+	bin := requireTool(t, "promtool", "prometheus")
 	if out, err := exec.Command(bin, "check", "config", f).CombinedOutput(); err != nil {
 		t.Fatalf("promtool check config %s: %v\n%s", f, err, out)
 	}
@@ -338,10 +335,7 @@ type dashProm struct {
 // scraping each target (instance label → host:port) every second.
 func dashStartPrometheus(t testing.TB, targets map[string]map[string]string) *dashProm {
 	t.Helper()
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatalf("prometheus is not installed (Debian package prometheus): %v", err)
-	}
+	bin := requireTool(t, "prometheus", "prometheus")
 	dir := t.TempDir()
 	var cfg strings.Builder
 	cfg.WriteString("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\nscrape_configs:\n")
@@ -495,15 +489,12 @@ func dashScrapeNames(t testing.TB, statusAddr string) (map[string]bool, string) 
 // and returns its complaints.
 func dashPromtoolProblems(t testing.TB, page string) []string {
 	t.Helper()
-	bin, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatalf("promtool is not installed (Debian package prometheus): %v", err)
-	}
+	bin := requireTool(t, "promtool", "prometheus")
 	cmd := exec.Command(bin, "check", "metrics")
 	cmd.Stdin = strings.NewReader(page)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	var problems []string
 	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 		if l != "" {

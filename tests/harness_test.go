@@ -252,3 +252,21 @@ func mysqlErrNo(err error) uint16 {
 	}
 	return 0
 }
+
+// requireTool returns the path of an external command a test drives. When
+// it is missing the test fails under CI (CI set, as .ci/run does: `make
+// test` installs every tool, so a missing one is a broken set-up) and is
+// skipped elsewhere, naming the Debian package that provides it.
+func requireTool(t testing.TB, name, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err == nil {
+		return p
+	}
+	msg := fmt.Sprintf("%s is not installed (apt-get install %s; `make test` installs it): %v", name, pkg, err)
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}

@@ -87,12 +87,9 @@ func TestMariadbTestDifferential(t *testing.T) {
 	if only := os.Getenv("RGPROXY_MTR_FILES"); only != "" {
 		files, wantEnded = strings.Split(only, ","), 0
 	}
-	mtrBin, err := exec.LookPath("mariadb-test")
-	if err != nil {
-		t.Skip("mariadb-test not installed (apt-get install mariadb-test)")
-	}
+	mtrBin := requireTool(t, "mariadb-test", "mariadb-test")
 	if _, err := os.Stat(filepath.Join(mtrSuiteDir, "main")); err != nil {
-		t.Skipf("mysql-test suite missing: %v", err)
+		t.Fatalf("mysql-test suite missing (apt-get install mariadb-test): %v", err)
 	}
 	env := mtrSetup(t)
 	secondAddr, secondName := env.server.Addr, "direct-again"

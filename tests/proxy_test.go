@@ -278,9 +278,7 @@ func TestLargePayloadsAndLoadDataLocal(t *testing.T) {
 }
 
 func TestMariadbCLIOutputIdentical(t *testing.T) {
-	if _, err := exec.LookPath("mariadb"); err != nil {
-		t.Fatal("the mariadb CLI is needed (apt-get install mariadb-client)")
-	}
+	requireTool(t, "mariadb", "mariadb-client")
 	px := startProxy(t)
 	_, port, _ := strings.Cut(px.Addr, ":")
 	script := "SELECT 1, 'two', NULL; SHOW DATABASES LIKE 'test'; SELECT @@version_comment LIKE '%'; USE test; SELECT DATABASE(); STATUS;"
@@ -309,9 +307,7 @@ func TestMariadbCLIOutputIdentical(t *testing.T) {
 }
 
 func TestSysbenchReadWriteNoErrors(t *testing.T) {
-	if _, err := exec.LookPath("sysbench"); err != nil {
-		t.Fatal("sysbench is needed (apt-get install sysbench)")
-	}
+	requireTool(t, "sysbench", "sysbench")
 	rootExec(t, "CREATE DATABASE IF NOT EXISTS sbtest_e2e")
 	px := startProxy(t)
 	host, port, _ := strings.Cut(px.Addr, ":")

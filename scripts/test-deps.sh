@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs and starts what `make test` needs, so that `make test` alone
+# passes on a fresh Debian machine: MariaDB answering on 127.0.0.1:3306
+# (scripts/ensure-mariadb.sh), and the tools the end-to-end tests drive.
+# Debian packages are installed only when their command is absent; without
+# root, a missing one is reported and the tests that need it fail under CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+# command -> Debian package
+declare -A pkgs=(
+  [mariadb]=mariadb-client
+  [mariadb-test]=mariadb-test
+  [sysbench]=sysbench
+  [prometheus]=prometheus
+  [promtool]=prometheus
+  [curl]=curl
+)
+need=()
+for cmd in "${!pkgs[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || need+=("${pkgs[$cmd]}")
+done
+# MariaDB's test plugins (auth_test_plugin: cleartext_plugin_server) come
+# with mariadb-test; the TLS test loads them into its private mariadbd.
+plugindir=$(ls -d /usr/lib/mysql/plugin 2>/dev/null || true)
+if [ -n "$plugindir" ] && [ ! -e "$plugindir/auth_test_plugin.so" ]; then
+  need+=(mariadb-test)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  if [ "$(id -u)" != 0 ]; then
+    echo "test-deps: missing ${need[*]} and not root to install them" >&2
+  else
+    echo "test-deps: installing ${need[*]}"
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+fi
+bash scripts/ensure-mariadb.sh
