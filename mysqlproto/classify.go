@@ -1,7 +1,5 @@
 package mysqlproto
 
-import "bytes"
-
 // This file holds the cheap statement classifier that runs on every
 // COM_QUERY, and the small SQL lexer it shares with Digest. Neither parses
 // SQL: they look at the first keyword of each statement (after comments and
@@ -59,6 +57,10 @@ type sqlLexer struct {
 	prev        tokKind // kind of the previous token, for ".5" vs "t.c"
 	// prevClose is true when the previous token was ")".
 	prevClose bool
+	// cmtStart and cmtEnd span the body of the last plain block comment
+	// skipped (not /*! */, /*M! */ or an optimizer hint /*+ */);
+	// cmtStart is 0 when there was none.
+	cmtStart, cmtEnd int
 }
 
 func sqlSpace(c byte) bool {
@@ -98,11 +100,15 @@ func (l *sqlLexer) skip() {
 				continue
 			}
 			l.pos = len(q)
+			end := len(q)
 			for i := p; i+1 < len(q); i++ {
 				if q[i] == '*' && q[i+1] == '/' {
-					l.pos = i + 2
+					l.pos, end = i+2, i
 					break
 				}
+			}
+			if p >= len(q) || q[p] != '+' { // optimizer hints are not tags
+				l.cmtStart, l.cmtEnd = p, end
 			}
 		case c == '*' && l.exec && l.pos+1 < len(q) && q[l.pos+1] == '/':
 			l.pos += 2
@@ -404,6 +410,7 @@ const (
 	kwRepeat
 	kwReplace
 	kwRevoke
+	kwRollback
 	kwSecurity
 	kwSelect
 	kwSet
@@ -411,6 +418,7 @@ const (
 	kwSQL
 	kwTable
 	kwTemptable
+	kwTo
 	kwTrigger
 	kwTruncate
 	kwUndefined
@@ -418,6 +426,7 @@ const (
 	kwValues
 	kwWhile
 	kwWith
+	kwWork
 	kwXA
 )
 
@@ -566,6 +575,12 @@ func lookupKW(w []byte) sqlKW {
 		return kwWhile
 	case "WITH":
 		return kwWith
+	case "ROLLBACK":
+		return kwRollback
+	case "TO":
+		return kwTo
+	case "WORK":
+		return kwWork
 	case "XA":
 		return kwXA
 	}
@@ -614,31 +629,6 @@ func ClassifyQuery(q []byte) (class Class, multi bool) {
 	return ClassifyQueryMode(q, false)
 }
 
-// ClassifyQueryMode is ClassifyQuery for a session whose sql_mode may
-// include NO_BACKSLASH_ESCAPES: pass true when the backend's last status
-// flags had SERVER_STATUS_NO_BACKSLASH_ESCAPES (0x0200) set. Under that mode
-// 'a\'; DELETE ...' ends the string at the second quote, so the DELETE is
-// a second statement; reading it with escapes would hide the write.
-func ClassifyQueryMode(q []byte, noBackslashEscapes bool) (class Class, multi bool) {
-	l := sqlLexer{q: q, noBackslash: noBackslashEscapes}
-	class = classNone
-	parts := 0
-	for {
-		c, empty, more := classifyNext(&l)
-		if !empty {
-			parts++
-			class = mergeClass(class, c)
-		}
-		if !more {
-			break
-		}
-	}
-	if parts == 0 {
-		return ClassOther, false
-	}
-	return class, parts > 1
-}
-
 // mergeClass ranks write over read over other.
 func mergeClass(a, b Class) Class {
 	rank := func(c Class) int {
@@ -656,32 +646,6 @@ func mergeClass(a, b Class) Class {
 		return b
 	}
 	return a
-}
-
-// classifyNext classifies one statement and consumes it with its
-// terminating ";". more is true when a ";" was consumed (more text may
-// follow); empty is true when the statement had no tokens.
-func classifyNext(l *sqlLexer) (class Class, empty, more bool) {
-	t := l.next()
-	parens := false
-	for l.isPunct(t, '(') {
-		t = l.next()
-		parens = true
-	}
-	switch t.kind {
-	case tkEOF:
-		if parens {
-			return ClassOther, false, false
-		}
-		return classNone, true, false
-	case tkSemicolon:
-		if parens {
-			return ClassOther, false, true
-		}
-		return classNone, true, true
-	}
-	class, depth, program := classifyHead(*l, t)
-	return class, false, l.skipStatement(depth, program)
 }
 
 // classifyHead classifies a statement from its first token t, reading
@@ -921,134 +885,4 @@ func sqlWordFold(w []byte, s string) bool {
 		}
 	}
 	return true
-}
-
-// skipStatement consumes tokens up to and including the ";" that ends the
-// current statement, and reports whether it found one (false at the end of
-// the text). In a stored program or compound statement (program true),
-// ";" ends the statement only outside BEGIN ... END, IF ... END IF, CASE
-// ... END, LOOP, WHILE, REPEAT and FOR blocks; depth is the number of
-// blocks already open. It runs in time linear in the text: "IF (" is a
-// block only if its parenthesis closes without a comma at its own level
-// (else it is the IF function), which is decided when it closes.
-func (l *sqlLexer) skipStatement(depth int, program bool) bool {
-	var (
-		parens   int    // open parentheses
-		ifParens uint64 // bit i: the parenthesis at level i+1 follows IF and has no comma yet
-		afterIf  bool   // the previous token was IF followed by "("
-	)
-	for {
-		t := l.next()
-		openedByIf := afterIf
-		afterIf = false
-		switch t.kind {
-		case tkEOF:
-			return false
-		case tkSemicolon:
-			if !program || depth <= 0 {
-				return true
-			}
-		case tkPunct:
-			if !program {
-				break
-			}
-			// levelBit(n) is the bit of parenthesis level n (1..64).
-			levelBit := func(n int) uint64 {
-				if n < 1 || n > 64 {
-					return 0
-				}
-				return 1 << (n - 1)
-			}
-			switch {
-			case l.isPunct(t, '('):
-				parens++
-				if openedByIf {
-					ifParens |= levelBit(parens)
-				}
-			case l.isPunct(t, ','):
-				ifParens &^= levelBit(parens)
-			case l.isPunct(t, ')'):
-				if b := levelBit(parens); ifParens&b != 0 {
-					// The condition of an IF statement.
-					ifParens &^= b
-					depth++
-				}
-				if parens > 0 {
-					parens--
-				}
-			}
-		case tkWord:
-			if program {
-				var d int
-				d, afterIf = l.blockDelta(t)
-				depth += d
-			}
-		}
-	}
-}
-
-// blockDelta returns how the word t changes the block depth of a stored
-// program body: +1 for a block opener, -1 for END (which also consumes the
-// block type after it, as in END IF), 0 otherwise. ifParen is true for IF
-// followed by "(", which skipStatement resolves.
-func (l *sqlLexer) blockDelta(t sqlToken) (delta int, ifParen bool) {
-	switch l.word(t) {
-	case kwBegin, kwCase, kwLoop, kwWhile:
-		return 1, false
-	case kwRepeat:
-		// REPEAT(str, n) is a function.
-		if p := *l; p.isPunct(p.next(), '(') {
-			return 0, false
-		}
-		return 1, false
-	case kwIf:
-		// IF [NOT] EXISTS is a clause; IF(a, b, c) a function.
-		p := *l
-		n := p.next()
-		switch {
-		case p.word(n) == kwNot || p.word(n) == kwExists:
-			return 0, false
-		case p.isPunct(n, '('):
-			return 0, true
-		}
-		return 1, false
-	case kwFor:
-		// MariaDB's FOR x IN ... DO loop, not FOR UPDATE, FOR EACH ROW, ...
-		p := *l
-		if p.next().kind == tkWord && p.word(p.next()) == kwIn {
-			return 1, false
-		}
-		return 0, false
-	case kwEnd:
-		p := *l
-		switch p.word(p.next()) {
-		case kwIf, kwCase, kwLoop, kwWhile, kwRepeat, kwFor:
-			*l = p
-		}
-		return -1, false
-	}
-	return 0, false
-}
-
-// SplitStatements returns the non-empty statements of a query, each
-// without its terminating ";", by the same lexical rules as ClassifyQuery.
-// It allocates, so it is for the rare multi-statement (st.Multi), never
-// for every query.
-func SplitStatements(q []byte) [][]byte {
-	l := sqlLexer{q: q}
-	var out [][]byte
-	for {
-		start := l.pos
-		_, empty, more := classifyNext(&l)
-		if !empty {
-			part := bytes.TrimSpace(q[start:l.pos])
-			if more {
-				part = bytes.TrimSpace(bytes.TrimSuffix(part, []byte(";")))
-			}
-			out = append(out, part)
-		}
-		if !more {
-			return out
-		}
-	}
 }

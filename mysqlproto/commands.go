@@ -1,6 +1,7 @@
 package mysqlproto
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,9 @@ func (ss *session) command() error {
 	if cap(ss.buf) > keepBuf && n <= keepBuf {
 		ss.buf = nil // a big command is over: give its memory back
 	}
+	if cap(ss.digest) > keepBuf {
+		ss.digest = nil
+	}
 	ss.buf, err = readInto(ss.crd, ss.buf, n)
 	if err != nil {
 		return err
@@ -47,12 +51,13 @@ func (ss *session) command() error {
 	case comQuit:
 		return errQuit
 	case comQuery:
-		st.Class, st.Multi = ss.srv.classify(p[1:])
 		st.Query = string(p[1:])
+		st.Class, st.Multi = ss.scan(p[1:], st)
 		return ss.statement(st, n, respGeneric, false, nil)
 	case comStmtPrepare:
-		st.Class = ClassOther
 		st.Query = string(p[1:])
+		ss.prepClass, _ = ss.scan(p[1:], st)
+		st.Class = ClassOther
 		return ss.statement(st, n, respPrepare, false, nil)
 	case comStmtExecute, comStmtFetch, comStmtReset, comStmtSendLongData, comStmtClose:
 		return ss.stmtCommand(st, n)
@@ -80,6 +85,20 @@ func (ss *session) command() error {
 	return ss.sendError(ss.seq+1, &Error{Code: errCodeUnknownCom, State: "08S01", Message: "Unknown command"})
 }
 
+// scan makes the single pass over a statement's text q (st.Query's bytes)
+// into st.Scan, and returns its class and whether it holds several
+// statements. The digest, for a policy only, goes to the session's buffer.
+func (ss *session) scan(q []byte, st *Statement) (Class, bool) {
+	nbe := ss.status&statusNoBackslash != 0
+	if ss.srv.passThrough {
+		c, m, _ := scanText(q, st.Query, nbe, ss.srv.words, &st.Scan, nil, false)
+		return c, m
+	}
+	c, m, d := scanText(q, st.Query, nbe, ss.srv.words, &st.Scan, ss.digest, true)
+	ss.digest = d
+	return c, m
+}
+
 // stmtCommand handles the commands that name a prepared statement.
 func (ss *session) stmtCommand(st *Statement, n int) error {
 	p := ss.buf
@@ -90,6 +109,7 @@ func (ss *session) stmtCommand(st *Statement, n int) error {
 	ps := ss.stmts[id]
 	if ps != nil {
 		st.Query = ps.query
+		st.Scan = ps.scan
 	}
 	switch p[0] {
 	case comStmtSendLongData, comStmtClose:
@@ -177,8 +197,12 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	if err == nil {
 		switch {
 		case st.Command == comStmtPrepare && ss.m.Prepared:
-			c, _ := ss.srv.classify([]byte(st.Query))
-			ss.stmts[ss.m.StmtID] = &prepared{query: st.Query, class: c}
+			ps := &prepared{query: st.Query, class: ss.prepClass, scan: st.Scan}
+			if st.Scan.Digest != nil {
+				ps.digest = bytes.Clone(st.Scan.Digest)
+				ps.scan.Digest = ps.digest
+			}
+			ss.stmts[ss.m.StmtID] = ps
 		case st.Command == comResetConnection && out.ErrCode == 0:
 			clear(ss.stmts)
 			ss.pol.Event(EventResetConnection, ss.info)

@@ -59,6 +59,7 @@ const (
 	statusAutocommit   uint16 = 0x0002
 	statusMoreResults  uint16 = 0x0008
 	statusCursorExists uint16 = 0x0040
+	statusNoBackslash  uint16 = 0x0200
 )
 
 // Command codes.

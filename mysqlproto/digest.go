@@ -23,9 +23,9 @@ package mysqlproto
 // status, date) is upper-cased too, so on a case-sensitive server "user" and
 // "USER" share a digest.
 func Digest(q []byte) string {
-	d := digester{l: sqlLexer{q: q}, out: make([]byte, 0, len(q)+8)}
-	d.run()
-	return string(d.out)
+	var res Scan
+	_, _, out := scanQuery(q, false, nil, &res, make([]byte, 0, len(q)+8), true)
+	return string(out)
 }
 
 // DigestHash returns the 64-bit FNV-1a hash of Digest(q): a stable id for
@@ -37,18 +37,7 @@ func DigestHash(q []byte) uint64 {
 
 // HashDigest returns the 64-bit FNV-1a hash of a digest that Digest
 // already returned, so a caller that logs the digest hashes it once.
-func HashDigest(digest string) uint64 {
-	const (
-		offset = 14695981039346656037
-		prime  = 1099511628211
-	)
-	h := uint64(offset)
-	for i := range len(digest) {
-		h ^= uint64(digest[i])
-		h *= prime
-	}
-	return h
-}
+func HashDigest(digest string) uint64 { return fnv64(digest) }
 
 // dcat is the layout category of an emitted digest token.
 type dcat uint8
@@ -125,72 +114,70 @@ func (d *digester) emitString(c dcat, text string) {
 	d.emit(c, []byte(text))
 }
 
-func (d *digester) run() {
+// token writes the digest of t, the token just read from d.l; for a
+// literal list or a run of signs it reads on through d.l.
+func (d *digester) token(t sqlToken) {
 	var buf [digestMaxKeywordLen]byte
-	for {
-		t := d.l.next()
-		text := d.l.q[t.start:t.end]
-		switch t.kind {
-		case tkEOF:
+	text := d.l.q[t.start:t.end]
+	switch t.kind {
+	case tkEOF:
+	case tkSemicolon:
+		d.pending = true
+	case tkNumber, tkString, tkParam:
+		literalRun(&d.l, t)
+		d.emitString(dLiteral, "?")
+	case tkEllipsis:
+		d.emitString(dEllipsis, "...")
+	case tkVar:
+		d.emitVar(text)
+	case tkQuotedIdent:
+		d.emitIdent(unquoteIdent(text))
+	case tkWord:
+		up, ok := upperKeyword(&buf, text)
+		c := dNone
+		if ok {
+			c = digestKeyword(up)
+		}
+		if c == dNone {
+			d.emit(dName, text)
 			return
-		case tkSemicolon:
-			d.pending = true
-		case tkNumber, tkString, tkParam:
-			literalRun(&d.l, t)
-			d.emitString(dLiteral, "?")
-		case tkEllipsis:
-			d.emitString(dEllipsis, "...")
-		case tkVar:
-			d.emitVar(text)
-		case tkQuotedIdent:
-			d.emitIdent(unquoteIdent(text))
-		case tkWord:
-			up, ok := upperKeyword(&buf, text)
-			c := dNone
-			if ok {
-				c = digestKeyword(up)
+		}
+		d.emit(c, up)
+		if c == dClause && (string(up) == "IN" || string(up) == "VALUES" || string(up) == "VALUE") {
+			d.collapseTuples(string(up) != "IN")
+		}
+	case tkPunct:
+		switch {
+		case d.l.isPunct(t, '('):
+			d.emitString(dOpen, "(")
+		case d.l.isPunct(t, ')'):
+			d.emitString(dClose, ")")
+		case d.l.isPunct(t, ','):
+			d.emitString(dComma, ",")
+		case d.l.isPunct(t, '.'):
+			d.emitString(dDot, ".")
+		case (d.l.isPunct(t, '-') || d.l.isPunct(t, '+')) && (d.pending || !d.prev.operand()):
+			// A sign before a literal is part of it: "= -1" is "= ?".
+			p := d.l
+			if literalRun(&p, t) {
+				d.l = p
+				d.emitString(dLiteral, "?")
+				return
 			}
-			if c == dNone {
-				d.emit(dName, text)
-				continue
-			}
-			d.emit(c, up)
-			if c == dClause && (string(up) == "IN" || string(up) == "VALUES" || string(up) == "VALUE") {
-				d.collapseTuples(string(up) != "IN")
-			}
-		case tkPunct:
-			switch {
-			case d.l.isPunct(t, '('):
-				d.emitString(dOpen, "(")
-			case d.l.isPunct(t, ')'):
-				d.emitString(dClose, ")")
-			case d.l.isPunct(t, ','):
-				d.emitString(dComma, ",")
-			case d.l.isPunct(t, '.'):
-				d.emitString(dDot, ".")
-			case (d.l.isPunct(t, '-') || d.l.isPunct(t, '+')) && (d.pending || !d.prev.operand()):
-				// A sign before a literal is part of it: "= -1" is "= ?".
+			// Not a literal: write the whole run of signs now, so a long
+			// run is scanned once, not once per sign.
+			d.emit(dOp, text)
+			for {
 				p := d.l
-				if literalRun(&p, t) {
-					d.l = p
-					d.emitString(dLiteral, "?")
-					continue
+				n := p.next()
+				if !p.isPunct(n, '-') && !p.isPunct(n, '+') {
+					break
 				}
-				// Not a literal: write the whole run of signs now, so a long
-				// run is scanned once, not once per sign.
-				d.emit(dOp, text)
-				for {
-					p := d.l
-					n := p.next()
-					if !p.isPunct(n, '-') && !p.isPunct(n, '+') {
-						break
-					}
-					d.l = p
-					d.emit(dOp, p.q[n.start:n.end])
-				}
-			default:
-				d.emit(dOp, text)
+				d.l = p
+				d.emit(dOp, p.q[n.start:n.end])
 			}
+		default:
+			d.emit(dOp, text)
 		}
 	}
 }

@@ -55,6 +55,11 @@ type Statement struct {
 	// InTransaction is true when the backend's last status said a
 	// transaction is open.
 	InTransaction bool
+	// Scan is what the single pass over the SQL text found, for
+	// COM_QUERY, COM_STMT_PREPARE and (from the prepared text)
+	// COM_STMT_EXECUTE; zero for other commands. The digest is computed
+	// only for a policy other than PassThrough.
+	Scan Scan
 }
 
 // Outcome is what mysqlproto measured while forwarding a statement.

@@ -55,6 +55,11 @@ type Config struct {
 	WriteBufferSize int
 	// Policy decides about each statement. Default PassThrough{}.
 	Policy Policy
+	// ScanWords are words (at most 64, ASCII, any case) the policy wants
+	// to know about: bit i of Statement.Scan.Mentions says that word i
+	// appears in the statement's text as an identifier or keyword. Empty
+	// by default.
+	ScanWords []string
 	// Logger receives the server's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -84,8 +89,8 @@ type Server struct {
 	log *slog.Logger
 	// now is the clock behind BackendTime; tests replace it.
 	now func() time.Time
-	// classify decides a query's class.
-	classify func(q []byte) (Class, bool)
+	// words indexes Config.ScanWords; nil when there are none.
+	words *wordSet
 	// passThrough is true when the policy never blocks, so that sessions
 	// need not watch for a client leaving during Before.
 	passThrough bool
@@ -153,12 +158,15 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		now:        time.Now,
-		classify:   ClassifyQuery,
 		watchDelay: defaultWatchDelay,
 		listeners:  make(map[net.Listener]struct{}),
 		sessions:   make(map[*session]struct{}),
 	}
 	_, s.passThrough = cfg.Policy.(PassThrough)
+	var err error
+	if s.words, err = newWordSet(cfg.ScanWords); err != nil {
+		return nil, err
+	}
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())
 	return s, nil
 }

@@ -44,7 +44,9 @@ const keepBuf = 1 << 20
 type prepared struct {
 	query    string
 	class    Class
-	longData int64 // SEND_LONG_DATA bytes not yet charged to an EXECUTE
+	scan     Scan   // of query; Digest points into digest
+	digest   []byte // the digest, owned by the statement
+	longData int64  // SEND_LONG_DATA bytes not yet charged to an EXECUTE
 }
 
 // session is one client connection and its dedicated backend connection.
@@ -78,8 +80,11 @@ type session struct {
 	m        respMachine
 	rw       replyWriter
 	buf      []byte
-	stmts    map[uint32]*prepared
-	seq      byte // sequence id of the last packet sent to the client
+	digest   []byte // the current statement's digest (Statement.Scan.Digest)
+	// prepClass is the class of the text of the COM_STMT_PREPARE in flight.
+	prepClass Class
+	stmts     map[uint32]*prepared
+	seq       byte // sequence id of the last packet sent to the client
 	// st and out are the current statement's, reused so that a statement
 	// costs no allocation for them; policies get pointers valid only
 	// during the call.
