@@ -467,3 +467,15 @@ func fnv64[T string | []byte](b T) uint64 {
 	}
 	return h
 }
+
+// ScanStatement fills st.Class, st.Multi and st.Scan from st.Query as a
+// session does for a COM_QUERY whose server has Config.ScanWords words.
+// It is for tests and tools: it indexes words on every call.
+func ScanStatement(st *Statement, words []string) error {
+	ws, err := newWordSet(words)
+	if err != nil {
+		return err
+	}
+	st.Class, st.Multi, _ = scanText([]byte(st.Query), st.Query, false, ws, &st.Scan, nil, true)
+	return nil
+}

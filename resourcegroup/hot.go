@@ -204,7 +204,14 @@ func ExtractHint(query string) (string, bool) {
 	if end < 0 {
 		return "", false
 	}
-	body := query[i+3 : i+3+end]
+	return HintGroup(query[i+3 : i+3+end])
+}
+
+// HintGroup returns the group named by RESOURCE_GROUP(name) in the body of
+// an optimizer-hint comment (what is between "/*+" and "*/"); with several,
+// the last one wins, as in TiDB. The name is normalized. It allocates only
+// for a name that is not already lower case.
+func HintGroup(body string) (string, bool) {
 	hs := scanner{s: body}
 	name, found := "", false
 	for t := hs.next(); !t.end; t = hs.next() {

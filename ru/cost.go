@@ -64,6 +64,12 @@ type ResponseInfo struct {
 	// BackendTime runs from forwarding the statement to its final packet,
 	// less time blocked writing to a slow client. Negative values count as 0.
 	BackendTime time.Duration
+	// CPUTime is the CPU time the backend thread serving the session spent
+	// on the statement, where the caller could measure it (CPUKnown);
+	// then it, not BackendTime, is the statement's CPU cost. Negative
+	// values count as 0.
+	CPUTime  time.Duration
+	CPUKnown bool
 	// Failed is true when the backend answered with an error.
 	Failed bool
 }
@@ -93,7 +99,8 @@ func (c Config) BeforeCost(req RequestInfo) Consumption {
 }
 
 // AfterCost is the charge taken after the final packet: read bytes and
-// backend time in RRU (ClassFetch pays only read bytes), plus, for a write,
+// CPU in RRU (ClassFetch pays only read bytes), where CPU is the backend
+// thread's CPU time when known, else the backend time; plus, for a write,
 // the bytes that streamed after forwarding in WRU. A failed write is charged
 // no streamed bytes and gets back the byte cost BeforeCost charged, as a
 // negative WRU and negative WriteBytes; its base cost stays, since the
@@ -108,8 +115,12 @@ func (c Config) AfterCost(req RequestInfo, res ResponseInfo) Consumption {
 		return out
 	}
 	bt := max(res.BackendTime, 0)
+	cpu := bt
+	if res.CPUKnown {
+		cpu = max(res.CPUTime, 0)
+	}
 	// Dividing the integer nanoseconds keeps whole milliseconds exact.
-	out.RRU += c.CPUMsCost * (float64(bt) / float64(time.Millisecond))
+	out.RRU += c.CPUMsCost * (float64(cpu) / float64(time.Millisecond))
 	out.BackendSeconds = bt.Seconds()
 	if req.Class != ClassWrite {
 		return out

@@ -46,6 +46,20 @@ func TestCostRules(t *testing.T) {
 			after:  Consumption{RRU: 1.0 / 3, BackendSeconds: 0.001},
 		},
 		{
+			name:   "known CPU time, not backend time, is the CPU cost",
+			req:    RequestInfo{Class: ClassRead},
+			res:    ResponseInfo{BackendTime: time.Second, CPUTime: 3 * time.Millisecond, CPUKnown: true},
+			before: Consumption{RRU: 0.625, Statements: 1},
+			after:  Consumption{RRU: 1, BackendSeconds: 1},
+		},
+		{
+			name:   "a sleep on the backend costs no CPU",
+			req:    RequestInfo{Class: ClassRead},
+			res:    ResponseInfo{BackendTime: time.Second, CPUKnown: true},
+			before: Consumption{RRU: 0.625, Statements: 1},
+			after:  Consumption{BackendSeconds: 1},
+		},
+		{
 			name:   "other costs as a read and its bytes are not write bytes",
 			req:    RequestInfo{Class: ClassOther, WriteBytes: 4096},
 			res:    ResponseInfo{ReadBytes: 64 << 10, WriteBytes: 4096, BackendTime: 3 * time.Millisecond},

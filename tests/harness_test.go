@@ -57,15 +57,33 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freeAddr returns a loopback address with a port nobody listens on now.
+// handedOut remembers the ports freeAddr returned, so that two calls never
+// return the same one (the kernel may offer a just-closed port again
+// before the first caller listened on it).
+var handedOut = struct {
+	sync.Mutex
+	ports map[string]bool
+}{ports: map[string]bool{}}
+
+// freeAddr returns a loopback address with a port nobody listens on now
+// and that no earlier call returned.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		handedOut.Lock()
+		dup := handedOut.ports[addr]
+		handedOut.ports[addr] = true
+		handedOut.Unlock()
+		if !dup {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // syncBuffer is a goroutine-safe log sink for a child process.

@@ -138,6 +138,22 @@ func (b *Bucket) Reserve(now time.Time, n float64, maxWait time.Duration) (wait 
 	return wait, true
 }
 
+// CanReserve reports whether Reserve(now, n, maxWait) would succeed,
+// without taking anything.
+func (b *Bucket) CanReserve(now time.Time, n float64, maxWait time.Duration) bool {
+	t := b.tokensAt(now)
+	n = max(sane(n), 0)
+	if b.unlimited || n <= t {
+		return true
+	}
+	rate := b.FillRate(now)
+	if rate <= 0 {
+		return false
+	}
+	wait := durationOf((n - t) / rate)
+	return wait <= maxWait && (b.fillUntil.IsZero() || !now.Add(wait).After(b.fillUntil))
+}
+
 // NeedsTokens reports, once, that the low-tokens signal fired since the last
 // Reconfigure or Trickle; see Bucket.
 func (b *Bucket) NeedsTokens() bool {

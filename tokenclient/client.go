@@ -260,15 +260,28 @@ func (c *Client) Close() error {
 
 // Acquire pre-charges cons.RU() tokens of group, waiting at most maxWait.
 // It fails fast with an error wrapping ErrThrottled when the estimated wait
-// already exceeds maxWait, when maxWait passes first, or when ctx ends
-// first (wrapping ctx's error too); nothing is then charged nor recorded,
-// so a caller that runs the statement anyway (inside a transaction) must
-// Charge it. On success cons is recorded for reporting. It returns how long
-// it waited. An error wrapping ErrUnknownGroup means rgserver dropped the
-// group.
+// already exceeds maxWait or when maxWait passes first; nothing is then
+// charged nor recorded, so a caller that runs the statement anyway (inside
+// a transaction) must Charge it. When ctx ends first it returns ctx's error
+// (the client is gone: not counted as throttled). On success cons is
+// recorded for reporting. It returns how long it waited. An error wrapping
+// ErrUnknownGroup means rgserver dropped the group.
 func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption, maxWait time.Duration) (time.Duration, error) {
+	return c.AcquireEstimate(ctx, group, cons, cons.RU(), maxWait)
+}
+
+// AcquireEstimate is Acquire for a pre-charge that holds an estimate of
+// what the statement will cost: cons.RU() is taken, but only its required
+// part (today's before-cost) can get the statement refused. When the whole
+// cannot be paid within maxWait but the required part can, the statement
+// waits until the fill has paid what it took or maxWait has passed,
+// whichever is first, and the rest stays as debt that later statements
+// repay: an estimate never refuses a statement that its required cost
+// alone would have run.
+func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error) {
 	group = resourcegroup.NormalizeName(group)
 	n := max(cons.RU(), 0)
+	required = min(max(required, 0), n)
 	start := c.clk.Now()
 	c.mu.Lock()
 	gs := c.stateLocked(group, start)
@@ -291,6 +304,12 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 		}
 		remaining := max(maxWait-waited, 0)
 		wait, ok := gs.bucket.Reserve(now, n, remaining)
+		if !ok && required < n && gs.bucket.CanReserve(now, required, remaining) {
+			// More than the wait can pay, but the required part fits: pay
+			// what the wait can, the rest is debt.
+			gs.bucket.Take(now, n)
+			wait, ok = min(gs.repayTime(now), remaining), true
+		}
 		c.pollLowLocked(gs)
 		if ok {
 			unregister()
@@ -306,9 +325,8 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 				gs.addWaiting(c.clk.Now(), -n)
 				if err != nil {
 					gs.bucket.Refund(c.clk.Now(), n)
-					c.throttledLocked(gs)
 					c.mu.Unlock()
-					return c.clk.Now().Sub(start), fmt.Errorf("%w: group %q: %w", ErrThrottled, group, err)
+					return c.clk.Now().Sub(start), fmt.Errorf("tokenclient: group %q: %w", group, err)
 				}
 				c.mu.Unlock()
 			}
@@ -327,7 +345,7 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 		if c.degraded {
 			rate = gs.bucket.FillRate(now)
 		}
-		short := n - gs.bucket.Tokens(now)
+		short := required - gs.bucket.Tokens(now)
 		if remaining <= 0 || (rate > 0 && short/rate > remaining.Seconds()) {
 			unregister()
 			c.throttledLocked(gs)
@@ -353,9 +371,8 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 			t.Stop()
 			c.mu.Lock()
 			unregister()
-			c.throttledLocked(gs)
 			c.mu.Unlock()
-			return c.clk.Now().Sub(start), fmt.Errorf("%w: group %q: %w", ErrThrottled, group, ctx.Err())
+			return c.clk.Now().Sub(start), fmt.Errorf("tokenclient: group %q: %w", group, ctx.Err())
 		case <-ch:
 		case <-t.C():
 		}
@@ -388,6 +405,57 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 	gs.bucket.Take(now, cons.RU())
 	gs.record(now, cons)
 	c.pollLowLocked(gs)
+}
+
+// Share is what one proxy may spend of a group (see Client.Share).
+type Share struct {
+	// Rate is this proxy's share of the group's RU_PER_SEC, in RU/s: the
+	// larger of its last granted share of the fill and RU_PER_SEC divided
+	// by the proxies using the group.
+	Rate float64
+	// BurstSeconds is the group's bucket capacity in seconds of its rate:
+	// 1 with BURSTABLE OFF, 10 with MODERATED.
+	BurstSeconds float64
+	// Proxies is how many proxies use the group (from the last grant; 1
+	// before the first).
+	Proxies uint32
+	// Unlimited: the group is never throttled.
+	Unlimited bool
+}
+
+// Share returns this proxy's share of group, from its settings and the
+// last grant. A group the client does not know is unlimited.
+func (c *Client) Share(group string) Share {
+	group = resourcegroup.NormalizeName(group)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g, ok := c.settingsLocked(group)
+	if !ok || isUnlimited(g) {
+		return Share{Unlimited: true, Proxies: 1}
+	}
+	sh := Share{BurstSeconds: 1, Proxies: 1}
+	if g.Burst == resourcegroup.BurstModerated {
+		sh.BurstSeconds = 10
+	}
+	if gs, ok := c.groups[group]; ok {
+		if gs.bucket.Unlimited() {
+			return Share{Unlimited: true, Proxies: max(gs.proxies, 1)}
+		}
+		sh.Proxies = max(gs.proxies, 1)
+		sh.Rate = gs.shareRate
+	}
+	sh.Rate = max(sh.Rate, float64(g.RUPerSec)/float64(sh.Proxies))
+	return sh
+}
+
+// CountThrottled counts a statement of group refused by the caller (for
+// instance at its concurrency limit) as throttled, like one Acquire refused.
+func (c *Client) CountThrottled(group string) {
+	group = resourcegroup.NormalizeName(group)
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.throttledLocked(c.stateLocked(group, now))
 }
 
 // Degraded reports whether the client refills buckets locally because
@@ -534,6 +602,27 @@ func (c *Client) localRefillLocked(now time.Time, gs *groupState) {
 // isUnlimited reports whether g is never throttled.
 func isUnlimited(g resourcegroup.Group) bool {
 	return g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited
+}
+
+// repayTime is how long the group's fill needs to pay its bucket's debt
+// back, at the current fill or, between trickles, at this proxy's share
+// of the group's rate.
+func (gs *groupState) repayTime(now time.Time) time.Duration {
+	debt := -gs.bucket.Tokens(now)
+	if debt <= 0 {
+		return 0
+	}
+	rate := gs.bucket.FillRate(now)
+	if rate <= 0 {
+		rate = gs.shareRate
+	}
+	if rate <= 0 && gs.ruPerSec > 0 {
+		rate = float64(gs.ruPerSec) / float64(max(gs.proxies, 1))
+	}
+	if rate <= 0 {
+		return maxDuration
+	}
+	return durationOf(debt / rate)
 }
 
 // wake lets the statements waiting on gs retry.

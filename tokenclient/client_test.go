@@ -136,7 +136,7 @@ func TestDemandIncludesWaiters(t *testing.T) {
 		_, err := c.Acquire(context.Background(), "a", rruOf(40), 10*time.Second)
 		done <- err
 	}()
-	waitFor(t, "the statement to wait", func() bool { return clk.pending() == 1 }, nil)
+	waitFor(t, "the statement to wait", func() bool { return clk.Pending() == 1 }, nil)
 	req := build(c, false)
 	g := groupEntry(req, "a")
 	// 40 RU wanted within waitLead (20 ms): 2,000 RU/s of demand.
@@ -210,7 +210,7 @@ func TestAcquireFailFastTimeoutAndRefund(t *testing.T) {
 		_, err := c.Acquire(ctx, "a", rruOf(8), time.Second)
 		done <- err
 	}()
-	waitFor(t, "the statement to wait", func() bool { return clk.pending() == 1 }, nil)
+	waitFor(t, "the statement to wait", func() bool { return clk.Pending() == 1 }, nil)
 	clk.Advance(time.Second)
 	if err := <-done; !errors.Is(err, ErrThrottled) {
 		t.Fatalf("timeout: %v", err)
@@ -243,14 +243,18 @@ func TestAcquireCancelRefunds(t *testing.T) {
 		_, err := c.Acquire(ctx, "a", rruOf(5), time.Second)
 		done <- err
 	}()
-	waitFor(t, "the statement to sleep", func() bool { return clk.pending() == 1 }, nil)
+	waitFor(t, "the statement to sleep", func() bool { return clk.Pending() == 1 }, nil)
 	if got := tokensOf(c, "a"); !near(got, -5) {
 		t.Fatalf("tokens while reserved %v, want -5", got)
 	}
 	cancel()
 	err := <-done
-	if !errors.Is(err, ErrThrottled) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("err %v", err)
+	// The client left: its statement is not a throttled one.
+	if errors.Is(err, ErrThrottled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled and not ErrThrottled", err)
+	}
+	if n := c.Usage(clk.Now())[0].Throttled; n != 0 {
+		t.Fatalf("a cancelled wait counted as throttled (%d)", n)
 	}
 	if got := tokensOf(c, "a"); !near(got, 0) {
 		t.Fatalf("tokens after refund %v, want 0", got)
@@ -264,7 +268,7 @@ func TestAcquireCancelRefunds(t *testing.T) {
 		}
 		done2 <- w
 	}()
-	waitFor(t, "the statement to sleep", func() bool { return clk.pending() == 1 }, nil)
+	waitFor(t, "the statement to sleep", func() bool { return clk.Pending() == 1 }, nil)
 	clk.Advance(500 * time.Millisecond)
 	if w := <-done2; w != 500*time.Millisecond {
 		t.Fatalf("waited %v, want 500ms", w)
@@ -386,7 +390,7 @@ func TestGrantErrorDropsGroup(t *testing.T) {
 		_, err := c.Acquire(context.Background(), "gone", rruOf(1), 5*time.Second)
 		done <- err
 	}()
-	waitFor(t, "the statement to wait", func() bool { return clk.pending() == 1 }, nil)
+	waitFor(t, "the statement to wait", func() bool { return clk.Pending() == 1 }, nil)
 	req := build(c, false)
 	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
 		{Group: "gone", Error: `resource group "gone" not found`}}}); err != nil {
@@ -557,5 +561,103 @@ func TestRenewalRoundTripNotCountedTwice(t *testing.T) {
 	clk.Advance(5 * time.Second)
 	if got := tokensOf(c, "a"); !near(got, 145) {
 		t.Fatalf("tokens after the new trickle: %v, want 145", got)
+	}
+}
+
+// An estimate larger than the wait can pay never refuses a statement its
+// required cost alone would run: it waits what the wait can pay (or until
+// the fill has paid its debt) and the rest stays as debt.
+func TestAcquireEstimate(t *testing.T) {
+	setup := func(t *testing.T) (*Client, *fakeClock) {
+		c, clk := newTestClient(t, nil)
+		c.Charge("a", rruOf(0))
+		c.mu.Lock()
+		c.groups["a"].want = true
+		c.mu.Unlock()
+		req := build(c, false)
+		// 10 tokens now, then 10 RU/s for 100 s.
+		if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+			{Group: "a", Tokens: 10, FillRate: 10, Proxies: 1, RuPerSec: 10}}}); err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		c.groups["a"].bucket.Reconfigure(clk.Now(), 0, 10, 0, 0)
+		c.mu.Unlock()
+		return c, clk
+	}
+	tests := []struct {
+		name      string
+		estimate  float64
+		required  float64
+		maxWait   time.Duration
+		wantErr   bool
+		wantSleep time.Duration // 0: no wait
+		tokensAf  float64
+	}{
+		{"estimate paid at once", 8, 1, time.Second, false, 0, 2},
+		{"estimate paid within the wait", 15, 1, time.Second, false, 500 * time.Millisecond, -5},
+		{"estimate beyond the wait: wait it all, the rest is debt", 60, 1, 2 * time.Second, false, 2 * time.Second, -50},
+		{"required alone beyond the wait: refused as before", 60, 40, 2 * time.Second, true, 0, 10},
+		{"no estimate: as Acquire", 60, 60, 2 * time.Second, true, 0, 10},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk := setup(t)
+			done := make(chan error, 1)
+			var waited time.Duration
+			go func() {
+				var err error
+				waited, err = c.AcquireEstimate(context.Background(), "a", rruOf(tc.estimate), tc.required, tc.maxWait)
+				done <- err
+			}()
+			if tc.wantSleep > 0 {
+				waitFor(t, "the statement to sleep", func() bool { return clk.Pending() == 1 }, nil)
+				clk.Advance(tc.wantSleep)
+			}
+			err := <-done
+			if (err != nil) != tc.wantErr || (err != nil && !errors.Is(err, ErrThrottled)) {
+				t.Fatalf("err %v, want error %v", err, tc.wantErr)
+			}
+			if err == nil && waited != tc.wantSleep {
+				t.Fatalf("waited %v, want %v", waited, tc.wantSleep)
+			}
+			if got := tokensOf(c, "a") - 10*tc.wantSleep.Seconds(); !near(got, tc.tokensAf) {
+				t.Fatalf("tokens %v (before the fill of the wait), want %v", got, tc.tokensAf)
+			}
+		})
+	}
+}
+
+func TestBucketCanReserve(t *testing.T) {
+	now := time.Unix(100, 0)
+	var b Bucket
+	b.Reconfigure(now, 5, 10, 0, 0)
+	tests := []struct {
+		n       float64
+		maxWait time.Duration
+		want    bool
+	}{
+		{5, 0, true},
+		{6, 0, false},
+		{6, 100 * time.Millisecond, true},
+		{15, time.Second, true},
+		{15, 999 * time.Millisecond, false},
+	}
+	for _, tc := range tests {
+		if got := b.CanReserve(now, tc.n, tc.maxWait); got != tc.want {
+			t.Errorf("%s: CanReserve(%v, %v) = %v, want %v", b.String(now), tc.n, tc.maxWait, got, tc.want)
+		}
+	}
+	if got := b.Tokens(now); got != 5 {
+		t.Fatalf("CanReserve took tokens: %v", got)
+	}
+	// A trickle that ends before the wait would pay cannot reserve.
+	b.Trickle(now, 10, time.Second, 0)
+	if b.CanReserve(now, 20, 5*time.Second) {
+		t.Fatal("reserved past the end of the trickle")
+	}
+	b.SetUnlimited(true)
+	if !b.CanReserve(now, 1e9, 0) {
+		t.Fatal("unlimited bucket refused")
 	}
 }

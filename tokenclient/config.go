@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rgproxy/rgproxy/internal/clock"
 )
 
 // Sentinel errors of this package.
@@ -128,7 +130,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.ReportPeriod = cfg.TargetPeriod
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = realClock{}
+		cfg.Clock = clock.Real{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 	"google.golang.org/grpc"
@@ -20,76 +21,10 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// fakeClock is a Clock that moves only when a test advances it.
-type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*fakeTimer
-}
+// fakeClock is the shared fake clock; the tests advance it.
+type fakeClock = clock.Fake
 
-type fakeTimer struct {
-	clk *fakeClock
-	at  time.Time
-	ch  chan time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_700_000_000, 0)} }
-
-func (f *fakeClock) Now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.now
-}
-
-func (f *fakeClock) NewTimer(d time.Duration) Timer {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t := &fakeTimer{clk: f, at: f.now.Add(d), ch: make(chan time.Time, 1)}
-	if d <= 0 {
-		t.ch <- f.now
-		return t
-	}
-	f.timers = append(f.timers, t)
-	return t
-}
-
-// Advance moves the clock by d and fires the timers that are due.
-func (f *fakeClock) Advance(d time.Duration) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.now = f.now.Add(d)
-	kept := f.timers[:0]
-	for _, t := range f.timers {
-		if !t.at.After(f.now) {
-			t.ch <- f.now
-		} else {
-			kept = append(kept, t)
-		}
-	}
-	f.timers = kept
-}
-
-// pending is the number of timers not yet fired nor stopped.
-func (f *fakeClock) pending() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.timers)
-}
-
-func (t *fakeTimer) C() <-chan time.Time { return t.ch }
-
-func (t *fakeTimer) Stop() bool {
-	f := t.clk
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for i, x := range f.timers {
-		if x == t {
-			f.timers = append(f.timers[:i], f.timers[i+1:]...)
-			return true
-		}
-	}
-	return false
-}
+func newFakeClock() *fakeClock { return clock.NewFake() }
 
 // waitFor polls cond (goroutines of the client run meanwhile) and fails
 // the test when it does not hold within 10 s of real time. step, when

@@ -11,6 +11,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/rgproxy/rgproxy/internal/rgpolicy"
 	"github.com/rgproxy/rgproxy/ru"
 )
 
@@ -90,6 +91,15 @@ type config struct {
 	// AdminPasswordFile holds AdminUser's password; rgproxy stores no other.
 	AdminPasswordFile string
 
+	// CPUSource is where a statement's CPU time comes from: auto (the
+	// backend thread's CPU time when the backend runs here, else wall
+	// time), wall or proc. Default auto.
+	CPUSource string
+	// MaxStatementShapes is how many statement shapes (digest within a
+	// group) the proxy remembers for cost estimates and
+	// information_schema.statements_summary. Default 10000.
+	MaxStatementShapes int
+
 	// RU is the cost model, from the config file's [ru] table only.
 	RU ru.Config
 }
@@ -124,6 +134,8 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.AdminUser, "admin-user", "", "rgproxy's service `account` on the backend (CONNECTION ADMIN or SUPER), for KILL QUERY of runaway statements; without it ACTION=KILL is refused")
 	fs.StringVar(&cfg.AdminPasswordFile, "admin-password-file", "", "`file` holding --admin-user's password")
 	fs.StringVar(&cfg.CacheDir, "cache-dir", "rgproxy-cache", "`directory` keeping the last snapshot of groups and bindings, for starts while rgserver is down (empty = none)")
+	fs.StringVar(&cfg.CPUSource, "cpu-source", "auto", "CPU time charged per statement: auto (the backend thread's CPU time when the backend runs on this host, else wall time), wall, or proc")
+	fs.IntVar(&cfg.MaxStatementShapes, "max-statement-shapes", 10000, "statement shapes (digest within a group) remembered for cost estimates and statements_summary; least recently used evicted")
 	return fs
 }
 
@@ -229,6 +241,12 @@ func (c *config) validate() error {
 	}
 	if (c.AdminUser == "") != (c.AdminPasswordFile == "") {
 		errs = append(errs, errors.New("--admin-user and --admin-password-file go together"))
+	}
+	if _, err := rgpolicy.ParseCPUSource(c.CPUSource); err != nil {
+		errs = append(errs, fmt.Errorf("--cpu-source must be auto, wall or proc, not %q", c.CPUSource))
+	}
+	if c.MaxStatementShapes <= 0 {
+		errs = append(errs, errors.New("--max-statement-shapes must be > 0"))
 	}
 	if c.MaxBackendConcurrency < 0 {
 		errs = append(errs, errors.New("--max-backend-concurrency must be >= 0"))

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/rgpolicy"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
@@ -67,14 +68,16 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	metrics := newMetrics()
 	var policy mysqlproto.Policy = mysqlproto.PassThrough{}
 	var tc *tokenclient.Client
+	var rp *rgpolicy.Policy
 	if cfg.Metering {
 		tc, err = startTokenClient(ctx, cfg, metrics, logger)
 		if err != nil {
 			return err
 		}
 		defer tc.Close()
-		var svc *serviceConn
+		var killer rgpolicy.Killer
 		if cfg.AdminUser != "" {
+			var svc *serviceConn
 			if svc, err = newServiceConn(cfg.Backend, cfg.AdminUser, cfg.AdminPasswordFile, pcfg.BackendTLS, cfg.DialTimeout); err != nil {
 				return err
 			}
@@ -85,21 +88,26 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			if err != nil {
 				return err
 			}
+			killer = svc
 		}
-		policy = &rgPolicy{
-			service:   svc,
-			proxyID:   proxyID(cfg),
-			cooldown:  make(chan struct{}, 1),
-			tokens:    tc,
-			cost:      cfg.RU,
-			strict:    cfg.StrictResourceGroups,
-			maxWait:   cfg.MaxWait,
-			txnWait:   cfg.MaxWaitInTxn,
-			admission: newAdmission(cfg.MaxBackendConcurrency),
-			metrics:   metrics,
-			logger:    logger,
-			now:       time.Now,
+		cpu, _ := rgpolicy.ParseCPUSource(cfg.CPUSource) // validated
+		rp, err = rgpolicy.New(rgpolicy.Config{
+			Tokens:      tc,
+			Cost:        cfg.RU,
+			Killer:      killer,
+			ProxyID:     proxyID(cfg),
+			Settings:    policySettings(cfg),
+			Shapes:      cfg.MaxStatementShapes,
+			CPU:         cpu,
+			BackendAddr: cfg.Backend,
+			Registerer:  metrics.reg,
+			Logger:      logger,
+		})
+		if err != nil {
+			return err
 		}
+		policy = rp
+		pcfg.ScanWords = rgpolicy.ScanWords()
 	}
 	pcfg.Policy = metrics.wrap(policy)
 	srv, err := mysqlproto.NewServer(pcfg)
@@ -121,6 +129,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		r := readiness{Metering: cfg.Metering}
 		if tc != nil {
 			r.Degraded = tc.Degraded()
+		}
+		if rp != nil {
+			r.CPUSource = rp.CPUSourceInForce()
 		}
 		return r, mysqlproto.ProbeBackend(ctx, pcfg)
 	})}
@@ -151,6 +162,16 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	status.Close()
 	logger.Info("stopped")
 	return nil
+}
+
+// policySettings are the policy's reloadable settings in cfg.
+func policySettings(cfg config) rgpolicy.Settings {
+	return rgpolicy.Settings{
+		Strict:                cfg.StrictResourceGroups,
+		MaxWait:               cfg.MaxWait,
+		MaxWaitInTxn:          cfg.MaxWaitInTxn,
+		MaxBackendConcurrency: cfg.MaxBackendConcurrency,
+	}
 }
 
 // startTokenClient connects to rgserver. When neither rgserver nor a

@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
-	"github.com/rgproxy/rgproxy/ru"
 )
 
 // metrics holds rgproxy's Prometheus collectors in their own registry.
@@ -21,10 +20,6 @@ type metrics struct {
 	// vector's lock, shared by every session.
 	classStatements [mysqlproto.ClassOther + 1]prometheus.Counter
 	classDuration   [mysqlproto.ClassOther + 1]prometheus.Observer
-	// By resource group, for metered statements.
-	ruConsumed      *prometheus.CounterVec
-	groupStatements *prometheus.CounterVec
-	runaway         *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -40,24 +35,12 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
 		}, []string{"class"}),
 	}
-	m.ruConsumed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rgproxy_ru_consumed_total",
-		Help: "Request units charged to each resource group by this proxy, by type (rru, wru).",
-	}, []string{"resource_group", "type"})
-	m.groupStatements = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rgproxy_group_statements_total",
-		Help: "Statements charged to each resource group, by class.",
-	}, []string{"resource_group", "class"})
-	m.runaway = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "rgproxy_runaway_total",
-		Help: "Statements that crossed their group's QUERY_LIMIT, by the action taken (DRYRUN, COOLDOWN, KILL, SWITCH_GROUP).",
-	}, []string{"resource_group", "action"})
 	for c := range m.classStatements {
 		class := mysqlproto.Class(c).String()
 		m.classStatements[c] = m.statements.WithLabelValues(class)
 		m.classDuration[c] = m.duration.WithLabelValues(class)
 	}
-	m.reg.MustRegister(m.statements, m.duration, m.ruConsumed, m.groupStatements, m.runaway,
+	m.reg.MustRegister(m.statements, m.duration,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -133,19 +116,6 @@ func (s *meteredSession) Progress(st *mysqlproto.Statement, responseBytes int64)
 	if o, ok := s.next.(mysqlproto.ProgressObserver); ok {
 		o.Progress(st, responseBytes)
 	}
-}
-
-// charged records one metered statement's total cost. Counters only go
-// up: a failed write's refund lowers what is charged to the bucket but is
-// not subtracted here (its WRU may be negative in the total).
-func (m *metrics) charged(group, class string, c ru.Consumption) {
-	if c.RRU > 0 {
-		m.ruConsumed.WithLabelValues(group, "rru").Add(c.RRU)
-	}
-	if c.WRU > 0 {
-		m.ruConsumed.WithLabelValues(group, "wru").Add(c.WRU)
-	}
-	m.groupStatements.WithLabelValues(group, class).Inc()
 }
 
 // probeTimeout bounds a /readyz backend probe.

@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/rgproxy/rgproxy/internal/rgpolicy"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
@@ -97,9 +99,21 @@ func TestMetricsLint(t *testing.T) {
 	if _, err := tc.Acquire(ctx, "lint_tiny", ru.Consumption{RRU: 100, Statements: 1}, 10*time.Millisecond); !errors.Is(err, tokenclient.ErrThrottled) {
 		t.Fatalf("Acquire of 100 RU at 1 RU/s: %v, want ErrThrottled", err)
 	}
-	m.wrap(mysqlproto.PassThrough{}).Open(mysqlproto.SessionInfo{ID: 1, User: "lint"}).
-		After(&mysqlproto.Statement{Class: mysqlproto.ClassRead}, &mysqlproto.Outcome{BackendTime: time.Millisecond})
-	m.charged("lint", "read", ru.Consumption{RRU: 1, WRU: 1, Statements: 1})
+	// The policy as run() builds it, registered on the same registry.
+	rp, err := rgpolicy.New(rgpolicy.Config{Tokens: tc, Registerer: m.reg, CPU: rgpolicy.CPUWall, Logger: quiet,
+		Settings: rgpolicy.Settings{MaxWait: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &mysqlproto.Statement{Command: mysql.COM_QUERY, Query: "SELECT /*+ RESOURCE_GROUP(lint) */ 1"}
+	if err := mysqlproto.ScanStatement(st, rgpolicy.ScanWords()); err != nil {
+		t.Fatal(err)
+	}
+	s := m.wrap(rp).Open(mysqlproto.SessionInfo{ID: 1, User: "lint"})
+	if v := s.Before(ctx, st, nil); v.Reply != nil {
+		t.Fatalf("statement answered: %+v", v.Reply.Err)
+	}
+	s.After(st, &mysqlproto.Outcome{BackendTime: time.Millisecond})
 
 	mfs, err := m.reg.Gather()
 	if err != nil {
@@ -114,7 +128,7 @@ func TestMetricsLint(t *testing.T) {
 		"rgproxy_group_statements_total", "rgproxy_connections", "rgproxy_client_bytes_total",
 		"rgproxy_backend_bytes_total", "rgproxy_backend_errors_total", "rgproxy_token_requests_total",
 		"rgproxy_token_request_duration_seconds", "rgproxy_throttled_total", "rgproxy_throttle_wait_seconds",
-		"rgproxy_group_tokens", "rgproxy_group_ru_per_sec", "rgproxy_degraded",
+		"rgproxy_group_tokens", "rgproxy_group_ru_per_sec", "rgproxy_degraded", "rgproxy_cpu_source",
 		"go_goroutines", "process_cpu_seconds_total",
 	} {
 		if !slices.Contains(names, want) {

@@ -31,6 +31,7 @@ func statusHandler(m *metrics, probe func(context.Context) (readiness, error)) h
 		h := health{Health: "true"}
 		if rd.Metering {
 			h.Degraded = boolText(rd.Degraded)
+			h.CPUSource = rd.CPUSource
 		}
 		writeHealth(w, h, err)
 	})
@@ -46,12 +47,15 @@ type readiness struct {
 	// Still ready: refusing traffic then would turn an rgserver outage
 	// into a database outage.
 	Degraded bool
+	// CPUSource is where statements' CPU time comes from (proc or wall).
+	CPUSource string
 }
 
 type health struct {
-	Health   string `json:"health"`
-	Degraded string `json:"degraded,omitempty"`
-	Reason   string `json:"reason,omitempty"`
+	Health    string `json:"health"`
+	Degraded  string `json:"degraded,omitempty"`
+	CPUSource string `json:"cpu_source,omitempty"`
+	Reason    string `json:"reason,omitempty"`
 }
 
 func boolText(b bool) string {

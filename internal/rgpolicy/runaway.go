@@ -1,4 +1,4 @@
-package main
+package rgpolicy
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
@@ -27,7 +28,8 @@ type runawayGuard struct {
 	rule  resourcegroup.QueryLimit
 	group string
 	start time.Time
-	timer *time.Timer
+	clk   clock.Clock
+	timer clock.Timer
 	fire  func()
 	fired atomic.Bool
 	done  chan struct{} // closed when the fired action completed
@@ -38,7 +40,7 @@ type runawayGuard struct {
 // that wall time; RU fires when the statement's RU so far — its
 // before-cost, plus its backend time and read bytes as they grow — reaches
 // the limit (the timer covers time, Progress the bytes).
-func (s *rgSession) armRunaway(g resourcegroup.Group, query string) *runawayGuard {
+func (s *session) armRunaway(g resourcegroup.Group, query string) *runawayGuard {
 	q := g.QueryLimit
 	if q == nil || (q.ExecElapsed <= 0 && q.RU == 0) {
 		return nil
@@ -46,11 +48,11 @@ func (s *rgSession) armRunaway(g resourcegroup.Group, query string) *runawayGuar
 	after := q.ExecElapsed
 	if q.RU > 0 {
 		after = time.Duration(1<<63 - 1)
-		if left := float64(q.RU) - s.before.RU(); s.p.cost.CPUMsCost > 0 {
+		if left := float64(q.RU) - s.cur.before.RU(); s.p.cost.CPUMsCost > 0 {
 			after = time.Duration(max(left, 0) / s.p.cost.CPUMsCost * float64(time.Millisecond))
 		}
 	}
-	gd := &runawayGuard{rule: *q, group: g.Name, start: time.Now(), done: make(chan struct{})}
+	gd := &runawayGuard{rule: *q, group: g.Name, start: s.p.clk.Now(), clk: s.p.clk, done: make(chan struct{})}
 	connID := s.connID
 	if q.Watch != resourcegroup.WatchNone {
 		query = strings.Clone(query) // kept past the statement
@@ -64,15 +66,15 @@ func (s *rgSession) armRunaway(g resourcegroup.Group, query string) *runawayGuar
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
 			go s.p.addWatch(gd.group, gd.rule, query)
 		}
-		if gd.rule.Action == resourcegroup.ActionKill && s.p.service != nil {
+		if gd.rule.Action == resourcegroup.ActionKill && s.p.killer != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 			defer cancel()
-			if err := s.p.service.KillQuery(ctx, connID); err != nil {
+			if err := s.p.killer.KillQuery(ctx, connID); err != nil {
 				s.p.logger.Warn("killing a runaway statement failed", "err", err)
 			}
 		}
 	}
-	gd.timer = time.AfterFunc(after, gd.fire)
+	gd.timer = s.p.clk.AfterFunc(after, gd.fire)
 	return gd
 }
 
@@ -98,13 +100,13 @@ func (gd *runawayGuard) disarm() bool {
 
 // Progress implements mysqlproto.ProgressObserver: a QUERY_LIMIT RU is
 // crossed by the read bytes as well as by the backend time.
-func (s *rgSession) Progress(_ *mysqlproto.Statement, responseBytes int64) {
+func (s *session) Progress(_ *mysqlproto.Statement, responseBytes int64) {
 	gd := s.guard
 	if gd == nil || gd.rule.RU == 0 || gd.fired.Load() {
 		return
 	}
-	soFar := s.before.RU() + float64(responseBytes)*s.p.cost.ReadCostPerByte +
-		float64(time.Since(gd.start))/float64(time.Millisecond)*s.p.cost.CPUMsCost
+	soFar := s.cur.before.RU() + float64(responseBytes)*s.p.cost.ReadCostPerByte +
+		float64(gd.clk.Now().Sub(gd.start))/float64(time.Millisecond)*s.p.cost.CPUMsCost
 	if soFar >= float64(gd.rule.RU) {
 		gd.fireNow()
 	}
@@ -116,7 +118,7 @@ var errRunawayKilled = &mysqlproto.Error{Code: 8253, State: "HY000",
 	Message: "Query execution was interrupted, identified as runaway query"}
 
 // RewriteError implements mysqlproto.ErrorRewriter.
-func (s *rgSession) RewriteError(_ *mysqlproto.Statement, code uint16) *mysqlproto.Error {
+func (s *session) RewriteError(_ *mysqlproto.Statement, code uint16) *mysqlproto.Error {
 	if gd := s.guard; gd != nil && code == 1317 && gd.rule.Action == resourcegroup.ActionKill && gd.fired.Load() {
 		return errRunawayKilled
 	}
@@ -125,8 +127,8 @@ func (s *rgSession) RewriteError(_ *mysqlproto.Statement, code uint16) *mysqlpro
 
 // checkKillRule refuses a CREATE or ALTER that would give a group a KILL
 // action on a proxy without a service account.
-func (s *rgSession) checkKillRule(stmt resourcegroup.Statement) error {
-	if s.p.service != nil {
+func (s *session) checkKillRule(stmt resourcegroup.Statement) error {
+	if s.p.killer != nil {
 		return nil
 	}
 	var q *resourcegroup.QueryLimit
@@ -146,13 +148,13 @@ func (s *rgSession) checkKillRule(stmt resourcegroup.Statement) error {
 
 // chargeGroupAfter is the group the rest of a statement is charged to:
 // after SWITCH_GROUP fired, the target group.
-func (s *rgSession) chargeGroupAfter(gd *runawayGuard, fired bool) string {
+func (s *session) chargeGroupAfter(gd *runawayGuard, fired bool) string {
 	if fired && gd.rule.Action == resourcegroup.ActionSwitchGroup {
 		if _, ok := s.p.tokens.Group(gd.rule.SwitchGroup); ok {
 			return gd.rule.SwitchGroup
 		}
 	}
-	return s.group
+	return s.cur.group
 }
 
 // errQuarantined answers a statement that matches a KILL watch: it never
@@ -160,52 +162,49 @@ func (s *rgSession) chargeGroupAfter(gd *runawayGuard, fired bool) string {
 var errQuarantined = &mysqlproto.Error{Code: 8254, State: "HY000",
 	Message: "Quarantined and interrupted because of being in runaway watch list"}
 
-// applyWatch checks a statement against its group's runaway watch list
-// before it is forwarded: KILL answers it with 8254, SWITCH_GROUP moves it
-// to the target group, COOLDOWN makes it wait for the proxy's one cooldown
-// slot at LOW priority, DRYRUN only counts. The digest is computed only
-// when a SIMILAR watch exists.
-func (s *rgSession) applyWatch(st *mysqlproto.Statement) (reply *mysqlproto.Reply, cooldown bool) {
+// watch is Before's second step: it checks the statement against its
+// group's runaway watch list before it is forwarded. KILL answers it with
+// 8254, SWITCH_GROUP moves it to the target group, COOLDOWN makes it wait
+// for the proxy's one cooldown slot at LOW priority (cooldown true), DRYRUN
+// only counts. The digest comes from mysqlproto's scan; it is made a
+// string only while a SIMILAR watch exists.
+func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlproto.Reply) {
 	if st.Query == "" {
-		return nil, false
+		return false, nil
 	}
 	exact, similar := s.p.tokens.HasWatches()
 	if !exact && !similar {
-		return nil, false
+		return false, nil
 	}
 	var digest string
 	if similar {
-		digest = mysqlproto.Digest([]byte(st.Query))
+		digest = string(st.Scan.Digest)
+		if st.Scan.Digest == nil {
+			digest = mysqlproto.Digest([]byte(st.Query))
+		}
 	}
-	w, ok := s.p.tokens.MatchGroupWatch(s.group, st.Query, digest)
+	w, ok := s.p.tokens.MatchGroupWatch(s.cur.group, st.Query, digest)
 	if !ok {
-		return nil, false
+		return false, nil
 	}
-	s.p.metrics.runaway.WithLabelValues(s.group, w.Action.String()).Inc()
+	s.p.metrics.runaway.WithLabelValues(s.cur.group, w.Action.String()).Inc()
 	switch w.Action {
 	case resourcegroup.ActionKill:
-		return &mysqlproto.Reply{Err: errQuarantined}, false
+		return false, &mysqlproto.Reply{Err: errQuarantined}
 	case resourcegroup.ActionSwitchGroup:
 		if _, ok := s.p.tokens.Group(w.SwitchGroup); ok {
-			s.group = w.SwitchGroup
+			s.cur.group = w.SwitchGroup
 		}
 	case resourcegroup.ActionCooldown:
-		return nil, true
+		return true, nil
 	}
-	return nil, false
-}
-
-func (s *rgSession) releaseCooldown() {
-	if s.cooling {
-		<-s.p.cooldown
-		s.cooling = false
-	}
+	return false, nil
 }
 
 // addWatch records, through rgserver, a watch for the statement that just
 // crossed its group's limit, so that every proxy acts on its like as soon
 // as it arrives. It runs on its own goroutine: the session does not wait.
-func (p *rgPolicy) addWatch(group string, rule resourcegroup.QueryLimit, text string) {
+func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text string) {
 	ws, ok := p.tokens.Store().(resourcegroup.WatchStore)
 	if !ok {
 		return
@@ -216,7 +215,7 @@ func (p *rgPolicy) addWatch(group string, rule resourcegroup.QueryLimit, text st
 		w.Text = mysqlproto.Digest([]byte(text))
 	}
 	if rule.WatchDuration > 0 {
-		w.Expires = time.Now().Add(rule.WatchDuration)
+		w.Expires = p.clk.Now().Add(rule.WatchDuration)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 	defer cancel()

@@ -1,4 +1,4 @@
-package main
+package rgpolicy
 
 import (
 	"context"
@@ -18,7 +18,7 @@ type admission struct {
 	queues  [3][]chan struct{} // by rank: 0 = HIGH, 1 = MEDIUM, 2 = LOW
 }
 
-func newAdmission(limit int) *admission { return &admission{limit: limit} }
+func newAdmission(limit int) *admission { return &admission{limit: max(limit, 0)} }
 
 func rank(p resourcegroup.Priority) int {
 	switch p {
@@ -31,17 +31,29 @@ func rank(p resourcegroup.Priority) int {
 	}
 }
 
-// acquire blocks until the statement may run or ctx ends. Every nil
-// return must be paired with one release.
-func (a *admission) acquire(ctx context.Context, p resourcegroup.Priority) error {
-	if a.limit <= 0 {
-		return nil
-	}
+// setLimit changes the cap; raising it (or lifting it, 0) admits waiters.
+func (a *admission) setLimit(limit int) {
 	a.mu.Lock()
-	if a.running < a.limit && a.queuedLocked() == 0 {
+	defer a.mu.Unlock()
+	a.limit = max(limit, 0)
+	for a.queuedLocked() > 0 && (a.limit == 0 || a.running < a.limit) {
+		a.running++
+		a.wakeFirstLocked()
+	}
+}
+
+// acquire blocks until the statement may run or ctx ends. held reports
+// whether it took a slot, which must then be given back with release.
+func (a *admission) acquire(ctx context.Context, p resourcegroup.Priority) (held bool, err error) {
+	a.mu.Lock()
+	if a.limit == 0 && a.queuedLocked() == 0 {
+		a.mu.Unlock()
+		return false, nil
+	}
+	if (a.limit == 0 || a.running < a.limit) && a.queuedLocked() == 0 {
 		a.running++
 		a.mu.Unlock()
-		return nil
+		return true, nil
 	}
 	ch := make(chan struct{})
 	r := rank(p)
@@ -49,34 +61,42 @@ func (a *admission) acquire(ctx context.Context, p resourcegroup.Priority) error
 	a.mu.Unlock()
 	select {
 	case <-ch:
-		return nil
+		return true, nil
 	case <-ctx.Done():
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		for i, c := range a.queues[r] {
 			if c == ch {
 				a.queues[r] = append(a.queues[r][:i], a.queues[r][i+1:]...)
-				return ctx.Err()
+				return false, ctx.Err()
 			}
 		}
 		// Admitted while we gave up: hand the slot on.
 		a.releaseLocked()
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 }
 
+// release gives back a slot that acquire took.
 func (a *admission) release() {
-	if a.limit <= 0 {
-		return
-	}
 	a.mu.Lock()
 	a.releaseLocked()
 	a.mu.Unlock()
 }
 
 // releaseLocked frees one slot, or passes it straight to the first waiter
-// of the highest priority.
+// of the highest priority while the cap allows.
 func (a *admission) releaseLocked() {
+	if a.queuedLocked() > 0 && (a.limit == 0 || a.running <= a.limit) {
+		a.wakeFirstLocked()
+		return
+	}
+	a.running--
+}
+
+// wakeFirstLocked admits the first waiter of the highest priority; its
+// slot is already counted in running.
+func (a *admission) wakeFirstLocked() {
 	for r := range a.queues {
 		if q := a.queues[r]; len(q) > 0 {
 			a.queues[r] = q[1:]
@@ -84,7 +104,6 @@ func (a *admission) releaseLocked() {
 			return
 		}
 	}
-	a.running--
 }
 
 func (a *admission) queuedLocked() int {

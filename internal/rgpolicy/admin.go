@@ -1,0 +1,165 @@
+package rgpolicy
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
+
+// admin answers one of rgproxy's own statements; nothing reaches the backend.
+func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
+	if st.Command == mysql.COM_STMT_PREPARE {
+		return errReply(resourcegroup.NewNotAllowedInPrepare())
+	}
+	if st.Multi {
+		return errReply(errAdminInMulti)
+	}
+	stmt, err := resourcegroup.Parse(st.Query)
+	if err != nil {
+		return errReply(err)
+	}
+	set := s.p.settings.Load()
+	switch a := stmt.(type) {
+	case *resourcegroup.SetGroup:
+		name := resourcegroup.NormalizeName(a.Name)
+		if _, ok := s.p.tokens.Group(name); !ok {
+			return errReply(resourcegroup.NewNotFound(name))
+		}
+		if !s.mayUse(ctx, name, be, set) {
+			return errReply(resourcegroup.NewAccessDenied())
+		}
+		s.setGroup = name
+		if name == resourcegroup.DefaultGroup {
+			s.setGroup = ""
+		}
+		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{}}
+	case *resourcegroup.CurrentGroup:
+		return resultReply([]string{"CURRENT_RESOURCE_GROUP()"}, [][]string{{s.currentGroup()}})
+	case *resourcegroup.ShowLastStatementRU:
+		return s.showLast()
+	case *resourcegroup.ShowUsage:
+		return s.showUsage()
+	}
+	if resourcegroup.RequiresSuper(stmt) && !s.hasSuperFresh(ctx, be) {
+		return errReply(resourcegroup.NewAccessDenied())
+	}
+	if err := s.checkKillRule(stmt); err != nil {
+		return errReply(err)
+	}
+	if a, ok := stmt.(*resourcegroup.QueryWatchAdd); ok {
+		// What resourcegroup cannot know: the session's group, and the
+		// digest of a SIMILAR text.
+		if a.Group == "" {
+			a.Group = s.currentGroup()
+		}
+		if a.Match == resourcegroup.WatchSimilar && a.Digest == "" {
+			a.Digest = mysqlproto.Digest([]byte(a.Text))
+		}
+	}
+	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
+	if err != nil {
+		return errReply(err)
+	}
+	if resourcegroup.RequiresSuper(stmt) {
+		s.p.logger.Info("resource group change", "user", s.user, "statement", string(st.Scan.Digest))
+	}
+	if res.IsResultSet() {
+		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{Columns: res.Columns, Rows: res.Rows}}
+	}
+	return mysqlproto.Verdict{Reply: &mysqlproto.Reply{AffectedRows: res.AffectedRows}}
+}
+
+// showLast answers SHOW LAST STATEMENT RU: the session's previous
+// statement, including one rgproxy refused (0 RU, its wait, 8252).
+func (s *session) showLast() mysqlproto.Verdict {
+	cols := []string{"RESOURCE_GROUP", "RRU", "WRU", "READ_BYTES", "WRITE_BYTES", "BACKEND_MS", "THROTTLE_WAIT_MS", "ERROR"}
+	if !s.last.valid {
+		return resultReply(cols, nil)
+	}
+	c := s.last.cost
+	errCode := ""
+	if s.last.errCode != 0 {
+		errCode = strconv.Itoa(int(s.last.errCode))
+	}
+	return resultReply(cols, [][]string{{
+		s.last.group,
+		formatFloat(c.RRU), formatFloat(c.WRU),
+		strconv.FormatFloat(c.ReadBytes, 'f', 0, 64), strconv.FormatFloat(c.WriteBytes, 'f', 0, 64),
+		formatFloat(c.BackendSeconds * 1000), formatFloat(float64(s.last.waited) / float64(time.Millisecond)),
+		errCode,
+	}})
+}
+
+func (s *session) showUsage() mysqlproto.Verdict {
+	cols := []string{"NAME", "RU_PER_SEC_LAST_10S", "TOKENS_LEFT", "THROTTLED", "DEGRADED", "CPU_SOURCE"}
+	var rows [][]string
+	cpu := s.p.cpu.inForce().String()
+	for _, u := range s.p.tokens.Usage(s.p.clk.Now()) {
+		rows = append(rows, []string{u.Group, formatFloat(u.RUPerSec), formatFloat(u.Tokens),
+			strconv.FormatUint(u.Throttled, 10), yesNo(u.Degraded), cpu})
+	}
+	return resultReply(cols, rows)
+}
+
+// errAdminInMulti refuses an admin statement inside a multi-statement:
+// rgproxy answers those itself, the backend would get the rest.
+var errAdminInMulti = &mysqlproto.Error{Code: resourcegroup.CodeNotAllowedPrepare, State: "HY000",
+	Message: "rgproxy: resource group statements must be sent alone, not inside a multi-statement"}
+
+// multiHasAdmin reports whether any part of a multi-statement is one of
+// rgproxy's admin statements.
+func multiHasAdmin(q string) bool {
+	for _, part := range mysqlproto.SplitStatements([]byte(q)) {
+		if resourcegroup.IsAdmin(string(part)) {
+			return true
+		}
+	}
+	return false
+}
+
+// mysqlError converts an error of resourcegroup (or mysqlproto) into the
+// MySQL error sent to the client; anything else is 1105.
+func mysqlError(err error) *mysqlproto.Error {
+	var re *resourcegroup.Error
+	if errors.As(err, &re) {
+		return &mysqlproto.Error{Code: re.Code, State: re.State, Message: re.Message}
+	}
+	var me *mysqlproto.Error
+	if errors.As(err, &me) {
+		return me
+	}
+	return &mysqlproto.Error{Code: 1105, State: "HY000", Message: err.Error()}
+}
+
+func asMySQLError(err error, me **mysqlproto.Error) bool { return errors.As(err, me) }
+
+func errReply(err error) mysqlproto.Verdict {
+	return mysqlproto.Verdict{Reply: &mysqlproto.Reply{Err: mysqlError(err)}}
+}
+
+func resultReply(cols []string, rows [][]string) mysqlproto.Verdict {
+	out := make([][]*string, len(rows))
+	for i, r := range rows {
+		out[i] = make([]*string, len(r))
+		for j := range r {
+			v := r[j]
+			out[i][j] = &v
+		}
+	}
+	return mysqlproto.Verdict{Reply: &mysqlproto.Reply{Columns: cols, Rows: out}}
+}
+
+func formatFloat(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
+
+func yesNo(b bool) string {
+	if b {
+		return "YES"
+	}
+	return "NO"
+}

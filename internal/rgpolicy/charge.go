@@ -1,0 +1,102 @@
+package rgpolicy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/tokenclient"
+)
+
+// charge is Before's third step: it takes the statement's cost before it
+// is forwarded — the larger of its before-cost and what its shape cost
+// lately — waiting as the transaction rules allow. Only the before-cost
+// can get a statement refused (8252): the part of an estimate the wait
+// cannot pay becomes debt. COMMIT and ROLLBACK never wait; inside an open
+// transaction a statement waits at most --max-wait-in-txn, then runs on
+// debt, so throttling never holds row locks.
+func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Settings) *mysqlproto.Reply {
+	cur := &s.cur
+	cur.req = ru.RequestInfo{Class: costClass(st), WriteBytes: st.PayloadBytes}
+	cur.before = s.p.cost.BeforeCost(cur.req)
+	cur.prepaid = cur.before
+	if cur.before.IsZero() {
+		return nil // free
+	}
+	cur.shape = shapeKey{group: cur.group, hash: st.Scan.DigestHash}
+	cur.hasShape = st.Scan.Digest != nil && cur.req.Class != ru.ClassFetch
+	s.estimate()
+	if st.Command == mysql.COM_QUERY && st.Scan.EndsTxn {
+		s.p.tokens.Charge(cur.group, cur.prepaid)
+		return nil
+	}
+	maxWait := set.MaxWait
+	if st.InTransaction {
+		maxWait = set.MaxWaitInTxn
+	}
+	waited, err := s.p.tokens.AcquireEstimate(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
+	if errors.Is(err, tokenclient.ErrUnknownGroup) && cur.group != resourcegroup.DefaultGroup {
+		// Dropped under us: the session falls back to default.
+		cur.group = resourcegroup.DefaultGroup
+		cur.shape.group = cur.group
+		s.estimate()
+		waited, err = s.p.tokens.AcquireEstimate(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
+	}
+	cur.waited = waited
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		// The client left while it waited: nothing was charged.
+		return &mysqlproto.Reply{Err: errInterrupted}
+	case errors.Is(err, tokenclient.ErrThrottled) && st.InTransaction:
+		// Inside a transaction a statement runs on debt rather than hold
+		// locks longer; later statements repay it.
+		s.p.tokens.Charge(cur.group, cur.prepaid)
+		return nil
+	case errors.Is(err, tokenclient.ErrThrottled):
+		if s.p.logger.Enabled(ctx, slog.LevelDebug) {
+			// Statements are logged only as digests: literals may be secrets.
+			s.p.logger.Debug("statement throttled", "resource_group", cur.group,
+				"digest", string(st.Scan.Digest), "waited", waited)
+		}
+		return s.refused(waited)
+	}
+	s.p.logger.Warn("acquiring tokens failed", "resource_group", cur.group, "err", err)
+	return &mysqlproto.Reply{Err: errInterrupted}
+}
+
+// estimate raises the statement's prepaid cost to what its shape cost
+// lately, part by part.
+func (s *session) estimate() {
+	cur := &s.cur
+	cur.prepaid = cur.before
+	if !cur.hasShape {
+		return
+	}
+	if est, ok := s.p.shapes.estimate(cur.shape); ok {
+		cur.prepaid.RRU = max(cur.prepaid.RRU, est.RRU)
+		cur.prepaid.WRU = max(cur.prepaid.WRU, est.WRU)
+	}
+}
+
+// costClass maps the wire class (and command) to the cost model's class.
+func costClass(st *mysqlproto.Statement) ru.Class {
+	if st.Command == mysql.COM_STMT_FETCH {
+		return ru.ClassFetch
+	}
+	switch st.Class {
+	case mysqlproto.ClassRead:
+		return ru.ClassRead
+	case mysqlproto.ClassWrite:
+		return ru.ClassWrite
+	case mysqlproto.ClassOther:
+		return ru.ClassOther
+	}
+	return ru.ClassFree
+}

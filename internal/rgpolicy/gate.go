@@ -1,0 +1,204 @@
+package rgpolicy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rgproxy/rgproxy/internal/clock"
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+)
+
+// A gate bounds what one group has running on the backend through this
+// proxy: the estimated RU of its statements in flight never exceeds a
+// bound (what the group's share of RU_PER_SEC pays within its bucket's
+// capacity), except that a statement estimated above the whole bound may
+// run alone. Waiting statements are admitted first come, first served, so
+// a heavy one is not starved by light ones behind it.
+//
+// Safe for concurrent use.
+type gate struct {
+	mu       sync.Mutex
+	bound    float64 // RU; the latest one a statement brought
+	inflight float64 // estimated RU of the statements running
+	running  int
+	waiters  []*gateWaiter
+}
+
+type gateWaiter struct {
+	ru    float64
+	ready chan struct{} // closed when admitted
+}
+
+// errGateTimeout: the statement could not enter within its wait.
+var errGateTimeout = errors.New("rgpolicy: resource group's in-flight bound reached")
+
+// fits reports whether a statement of n RU may start now.
+func (g *gate) fitsLocked(n float64) bool {
+	return g.running == 0 || g.inflight+n <= g.bound
+}
+
+// acquire waits until a statement estimated at n RU may run under bound,
+// at most maxWait (on clk), or until ctx ends.
+func (g *gate) acquire(ctx context.Context, clk clock.Clock, n, bound float64, maxWait time.Duration) error {
+	g.mu.Lock()
+	g.bound = bound
+	if len(g.waiters) == 0 && g.fitsLocked(n) {
+		g.admitLocked(n)
+		g.mu.Unlock()
+		return nil
+	}
+	if maxWait <= 0 {
+		g.mu.Unlock()
+		return errGateTimeout
+	}
+	w := &gateWaiter{ru: n, ready: make(chan struct{})}
+	g.waiters = append(g.waiters, w)
+	g.mu.Unlock()
+	t := clk.NewTimer(maxWait)
+	defer t.Stop()
+	var err error
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-t.C():
+		err = errGateTimeout
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, x := range g.waiters {
+		if x == w {
+			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
+			g.wakeLocked() // the ones behind it may fit now
+			return err
+		}
+	}
+	// Admitted as it gave up: give the place back.
+	g.releaseLocked(n)
+	return err
+}
+
+// force admits a statement at once, over the bound if need be (inside a
+// transaction, once its wait is over).
+func (g *gate) force(n float64) {
+	g.mu.Lock()
+	g.admitLocked(n)
+	g.mu.Unlock()
+}
+
+func (g *gate) admitLocked(n float64) {
+	g.inflight += n
+	g.running++
+}
+
+// release ends a statement admitted with n RU.
+func (g *gate) release(n float64) {
+	g.mu.Lock()
+	g.releaseLocked(n)
+	g.mu.Unlock()
+}
+
+func (g *gate) releaseLocked(n float64) {
+	g.running--
+	g.inflight -= n
+	if g.running == 0 {
+		g.inflight = 0 // no float residue
+	}
+	g.wakeLocked()
+}
+
+// wakeLocked admits waiters from the front while they fit.
+func (g *gate) wakeLocked() {
+	for len(g.waiters) > 0 && g.fitsLocked(g.waiters[0].ru) {
+		w := g.waiters[0]
+		g.waiters = g.waiters[1:]
+		g.admitLocked(w.ru)
+		close(w.ready)
+	}
+}
+
+// String shows the gate's state on one line, e.g.
+// "bound=100 inflight=45.5 running=1 waiting=2".
+func (g *gate) String() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return fmt.Sprintf("bound=%g inflight=%g running=%d waiting=%d", g.bound, g.inflight, g.running, len(g.waiters))
+}
+
+// gates holds one gate per group used on this proxy.
+type gates struct {
+	mu sync.Mutex
+	m  map[string]*gate
+}
+
+func newGates() *gates { return &gates{m: map[string]*gate{}} }
+
+func (gs *gates) get(group string) *gate {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	g, ok := gs.m[group]
+	if !ok {
+		g = &gate{}
+		gs.m[group] = g
+	}
+	return g
+}
+
+// admit is Before's last step: the group's in-flight bound on this proxy,
+// the proxy's COOLDOWN slot for a watched statement, and the backend
+// concurrency limit by PRIORITY. The in-flight wait shares the statement's
+// wait budget: outside a transaction a statement that cannot enter within
+// it is refused (8252, counted as throttled); inside one it then runs
+// anyway; COMMIT and ROLLBACK are never held.
+func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Settings, cooldown bool) *mysqlproto.Reply {
+	cur := &s.cur
+	g, _ := s.p.tokens.Group(cur.group)
+	if cur.req.Class != ru.ClassFree && !st.Scan.EndsTxn {
+		if sh := s.p.tokens.Share(cur.group); !sh.Unlimited {
+			maxWait := set.MaxWait
+			if st.InTransaction {
+				maxWait = set.MaxWaitInTxn
+			}
+			n := cur.prepaid.RU()
+			gt := s.p.gates.get(cur.group)
+			start := s.p.clk.Now()
+			err := gt.acquire(ctx, s.p.clk, n, sh.Rate*sh.BurstSeconds, maxWait-cur.waited)
+			cur.waited += s.p.clk.Now().Sub(start)
+			switch {
+			case err == nil:
+			case ctx.Err() != nil:
+				return &mysqlproto.Reply{Err: errInterrupted}
+			case st.InTransaction:
+				gt.force(n)
+			default:
+				s.p.tokens.CountThrottled(cur.group)
+				return s.refused(cur.waited)
+			}
+			cur.gate, cur.gateRU = gt, n
+		}
+	}
+	prio := g.Priority
+	if cooldown {
+		prio = resourcegroup.PriorityLow
+		select {
+		case s.p.cooldown <- struct{}{}:
+			cur.cooling = true
+		case <-ctx.Done():
+			s.release()
+			return &mysqlproto.Reply{Err: errInterrupted}
+		}
+	}
+	held, err := s.p.admission.acquire(ctx, prio)
+	if err != nil {
+		s.release()
+		return &mysqlproto.Reply{Err: errInterrupted}
+	}
+	cur.admitted = held
+	return nil
+}

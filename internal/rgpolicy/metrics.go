@@ -1,0 +1,104 @@
+package rgpolicy
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rgproxy/rgproxy/ru"
+)
+
+// metrics are the policy's Prometheus collectors, by resource group.
+type metrics struct {
+	ruConsumed      *prometheus.CounterVec
+	groupStatements *prometheus.CounterVec
+	runaway         *prometheus.CounterVec
+	cpu             *prometheus.GaugeVec
+
+	mu   sync.Mutex
+	seen map[string]struct{} // groups whose series exist
+}
+
+// statementClasses are the class label values of a group's statements.
+var statementClasses = [...]string{"read", "write", "other", "free"}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		ruConsumed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_ru_consumed_total",
+			Help: "Request units charged to each resource group by this proxy, by type (rru, wru).",
+		}, []string{"resource_group", "type"}),
+		groupStatements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_group_statements_total",
+			Help: "Statements charged to each resource group, by class.",
+		}, []string{"resource_group", "class"}),
+		runaway: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_runaway_total",
+			Help: "Statements that crossed their group's QUERY_LIMIT, by the action taken (DRYRUN, COOLDOWN, KILL, SWITCH_GROUP).",
+		}, []string{"resource_group", "action"}),
+		cpu: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rgproxy_cpu_source",
+			Help: "Where the CPU part of a statement's RU comes from for new sessions: 1 for the source in force (proc: the backend thread's CPU time; wall: backend wall time), 0 for the other.",
+		}, []string{"source"}),
+		seen: map[string]struct{}{},
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.ruConsumed, m.groupStatements, m.runaway, m.cpu} {
+			if err := reg.Register(c); err != nil {
+				return nil, errors.Join(errors.New("rgpolicy: registering metrics"), err)
+			}
+		}
+	}
+	return m, nil
+}
+
+// seeGroup makes a group's series exist at 0, so that rate() counts its
+// first event.
+func (m *metrics) seeGroup(group string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.seen[group]; ok {
+		return
+	}
+	m.seen[group] = struct{}{}
+	m.ruConsumed.WithLabelValues(group, "rru")
+	m.ruConsumed.WithLabelValues(group, "wru")
+	for _, c := range statementClasses {
+		m.groupStatements.WithLabelValues(group, c)
+	}
+}
+
+// forgetGroup deletes a group's series (dropped, or idle for long).
+func (m *metrics) forgetGroup(group string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.seen, group)
+	m.ruConsumed.DeletePartialMatch(prometheus.Labels{"resource_group": group})
+	m.groupStatements.DeletePartialMatch(prometheus.Labels{"resource_group": group})
+	m.runaway.DeletePartialMatch(prometheus.Labels{"resource_group": group})
+}
+
+func (m *metrics) cpuSource(src CPUSource) {
+	for _, s := range []CPUSource{CPUWall, CPUProc} {
+		v := 0.0
+		if s == src {
+			v = 1
+		}
+		m.cpu.WithLabelValues(s.String()).Set(v)
+	}
+}
+
+// charged records one metered statement's total cost. Counters only go
+// up: a failed write's refund lowers what is charged to the bucket but is
+// not subtracted here (its WRU may be negative in the total).
+func (m *metrics) charged(group, class string, c ru.Consumption) {
+	m.seeGroup(group)
+	if c.RRU > 0 {
+		m.ruConsumed.WithLabelValues(group, "rru").Add(c.RRU)
+	}
+	if c.WRU > 0 {
+		m.ruConsumed.WithLabelValues(group, "wru").Add(c.WRU)
+	}
+	m.groupStatements.WithLabelValues(group, class).Inc()
+}

@@ -1,0 +1,98 @@
+package rgpolicy
+
+import (
+	"context"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
+
+// resolve is Before's first step: it sets the statement's group — the
+// hint, else SET RESOURCE GROUP, else the user's binding, else default —
+// and answers 1227 when strict mode refuses the hint. A group that no
+// longer exists falls back to default.
+func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) *mysqlproto.Reply {
+	s.cur.group = s.resolveGroup(ctx, st, be, set)
+	if s.cur.group == "" {
+		return &mysqlproto.Reply{Err: mysqlError(resourcegroup.NewAccessDenied())}
+	}
+	return nil
+}
+
+func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) string {
+	if st.Command == mysql.COM_QUERY && st.Scan.Hint != "" {
+		if h, ok := resourcegroup.HintGroup(st.Scan.Hint); ok {
+			if !s.mayUse(ctx, h, be, set) {
+				return ""
+			}
+			if _, ok := s.p.tokens.Group(h); ok {
+				return h
+			}
+		}
+	}
+	if s.setGroup != "" {
+		if _, ok := s.p.tokens.Group(s.setGroup); ok {
+			return s.setGroup
+		}
+	}
+	return s.bound()
+}
+
+// currentGroup is the session's group: SET RESOURCE GROUP, else the
+// binding, else default.
+func (s *session) currentGroup() string {
+	if s.setGroup != "" {
+		if _, ok := s.p.tokens.Group(s.setGroup); ok {
+			return s.setGroup
+		}
+	}
+	return s.bound()
+}
+
+// bound is the user's bound group if it exists, else default.
+func (s *session) bound() string {
+	if b, ok := s.p.tokens.Binding(s.user); ok {
+		if _, ok := s.p.tokens.Group(b.Group); ok {
+			return b.Group
+		}
+	}
+	return resourcegroup.DefaultGroup
+}
+
+// mayUse applies strict mode: without SUPER a session may name only its
+// bound group or default.
+func (s *session) mayUse(ctx context.Context, group string, be mysqlproto.Backend, set *Settings) bool {
+	if !set.Strict || group == resourcegroup.DefaultGroup || group == s.bound() {
+		return true
+	}
+	return s.hasSuper(ctx, be)
+}
+
+func (s *session) hasSuper(ctx context.Context, be mysqlproto.Backend) bool {
+	if s.super != nil {
+		return *s.super
+	}
+	_, rows, err := be.Query(ctx, "SHOW GRANTS")
+	if err != nil {
+		s.p.logger.Warn("SHOW GRANTS failed", "err", err)
+		return false
+	}
+	var lines []string
+	for _, r := range rows {
+		if len(r) > 0 && r[0] != nil {
+			lines = append(lines, *r[0])
+		}
+	}
+	v := resourcegroup.HasSuper(lines)
+	s.super = &v
+	return v
+}
+
+// hasSuperFresh re-reads the grants: a DDL is rare, and privileges revoked
+// since the session started must count.
+func (s *session) hasSuperFresh(ctx context.Context, be mysqlproto.Backend) bool {
+	s.super = nil
+	return s.hasSuper(ctx, be)
+}

@@ -1,0 +1,238 @@
+package rgpolicy
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rgproxy/rgproxy/ru"
+)
+
+// shapeKey names a statement shape: the hash of its digest (literals
+// replaced) within a group.
+type shapeKey struct {
+	group string
+	hash  uint64
+}
+
+// estimateWeight is the weight of the newest execution in a shape's
+// decaying average: about the last five executions count.
+const estimateWeight = 0.3
+
+// shape is what the proxy learned of one statement shape: a decaying
+// average of its cost, the estimate charged before its next execution,
+// and the cumulative figures statements_summary shows.
+type shape struct {
+	key    shapeKey
+	digest string
+	// The estimate: decaying averages per execution.
+	estRRU, estWRU float64
+	estBackend     float64 // seconds
+
+	execCount            uint64
+	sumLatency, maxLat   time.Duration
+	sumRRU, maxRRU       float64
+	sumWRU, maxWRU       float64
+	sumQueued, maxQueued time.Duration
+	sumErrors            uint64
+	firstSeen, lastSeen  time.Time
+
+	prev, next *shape // the shard's LRU list, most recent first
+}
+
+// shapeShards splits the table so that sessions seldom wait on one lock.
+const shapeShards = 16
+
+// shapes is the bounded table of statement shapes: least recently used
+// shapes are evicted. Estimating and observing a known shape allocate
+// nothing. Safe for concurrent use.
+type shapes struct {
+	shards [shapeShards]shapeShard
+}
+
+type shapeShard struct {
+	mu   sync.Mutex
+	m    map[shapeKey]*shape
+	head shape // sentinel: head.next is the most recent, head.prev the least
+	max  int
+}
+
+func newShapes(capacity int) *shapes {
+	t := &shapes{}
+	per := max((capacity+shapeShards-1)/shapeShards, 1)
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.m = make(map[shapeKey]*shape)
+		sh.head.next, sh.head.prev = &sh.head, &sh.head
+		sh.max = per
+	}
+	return t
+}
+
+func (t *shapes) shard(k shapeKey) *shapeShard {
+	return &t.shards[(k.hash^k.hash>>32)%shapeShards]
+}
+
+// estimate returns the RU a shape is expected to cost: its decaying
+// averages of RRU and WRU. ok is false for a shape never seen.
+func (t *shapes) estimate(k shapeKey) (ru.Consumption, bool) {
+	sh := t.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s, ok := sh.m[k]
+	if !ok {
+		return ru.Consumption{}, false
+	}
+	sh.touch(s)
+	return ru.Consumption{RRU: s.estRRU, WRU: s.estWRU, BackendSeconds: s.estBackend}, true
+}
+
+// observe records one execution of a shape: its measured cost, backend
+// time (latency), the time it waited for tokens and admission (queued),
+// and whether it failed. digest is the shape's text, copied only when the
+// shape is new.
+func (t *shapes) observe(k shapeKey, digest []byte, cost ru.Consumption, latency, queued time.Duration, failed bool, now time.Time) {
+	sh := t.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s, ok := sh.m[k]
+	if ok {
+		sh.touch(s)
+		s.estRRU += estimateWeight * (cost.RRU - s.estRRU)
+		s.estWRU += estimateWeight * (cost.WRU - s.estWRU)
+		s.estBackend += estimateWeight * (cost.BackendSeconds - s.estBackend)
+	} else {
+		s = sh.add(k, string(digest), now)
+		s.estRRU, s.estWRU, s.estBackend = cost.RRU, cost.WRU, cost.BackendSeconds
+	}
+	s.execCount++
+	s.lastSeen = now
+	s.sumLatency += latency
+	s.maxLat = max(s.maxLat, latency)
+	s.sumRRU += cost.RRU
+	s.maxRRU = max(s.maxRRU, cost.RRU)
+	s.sumWRU += cost.WRU
+	s.maxWRU = max(s.maxWRU, cost.WRU)
+	s.sumQueued += queued
+	s.maxQueued = max(s.maxQueued, queued)
+	if failed {
+		s.sumErrors++
+	}
+}
+
+// add makes a new shape, evicting the least recently used one when the
+// shard is full (and reusing its memory).
+func (sh *shapeShard) add(k shapeKey, digest string, now time.Time) *shape {
+	var s *shape
+	if len(sh.m) >= sh.max {
+		s = sh.head.prev
+		sh.unlink(s)
+		delete(sh.m, s.key)
+		*s = shape{}
+	} else {
+		s = &shape{}
+	}
+	s.key, s.digest, s.firstSeen = k, digest, now
+	sh.m[k] = s
+	sh.pushFront(s)
+	return s
+}
+
+func (sh *shapeShard) touch(s *shape) {
+	if sh.head.next != s {
+		sh.unlink(s)
+		sh.pushFront(s)
+	}
+}
+
+func (sh *shapeShard) unlink(s *shape) {
+	s.prev.next, s.next.prev = s.next, s.prev
+}
+
+func (sh *shapeShard) pushFront(s *shape) {
+	s.prev, s.next = &sh.head, sh.head.next
+	sh.head.next.prev = s
+	sh.head.next = s
+}
+
+// len returns how many shapes the table holds.
+func (t *shapes) len() int {
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// ShapeSummary is one row of statements_summary: a shape's figures since
+// the proxy first saw it (or since it was last evicted).
+type ShapeSummary struct {
+	Group, Digest, DigestText string
+	ExecCount                 uint64
+	SumLatency, MaxLatency    time.Duration
+	AvgRRU, MaxRRU            float64
+	AvgWRU, MaxWRU            float64
+	AvgQueued, MaxQueued      time.Duration
+	SumErrors                 uint64
+	FirstSeen, LastSeen       time.Time
+	// EstimateRU is what the proxy charges before the next execution.
+	EstimateRU float64
+}
+
+// AvgLatency is SumLatency / ExecCount.
+func (s ShapeSummary) AvgLatency() time.Duration {
+	if s.ExecCount == 0 {
+		return 0
+	}
+	return s.SumLatency / time.Duration(s.ExecCount)
+}
+
+// summary returns the shapes whose group passes keep (every group when
+// keep is nil), ordered by group and digest.
+func (t *shapes) summary(keep func(group string) bool) []ShapeSummary {
+	var out []ShapeSummary
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for s := sh.head.next; s != &sh.head; s = s.next {
+			if keep != nil && !keep(s.key.group) {
+				continue
+			}
+			n := float64(max(s.execCount, 1))
+			out = append(out, ShapeSummary{
+				Group:      s.key.group,
+				Digest:     fmt.Sprintf("%016x", s.key.hash),
+				DigestText: s.digest,
+				ExecCount:  s.execCount,
+				SumLatency: s.sumLatency, MaxLatency: s.maxLat,
+				AvgRRU: s.sumRRU / n, MaxRRU: s.maxRRU,
+				AvgWRU: s.sumWRU / n, MaxWRU: s.maxWRU,
+				AvgQueued: s.sumQueued / time.Duration(max(s.execCount, 1)), MaxQueued: s.maxQueued,
+				SumErrors: s.sumErrors,
+				FirstSeen: s.firstSeen, LastSeen: s.lastSeen,
+				EstimateRU: s.estRRU + s.estWRU,
+			})
+		}
+		sh.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Group != out[j].Group {
+			return out[i].Group < out[j].Group
+		}
+		return out[i].Digest < out[j].Digest
+	})
+	return out
+}
+
+// String shows a shape's estimate on one line, for tests and logs.
+func (t *shapes) String(k shapeKey) string {
+	est, ok := t.estimate(k)
+	if !ok {
+		return "unknown"
+	}
+	return fmt.Sprintf("rru=%.3f wru=%.3f backend=%.4fs", est.RRU, est.WRU, est.BackendSeconds)
+}
