@@ -73,7 +73,9 @@ func TestRunawayKillIsInterruptedAndSessionSurvives(t *testing.T) {
 
 func TestRunawayDryRunAndSwitchGroup(t *testing.T) {
 	ts := startTokenServer(t)
-	px := startMeteredProxy(t, ts)
+	// SLEEP's backend time is what these limits measure: wall time (with
+	// the backend thread's CPU time, a sleep costs nothing).
+	px := startMeteredProxy(t, ts, "--cpu-source", "wall")
 	adminExec(t, px.Addr,
 		"DROP RESOURCE GROUP IF EXISTS rg_dry", "DROP RESOURCE GROUP IF EXISTS rg_from", "DROP RESOURCE GROUP IF EXISTS rg_to",
 		"CREATE RESOURCE GROUP rg_dry RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '300ms', ACTION = DRYRUN)",

@@ -248,7 +248,12 @@ func (r *cpuReader) read() (time.Duration, bool) {
 	if n == 0 && err != nil {
 		return 0, false
 	}
-	b := r.buf[:n]
+	return parseSchedstat(r.buf[:n])
+}
+
+// parseSchedstat reads the first field of a schedstat line: the thread's
+// CPU time in nanoseconds.
+func parseSchedstat(b []byte) (time.Duration, bool) {
 	if i := bytes.IndexByte(b, ' '); i > 0 {
 		b = b[:i]
 	}

@@ -283,9 +283,9 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		s.p.tokens.Charge(s.cur.group, negate(s.cur.prepaid))
 		return mysqlproto.Verdict{Reply: r}
 	}
-	g, _ := s.p.tokens.Group(s.cur.group)
-	s.guard = s.armRunaway(g, st.Query)
 	s.cur.cpuStart, s.cur.cpuOK = s.cpu.read()
+	g, _ := s.p.tokens.Group(s.cur.group)
+	s.guard = s.armRunaway(g, st.Query, s.cur.cpuStart, s.cur.cpuOK)
 	return mysqlproto.Verdict{}
 }
 

@@ -20,18 +20,22 @@ import (
 // recordingTokens is the policy's view of tokenclient for unit tests: it
 // records what is acquired and charged and refuses when told to.
 type recordingTokens struct {
-	groups   map[string]resourcegroup.Group
-	bindings map[string]resourcegroup.Binding
-	refuse   bool
-	watches  []resourcegroup.Watch
-	acquired []string // group:maxWait
+	groups    map[string]resourcegroup.Group
+	bindings  map[string]resourcegroup.Binding
+	refuse    bool
+	watches   []resourcegroup.Watch
+	acquired  []string // group:maxWait
 	charged   []string // group
 	required  []float64
+	amounts   []float64 // RU of each Charge
 	throttled []string
 	ru        float64
 }
 
-func (r *recordingTokens) AcquireEstimate(_ context.Context, group string, c ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error) {
+func (r *recordingTokens) AcquireEstimate(ctx context.Context, group string, c ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	if _, ok := r.groups[group]; !ok {
 		return 0, tokenclient.ErrUnknownGroup
 	}
@@ -56,6 +60,7 @@ func (r *recordingTokens) Share(group string) tokenclient.Share {
 
 func (r *recordingTokens) Charge(group string, c ru.Consumption) {
 	r.charged = append(r.charged, group)
+	r.amounts = append(r.amounts, c.RU())
 	r.ru += c.RU()
 }
 
@@ -336,5 +341,83 @@ func TestPolicyRunawayRUCrossedByReadBytes(t *testing.T) {
 	s.After(st, &mysqlproto.Outcome{ResponseBytes: 1 << 20})
 	if n := testutil.ToFloat64(p.metrics.runaway.WithLabelValues("capped", "DRYRUN")); n != 1 {
 		t.Fatalf("RU limit crossed by read bytes counted %v times, want 1", n)
+	}
+}
+
+// A shape's estimate is charged before the statement runs; only the
+// before-cost decides a refusal, and After settles the difference.
+func TestPolicyChargesTheEstimateAndSettles(t *testing.T) {
+	ctx := context.Background()
+	tok := testGroups()
+	tok.groups["bound"] = resourcegroup.Group{Name: "bound", RUPerSec: 1000}
+	p := newTestPolicy(tok)
+	s := p.Open(mysqlproto.SessionInfo{User: "app"})
+	scan := func() *mysqlproto.Statement { return query("SELECT COUNT(*) FROM t WHERE c LIKE '%7%'") }
+	// First execution: only the base cost up front, then 150 ms of backend
+	// time (50 RU) after.
+	st := scan()
+	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatal(v.Reply.Err)
+	}
+	if !near(tok.ru, 0.625) || !near(tok.required[0], 0.625) {
+		t.Fatalf("first execution took %v up front (required %v), want the base 0.625", tok.ru, tok.required)
+	}
+	s.After(st, &mysqlproto.Outcome{BackendTime: 150 * time.Millisecond})
+	if !near(tok.ru, 50.625) {
+		t.Fatalf("after settling: %v RU, want 50.625", tok.ru)
+	}
+	// Second execution of the same shape (other literal): 50.625 up front,
+	// of which only 0.625 is required.
+	st = query("SELECT COUNT(*) FROM t WHERE c LIKE '%8%'")
+	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatal(v.Reply.Err)
+	}
+	if got := tok.ru - 50.625; !near(got, 50.625) || !near(tok.required[1], 0.625) {
+		t.Fatalf("second execution took %v up front (required %v), want the estimate 50.625", got, tok.required[1])
+	}
+	// It turns out cheaper: 30 ms, 10 RU; the rest comes back.
+	s.After(st, &mysqlproto.Outcome{BackendTime: 30 * time.Millisecond})
+	if got := tok.ru - 50.625; !near(got, 10.625) {
+		t.Fatalf("second execution cost %v in the end, want 10.625", got)
+	}
+	if got := tok.amounts[len(tok.amounts)-1]; !near(got, -40) {
+		t.Fatalf("settlement %v, want a refund of 40", got)
+	}
+	if got := p.shapes.String(shapeKey{group: "bound", hash: st.Scan.DigestHash}); got != "rru=38.625 wru=0.000 backend=0.1140s" {
+		t.Fatalf("estimate after two: %s", got)
+	}
+}
+
+// A refused statement is the session's last statement; a client that
+// leaves while waiting is not charged.
+func TestPolicyRefusedAndCancelled(t *testing.T) {
+	ctx := context.Background()
+	tok := testGroups()
+	p := newTestPolicy(tok)
+	s := p.Open(mysqlproto.SessionInfo{User: "app"})
+	tok.refuse = true
+	if v := s.Before(ctx, query("SELECT 1"), plainGrants); v.Reply == nil || v.Reply.Err.Code != 8252 {
+		t.Fatalf("want 8252: %+v", v.Reply)
+	}
+	v := s.Before(ctx, query("SHOW LAST STATEMENT RU"), plainGrants)
+	if v.Reply == nil || len(v.Reply.Rows) != 1 {
+		t.Fatalf("SHOW LAST STATEMENT RU: %+v", v.Reply)
+	}
+	row := v.Reply.Rows[0]
+	if *row[0] != "bound" || *row[1] != "0.000" || *row[6] != "30000.000" || *row[7] != "8252" {
+		t.Fatalf("last statement after a refusal: %v %v %v %v", *row[0], *row[1], *row[6], *row[7])
+	}
+	// Cancelled inside a transaction: neither run on debt nor charged.
+	tok.refuse = false
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	st := query("UPDATE t SET a = 1")
+	st.InTransaction = true
+	n := len(tok.charged)
+	if v := s.Before(cctx, st, plainGrants); v.Reply == nil || v.Reply.Err.Code != 1317 {
+		t.Fatalf("a cancelled wait: %+v", v.Reply)
+	}
+	if len(tok.charged) != n {
+		t.Fatalf("a client that left was charged: %v", tok.charged[n:])
 	}
 }

@@ -2,7 +2,9 @@ package rgpolicy
 
 import (
 	"context"
+	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,10 +31,23 @@ type runawayGuard struct {
 	group string
 	start time.Time
 	clk   clock.Clock
-	timer clock.Timer
 	fire  func()
 	fired atomic.Bool
 	done  chan struct{} // closed when the fired action completed
+
+	// With a known CPU time, an RU limit's timer fires when the statement
+	// would cross the limit if it burnt CPU all the time; it then reads the
+	// thread's CPU so far and re-arms for what is left.
+	cpu      *os.File // the thread's schedstat; nil: wall time
+	cpuStart time.Duration
+	cpuBuf   [64]byte
+	baseRU   float64 // the before-cost
+	msCost   float64 // RU per ms of CPU
+
+	mu       sync.Mutex
+	timer    clock.Timer
+	disarmed bool
+	firing   bool
 }
 
 // armRunaway starts the guard of a statement about to be forwarded, or
@@ -40,7 +55,7 @@ type runawayGuard struct {
 // that wall time; RU fires when the statement's RU so far — its
 // before-cost, plus its backend time and read bytes as they grow — reaches
 // the limit (the timer covers time, Progress the bytes).
-func (s *session) armRunaway(g resourcegroup.Group, query string) *runawayGuard {
+func (s *session) armRunaway(g resourcegroup.Group, query string, cpuStart time.Duration, cpuOK bool) *runawayGuard {
 	q := g.QueryLimit
 	if q == nil || (q.ExecElapsed <= 0 && q.RU == 0) {
 		return nil
@@ -52,7 +67,11 @@ func (s *session) armRunaway(g resourcegroup.Group, query string) *runawayGuard 
 			after = time.Duration(max(left, 0) / s.p.cost.CPUMsCost * float64(time.Millisecond))
 		}
 	}
-	gd := &runawayGuard{rule: *q, group: g.Name, start: s.p.clk.Now(), clk: s.p.clk, done: make(chan struct{})}
+	gd := &runawayGuard{rule: *q, group: g.Name, start: s.p.clk.Now(), clk: s.p.clk, done: make(chan struct{}),
+		baseRU: s.cur.before.RU(), msCost: s.p.cost.CPUMsCost}
+	if cpuOK && q.RU > 0 {
+		gd.cpu, gd.cpuStart = s.cpu.f, cpuStart
+	}
 	connID := s.connID
 	if q.Watch != resourcegroup.WatchNone {
 		query = strings.Clone(query) // kept past the statement
@@ -74,15 +93,48 @@ func (s *session) armRunaway(g resourcegroup.Group, query string) *runawayGuard 
 			}
 		}
 	}
-	gd.timer = s.p.clk.AfterFunc(after, gd.fire)
+	gd.mu.Lock()
+	gd.timer = s.p.clk.AfterFunc(after, gd.check)
+	gd.mu.Unlock()
 	return gd
 }
 
-// fireNow fires the guard from the session goroutine, if its timer has not.
-func (gd *runawayGuard) fireNow() {
-	if gd.timer.Stop() {
-		go gd.fire() // a KILL must not hold up the relay it interrupts
+// check runs on the timer's goroutine: it fires the guard, or, for an RU
+// limit of a statement whose CPU time is known and still under the limit,
+// re-arms the timer for the rest.
+func (gd *runawayGuard) check() {
+	gd.mu.Lock()
+	if gd.disarmed || gd.firing {
+		gd.mu.Unlock()
+		return
 	}
+	if gd.cpu != nil && gd.msCost > 0 {
+		if n, err := gd.cpu.ReadAt(gd.cpuBuf[:], 0); n > 0 || err == nil {
+			if now, ok := parseSchedstat(gd.cpuBuf[:n]); ok {
+				used := float64(now-gd.cpuStart) / float64(time.Millisecond) * gd.msCost
+				if left := float64(gd.rule.RU) - gd.baseRU - used; left > 0 {
+					gd.timer = gd.clk.AfterFunc(time.Duration(left/gd.msCost*float64(time.Millisecond))+time.Millisecond, gd.check)
+					gd.mu.Unlock()
+					return
+				}
+			}
+		}
+	}
+	gd.firing = true
+	gd.mu.Unlock()
+	gd.fire()
+}
+
+// fireNow fires the guard from the session goroutine, if it has not fired.
+func (gd *runawayGuard) fireNow() {
+	gd.mu.Lock()
+	defer gd.mu.Unlock()
+	if gd.disarmed || gd.firing {
+		return
+	}
+	gd.timer.Stop()
+	gd.firing = true
+	go gd.fire() // a KILL must not hold up the relay it interrupts
 }
 
 // disarm stops the guard once the statement's response is over and reports
@@ -91,11 +143,15 @@ func (gd *runawayGuard) disarm() bool {
 	if gd == nil {
 		return false
 	}
-	if gd.timer.Stop() {
-		return false
+	gd.mu.Lock()
+	gd.disarmed = true
+	gd.timer.Stop()
+	firing := gd.firing
+	gd.mu.Unlock()
+	if firing {
+		<-gd.done
 	}
-	<-gd.done
-	return true
+	return firing
 }
 
 // Progress implements mysqlproto.ProgressObserver: a QUERY_LIMIT RU is
@@ -105,8 +161,14 @@ func (s *session) Progress(_ *mysqlproto.Statement, responseBytes int64) {
 	if gd == nil || gd.rule.RU == 0 || gd.fired.Load() {
 		return
 	}
+	cpuSoFar := gd.clk.Now().Sub(gd.start)
+	if gd.cpu != nil {
+		if now, ok := s.cpu.read(); ok {
+			cpuSoFar = now - gd.cpuStart
+		}
+	}
 	soFar := s.cur.before.RU() + float64(responseBytes)*s.p.cost.ReadCostPerByte +
-		float64(gd.clk.Now().Sub(gd.start))/float64(time.Millisecond)*s.p.cost.CPUMsCost
+		float64(cpuSoFar)/float64(time.Millisecond)*s.p.cost.CPUMsCost
 	if soFar >= float64(gd.rule.RU) {
 		gd.fireNow()
 	}

@@ -1,0 +1,165 @@
+package rgpolicy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+)
+
+// fakeProc builds a proc tree: this process (self/stat), a mariadbd with
+// pid 100 and its thread 123, and a thread 200 of some other program.
+func fakeProc(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	write := func(rel, body string) {
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("self/stat", "1 (rgproxy) S")
+	write("100/comm", "mariadbd\n")
+	write("123/status", "Name:\tmariadbd\nTgid:\t100\nPid:\t123\n")
+	write("123/schedstat", "5000000 12345 67\n")
+	write("300/comm", "bash\n")
+	write("200/status", "Name:\tbash\nTgid:\t300\n")
+	write("200/schedstat", "1 2 3\n")
+	return root
+}
+
+// threadBackend answers the thread-id query like MariaDB (or, with
+// mysql set, only MySQL's form), or fails.
+type threadBackend struct {
+	tid, handling string
+	mysql         bool
+	queries       []string
+}
+
+func (b *threadBackend) Query(_ context.Context, sql string) ([]string, [][]*string, error) {
+	b.queries = append(b.queries, sql)
+	if b.mysql == strings.Contains(sql, "information_schema.PROCESSLIST") {
+		return nil, nil, &mysqlproto.Error{Code: 1054, Message: "Unknown column"}
+	}
+	return []string{"TID", "@@thread_handling"}, [][]*string{{&b.tid, &b.handling}}, nil
+}
+
+func TestCPUReaderFindsTheBackendThread(t *testing.T) {
+	root := fakeProc(t)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	tests := []struct {
+		name    string
+		mode    CPUSource
+		backend string
+		be      *threadBackend
+		want    CPUSource
+	}{
+		{"local MariaDB", CPUAuto, "127.0.0.1:3306", &threadBackend{tid: "123", handling: "one-thread-per-connection"}, CPUProc},
+		{"local MySQL", CPUAuto, "127.0.0.1:3306", &threadBackend{tid: "123", handling: "one-thread-per-connection", mysql: true}, CPUProc},
+		{"remote backend", CPUAuto, "192.0.2.1:3306", &threadBackend{tid: "123", handling: "one-thread-per-connection"}, CPUWall},
+		{"remote backend, proc forced", CPUProc, "192.0.2.1:3306", &threadBackend{tid: "123", handling: "one-thread-per-connection"}, CPUProc},
+		{"wall asked", CPUWall, "127.0.0.1:3306", &threadBackend{tid: "123", handling: "one-thread-per-connection"}, CPUWall},
+		{"thread pool", CPUAuto, "127.0.0.1:3306", &threadBackend{tid: "123", handling: "pool-of-threads"}, CPUWall},
+		{"a thread of another program", CPUProc, "127.0.0.1:3306", &threadBackend{tid: "200", handling: "one-thread-per-connection"}, CPUWall},
+		{"no such thread", CPUAuto, "127.0.0.1:3306", &threadBackend{tid: "999", handling: "one-thread-per-connection"}, CPUWall},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			src := newCPUSource(tc.mode, tc.backend, root, quiet)
+			var r cpuReader
+			r.open(context.Background(), src, tc.be)
+			defer r.close()
+			if got := src.inForce(); got != tc.want {
+				t.Fatalf("source %v, want %v", got, tc.want)
+			}
+			d, ok := r.read()
+			if ok != (tc.want == CPUProc) || (ok && d != 5*time.Millisecond) {
+				t.Fatalf("read %v %v", d, ok)
+			}
+			// Once per session.
+			n := len(tc.be.queries)
+			r.open(context.Background(), src, tc.be)
+			if len(tc.be.queries) != n {
+				t.Fatal("the thread was looked up twice")
+			}
+		})
+	}
+}
+
+func TestCPUReaderRemembersTheDialect(t *testing.T) {
+	root := fakeProc(t)
+	src := newCPUSource(CPUAuto, "127.0.0.1:3306", root, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	be := &threadBackend{tid: "123", handling: "one-thread-per-connection", mysql: true}
+	var r1, r2 cpuReader
+	r1.open(context.Background(), src, be)
+	r2.open(context.Background(), src, be)
+	r1.close()
+	r2.close()
+	if len(be.queries) != 3 {
+		t.Fatalf("queries %q: the second session must ask MySQL's form only", be.queries)
+	}
+}
+
+func TestCPUReaderReadAllocatesNothing(t *testing.T) {
+	root := fakeProc(t)
+	f, err := openSchedstat(root, 123)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cpuReader{tried: true, f: f}
+	defer r.close()
+	if n := testing.AllocsPerRun(100, func() { r.read() }); n != 0 {
+		t.Fatalf("%v allocations per read", n)
+	}
+}
+
+func TestParseSchedstat(t *testing.T) {
+	for in, want := range map[string]time.Duration{"123 4 5\n": 123, "0 0 0": 0, "99": 99} {
+		if got, ok := parseSchedstat([]byte(in)); !ok || got != want {
+			t.Errorf("%q: %v %v", in, got, ok)
+		}
+	}
+	for _, bad := range []string{"", "x 1", "-1 2"} {
+		if _, ok := parseSchedstat([]byte(bad)); ok {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func TestParseCPUSource(t *testing.T) {
+	for in, want := range map[string]CPUSource{"auto": CPUAuto, "WALL": CPUWall, "proc": CPUProc} {
+		if got, err := ParseCPUSource(in); err != nil || got != want {
+			t.Errorf("%s: %v %v", in, got, err)
+		}
+	}
+	if _, err := ParseCPUSource("cycles"); err == nil {
+		t.Fatal("accepted cycles")
+	}
+}
+
+// A broken backend connection stops the lookup at once.
+func TestCPUReaderBrokenBackend(t *testing.T) {
+	root := fakeProc(t)
+	src := newCPUSource(CPUAuto, "127.0.0.1:3306", root, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var r cpuReader
+	r.open(context.Background(), src, brokenBackend{})
+	if src.inForce() != CPUWall {
+		t.Fatal("not wall")
+	}
+}
+
+type brokenBackend struct{}
+
+func (brokenBackend) Query(context.Context, string) ([]string, [][]*string, error) {
+	return nil, nil, errors.New("connection reset")
+}

@@ -1,0 +1,119 @@
+package rgpolicy
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/rgproxy/rgproxy/ru"
+)
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+func TestShapesEstimate(t *testing.T) {
+	now := time.Unix(1000, 0)
+	k := shapeKey{group: "rg", hash: 42}
+	tab := newShapes(100)
+	if _, ok := tab.estimate(k); ok {
+		t.Fatal("a shape never seen has an estimate")
+	}
+	// Cold start: the first execution is the estimate.
+	tab.observe(k, []byte("SELECT ?"), ru.Consumption{RRU: 50, BackendSeconds: 0.15}, 150*time.Millisecond, 0, false, now)
+	if got := tab.String(k); got != "rru=50.000 wru=0.000 backend=0.1500s" {
+		t.Fatalf("after one: %s", got)
+	}
+	// Then a decaying average: each execution moves it 30% of the way.
+	tab.observe(k, nil, ru.Consumption{RRU: 100, WRU: 10}, time.Millisecond, 0, false, now)
+	est, _ := tab.estimate(k)
+	if !near(est.RRU, 65) || !near(est.WRU, 3) {
+		t.Fatalf("after two: %+v, want rru 65 wru 3", est)
+	}
+	for range 30 {
+		tab.observe(k, nil, ru.Consumption{RRU: 10}, time.Millisecond, 0, false, now)
+	}
+	est, _ = tab.estimate(k)
+	if est.RRU > 10.01 || est.WRU > 0.01 {
+		t.Fatalf("the estimate does not follow a shape that became cheap: %+v", est)
+	}
+	// Groups do not share estimates.
+	if _, ok := tab.estimate(shapeKey{group: "other", hash: 42}); ok {
+		t.Fatal("another group's shape was estimated")
+	}
+}
+
+func TestShapesEvictLeastRecentlyUsed(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tab := newShapes(shapeShards) // one per shard
+	// Two keys in one shard: the second evicts the first.
+	a := shapeKey{group: "g", hash: 1}
+	b := shapeKey{group: "g", hash: 1 + shapeShards}
+	if tab.shard(a) != tab.shard(b) {
+		t.Fatal("test keys must share a shard")
+	}
+	tab.observe(a, []byte("A"), ru.Consumption{RRU: 1}, 0, 0, false, now)
+	tab.observe(b, []byte("B"), ru.Consumption{RRU: 2}, 0, 0, false, now)
+	if _, ok := tab.estimate(a); ok {
+		t.Fatal("the least recently used shape was kept past the bound")
+	}
+	if est, ok := tab.estimate(b); !ok || est.RRU != 2 {
+		t.Fatalf("the new shape: %+v %v", est, ok)
+	}
+	if n := tab.len(); n != 1 {
+		t.Fatalf("%d shapes, want 1", n)
+	}
+	// With room for two, using a shape keeps it: the other one goes.
+	tab = newShapes(2 * shapeShards)
+	c := shapeKey{group: "g", hash: 1 + 2*shapeShards}
+	tab.observe(a, []byte("A"), ru.Consumption{RRU: 1}, 0, 0, false, now)
+	tab.observe(b, []byte("B"), ru.Consumption{RRU: 2}, 0, 0, false, now)
+	tab.estimate(a) // a is now the most recent
+	tab.observe(c, []byte("C"), ru.Consumption{RRU: 3}, 0, 0, false, now)
+	if _, ok := tab.estimate(b); ok {
+		t.Fatal("b should have been evicted")
+	}
+	if _, ok := tab.estimate(a); !ok {
+		t.Fatal("a was used last and must stay")
+	}
+}
+
+func TestShapesSummary(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	tab := newShapes(100)
+	k := shapeKey{group: "rg", hash: 0xabc}
+	tab.observe(k, []byte("SELECT * FROM t WHERE id = ?"), ru.Consumption{RRU: 2, WRU: 0}, 10*time.Millisecond, 0, false, t0)
+	tab.observe(k, nil, ru.Consumption{RRU: 4, WRU: 1}, 30*time.Millisecond, 20*time.Millisecond, true, t0.Add(time.Second))
+	tab.observe(shapeKey{group: "other", hash: 1}, []byte("SELECT ?"), ru.Consumption{RRU: 1}, 0, 0, false, t0)
+	rows := tab.summary(func(g string) bool { return g == "rg" })
+	if len(rows) != 1 {
+		t.Fatalf("rows %+v", rows)
+	}
+	r := rows[0]
+	want := ShapeSummary{Group: "rg", Digest: "0000000000000abc", DigestText: "SELECT * FROM t WHERE id = ?",
+		ExecCount: 2, SumLatency: 40 * time.Millisecond, MaxLatency: 30 * time.Millisecond,
+		AvgRRU: 3, MaxRRU: 4, AvgWRU: 0.5, MaxWRU: 1, AvgQueued: 10 * time.Millisecond, MaxQueued: 20 * time.Millisecond,
+		SumErrors: 1, FirstSeen: t0, LastSeen: t0.Add(time.Second), EstimateRU: 2 + 0.3*2 + 0.3}
+	if fmt.Sprint(r) != fmt.Sprint(want) {
+		t.Fatalf("summary\n got %+v\nwant %+v", r, want)
+	}
+	if r.AvgLatency() != 20*time.Millisecond {
+		t.Fatalf("avg latency %v", r.AvgLatency())
+	}
+	if all := tab.summary(nil); len(all) != 2 {
+		t.Fatalf("all groups: %d rows", len(all))
+	}
+}
+
+func TestShapesKnownShapeAllocatesNothing(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tab := newShapes(100)
+	k := shapeKey{group: "rg", hash: 7}
+	d := []byte("SELECT ?")
+	tab.observe(k, d, ru.Consumption{RRU: 1}, 0, 0, false, now)
+	if n := testing.AllocsPerRun(1000, func() {
+		tab.estimate(k)
+		tab.observe(k, d, ru.Consumption{RRU: 1}, time.Millisecond, 0, false, now)
+	}); n != 0 {
+		t.Fatalf("%v allocations per statement of a known shape", n)
+	}
+}
