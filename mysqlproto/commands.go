@@ -45,7 +45,8 @@ func (ss *session) command() error {
 		return err
 	}
 	p := ss.buf
-	ss.st = Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&statusInTrans != 0}
+	ss.st = Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&statusInTrans != 0,
+		NoBackslashEscapes: ss.status&statusNoBackslash != 0}
 	st := &ss.st
 	switch p[0] {
 	case comQuit:
@@ -79,7 +80,7 @@ func (ss *session) command() error {
 	}
 	// COM_BINLOG_DUMP, COM_STMT_BULK_EXECUTE, COM_REGISTER_SLAVE, COM_DAEMON,
 	// COM_TABLE_DUMP, ...: not relayed, and the session goes on.
-	if err := ss.drainContinuations(n); err != nil {
+	if _, err := ss.drainContinuations(n); err != nil {
 		return err
 	}
 	return ss.sendError(ss.seq+1, &Error{Code: errCodeUnknownCom, State: "08S01", Message: "Unknown command"})
@@ -156,7 +157,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 		ss.endBefore()
 	}
 	if v.Reply != nil {
-		if err := ss.drainContinuations(n); err != nil {
+		if _, err := ss.drainContinuations(n); err != nil {
 			return err
 		}
 		ss.rw.status = ss.status
@@ -173,7 +174,13 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	ss.out = Outcome{}
 	out := &ss.out
 	ss.seq = 0
-	req, err := ss.forward(n)
+	var req int64
+	var err error
+	if v.Rewrite != "" && st.Command == comQuery {
+		req, err = ss.forwardRewritten(n, v.Rewrite)
+	} else {
+		req, err = ss.forward(n)
+	}
 	out.RequestBytes = req
 	if ps != nil {
 		out.RequestBytes += ps.longData
@@ -252,30 +259,48 @@ func (ss *session) forward(n int) (int64, error) {
 	return total, nil
 }
 
+// forwardRewritten sends the policy's text instead of the client's
+// COM_QUERY (first packet of n bytes, continuations drained), and returns
+// the client's payload bytes.
+func (ss *session) forwardRewritten(n int, text string) (int64, error) {
+	total, err := ss.drainContinuations(n)
+	if err != nil {
+		return total, err
+	}
+	ss.seq = 0
+	p := make([]byte, 1+len(text))
+	p[0] = comQuery
+	copy(p[1:], text)
+	if _, err := writeMessage(ss.bwr, 0, p); err != nil {
+		return total, ss.backendFailed(1, err)
+	}
+	return total, nil
+}
+
 // drainContinuations skips the rest of a multi-packet command that is
 // answered locally.
-func (ss *session) drainContinuations(n int) error {
+func (ss *session) drainContinuations(n int) (int64, error) {
 	var total = int64(n)
 	seq := byte(0)
 	for n == maxChunk {
 		var s byte
 		var err error
 		if n, s, err = readHeader(ss.crd); err != nil {
-			return err
+			return total, err
 		}
 		seq++
 		if s != seq {
-			return fmt.Errorf("%w: continuation %d, want %d", ErrSequence, s, seq)
+			return total, fmt.Errorf("%w: continuation %d, want %d", ErrSequence, s, seq)
 		}
 		if total += int64(n); total > ss.srv.cfg.MaxPacketPayload {
-			return fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, ss.srv.cfg.MaxPacketPayload)
+			return total, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, ss.srv.cfg.MaxPacketPayload)
 		}
 		if err := discardN(ss.crd, n); err != nil {
-			return err
+			return total, err
 		}
 	}
 	ss.seq = seq
-	return nil
+	return total, nil
 }
 
 // relayResponse copies the backend's response to the client packet by

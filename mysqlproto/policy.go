@@ -55,6 +55,10 @@ type Statement struct {
 	// InTransaction is true when the backend's last status said a
 	// transaction is open.
 	InTransaction bool
+	// NoBackslashEscapes is true when the backend's last status said the
+	// session's sql_mode has NO_BACKSLASH_ESCAPES: a backslash in a string
+	// literal is then an ordinary character.
+	NoBackslashEscapes bool
 	// Scan is what the single pass over the SQL text found, for
 	// COM_QUERY, COM_STMT_PREPARE and (from the prepared text)
 	// COM_STMT_EXECUTE; zero for other commands. The digest is computed
@@ -109,6 +113,10 @@ type Verdict struct {
 	// Reply, when non-nil, is written to the client and the statement is
 	// not forwarded. A refusal is a Reply with Err set.
 	Reply *Reply
+	// Rewrite, when not empty, is the SQL text forwarded instead of a
+	// COM_QUERY's own (ignored for other commands). The Outcome still
+	// counts the client's bytes.
+	Rewrite string
 }
 
 // SessionInfo describes a client session.

@@ -593,8 +593,11 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 		rateInterval = "20s" // ends 1 s before the load does, so it lies inside it
 	)
 	ts := startTokenServer(t)
-	// A short max-wait makes the throttled group refuse (8252) as well as wait.
-	px := startMeteredProxy(t, ts, "--max-wait", "200ms")
+	// A short max-wait makes the throttled group refuse (8252) as well as
+	// wait. The load is SLEEP: charged as wall time it is heavy enough to
+	// queue past the wait (as the backend thread's CPU time it is nearly
+	// free).
+	px := startMeteredProxy(t, ts, "--max-wait", "200ms", "--cpu-source", "wall")
 	prom := dashStartPrometheus(t, map[string]map[string]string{
 		"rgproxy":  {"rgproxy-0": px.StatusAddr},
 		"rgserver": {"rgserver-0": ts.StatusAddr},

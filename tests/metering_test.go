@@ -421,7 +421,11 @@ func TestAdminStatementsThroughProxies(t *testing.T) {
 	}
 	multi := openDB(t, a.Addr, "multiStatements=true")
 	mustErr(multi, 1295, "SELECT 1; CREATE RESOURCE GROUP rg_m RU_PER_SEC = 1")
-	mustErr(root, 1235, "SELECT COUNT(*) FROM information_schema.resource_groups")
+	// Any query shape on the virtual tables: the backend evaluates it.
+	var groups int
+	if err := root.QueryRow("SELECT COUNT(*) FROM information_schema.resource_groups WHERE NAME = 'default'").Scan(&groups); err != nil || groups != 1 {
+		t.Fatalf("COUNT(*) on information_schema.resource_groups: %d, %v", groups, err)
+	}
 
 	// The same through the mariadb CLI: 8252 when a throttled statement
 	// cannot get its tokens in time.

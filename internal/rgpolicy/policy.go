@@ -258,7 +258,11 @@ type lastStatement struct {
 
 // Before implements mysqlproto.SessionPolicy.
 func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
-	if st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE {
+	var refs []virtualRef
+	if st.Command == mysql.COM_QUERY && st.Scan.Mentions&virtualMentions != 0 {
+		refs = findVirtual(st.Query, st.NoBackslashEscapes, func() bool { return inInformationSchema(ctx, be) })
+	}
+	if refs == nil && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) {
 		if st.Scan.Mentions != 0 && resourcegroup.IsAdmin(st.Query) {
 			return s.admin(ctx, st, be)
 		}
@@ -270,6 +274,15 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	set := s.p.settings.Load()
 	if r := s.resolve(ctx, st, be, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
+	}
+	var rewrite string
+	if refs != nil {
+		var err error
+		rewrite, err = rewriteVirtual(st.Query, st.NoBackslashEscapes, refs, s.cur.group,
+			func(name string) (*vtable, error) { return s.virtualTable(ctx, name, be) })
+		if err != nil {
+			return errReply(err)
+		}
 	}
 	cooldown, r := s.watch(st)
 	if r != nil {
@@ -286,7 +299,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	s.cur.cpuStart, s.cur.cpuOK = s.cpu.read()
 	g, _ := s.p.tokens.Group(s.cur.group)
 	s.guard = s.armRunaway(g, st.Query, s.cur.cpuStart, s.cur.cpuOK)
-	return mysqlproto.Verdict{}
+	return mysqlproto.Verdict{Rewrite: rewrite}
 }
 
 // After implements mysqlproto.SessionPolicy: it releases what admit

@@ -1,0 +1,387 @@
+package rgpolicy
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
+
+// rgproxy's virtual tables live in information_schema, but rgproxy, not
+// the backend, holds their rows. A statement that names one is rewritten:
+// each reference becomes a derived table built from the proxy's data,
+// CURRENT_RESOURCE_GROUP() becomes the statement's group as a string, and
+// the statement goes to the backend, whose SQL engine evaluates WHERE,
+// LIKE, IN, ORDER BY, LIMIT, aggregates, aliases and joins with real
+// tables exactly as for any table. Rows are filtered by privilege before
+// the rewrite: a user sees only what it may see.
+
+// Virtual table names, lower case.
+const (
+	vtResourceGroups    = "resource_groups"
+	vtRunawayWatches    = "runaway_watches"
+	vtStatementsSummary = "statements_summary"
+)
+
+// isVirtualTable reports whether name (any case) is a virtual table.
+func isVirtualTable(name string) bool {
+	switch strings.ToLower(name) {
+	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary:
+		return true
+	}
+	return false
+}
+
+// vcol is a column of a virtual table; numeric columns are rendered as
+// numbers, so that they compare and sort as numbers.
+type vcol struct {
+	name    string
+	numeric bool
+}
+
+// vtable is a virtual table's content; a nil value is SQL NULL.
+type vtable struct {
+	cols []vcol
+	rows [][]*string
+}
+
+// afterTableRef are the words that may follow a table reference without
+// being its alias.
+var afterTableRef = map[string]bool{
+	"WHERE": true, "JOIN": true, "INNER": true, "LEFT": true, "RIGHT": true, "CROSS": true, "NATURAL": true,
+	"STRAIGHT_JOIN": true, "FULL": true, "OUTER": true, "ON": true, "USING": true, "GROUP": true, "ORDER": true,
+	"HAVING": true, "LIMIT": true, "UNION": true, "EXCEPT": true, "INTERSECT": true, "WINDOW": true, "FOR": true,
+	"LOCK": true, "INTO": true, "PARTITION": true, "USE": true, "IGNORE": true, "FORCE": true, "SET": true,
+	"RETURNING": true, "PROCEDURE": true, "OFFSET": true, "FETCH": true, "MINUS": true, "FROM": true,
+}
+
+// clauseOf maps the keywords that start a clause to the clause: a table
+// name right after FROM or JOIN (or a comma in a FROM list) is a table
+// reference; an item right after SELECT (or a comma in a select list) is
+// a select-list item.
+func clauseOf(word string) (string, bool) {
+	switch strings.ToUpper(word) {
+	case "SELECT":
+		return "select", true
+	case "FROM", "JOIN", "STRAIGHT_JOIN", "UPDATE":
+		return "from", true
+	case "WHERE", "GROUP", "ORDER", "HAVING", "LIMIT", "ON", "USING", "UNION", "WINDOW", "INTO",
+		"SET", "VALUES", "EXCEPT", "INTERSECT":
+		return "other", true
+	}
+	return "", false
+}
+
+// virtualRef is one span of the text to replace.
+type virtualRef struct {
+	start, end int
+	table      string // a virtual table, or "" for CURRENT_RESOURCE_GROUP()
+	column     bool   // information_schema.t.col: only the qualifier goes
+	alias      bool   // the reference is followed by an alias
+	selectItem bool   // CURRENT_RESOURCE_GROUP() as a select-list item without alias
+}
+
+// findVirtual returns the references to virtual tables and to
+// CURRENT_RESOURCE_GROUP() in q. A bare table name (no information_schema
+// qualifier) counts only when inDB reports that the session's current
+// database is information_schema; inDB is asked at most once, and only
+// when such a name stands where a table does.
+func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
+	tz := mysqlproto.NewTokenizer(q, nbe)
+	var toks []mysqlproto.Token
+	for {
+		t := tz.Next()
+		if t.Kind == mysqlproto.TokenEOF {
+			break
+		}
+		toks = append(toks, t)
+	}
+	text := func(i int) string {
+		if i < 0 || i >= len(toks) {
+			return ""
+		}
+		t := toks[i]
+		s := q[t.Start:t.End]
+		if t.Kind == mysqlproto.TokenQuotedIdent && len(s) >= 2 {
+			s = strings.ReplaceAll(s[1:len(s)-1], "``", "`")
+		}
+		return s
+	}
+	isName := func(i int) bool {
+		return i >= 0 && i < len(toks) && (toks[i].Kind == mysqlproto.TokenWord || toks[i].Kind == mysqlproto.TokenQuotedIdent)
+	}
+	isPunct := func(i int, p string) bool {
+		return i >= 0 && i < len(toks) && toks[i].Kind == mysqlproto.TokenPunct && q[toks[i].Start:toks[i].End] == p
+	}
+	isWord := func(i int, w string) bool {
+		return i >= 0 && i < len(toks) && toks[i].Kind == mysqlproto.TokenWord && strings.EqualFold(text(i), w)
+	}
+	hasAlias := func(i int) bool { // is toks[i] an alias?
+		switch {
+		case i >= len(toks):
+			return false
+		case isWord(i, "AS"), toks[i].Kind == mysqlproto.TokenQuotedIdent:
+			return true
+		case toks[i].Kind == mysqlproto.TokenWord:
+			return !afterTableRef[strings.ToUpper(text(i))]
+		}
+		return false
+	}
+	clause := []string{""} // by parenthesis depth
+	dbAsked, dbIsIS := false, false
+	var refs []virtualRef
+	for i := 0; i < len(toks); i++ {
+		d := len(clause) - 1
+		switch {
+		case isPunct(i, "("):
+			clause = append(clause, "")
+			continue
+		case isPunct(i, ")"):
+			if d > 0 {
+				clause = clause[:d]
+			}
+			continue
+		case toks[i].Kind == mysqlproto.TokenSemicolon:
+			clause = []string{""}
+			continue
+		case toks[i].Kind == mysqlproto.TokenWord:
+			if c, ok := clauseOf(text(i)); ok {
+				clause[d] = c
+			}
+		}
+		switch {
+		case isName(i) && strings.EqualFold(text(i), "information_schema") && isPunct(i+1, ".") &&
+			isName(i+2) && isVirtualTable(text(i+2)) && !isPunct(i-1, "."):
+			r := virtualRef{start: toks[i].Start, end: toks[i+2].End, table: strings.ToLower(text(i + 2))}
+			if isPunct(i+3, ".") {
+				r.column = true
+			} else {
+				r.alias = hasAlias(i + 3)
+			}
+			refs = append(refs, r)
+			i += 2
+		case isName(i) && isVirtualTable(text(i)) && !isPunct(i-1, ".") && !isPunct(i+1, ".") &&
+			(isWord(i-1, "FROM") || isWord(i-1, "JOIN") || isWord(i-1, "STRAIGHT_JOIN") || isPunct(i-1, ",") && clause[d] == "from"):
+			if !dbAsked {
+				dbAsked, dbIsIS = true, inDB()
+			}
+			if dbIsIS {
+				refs = append(refs, virtualRef{start: toks[i].Start, end: toks[i].End, table: strings.ToLower(text(i)),
+					alias: hasAlias(i + 1)})
+			}
+		case toks[i].Kind == mysqlproto.TokenWord && strings.EqualFold(text(i), "current_resource_group") &&
+			isPunct(i+1, "(") && isPunct(i+2, ")") && !isPunct(i-1, "."):
+			r := virtualRef{start: toks[i].Start, end: toks[i+2].End}
+			r.selectItem = clause[d] == "select" && (isWord(i-1, "SELECT") || isPunct(i-1, ",") || isWord(i-1, "DISTINCT")) &&
+				!hasAlias(i+3)
+			refs = append(refs, r)
+			i += 2
+		}
+	}
+	return refs
+}
+
+// rewriteVirtual replaces refs in q: each table by a derived table from
+// table(name), CURRENT_RESOURCE_GROUP() by current.
+func rewriteVirtual(q string, nbe bool, refs []virtualRef, current string, table func(name string) (*vtable, error)) (string, error) {
+	var b strings.Builder
+	b.Grow(len(q) + 256)
+	built := map[string]string{}
+	last := 0
+	for _, r := range refs {
+		b.WriteString(q[last:r.start])
+		last = r.end
+		switch {
+		case r.table == "":
+			b.WriteString(sqlString(current, nbe))
+			if r.selectItem {
+				b.WriteString(" AS ")
+				b.WriteString(quoteIdent(q[r.start:r.end]))
+			}
+		case r.column:
+			b.WriteString(quoteIdent(r.table))
+		default:
+			sub, ok := built[r.table]
+			if !ok {
+				t, err := table(r.table)
+				if err != nil {
+					return "", err
+				}
+				sub = derivedTable(t, nbe)
+				built[r.table] = sub
+			}
+			b.WriteString(sub)
+			if !r.alias {
+				b.WriteString(" AS ")
+				b.WriteString(quoteIdent(r.table))
+			}
+		}
+	}
+	b.WriteString(q[last:])
+	return b.String(), nil
+}
+
+// derivedTable renders t as "(SELECT ... UNION ALL SELECT ...)": the first
+// SELECT names the columns; an empty table is one typed row filtered out.
+func derivedTable(t *vtable, nbe bool) string {
+	var b strings.Builder
+	b.WriteString("(")
+	if len(t.rows) == 0 {
+		b.WriteString("SELECT ")
+		for i, c := range t.cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			if c.numeric {
+				b.WriteString("CAST(NULL AS DECIMAL(65,6))")
+			} else {
+				b.WriteString("CAST(NULL AS CHAR)")
+			}
+			b.WriteString(" AS ")
+			b.WriteString(quoteIdent(c.name))
+		}
+		b.WriteString(" FROM DUAL WHERE FALSE)")
+		return b.String()
+	}
+	for r, row := range t.rows {
+		if r > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString("SELECT ")
+		for i, c := range t.cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			var v *string
+			if i < len(row) {
+				v = row[i]
+			}
+			switch {
+			case v == nil:
+				b.WriteString("NULL")
+			case c.numeric:
+				b.WriteString(sqlNumber(*v))
+			default:
+				b.WriteString(sqlString(*v, nbe))
+			}
+			if r == 0 {
+				b.WriteString(" AS ")
+				b.WriteString(quoteIdent(c.name))
+			}
+		}
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
+// sqlString quotes s as a string literal of the session's sql_mode.
+func sqlString(s string, nbe bool) string {
+	s = strings.ReplaceAll(s, "'", "''")
+	if !nbe {
+		s = strings.ReplaceAll(s, `\`, `\\`)
+	}
+	return "'" + s + "'"
+}
+
+// sqlNumber renders a numeric cell; anything that does not parse is NULL.
+func sqlNumber(s string) string {
+	if _, err := strconv.ParseFloat(s, 64); err != nil {
+		return "NULL"
+	}
+	return s
+}
+
+func quoteIdent(s string) string { return "`" + strings.ReplaceAll(s, "`", "``") + "`" }
+
+// virtualTable builds a virtual table's rows as the session may see them.
+func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.Backend) (*vtable, error) {
+	switch name {
+	case vtResourceGroups:
+		return resultTable(resourcegroup.Execute(ctx, &resourcegroup.SelectGroups{}, s.p.tokens.Store()))
+	case vtRunawayWatches:
+		t, err := resultTable(resourcegroup.Execute(ctx, &resourcegroup.SelectWatches{}, s.p.tokens.Store()))
+		if t != nil {
+			t.cols[0].numeric = true // ID
+		}
+		return t, err
+	case vtStatementsSummary:
+		return s.summaryTable(ctx, be), nil
+	}
+	return nil, resourcegroup.NewUnsupported("information_schema." + name)
+}
+
+func resultTable(res *resourcegroup.Result, err error) (*vtable, error) {
+	if err != nil {
+		return nil, err
+	}
+	t := &vtable{rows: res.Rows}
+	for _, c := range res.Columns {
+		t.cols = append(t.cols, vcol{name: c})
+	}
+	return t, nil
+}
+
+// summaryColumns are statements_summary's columns: TiDB's names where
+// they apply (latencies and queued times in nanoseconds, as TiDB), then
+// rgproxy's own.
+var summaryColumns = []vcol{
+	{name: "RESOURCE_GROUP"}, {name: "DIGEST"}, {name: "DIGEST_TEXT"},
+	{name: "EXEC_COUNT", numeric: true}, {name: "SUM_LATENCY", numeric: true},
+	{name: "AVG_LATENCY", numeric: true}, {name: "MAX_LATENCY", numeric: true},
+	{name: "AVG_REQUEST_UNIT_READ", numeric: true}, {name: "MAX_REQUEST_UNIT_READ", numeric: true},
+	{name: "AVG_REQUEST_UNIT_WRITE", numeric: true}, {name: "MAX_REQUEST_UNIT_WRITE", numeric: true},
+	{name: "AVG_QUEUED_RC_TIME", numeric: true}, {name: "MAX_QUEUED_RC_TIME", numeric: true},
+	{name: "SUM_ERRORS", numeric: true}, {name: "FIRST_SEEN"}, {name: "LAST_SEEN"},
+	{name: "ESTIMATED_REQUEST_UNIT", numeric: true},
+}
+
+// summaryTable is statements_summary as the session may see it: every
+// shape with SUPER, else only the shapes of the session's own groups (its
+// binding's and its current one).
+func (s *session) summaryTable(ctx context.Context, be mysqlproto.Backend) *vtable {
+	var keep func(string) bool
+	if !s.hasSuper(ctx, be) {
+		own := map[string]bool{s.bound(): true, s.currentGroup(): true}
+		keep = func(g string) bool { return own[g] }
+	}
+	t := &vtable{cols: summaryColumns}
+	ns := func(d time.Duration) string { return strconv.FormatInt(int64(d), 10) }
+	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 6, 64) }
+	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+	ts := func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
+	for _, r := range s.p.shapes.summary(keep) {
+		row := []string{r.Group, r.Digest, r.DigestText, u(r.ExecCount), ns(r.SumLatency), ns(r.AvgLatency()),
+			ns(r.MaxLatency), f(r.AvgRRU), f(r.MaxRRU), f(r.AvgWRU), f(r.MaxWRU), ns(r.AvgQueued), ns(r.MaxQueued),
+			u(r.SumErrors), ts(r.FirstSeen), ts(r.LastSeen), f(r.EstimateRU)}
+		cells := make([]*string, len(row))
+		for i := range row {
+			cells[i] = &row[i]
+		}
+		t.rows = append(t.rows, cells)
+	}
+	return t
+}
+
+// virtualMentions is the Scan.Mentions bits of the words that may name a
+// virtual table or CURRENT_RESOURCE_GROUP().
+var virtualMentions = func() uint64 {
+	var m uint64
+	for i, w := range ScanWords() {
+		switch w {
+		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary:
+			m |= 1 << i
+		}
+	}
+	return m
+}()
+
+// inInformationSchema asks the backend whether the session's current
+// database is information_schema.
+func inInformationSchema(ctx context.Context, be mysqlproto.Backend) bool {
+	_, rows, err := be.Query(ctx, "SELECT DATABASE()")
+	return err == nil && len(rows) == 1 && len(rows[0]) == 1 && rows[0][0] != nil &&
+		strings.EqualFold(*rows[0][0], "information_schema")
+}
