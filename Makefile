@@ -6,7 +6,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 # Seconds each fuzz target runs in `make fuzz`.
 FUZZTIME  ?= 60s
 
-.PHONY: all build run test test-deps tidy-check test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering demo-load generate tools clean
+.PHONY: all build run test test-deps tidy-check test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering bench-isolation demo-load generate tools clean
 
 all: build
 
@@ -63,7 +63,7 @@ demo-load: build
 fuzz:
 	bash scripts/fuzz.sh $(FUZZTIME)
 
-bench: bench-proxy bench-server bench-metering
+bench: bench-proxy bench-server bench-metering bench-isolation
 
 # sysbench oltp_point_select direct vs HAProxy vs rgproxy, side by side.
 bench-proxy: build
@@ -78,6 +78,13 @@ bench-server: build
 # vs --metering=false; token requests per 1,000 statements; 3-proxy accuracy.
 bench-metering: build
 	bash scripts/bench-metering.sh
+
+# The noisy-neighbour experiment: a victim's p99 alone and beside a heavy
+# aggressor (scan, sort), directly and through rgproxy; the aggressor group's
+# RU against RU_PER_SEC x T + capacity; one heavy statement's RU alone and
+# beside 8 direct copies. BENCH_ISOLATION_FLAGS passes flags.
+bench-isolation: build test-deps
+	$(BIN)/bench-isolation --bin-dir $(BIN) $(BENCH_ISOLATION_FLAGS)
 
 # The protobuf generators, pinned; protoc comes from Debian's protobuf-compiler.
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin

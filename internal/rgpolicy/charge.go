@@ -29,7 +29,9 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 		return nil // free
 	}
 	cur.shape = shapeKey{group: cur.group, hash: st.Scan.DigestHash}
-	cur.hasShape = st.Scan.Digest != nil && cur.req.Class != ru.ClassFetch
+	// A shape's executions: not COM_STMT_PREPARE (its EXECUTEs are) nor
+	// COM_STMT_FETCH (part of the EXECUTE that opened the cursor).
+	cur.hasShape = st.Scan.Digest != nil && cur.req.Class != ru.ClassFetch && st.Command != mysql.COM_STMT_PREPARE
 	s.estimate()
 	if st.Command == mysql.COM_QUERY && st.Scan.EndsTxn {
 		s.p.tokens.Charge(cur.group, cur.prepaid)

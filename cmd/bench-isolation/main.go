@@ -1,0 +1,615 @@
+// Command bench-isolation is the noisy-neighbour experiment behind `make
+// bench-isolation`: a victim runs paced point selects in the default
+// group while an aggressor of several sessions repeats a heavy statement
+// (a CPU-bound scan, or a sort) in a group with a small RU_PER_SEC. It
+// measures, side by side in one run, the victim's p99 alone and beside the
+// aggressor, directly and through rgproxy; the aggressor group's RU
+// against RU_PER_SEC × T + its bucket's capacity; and the RU of one heavy
+// statement alone and beside copies of it running directly on the backend
+// (which CPU-true metering keeps close, and wall-time metering does not).
+//
+// It starts its own rgserver and rgproxy from --bin-dir and uses the
+// MariaDB at --backend as root.
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// config is bench-isolation's command line.
+type config struct {
+	// Backend is the MariaDB/MySQL address; root with an empty password.
+	Backend string
+	// BinDir holds rgproxy and rgserver.
+	BinDir string
+	// Rows is the size of the heavy table. Default 200,000.
+	Rows int
+	// Phase is how long the victim runs alone, and beside the aggressor
+	// directly. Default 10 s.
+	Phase time.Duration
+	// Throttled is how long the victim runs beside the aggressor through
+	// rgproxy, the window over which the aggressor's RU is checked.
+	// Default 60 s.
+	Throttled time.Duration
+	// VictimRate is the victim's statements per second; VictimThreads the
+	// sessions that share them. Defaults 300 and 2.
+	VictimRate    int
+	VictimThreads int
+	// Aggressors is the aggressor's sessions. Default 8.
+	Aggressors int
+	// RUPerSec is the aggressor group's limit. Default 100.
+	RUPerSec int
+	// Kinds are the aggressor statements to run: scan, sort. Default both.
+	Kinds []string
+	// CPUSource is rgproxy's --cpu-source. Default auto.
+	CPUSource string
+	// JSON prints the results as one JSON object instead of a table.
+	JSON bool
+}
+
+// aggressorQueries are the heavy statements, by kind.
+var aggressorQueries = map[string]string{
+	// A CPU-bound full scan: no index helps LIKE '%7%7%7%'.
+	"scan": "SELECT COUNT(*), SUM(k) FROM rgproxy_bench.heavy WHERE c LIKE '%7%7%7%'",
+	// A sort of the whole table on an unindexed expression.
+	"sort": "SELECT id FROM rgproxy_bench.heavy ORDER BY CRC32(c) DESC LIMIT 5",
+}
+
+// victimQuery is a primary-key point select.
+const victimQuery = "SELECT k FROM rgproxy_bench.heavy WHERE id = ?"
+
+// Result is one aggressor kind's figures.
+type Result struct {
+	Kind string `json:"kind"`
+	// Victim p99 latencies in milliseconds.
+	DirectAloneP99      float64 `json:"direct_alone_p99_ms"`
+	DirectBesideP99     float64 `json:"direct_beside_p99_ms"`
+	ProxyAloneP99       float64 `json:"proxy_alone_p99_ms"`
+	ProxyBesideP99      float64 `json:"proxy_beside_p99_ms"`
+	DirectRatio         float64 `json:"direct_ratio"`
+	ProxyRatio          float64 `json:"proxy_ratio"`
+	VictimErrors        int64   `json:"victim_errors"`
+	AggressorStatements int64   `json:"aggressor_statements"`
+	AggressorErrors     int64   `json:"aggressor_errors"`
+	// The aggressor group's RU over the throttled phase, against
+	// RU_PER_SEC × T + capacity.
+	AggressorRU    float64 `json:"aggressor_ru"`
+	AggressorLimit float64 `json:"aggressor_limit"`
+	AggressorOver  float64 `json:"aggressor_over"`
+	// One heavy statement's RU alone and beside copies running directly.
+	OneAloneRU  float64 `json:"one_alone_ru"`
+	OneBesideRU float64 `json:"one_beside_ru"`
+	OneRatio    float64 `json:"one_ratio"`
+}
+
+// Report is everything one run measured.
+type Report struct {
+	CPUSource string   `json:"cpu_source"`
+	SleepCPU  float64  `json:"sleep_1s_cpu_ru"`
+	Results   []Result `json:"results"`
+}
+
+func main() {
+	cfg, err := parseArgs(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-isolation:", err)
+		os.Exit(2)
+	}
+	rep, err := run(context.Background(), cfg, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-isolation:", err)
+		os.Exit(1)
+	}
+	if cfg.JSON {
+		_ = json.NewEncoder(os.Stdout).Encode(rep)
+		return
+	}
+	printReport(os.Stdout, cfg, rep)
+}
+
+func parseArgs(args []string) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("bench-isolation", flag.ContinueOnError)
+	fs.StringVar(&cfg.Backend, "backend", "127.0.0.1:3306", "MariaDB/MySQL `address` (root, empty password)")
+	fs.StringVar(&cfg.BinDir, "bin-dir", "bin", "`directory` holding rgproxy and rgserver")
+	fs.IntVar(&cfg.Rows, "rows", 200000, "rows of the heavy table")
+	fs.DurationVar(&cfg.Phase, "phase", 10*time.Second, "victim alone, and beside the aggressor directly")
+	fs.DurationVar(&cfg.Throttled, "throttled", 60*time.Second, "victim beside the aggressor through rgproxy")
+	fs.IntVar(&cfg.VictimRate, "victim-rate", 300, "victim statements per second")
+	fs.IntVar(&cfg.VictimThreads, "victim-threads", 2, "victim sessions")
+	fs.IntVar(&cfg.Aggressors, "aggressors", 8, "aggressor sessions")
+	fs.IntVar(&cfg.RUPerSec, "ru-per-sec", 100, "the aggressor group's RU_PER_SEC")
+	kinds := fs.String("kinds", "scan,sort", "aggressor statements: scan, sort")
+	fs.StringVar(&cfg.CPUSource, "cpu-source", "auto", "rgproxy's --cpu-source")
+	fs.BoolVar(&cfg.JSON, "json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	for _, k := range strings.Split(*kinds, ",") {
+		if _, ok := aggressorQueries[k]; !ok {
+			return cfg, fmt.Errorf("--kinds: unknown aggressor %q (scan, sort)", k)
+		}
+		cfg.Kinds = append(cfg.Kinds, k)
+	}
+	if cfg.VictimRate <= 0 || cfg.VictimThreads <= 0 || cfg.Aggressors <= 0 || cfg.RUPerSec <= 0 || cfg.Rows <= 0 {
+		return cfg, errors.New("rates, sessions and rows must be > 0")
+	}
+	return cfg, nil
+}
+
+func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
+	logf := func(format string, args ...any) { fmt.Fprintf(logw, format+"\n", args...) }
+	root, err := openDB(cfg.Backend, "root", "")
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	if err := setup(ctx, root, cfg.Rows, logf); err != nil {
+		return nil, err
+	}
+	sys, err := startSystem(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer sys.stop()
+	admin, err := openDB(sys.proxy, "root", "")
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	for _, q := range []string{
+		"DROP RESOURCE GROUP IF EXISTS rg_aggressor",
+		fmt.Sprintf("CREATE RESOURCE GROUP rg_aggressor RU_PER_SEC = %d", cfg.RUPerSec),
+		"ALTER USER 'bench_aggr'@'%' RESOURCE GROUP rg_aggressor",
+	} {
+		if _, err := admin.ExecContext(ctx, q); err != nil {
+			return nil, fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	time.Sleep(time.Second) // the binding reaches the proxy's cache
+
+	rep := &Report{}
+	if rep.CPUSource, err = sys.cpuSource(); err != nil {
+		return nil, err
+	}
+	if rep.SleepCPU, err = oneStatementRU(ctx, sys.proxy, "root", "SELECT SLEEP(1)"); err != nil {
+		return nil, err
+	}
+	rep.SleepCPU -= 0.625 // the base cost; what is left is CPU
+	for _, kind := range cfg.Kinds {
+		q := aggressorQueries[kind]
+		r := Result{Kind: kind}
+		logf("%s: victim alone, direct", kind)
+		v := victim(ctx, cfg, cfg.Backend, cfg.Phase)
+		r.DirectAloneP99 = v.p99()
+		logf("%s: victim beside the aggressor, direct", kind)
+		v, _ = besideAggressor(ctx, cfg, cfg.Backend, cfg.Backend, q, cfg.Phase)
+		r.DirectBesideP99 = v.p99()
+		logf("%s: victim alone, through rgproxy", kind)
+		v = victim(ctx, cfg, sys.proxy, cfg.Phase)
+		r.ProxyAloneP99 = v.p99()
+		r.VictimErrors = v.errors.Load()
+		logf("%s: victim beside the aggressor, through rgproxy (%v)", kind, cfg.Throttled)
+		// Let the group's bucket fill as after any idle spell: the capacity
+		// counts in the limit.
+		time.Sleep(1500 * time.Millisecond)
+		before, err := sys.groupRU("rg_aggressor")
+		if err != nil {
+			return nil, err
+		}
+		v, a := besideAggressor(ctx, cfg, sys.proxy, sys.proxy, q, cfg.Throttled)
+		after, err := sys.groupRU("rg_aggressor")
+		if err != nil {
+			return nil, err
+		}
+		r.ProxyBesideP99 = v.p99()
+		r.VictimErrors += v.errors.Load()
+		r.AggressorStatements, r.AggressorErrors = a.statements.Load(), a.errors.Load()
+		r.AggressorRU = after - before
+		r.AggressorLimit = float64(cfg.RUPerSec)*a.elapsed.Seconds() + float64(cfg.RUPerSec)
+		r.AggressorOver = r.AggressorRU/r.AggressorLimit - 1
+		r.DirectRatio = r.DirectBesideP99 / r.DirectAloneP99
+		r.ProxyRatio = r.ProxyBesideP99 / r.ProxyAloneP99
+
+		logf("%s: one heavy statement alone, then beside %d direct copies", kind, cfg.Aggressors)
+		if r.OneAloneRU, err = oneStatementRU(ctx, sys.proxy, "root", q); err != nil {
+			return nil, err
+		}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		loadDirect(cfg.Backend, q, cfg.Aggressors, stop, &wg)
+		time.Sleep(500 * time.Millisecond)
+		r.OneBesideRU, err = oneStatementRU(ctx, sys.proxy, "root", q)
+		close(stop)
+		wg.Wait()
+		if err != nil {
+			return nil, err
+		}
+		r.OneRatio = r.OneBesideRU / r.OneAloneRU
+		rep.Results = append(rep.Results, r)
+	}
+	return rep, nil
+}
+
+// setup creates rgproxy_bench.heavy with rows rows (when it has another
+// size) and the aggressor's user.
+func setup(ctx context.Context, db *sql.DB, rows int, logf func(string, ...any)) error {
+	stmts := []string{
+		"CREATE DATABASE IF NOT EXISTS rgproxy_bench",
+		"CREATE TABLE IF NOT EXISTS rgproxy_bench.heavy (id INT PRIMARY KEY, k INT NOT NULL, c CHAR(120) NOT NULL)",
+		"CREATE USER IF NOT EXISTS 'bench_aggr'@'%' IDENTIFIED BY 'benchpw'",
+		"GRANT SELECT ON rgproxy_bench.* TO 'bench_aggr'@'%'",
+	}
+	for _, q := range stmts {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM rgproxy_bench.heavy").Scan(&n); err != nil {
+		return err
+	}
+	if n == rows {
+		return nil
+	}
+	logf("filling rgproxy_bench.heavy with %d rows", rows)
+	if _, err := db.ExecContext(ctx, "TRUNCATE rgproxy_bench.heavy"); err != nil {
+		return err
+	}
+	// Sysbench's shape: c is eleven groups of digits.
+	fill := "INSERT INTO rgproxy_bench.heavy SELECT seq, FLOOR(RAND(seq) * 1000000), " +
+		"CONCAT_WS('-', LPAD(FLOOR(RAND(seq*7)*1e10), 10, '0'), LPAD(FLOOR(RAND(seq*11)*1e10), 10, '0'), " +
+		"LPAD(FLOOR(RAND(seq*13)*1e10), 10, '0'), LPAD(FLOOR(RAND(seq*17)*1e10), 10, '0'), " +
+		"LPAD(FLOOR(RAND(seq*19)*1e10), 10, '0'), LPAD(FLOOR(RAND(seq*23)*1e10), 10, '0'), " +
+		"LPAD(FLOOR(RAND(seq*29)*1e10), 10, '0'), LPAD(FLOOR(RAND(seq*31)*1e10), 10, '0'), " +
+		"LPAD(FLOOR(RAND(seq*37)*1e10), 10, '0'), LPAD(FLOOR(RAND(seq*41)*1e10), 10, '0'), " +
+		"LPAD(FLOOR(RAND(seq*43)*1e10), 10, '0')) FROM rgproxy_bench.seq_1_to_" + strconv.Itoa(rows)
+	if _, err := db.ExecContext(ctx, fill); err != nil {
+		return fmt.Errorf("filling the heavy table (needs MariaDB's SEQUENCE engine): %w", err)
+	}
+	return nil
+}
+
+func openDB(addr, user, pass string) (*sql.DB, error) {
+	c := mysql.NewConfig()
+	c.User, c.Passwd, c.Net, c.Addr = user, pass, "tcp", addr
+	c.InterpolateParams = true
+	db, err := sql.Open("mysql", c.FormatDSN())
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("connect %s as %s: %w", addr, user, err)
+	}
+	return db, nil
+}
+
+// latencies collects a load's statement latencies.
+type latencies struct {
+	mu         sync.Mutex
+	d          []time.Duration
+	errors     atomic.Int64
+	statements atomic.Int64
+	elapsed    time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d)
+	l.mu.Unlock()
+}
+
+// p99 is the 99th percentile in milliseconds.
+func (l *latencies) p99() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.d) == 0 {
+		return 0
+	}
+	s := slices.Clone(l.d)
+	slices.Sort(s)
+	return float64(s[len(s)*99/100]) / float64(time.Millisecond)
+}
+
+// victim runs the paced point selects against addr for d.
+func victim(ctx context.Context, cfg config, addr string, d time.Duration) *latencies {
+	res := &latencies{}
+	db, err := openDB(addr, "root", "")
+	if err != nil {
+		res.errors.Add(1)
+		return res
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(cfg.VictimThreads)
+	every := time.Duration(float64(time.Second) * float64(cfg.VictimThreads) / float64(cfg.VictimRate))
+	start := time.Now()
+	var wg sync.WaitGroup
+	for th := 0; th < cfg.VictimThreads; th++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				res.errors.Add(1)
+				return
+			}
+			defer conn.Close()
+			next := time.Now().Add(time.Duration(th) * every / time.Duration(cfg.VictimThreads))
+			for i := 0; ; i++ {
+				if time.Until(next) > 0 {
+					time.Sleep(time.Until(next))
+				}
+				if time.Since(start) >= d {
+					return
+				}
+				t0 := time.Now()
+				var k int
+				if err := conn.QueryRowContext(ctx, victimQuery, 1+(i*7919+th*104729)%cfg.Rows).Scan(&k); err != nil {
+					res.errors.Add(1)
+				} else {
+					res.add(time.Since(t0))
+				}
+				next = next.Add(every)
+			}
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	return res
+}
+
+// besideAggressor runs the victim against victimAddr while the aggressor
+// sessions (as bench_aggr) repeat q against aggrAddr; both for d.
+func besideAggressor(ctx context.Context, cfg config, victimAddr, aggrAddr, q string, d time.Duration) (*latencies, *latencies) {
+	aggr := &latencies{}
+	db, err := openDB(aggrAddr, "bench_aggr", "benchpw")
+	if err != nil {
+		aggr.errors.Add(1)
+		return victim(ctx, cfg, victimAddr, d), aggr
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(cfg.Aggressors)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range cfg.Aggressors {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				aggr.errors.Add(1)
+				return
+			}
+			defer conn.Close()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := conn.ExecContext(ctx, q); err != nil {
+					aggr.errors.Add(1)
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				aggr.statements.Add(1)
+			}
+		}()
+	}
+	v := victim(ctx, cfg, victimAddr, d)
+	close(stop)
+	wg.Wait()
+	aggr.elapsed = time.Since(start)
+	return v, aggr
+}
+
+// loadDirect starts n sessions repeating q on addr as root until stop.
+func loadDirect(addr, q string, n int, stop chan struct{}, wg *sync.WaitGroup) {
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			db, err := openDB(addr, "root", "")
+			if err != nil {
+				return
+			}
+			defer db.Close()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = db.Exec(q)
+			}
+		}()
+	}
+}
+
+// oneStatementRU runs q once through rgproxy and returns its RU (SHOW
+// LAST STATEMENT RU on the same session).
+func oneStatementRU(ctx context.Context, addr, user, q string) (float64, error) {
+	db, err := openDB(addr, user, "")
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, q); err != nil {
+		return 0, fmt.Errorf("%s: %w", q, err)
+	}
+	var group, errCode string
+	var rru, wru, rb, wb, ms, wait float64
+	if err := conn.QueryRowContext(ctx, "SHOW LAST STATEMENT RU").Scan(&group, &rru, &wru, &rb, &wb, &ms, &wait, &errCode); err != nil {
+		return 0, err
+	}
+	return rru + wru, nil
+}
+
+// system is the rgserver and rgproxy this run started.
+type system struct {
+	proxy, proxyStatus string
+	procs              []*exec.Cmd
+	dir                string
+}
+
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func startSystem(ctx context.Context, cfg config) (*system, error) {
+	dir, err := os.MkdirTemp("", "bench-isolation")
+	if err != nil {
+		return nil, err
+	}
+	s := &system{dir: dir}
+	addrs := make([]string, 4)
+	for i := range addrs {
+		if addrs[i], err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	start := func(name string, args ...string) error {
+		cmd := exec.CommandContext(ctx, filepath.Join(cfg.BinDir, name), args...)
+		logf, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			return err
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+		s.procs = append(s.procs, cmd)
+		return nil
+	}
+	if err := start("rgserver", "--addr", addrs[0], "--status-addr", addrs[1], "--data-dir", filepath.Join(dir, "rgs"),
+		"--log-level", "warn"); err != nil {
+		return nil, err
+	}
+	if err := waitListening(addrs[0]); err != nil {
+		s.stop()
+		return nil, err
+	}
+	s.proxy, s.proxyStatus = addrs[2], addrs[3]
+	if err := start("rgproxy", "--listen", s.proxy, "--status-addr", s.proxyStatus, "--backend", cfg.Backend,
+		"--token-server", addrs[0], "--cache-dir", filepath.Join(dir, "cache"), "--cpu-source", cfg.CPUSource,
+		"--log-level", "warn"); err != nil {
+		s.stop()
+		return nil, err
+	}
+	if err := waitListening(s.proxy); err != nil {
+		s.stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func waitListening(addr string) error {
+	for range 150 {
+		if c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("nothing listens on %s", addr)
+}
+
+func (s *system) stop() {
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		_ = s.procs[i].Process.Signal(os.Interrupt)
+		_ = s.procs[i].Wait()
+	}
+	os.RemoveAll(s.dir)
+}
+
+// cpuSource reads /readyz's cpu_source.
+func (s *system) cpuSource() (string, error) {
+	resp, err := http.Get("http://" + s.proxyStatus + "/readyz")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var h struct {
+		CPUSource string `json:"cpu_source"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&h)
+	return h.CPUSource, err
+}
+
+// groupRU is what the proxy charged group so far (rgproxy_ru_consumed_total).
+func (s *system) groupRU(group string) (float64, error) {
+	resp, err := http.Get("http://" + s.proxyStatus + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "rgproxy_ru_consumed_total{") || !strings.Contains(line, `resource_group="`+group+`"`) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, sc.Err()
+}
+
+func printReport(w io.Writer, cfg config, rep *Report) {
+	fmt.Fprintf(w, "\nnoisy neighbour: victim %d stmt/s on %d threads (default group); aggressor %d sessions in a group of %d RU/s; cpu source %s\n",
+		cfg.VictimRate, cfg.VictimThreads, cfg.Aggressors, cfg.RUPerSec, rep.CPUSource)
+	fmt.Fprintf(w, "SELECT SLEEP(1) charged %.3f RU of CPU\n\n", rep.SleepCPU)
+	fmt.Fprintf(w, "%-6s %28s %28s %32s %26s\n", "", "victim p99 direct (ms)", "victim p99 rgproxy (ms)", "aggressor RU vs R×T+cap", "one statement's RU")
+	fmt.Fprintf(w, "%-6s %9s %9s %8s %9s %9s %8s %10s %10s %10s %8s %8s %8s\n", "kind",
+		"alone", "beside", "ratio", "alone", "beside", "ratio", "RU", "limit", "over", "alone", "beside", "ratio")
+	for _, r := range rep.Results {
+		fmt.Fprintf(w, "%-6s %9.2f %9.2f %7.1fx %9.2f %9.2f %7.2fx %10.0f %10.0f %+9.1f%% %8.1f %8.1f %7.2fx\n", r.Kind,
+			r.DirectAloneP99, r.DirectBesideP99, r.DirectRatio, r.ProxyAloneP99, r.ProxyBesideP99, r.ProxyRatio,
+			r.AggressorRU, r.AggressorLimit, 100*r.AggressorOver, r.OneAloneRU, r.OneBesideRU, r.OneRatio)
+		fmt.Fprintf(w, "       aggressor through rgproxy: %d statements, %d errors; victim errors %d\n",
+			r.AggressorStatements, r.AggressorErrors, r.VictimErrors)
+	}
+}
