@@ -118,6 +118,27 @@ func TestBackendClosesIdleSession(t *testing.T) {
 	}
 }
 
+// MariaDB resets the connection on wait_timeout: the client's is reset
+// too, so that its next write fails as it would directly.
+func TestBackendResetMirrored(t *testing.T) {
+	setupSchema(t)
+	cp := newCutProxy(t)
+	_, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String()})
+	victim := dialRaw(t, addr, "root", "")
+	cp.mu.Lock()
+	for i, c := range cp.conns {
+		if i%2 == 0 {
+			_ = c.(*net.TCPConn).SetLinger(0)
+		}
+	}
+	cp.mu.Unlock()
+	cp.cut()
+	_ = victim.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := victim.br.ReadByte(); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read %v, want a reset", err)
+	}
+}
+
 // MySQL 8 sends ERR 4031 before it closes a session on wait_timeout:
 // the client gets that packet as it came, then the close.
 func TestBackendErrRelayedOnIdleClose(t *testing.T) {

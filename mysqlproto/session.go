@@ -94,6 +94,10 @@ type session struct {
 	wdSeen uint64
 	wdone  chan struct{}
 
+	// resetClient closes the client connection with a reset (the backend
+	// reset its own).
+	resetClient bool
+
 	// bstate is shared with the backend watch (bwatch_linux.go): bwIdle
 	// while the session waits for its client only, bwGone once the
 	// backend closed.
@@ -137,6 +141,12 @@ func (ss *session) backendGone() error {
 	_ = ss.backend.SetReadDeadline(time.Now().Add(time.Second))
 	p, seq, err := readMessage(ss.brd, ss.buf, authLimit)
 	ss.buf = p
+	if errors.Is(err, syscall.ECONNRESET) {
+		// MariaDB resets on wait_timeout: so does rgproxy, so that the
+		// client's next write fails as it would directly (the mariadb CLI
+		// then says 2006 "Server has gone away").
+		ss.resetClient = true
+	}
 	if err != nil || len(p) == 0 || p[0] != mysql.ERR_HEADER {
 		return errBackendClosed
 	}
@@ -232,6 +242,9 @@ func (ss *session) close() {
 			_ = ss.bwr.Flush()
 		}
 		_ = ss.backend.Close()
+	}
+	if tc, ok := ss.rawClient.Conn.(*net.TCPConn); ok && ss.resetClient {
+		_ = tc.SetLinger(0)
 	}
 	_ = ss.client.Close()
 	if ss.pol != nil {
