@@ -9,6 +9,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // discardConn is a client connection that swallows what it is written.
@@ -36,7 +38,7 @@ func smallResultSetRows(rows int) []byte {
 	for range rows {
 		add(rowPkt("12345", "a product name", "19.99"))
 	}
-	add(eofPkt(statusAutocommit))
+	add(eofPkt(mysql.SERVER_STATUS_AUTOCOMMIT))
 	return wire
 }
 
@@ -67,7 +69,7 @@ func TestRelayAllocations(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("%v allocations per relayed result set", allocs)
 	}
-	if out.ResponseBytes != int64(len(wire)-4*26) || ss.status != statusAutocommit {
+	if out.ResponseBytes != int64(len(wire)-4*26) || ss.status != mysql.SERVER_STATUS_AUTOCOMMIT {
 		t.Errorf("outcome %+v status %#x", out, ss.status)
 	}
 }
@@ -172,13 +174,13 @@ func BenchmarkSessionLoop(b *testing.B) {
 			if _, _, err := readMessage(br, nil, 1<<20); err != nil { // greeting
 				b.Fatal(err)
 			}
-			caps := capProtocol41 | capSecureConnection | capPluginAuth
+			caps := mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_PLUGIN_AUTH
 			login := wirePacket(handshakeResp(caps, "bench", nil, "", "mysql_native_password", false))
 			login[3] = 1
 			if _, err := c.Write(login); err != nil {
 				b.Fatal(err)
 			}
-			if p, _, err := readMessage(br, nil, 1<<20); err != nil || p[0] != hdrOK {
+			if p, _, err := readMessage(br, nil, 1<<20); err != nil || p[0] != mysql.OK_HEADER {
 				b.Fatalf("login: %q, %v", p, err)
 			}
 			cmd := wirePacket(query("SELECT c FROM sbtest1 WHERE id=4242"))
@@ -215,11 +217,11 @@ func fakeBackend(b *testing.B, resp []byte) string {
 		}
 		defer c.Close()
 		br, bw := bufio.NewReader(c), bufio.NewWriter(c)
-		caps := capProtocol41 | capSecureConnection | capPluginAuth
+		caps := mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_PLUGIN_AUTH
 		_, _ = writeMessage(bw, 0, mariaGreeting(caps, 0, "mysql_native_password"))
 		_ = bw.Flush()
 		if _, seq, err := readMessage(br, nil, 1<<20); err == nil {
-			_, _ = writeMessage(bw, seq+1, okPkt(0, statusAutocommit))
+			_, _ = writeMessage(bw, seq+1, okPkt(0, mysql.SERVER_STATUS_AUTOCOMMIT))
 			_ = bw.Flush()
 		}
 		var buf []byte
@@ -227,7 +229,7 @@ func fakeBackend(b *testing.B, resp []byte) string {
 			if buf, _, err = readMessage(br, buf, 1<<24); err != nil {
 				return
 			}
-			if buf[0] == comQuit {
+			if buf[0] == mysql.COM_QUIT {
 				return
 			}
 			if _, err := c.Write(resp); err != nil {

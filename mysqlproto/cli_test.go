@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/go-sql-driver/mysql"
+	sqldriver "github.com/go-sql-driver/mysql"
 )
 
 // mariadbCLI runs the mariadb command-line client against addr.
@@ -59,7 +59,7 @@ status
 // backend reaches through an auth switch from mysql_native_password.
 func TestEd25519AuthSwitch(t *testing.T) {
 	setupSchema(t)
-	c := mysql.NewConfig()
+	c := sqldriver.NewConfig()
 	c.User, c.Net, c.Addr = "root", "tcp", backendAddr
 	root, err := sql.Open("mysql", c.FormatDSN())
 	if err != nil {
@@ -67,7 +67,7 @@ func TestEd25519AuthSwitch(t *testing.T) {
 	}
 	defer root.Close()
 	if _, err := root.Exec("INSTALL SONAME 'auth_ed25519'"); err != nil {
-		var me *mysql.MySQLError
+		var me *sqldriver.MySQLError
 		if !errors.As(err, &me) || me.Number != 1968 && me.Number != 1125 { // already installed
 			t.Skipf("no ed25519 plugin: %v", err)
 		}
@@ -90,7 +90,7 @@ func TestEd25519AuthSwitch(t *testing.T) {
 	c.Passwd = "nope"
 	bad, _ := sql.Open("mysql", c.FormatDSN())
 	defer bad.Close()
-	var me *mysql.MySQLError
+	var me *sqldriver.MySQLError
 	if err := bad.Ping(); !errors.As(err, &me) || me.Number != 1045 {
 		t.Fatalf("wrong ed25519 password: %v", err)
 	}

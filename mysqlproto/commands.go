@@ -9,13 +9,22 @@ import (
 	"net"
 	"time"
 
+	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/pingcap/failpoint"
 )
 
 // command reads one client command and handles it to the end of its
 // response. A nil error means the session goes on.
 func (ss *session) command() error {
+	if ss.enterIdle() {
+		return ss.backendGone()
+	}
 	n, seq, err := readHeader(ss.crd)
+	if ss.leaveIdle() {
+		// The client's command, if one came, is dropped with the
+		// connection: the backend that would run it is gone.
+		return ss.backendGone()
+	}
 	if err != nil {
 		if errors.Is(err, net.ErrClosed) && ss.isClosing() {
 			return io.EOF
@@ -45,37 +54,37 @@ func (ss *session) command() error {
 		return err
 	}
 	p := ss.buf
-	ss.st = Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&statusInTrans != 0,
-		NoBackslashEscapes: ss.status&statusNoBackslash != 0}
+	ss.st = Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&mysql.SERVER_STATUS_IN_TRANS != 0,
+		NoBackslashEscapes: ss.status&mysql.SERVER_STATUS_NO_BACKSLASH_ESCAPED != 0}
 	st := &ss.st
 	switch p[0] {
-	case comQuit:
+	case mysql.COM_QUIT:
 		return errQuit
-	case comQuery:
+	case mysql.COM_QUERY:
 		st.Query = string(p[1:])
 		st.Class, st.Multi = ss.scan(p[1:], st)
 		return ss.statement(st, n, respGeneric, false, nil)
-	case comStmtPrepare:
+	case mysql.COM_STMT_PREPARE:
 		st.Query = string(p[1:])
 		ss.prepClass, _ = ss.scan(p[1:], st)
 		st.Class = ClassOther
 		return ss.statement(st, n, respPrepare, false, nil)
-	case comStmtExecute, comStmtFetch, comStmtReset, comStmtSendLongData, comStmtClose:
+	case mysql.COM_STMT_EXECUTE, mysql.COM_STMT_FETCH, mysql.COM_STMT_RESET, mysql.COM_STMT_SEND_LONG_DATA, mysql.COM_STMT_CLOSE:
 		return ss.stmtCommand(st, n)
-	case comInitDB, comProcessKill, comResetConnection, comRefresh:
+	case mysql.COM_INIT_DB, mysql.COM_PROCESS_KILL, mysql.COM_RESET_CONNECTION, mysql.COM_REFRESH:
 		st.Class = ClassOther
 		return ss.statement(st, n, respGeneric, false, nil)
-	case comStatistics, comSetOption, comDebug:
+	case mysql.COM_STATISTICS, mysql.COM_SET_OPTION, mysql.COM_DEBUG:
 		// One packet: a string (STATISTICS) or an EOF, or an ERR.
 		st.Class = ClassOther
 		return ss.statement(st, n, respSingle, false, nil)
-	case comFieldList:
+	case mysql.COM_FIELD_LIST:
 		st.Class = ClassRead
 		return ss.statement(st, n, respFieldList, false, nil)
-	case comPing:
+	case mysql.COM_PING:
 		st.Class = ClassFree
 		return ss.statement(st, n, respGeneric, false, nil)
-	case comChangeUser:
+	case mysql.COM_CHANGE_USER:
 		return ss.changeUser(n)
 	}
 	// COM_BINLOG_DUMP, COM_STMT_BULK_EXECUTE, COM_REGISTER_SLAVE, COM_DAEMON,
@@ -83,14 +92,14 @@ func (ss *session) command() error {
 	if _, err := ss.drainContinuations(n); err != nil {
 		return err
 	}
-	return ss.sendError(ss.seq+1, &Error{Code: errCodeUnknownCom, State: "08S01", Message: "Unknown command"})
+	return ss.sendError(ss.seq+1, &Error{Code: mysql.ER_UNKNOWN_COM_ERROR, State: "08S01", Message: "Unknown command"})
 }
 
 // scan makes the single pass over a statement's text q (st.Query's bytes)
 // into st.Scan, and returns its class and whether it holds several
 // statements. The digest, for a policy only, goes to the session's buffer.
 func (ss *session) scan(q []byte, st *Statement) (Class, bool) {
-	nbe := ss.status&statusNoBackslash != 0
+	nbe := ss.status&mysql.SERVER_STATUS_NO_BACKSLASH_ESCAPED != 0
 	if ss.srv.passThrough {
 		c, m, _ := scanText(q, st.Query, nbe, ss.srv.words, &st.Scan, nil, false)
 		return c, m
@@ -113,7 +122,7 @@ func (ss *session) stmtCommand(st *Statement, n int) error {
 		st.Scan = ps.scan
 	}
 	switch p[0] {
-	case comStmtSendLongData, comStmtClose:
+	case mysql.COM_STMT_SEND_LONG_DATA, mysql.COM_STMT_CLOSE:
 		// No response: forward, and charge long data to the next EXECUTE.
 		total, err := ss.forward(n)
 		if err != nil {
@@ -122,19 +131,19 @@ func (ss *session) stmtCommand(st *Statement, n int) error {
 		if err := ss.bwr.Flush(); err != nil {
 			return ss.backendFailed(1, err)
 		}
-		if p[0] == comStmtClose {
+		if p[0] == mysql.COM_STMT_CLOSE {
 			delete(ss.stmts, id)
 		} else if ps != nil {
 			ps.longData += total
 		}
 		return nil
-	case comStmtReset:
+	case mysql.COM_STMT_RESET:
 		st.Class = ClassFree
 		if ps != nil {
 			ps.longData = 0
 		}
 		return ss.statement(st, n, respGeneric, false, nil)
-	case comStmtFetch:
+	case mysql.COM_STMT_FETCH:
 		st.Class = ClassRead
 		return ss.statement(st, n, respFetch, true, nil)
 	}
@@ -176,7 +185,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	ss.seq = 0
 	var req int64
 	var err error
-	if v.Rewrite != "" && st.Command == comQuery {
+	if v.Rewrite != "" && st.Command == mysql.COM_QUERY {
 		req, err = ss.forwardRewritten(n, v.Rewrite)
 	} else {
 		req, err = ss.forward(n)
@@ -192,7 +201,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 		}
 	}
 	if err != nil {
-		out.ErrCode = errCodeServerLost
+		out.ErrCode = errCodeBackendLost
 		ss.pol.After(st, out)
 		return err
 	}
@@ -200,17 +209,17 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	blocked := ss.rawClient.blocked
 	err = ss.relayResponse(kind, binary, out)
 	out.BackendTime = max(0, ss.srv.now().Sub(start)-(ss.rawClient.blocked-blocked)-out.BackendTime)
-	out.InTransaction = ss.status&statusInTrans != 0
+	out.InTransaction = ss.status&mysql.SERVER_STATUS_IN_TRANS != 0
 	if err == nil {
 		switch {
-		case st.Command == comStmtPrepare && ss.m.Prepared:
+		case st.Command == mysql.COM_STMT_PREPARE && ss.m.Prepared:
 			ps := &prepared{query: st.Query, class: ss.prepClass, scan: st.Scan}
 			if st.Scan.Digest != nil {
 				ps.digest = bytes.Clone(st.Scan.Digest)
 				ps.scan.Digest = ps.digest
 			}
 			ss.stmts[ss.m.StmtID] = ps
-		case st.Command == comResetConnection && out.ErrCode == 0:
+		case st.Command == mysql.COM_RESET_CONNECTION && out.ErrCode == 0:
 			clear(ss.stmts)
 			ss.pol.Event(EventResetConnection, ss.info)
 		}
@@ -231,7 +240,7 @@ func (ss *session) forward(n int) (int64, error) {
 	}
 	total := int64(n)
 	seq := byte(0)
-	for n == maxChunk {
+	for n == mysql.MaxPayloadLen {
 		var err error
 		var s byte
 		if n, s, err = readHeader(ss.crd); err != nil {
@@ -269,7 +278,7 @@ func (ss *session) forwardRewritten(n int, text string) (int64, error) {
 	}
 	ss.seq = 0
 	p := make([]byte, 1+len(text))
-	p[0] = comQuery
+	p[0] = mysql.COM_QUERY
 	copy(p[1:], text)
 	if _, err := writeMessage(ss.bwr, 0, p); err != nil {
 		return total, ss.backendFailed(1, err)
@@ -282,7 +291,7 @@ func (ss *session) forwardRewritten(n int, text string) (int64, error) {
 func (ss *session) drainContinuations(n int) (int64, error) {
 	var total = int64(n)
 	seq := byte(0)
-	for n == maxChunk {
+	for n == mysql.MaxPayloadLen {
 		var s byte
 		var err error
 		if n, s, err = readHeader(ss.crd); err != nil {
@@ -309,7 +318,7 @@ func (ss *session) drainContinuations(n int) (int64, error) {
 // the time spent waiting for the client's LOCAL INFILE data.
 func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error {
 	m := &ss.m
-	m.reset(kind, ss.caps&capDeprecateEOF != 0, binary)
+	m.reset(kind, ss.caps&mysql.CLIENT_DEPRECATE_EOF != 0, binary)
 	nextProgress := int64(progressEvery)
 	for {
 		n, seq, err := readHeader(ss.brd)
@@ -320,12 +329,12 @@ func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error
 			}
 		})
 		if err != nil {
-			out.ErrCode = errCodeServerLost
+			out.ErrCode = errCodeBackendLost
 			return ss.backendFailed(ss.seq+1, err)
 		}
 		p, err := ss.brd.Peek(min(n, inspectLen))
 		if err != nil {
-			out.ErrCode = errCodeServerLost
+			out.ErrCode = errCodeBackendLost
 			return ss.backendFailed(ss.seq+1, err)
 		}
 		ev, merr := m.feed(p, n)
@@ -336,7 +345,7 @@ func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error
 		if rewritten != nil {
 			// The policy answers for the backend's ERR (same sequence id).
 			if err := discardN(ss.brd, n); err != nil {
-				out.ErrCode = errCodeServerLost
+				out.ErrCode = errCodeBackendLost
 				return ss.backendFailed(ss.seq+1, err)
 			}
 			out.ResponseBytes += int64(n)
@@ -351,7 +360,7 @@ func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error
 			nextProgress = out.ResponseBytes + progressEvery
 		}
 		if merr != nil {
-			out.ErrCode = errCodeServerLost
+			out.ErrCode = errCodeBackendLost
 			return ss.backendFailed(ss.seq+1, merr)
 		}
 		switch ev {
@@ -390,17 +399,17 @@ func (ss *session) relayPacket(n int, seq byte, out *Outcome) error {
 			if errors.As(err, &werr) {
 				return err
 			}
-			out.ErrCode = errCodeServerLost
+			out.ErrCode = errCodeBackendLost
 			return ss.backendFailed(seq+1, err)
 		}
 		ss.seq = seq
 		out.ResponseBytes += int64(n)
-		if n < maxChunk {
+		if n < mysql.MaxPayloadLen {
 			return nil
 		}
 		var err error
 		if n, seq, err = readHeader(ss.brd); err != nil {
-			out.ErrCode = errCodeServerLost
+			out.ErrCode = errCodeBackendLost
 			return ss.backendFailed(ss.seq+1, err)
 		}
 	}
@@ -449,7 +458,7 @@ func (ss *session) changeUser(n int) error {
 	if err != nil {
 		return err
 	}
-	if n == maxChunk {
+	if n == mysql.MaxPayloadLen {
 		return fmt.Errorf("%w: COM_CHANGE_USER too large", ErrMalformedPacket)
 	}
 	if clearTextPlugin(cu.Plugin) && !ss.bothTLS() {
@@ -495,7 +504,7 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 	stop := context.AfterFunc(ctx, func() { _ = ss.backend.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	q := make([]byte, 1+len(sql))
-	q[0] = comQuery
+	q[0] = mysql.COM_QUERY
 	copy(q[1:], sql)
 	if _, err := writeMessage(ss.bwr, 0, q); err != nil {
 		return nil, nil, b.broken(err)
@@ -517,21 +526,21 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 		}
 		var m respMachine
 		switch {
-		case p[0] == hdrERR:
+		case p[0] == mysql.ERR_HEADER:
 			if qerr == nil {
 				qerr = parseErrPacket(p)
 			}
 			return cols, rows, qerr
-		case p[0] == hdrOK:
+		case p[0] == mysql.OK_HEADER:
 			if err := m.parseOK(p); err != nil {
 				return nil, nil, b.broken(err)
 			}
 			ss.status = m.Status
-			if m.Status&statusMoreResults == 0 {
+			if m.Status&mysql.SERVER_MORE_RESULTS_EXISTS == 0 {
 				return cols, rows, qerr
 			}
 			continue
-		case p[0] == hdrInfile:
+		case p[0] == mysql.LocalInFile_HEADER:
 			return nil, nil, b.broken(fmt.Errorf("%w: LOCAL INFILE in a policy query", ErrMalformedPacket))
 		}
 		cnt, _, ok := lenenc(p)
@@ -546,7 +555,7 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 			}
 			names = append(names, columnName(d))
 		}
-		if ss.caps&capDeprecateEOF == 0 {
+		if ss.caps&mysql.CLIENT_DEPRECATE_EOF == 0 {
 			if _, _, err := readMessage(ss.brd, nil, 1<<20); err != nil {
 				return nil, nil, b.broken(err)
 			}
@@ -557,11 +566,11 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 			if err != nil {
 				return nil, nil, b.broken(err)
 			}
-			if len(r) > 0 && r[0] == hdrERR {
+			if len(r) > 0 && r[0] == mysql.ERR_HEADER {
 				return cols, rows, parseErrPacket(r)
 			}
 			if isEOFPacket(r, len(r)) {
-				if ss.caps&capDeprecateEOF != 0 {
+				if ss.caps&mysql.CLIENT_DEPRECATE_EOF != 0 {
 					_ = m.parseOK(r)
 				} else {
 					m.parseEOF(r)
@@ -578,7 +587,7 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 		if first {
 			cols, rows, first = names, set, false
 		}
-		if m.Status&statusMoreResults == 0 {
+		if m.Status&mysql.SERVER_MORE_RESULTS_EXISTS == 0 {
 			return cols, rows, qerr
 		}
 	}

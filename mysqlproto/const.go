@@ -1,37 +1,10 @@
-// The protocol constants below are declared here rather than imported from
-// go-mysql's mysql package: that package pulls in github.com/pingcap/errors,
-// which this module does not otherwise need (nor is it in the module cache).
-
 package mysqlproto
 
-// Capability flags (protocol 4.1).
-const (
-	capLongPassword         uint32 = 1 << 0 // CLIENT_MYSQL in MariaDB
-	capFoundRows            uint32 = 1 << 1
-	capLongFlag             uint32 = 1 << 2
-	capConnectWithDB        uint32 = 1 << 3
-	capNoSchema             uint32 = 1 << 4
-	capCompress             uint32 = 1 << 5
-	capODBC                 uint32 = 1 << 6
-	capLocalFiles           uint32 = 1 << 7
-	capIgnoreSpace          uint32 = 1 << 8
-	capProtocol41           uint32 = 1 << 9
-	capInteractive          uint32 = 1 << 10
-	capSSL                  uint32 = 1 << 11
-	capIgnoreSigpipe        uint32 = 1 << 12
-	capTransactions         uint32 = 1 << 13
-	capReserved             uint32 = 1 << 14
-	capSecureConnection     uint32 = 1 << 15
-	capMultiStatements      uint32 = 1 << 16
-	capMultiResults         uint32 = 1 << 17
-	capPSMultiResults       uint32 = 1 << 18
-	capPluginAuth           uint32 = 1 << 19
-	capConnectAttrs         uint32 = 1 << 20
-	capPluginAuthLenenc     uint32 = 1 << 21
-	capCanHandleExpiredPwds uint32 = 1 << 22
-	capSessionTrack         uint32 = 1 << 23
-	capDeprecateEOF         uint32 = 1 << 24
-)
+import "github.com/go-mysql-org/go-mysql/mysql"
+
+// Protocol constants come from go-mysql's mysql package (command codes,
+// capability and status flags, packet headers, server error codes). Only
+// what that package lacks is declared here.
 
 // supportedCaps is every capability rgproxy implements. Everything else
 // the backend offers is cleared from the greeting and from the client's
@@ -46,64 +19,27 @@ const (
 // which is how a COM_STMT_EXECUTE that opened a cursor is told apart from
 // one that streams rows. The state machine still understands the
 // DEPRECATE_EOF framing, so offering it later is a one-line change.
-const supportedCaps = capLongPassword | capFoundRows | capLongFlag | capConnectWithDB |
-	capNoSchema | capODBC | capLocalFiles | capIgnoreSpace | capProtocol41 |
-	capInteractive | capIgnoreSigpipe | capTransactions | capReserved |
-	capSecureConnection | capMultiStatements | capMultiResults | capPSMultiResults |
-	capPluginAuth | capConnectAttrs | capPluginAuthLenenc | capCanHandleExpiredPwds |
-	capSessionTrack
+const supportedCaps = mysql.CLIENT_LONG_PASSWORD | mysql.CLIENT_FOUND_ROWS | mysql.CLIENT_LONG_FLAG |
+	mysql.CLIENT_CONNECT_WITH_DB | mysql.CLIENT_NO_SCHEMA | mysql.CLIENT_ODBC | mysql.CLIENT_LOCAL_FILES |
+	mysql.CLIENT_IGNORE_SPACE | mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_INTERACTIVE |
+	mysql.CLIENT_IGNORE_SIGPIPE | mysql.CLIENT_TRANSACTIONS | mysql.CLIENT_RESERVED |
+	mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_MULTI_STATEMENTS | mysql.CLIENT_MULTI_RESULTS |
+	mysql.CLIENT_PS_MULTI_RESULTS | mysql.CLIENT_PLUGIN_AUTH | mysql.CLIENT_CONNECT_ATTRS |
+	mysql.CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA | mysql.CLIENT_CAN_HANDLE_EXPIRED_PASSWORDS |
+	mysql.CLIENT_SESSION_TRACK
 
-// Server status flags.
+// Error codes rgproxy sends that go-mysql's list (MySQL's, up to 1863)
+// does not have. Codes of the client range (2000-2999, such as 2003
+// CR_CONN_HOST_ERROR or 2013 CR_SERVER_LOST) are never sent: libmariadb
+// refuses them from a server and shows "2027 Received malformed packet".
 const (
-	statusInTrans      uint16 = 0x0001
-	statusAutocommit   uint16 = 0x0002
-	statusMoreResults  uint16 = 0x0008
-	statusCursorExists uint16 = 0x0040
-	statusNoBackslash  uint16 = 0x0200
+	// errCodeSecureTransport is MySQL 5.7's ER_SECURE_TRANSPORT_REQUIRED.
+	errCodeSecureTransport uint16 = 3159
+	// errCodeBackendLost is MariaDB's ER_CONNECTION_KILLED, which MariaDB
+	// MaxScale sends when it loses a backend in the middle of a session.
+	errCodeBackendLost uint16 = 1927
+	// errCodeBackendUnreachable is ProxySQL's code for "the backend
+	// cannot be reached" (9001 "Max connect timeout reached while reaching
+	// hostgroup"); MySQL defines no server code for it.
+	errCodeBackendUnreachable uint16 = 9001
 )
-
-// Command codes.
-const (
-	comQuit             byte = 0x01
-	comInitDB           byte = 0x02
-	comQuery            byte = 0x03
-	comFieldList        byte = 0x04
-	comRefresh          byte = 0x07
-	comStatistics       byte = 0x09
-	comProcessKill      byte = 0x0c
-	comDebug            byte = 0x0d
-	comPing             byte = 0x0e
-	comChangeUser       byte = 0x11
-	comStmtPrepare      byte = 0x16
-	comStmtExecute      byte = 0x17
-	comStmtSendLongData byte = 0x18
-	comStmtClose        byte = 0x19
-	comStmtReset        byte = 0x1a
-	comSetOption        byte = 0x1b
-	comStmtFetch        byte = 0x1c
-	comResetConnection  byte = 0x1f
-)
-
-// Response packet headers.
-const (
-	hdrOK     byte = 0x00
-	hdrMore   byte = 0x01 // auth more data
-	hdrInfile byte = 0xfb
-	hdrEOF    byte = 0xfe // also the auth switch request
-	hdrERR    byte = 0xff
-)
-
-// Error codes rgproxy produces itself.
-const (
-	errCodeConCount        uint16 = 1040 // ER_CON_COUNT_ERROR
-	errCodeUnknownCom      uint16 = 1047 // ER_UNKNOWN_COM_ERROR
-	errCodeNotSupported    uint16 = 1251 // ER_NOT_SUPPORTED_AUTH_MODE
-	errCodeConnHost        uint16 = 2003 // CR_CONN_HOST_ERROR
-	errCodeServerLost      uint16 = 2013 // CR_SERVER_LOST
-	errCodeInsecure        uint16 = 3159 // ER_SECURE_TRANSPORT_REQUIRED
-	errCodeNotSupportedYet uint16 = 1235 // ER_NOT_SUPPORTED_YET
-)
-
-// maxChunk is the largest payload of one packet; a payload of exactly this
-// size is continued by the next packet.
-const maxChunk = 1<<24 - 1

@@ -28,6 +28,18 @@
 // milliseconds, the session watches the client so that a disconnect
 // cancels Before's context.
 //
+// # Backend closes
+//
+// A backend that closes an idle session's connection (wait_timeout, KILL,
+// a restart) closes the client's too, at once, after its last ERR packet,
+// if any, is relayed as it came: one epoll set per Server watches every
+// backend socket for EPOLLRDHUP (bwatch_linux.go) and wakes the session,
+// which is blocked reading its client, with a read deadline in the past.
+// The same holds during login, which HandshakeTimeout bounds. A statement
+// in flight when the backend dies gets ERR 1927 (SQLSTATE 08S01); a client
+// whose backend cannot be reached gets ERR 9001 after a greeting of
+// rgproxy's own. No client-range code (2000-2999) is ever sent.
+//
 // # Counting
 //
 // Outcome.RequestBytes and ResponseBytes count packet payloads (no

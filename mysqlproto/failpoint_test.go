@@ -47,7 +47,7 @@ func TestFailpointBackendDialError(t *testing.T) {
 }
 
 // A backend that fails in the middle of a result gives the client the
-// rows relayed so far, then 2013, and ends the session; a new session
+// rows relayed so far, then 1927, and ends the session; a new session
 // works.
 func TestFailpointBackendReadError(t *testing.T) {
 	needFailpoints(t)
@@ -70,8 +70,8 @@ func TestFailpointBackendReadError(t *testing.T) {
 	}
 	err = rows.Err()
 	rows.Close()
-	if err == nil || !strings.Contains(err.Error(), "2013") || n == 0 || n >= 1000 {
-		t.Fatalf("under the fault: %d rows, then %v; want some rows, then 2013", n, err)
+	if err == nil || !strings.Contains(err.Error(), "1927") || n == 0 || n >= 1000 {
+		t.Fatalf("under the fault: %d rows, then %v; want some rows, then 1927", n, err)
 	}
 	failpoint.Disable(fpPkg + "backendReadError")
 	var a, b int

@@ -1,16 +1,19 @@
 package mysqlproto
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	"github.com/go-mysql-org/go-mysql/mysql"
+	sqldriver "github.com/go-sql-driver/mysql"
 )
 
 func TestBackendUnreachable(t *testing.T) {
@@ -23,8 +26,8 @@ func TestBackendUnreachable(t *testing.T) {
 	s, addr := startProxy(t, Config{BackendAddr: dead, DialTimeout: time.Second})
 	db := openDB(t, addr)
 	err = db.Ping()
-	var me *mysql.MySQLError
-	if !errors.As(err, &me) || me.Number != errCodeConnHost || !strings.Contains(me.Message, dead) ||
+	var me *sqldriver.MySQLError
+	if !errors.As(err, &me) || me.Number != errCodeBackendUnreachable || !strings.Contains(me.Message, dead) ||
 		!strings.Contains(me.Message, "refused") {
 		t.Fatalf("got %v", err)
 	}
@@ -72,35 +75,193 @@ func newCutProxy(t *testing.T) *cutProxy {
 	return cp
 }
 
-func (cp *cutProxy) cut() {
+func (cp *cutProxy) cut() { cp.cutWith(nil) }
+
+// cutWith writes p to rgproxy's side of every relayed connection (as the
+// backend's last words), then cuts them.
+func (cp *cutProxy) cutWith(p []byte) {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
-	for _, c := range cp.conns {
+	for i, c := range cp.conns {
+		if i%2 == 0 && p != nil {
+			_, _ = c.Write(p)
+		}
 		c.Close()
 	}
 	cp.conns = nil
 }
 
-func TestBackendLostMidSession(t *testing.T) {
+// A backend that closes an idle session (wait_timeout, KILL, a restart)
+// closes the client at once, with nothing sent; other sessions go on.
+func TestBackendClosesIdleSession(t *testing.T) {
 	setupSchema(t)
 	cp := newCutProxy(t)
 	s, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String()})
 	victim := dialRaw(t, addr, "root", "")
+	if _, m := victim.cmd(respGeneric, false, []byte{mysql.COM_PING}); m.ErrCode != 0 {
+		t.Fatal("ping failed")
+	}
 	_, good := startProxy(t, Config{})
 	other := dialRaw(t, good, "root", "")
-	before := s.Stats().BackendErrors
 	cp.cut()
-	victim.write(0, query("SELECT 1"))
+	start := time.Now()
+	victim.expectClosed()
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("client closed %v after its backend", d)
+	}
+	if st := s.Stats(); st.BackendErrors != 0 {
+		t.Errorf("an idle close counted as a backend error: %+v", st)
+	}
+	waitFor(t, func() bool { return s.Stats().Connections == 0 })
+	if _, m := other.cmd(respGeneric, false, []byte{mysql.COM_PING}); m.ErrCode != 0 {
+		t.Fatal("other session affected")
+	}
+}
+
+// MariaDB resets the connection on wait_timeout: the client's is reset
+// too, so that its next write fails as it would directly.
+func TestBackendResetMirrored(t *testing.T) {
+	setupSchema(t)
+	cp := newCutProxy(t)
+	_, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String()})
+	victim := dialRaw(t, addr, "root", "")
+	cp.mu.Lock()
+	for i, c := range cp.conns {
+		if i%2 == 0 {
+			_ = c.(*net.TCPConn).SetLinger(0)
+		}
+	}
+	cp.mu.Unlock()
+	cp.cut()
+	_ = victim.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := victim.br.ReadByte(); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("client read %v, want a reset", err)
+	}
+}
+
+// MySQL 8 sends ERR 4031 before it closes a session on wait_timeout:
+// the client gets that packet as it came, then the close.
+func TestBackendErrRelayedOnIdleClose(t *testing.T) {
+	setupSchema(t)
+	cp := newCutProxy(t)
+	_, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String()})
+	victim := dialRaw(t, addr, "root", "")
+	msg := "The client was disconnected by the server because of inactivity."
+	var wire []byte
+	wire = append(wire, byte(9+len(msg)), 0, 0, 0)
+	wire = appendErr(wire, &Error{Code: 4031, State: "HY000", Message: msg})
+	cp.cutWith(wire)
+	p, seq := victim.read()
+	if e := parseErrPacket(p); p[0] != mysql.ERR_HEADER || seq != 0 || e.Code != 4031 || e.Message != msg {
+		t.Fatalf("got %q (seq %d)", p, seq)
+	}
+	victim.expectClosed()
+}
+
+// A statement the policy holds when the backend closes is in flight: it
+// gets the lost-backend error once forwarded, and the session ends.
+func TestBackendClosedWhilePolicyHolds(t *testing.T) {
+	setupSchema(t)
+	cp := newCutProxy(t)
+	p := &blockPolicy{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	_, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String(), Policy: p})
+	victim := dialRaw(t, addr, "root", "")
+	victim.write(0, query("SELECT 'block'"))
+	<-p.entered
+	cp.cut()
+	time.Sleep(100 * time.Millisecond) // the watch has seen it
+	close(p.release)
+	pl, _ := victim.read()
+	if e := parseErrPacket(pl); pl[0] != mysql.ERR_HEADER || e.Code != errCodeBackendLost {
+		t.Fatalf("got %q", pl)
+	}
+	victim.expectClosed()
+}
+
+// A statement in flight when the backend dies gets 1927 (a server-range
+// code clients display) with SQLSTATE 08S01, and the session ends.
+func TestBackendLostMidStatement(t *testing.T) {
+	setupSchema(t)
+	cp := newCutProxy(t)
+	s, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String()})
+	victim := dialRaw(t, addr, "root", "")
+	before := s.Stats().BackendErrors
+	victim.write(0, query("SELECT SLEEP(5)"))
+	time.Sleep(200 * time.Millisecond)
+	cp.cut()
 	p, _ := victim.read()
-	if e := parseErrPacket(p); p[0] != hdrERR || e.Code != errCodeServerLost || !strings.Contains(e.Message, "Lost connection to backend") {
+	if e := parseErrPacket(p); p[0] != mysql.ERR_HEADER || e.Code != errCodeBackendLost || e.State != "08S01" ||
+		!strings.Contains(e.Message, "Lost connection to backend") {
 		t.Fatalf("got %q", p)
 	}
 	victim.expectClosed()
 	if s.Stats().BackendErrors <= before {
 		t.Error("lost backend not counted")
 	}
-	if _, m := other.cmd(respGeneric, false, []byte{comPing}); m.ErrCode != 0 {
-		t.Fatal("other session affected")
+}
+
+// A client that never answers the greeting is closed after
+// HandshakeTimeout, and its backend connection with it.
+func TestHandshakeTimeout(t *testing.T) {
+	s, addr := startProxy(t, Config{HandshakeTimeout: 300 * time.Millisecond})
+	c := dialSilent(t, addr)
+	start := time.Now()
+	expectEOF(t, c, 5*time.Second)
+	if d := time.Since(start); d < 200*time.Millisecond || d > 2*time.Second {
+		t.Errorf("closed after %v, want about 300ms", d)
+	}
+	waitFor(t, func() bool { return s.Stats().Connections == 0 })
+}
+
+// A backend that gives up on a client that never answers the greeting
+// (MariaDB's connect_timeout) closes that client at once.
+func TestBackendGivesUpDuringHandshake(t *testing.T) {
+	cp := newCutProxy(t)
+	s, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String(), HandshakeTimeout: time.Minute})
+	c := dialSilent(t, addr)
+	cp.cut()
+	start := time.Now()
+	expectEOF(t, c, 5*time.Second)
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("client closed %v after its backend", d)
+	}
+	waitFor(t, func() bool { return s.Stats().Connections == 0 })
+}
+
+// dialSilent connects and reads the greeting, and says nothing more.
+func dialSilent(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	g, _, err := readMessage(br, nil, 1<<20)
+	if err != nil || len(g) == 0 || g[0] != 10 {
+		t.Fatalf("greeting %q: %v", g, err)
+	}
+	return c
+}
+
+// expectEOF waits for the peer to close c.
+func expectEOF(t *testing.T, c net.Conn, within time.Duration) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(within))
+	if _, err := io.ReadAll(c); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("connection not closed: %v", err)
+	}
+}
+
+// waitFor polls cond for up to 5 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met after 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -117,11 +278,11 @@ func TestMaxConnections(t *testing.T) {
 	rc := &rawClient{t: t, c: c}
 	rc.br, rc.bw = newBufs(c)
 	p, seq := rc.read()
-	if e := parseErrPacket(p); p[0] != hdrERR || seq != 0 || e.Code != errCodeConCount || e.State != "08004" || e.Message != "Too many connections" {
+	if e := parseErrPacket(p); p[0] != mysql.ERR_HEADER || seq != 0 || e.Code != mysql.ER_CON_COUNT_ERROR || e.State != "08004" || e.Message != "Too many connections" {
 		t.Fatalf("got %q", p)
 	}
 	rc.expectClosed()
-	if _, m := first.cmd(respGeneric, false, []byte{comPing}); m.ErrCode != 0 {
+	if _, m := first.cmd(respGeneric, false, []byte{mysql.COM_PING}); m.ErrCode != 0 {
 		t.Fatal("first session affected")
 	}
 	if st := s.Stats(); st.Connections != 1 || st.Sessions != 2 || st.ClientBytes == 0 || st.BackendBytes == 0 {
@@ -236,12 +397,12 @@ func TestSlowBeforeKeepsPipelinedCommand(t *testing.T) {
 	rc := dialRaw(t, addr, "root", "")
 	rc.write(0, query("SELECT 'block'"))
 	<-pol.entered
-	rc.write(0, []byte{comPing}) // sent before the first answer
+	rc.write(0, []byte{mysql.COM_PING}) // sent before the first answer
 	close(pol.release)
 	if _, m := rc.response(respGeneric, false); m.ErrCode != 0 {
 		t.Fatalf("first statement: %d", m.ErrCode)
 	}
-	if raw, m := rc.response(respGeneric, false); m.ErrCode != 0 || raw[4] != hdrOK {
+	if raw, m := rc.response(respGeneric, false); m.ErrCode != 0 || raw[4] != mysql.OK_HEADER {
 		t.Fatalf("pipelined ping: %q", raw)
 	}
 }

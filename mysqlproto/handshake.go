@@ -1,6 +1,11 @@
 package mysqlproto
 
-import "fmt"
+import (
+	"crypto/rand"
+	"fmt"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+)
 
 // greeting is the parts of a backend's Initial Handshake (protocol 10) that
 // rgproxy reads or rewrites. Offsets point into the payload it was parsed from.
@@ -45,14 +50,14 @@ func parseGreeting(p []byte) (greeting, error) {
 	authLen := int(p[i+5])
 	g.reservedOff = i + 6
 	i += 16
-	if g.Caps&capSecureConnection != 0 {
+	if g.Caps&mysql.CLIENT_SECURE_CONNECTION != 0 {
 		n := max(13, authLen-8)
 		if len(p) < i+n {
 			return g, fmt.Errorf("%w: greeting scramble", ErrMalformedPacket)
 		}
 		i += n
 	}
-	if g.Caps&capPluginAuth != 0 && i < len(p) {
+	if g.Caps&mysql.CLIENT_PLUGIN_AUTH != 0 && i < len(p) {
 		name, _, ok := nulString(p[i:])
 		if !ok {
 			name = p[i:] // some servers omit the final NUL
@@ -60,6 +65,37 @@ func parseGreeting(p []byte) (greeting, error) {
 		g.Plugin = string(name)
 	}
 	return g, nil
+}
+
+// ownServerVersion is the server version of rgproxy's own greeting, sent
+// only when the backend cannot be reached. The "5.5.5-" prefix is MariaDB's,
+// which clients know to skip.
+const ownServerVersion = "5.5.5-rgproxy"
+
+// appendGreeting appends an Initial Handshake (protocol 10) of rgproxy's
+// own, with a random scramble for mysql_native_password. It lets a client
+// whose backend cannot be reached get its error after the handshake (and
+// TLS), like any other error.
+func appendGreeting(b []byte, connID, caps uint32) []byte {
+	var salt [20]byte
+	_, _ = rand.Read(salt[:])
+	for i, c := range salt { // printable, never NUL, as servers make them
+		salt[i] = 0x21 + c%94
+	}
+	b = append(b, 10)
+	b = append(b, ownServerVersion...)
+	b = append(b, 0, byte(connID), byte(connID>>8), byte(connID>>16), byte(connID>>24))
+	b = append(b, salt[:8]...)
+	b = append(b, 0, byte(caps), byte(caps>>8),
+		45, // utf8mb4_general_ci
+		byte(mysql.SERVER_STATUS_AUTOCOMMIT), 0,
+		byte(caps>>16), byte(caps>>24),
+		byte(len(salt)+1))
+	b = append(b, make([]byte, 10)...)
+	b = append(b, salt[8:]...)
+	b = append(b, 0)
+	b = append(b, mysql.AUTH_NATIVE_PASSWORD...)
+	return append(b, 0)
 }
 
 // rewriteGreeting sets the capability flags of a parsed greeting's payload
@@ -97,7 +133,7 @@ func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
 		return r, fmt.Errorf("%w: handshake response too short", ErrMalformedPacket)
 	}
 	r.Caps = uint32(p[0]) | uint32(p[1])<<8 | uint32(p[2])<<16 | uint32(p[3])<<24
-	if r.Caps&capProtocol41 == 0 {
+	if r.Caps&mysql.CLIENT_PROTOCOL_41 == 0 {
 		return r, fmt.Errorf("%w: client does not speak protocol 4.1", ErrMalformedPacket)
 	}
 	if len(p) < sslRequestLen {
@@ -114,9 +150,9 @@ func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
 	r.User = string(user)
 	b = b[k:]
 	switch {
-	case r.Caps&capPluginAuthLenenc != 0:
+	case r.Caps&mysql.CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA != 0:
 		r.Auth, k, ok = lenencString(b)
-	case r.Caps&capSecureConnection != 0:
+	case r.Caps&mysql.CLIENT_SECURE_CONNECTION != 0:
 		if ok = len(b) > 0 && len(b) > int(b[0]); ok {
 			r.Auth, k = b[1:1+int(b[0])], 1+int(b[0])
 		}
@@ -127,7 +163,7 @@ func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
 		return r, fmt.Errorf("%w: handshake response auth data", ErrMalformedPacket)
 	}
 	b = b[k:]
-	if r.Caps&capConnectWithDB != 0 && len(b) > 0 {
+	if r.Caps&mysql.CLIENT_CONNECT_WITH_DB != 0 && len(b) > 0 {
 		db, k, ok := nulString(b)
 		if !ok {
 			return r, fmt.Errorf("%w: handshake response database", ErrMalformedPacket)
@@ -135,7 +171,7 @@ func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
 		r.DB = string(db)
 		b = b[k:]
 	}
-	if r.Caps&capPluginAuth != 0 && len(b) > 0 {
+	if r.Caps&mysql.CLIENT_PLUGIN_AUTH != 0 && len(b) > 0 {
 		name, k, ok := nulString(b)
 		if !ok {
 			name, k = b, len(b)
@@ -143,7 +179,7 @@ func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
 		r.Plugin = string(name)
 		b = b[k:]
 	}
-	if r.Caps&capConnectAttrs != 0 && len(b) > 0 {
+	if r.Caps&mysql.CLIENT_CONNECT_ATTRS != 0 && len(b) > 0 {
 		if _, _, ok := lenencString(b); !ok {
 			return r, fmt.Errorf("%w: handshake response attributes", ErrMalformedPacket)
 		}
@@ -168,7 +204,7 @@ type changeUser struct {
 // parseChangeUser parses a COM_CHANGE_USER payload (command byte included).
 func parseChangeUser(p []byte, caps uint32) (changeUser, error) {
 	var c changeUser
-	if len(p) < 2 || p[0] != comChangeUser {
+	if len(p) < 2 || p[0] != mysql.COM_CHANGE_USER {
 		return c, fmt.Errorf("%w: COM_CHANGE_USER", ErrMalformedPacket)
 	}
 	b := p[1:]
@@ -178,7 +214,7 @@ func parseChangeUser(p []byte, caps uint32) (changeUser, error) {
 	}
 	c.User = string(user)
 	b = b[k:]
-	if caps&capSecureConnection != 0 {
+	if caps&mysql.CLIENT_SECURE_CONNECTION != 0 {
 		if len(b) == 0 || len(b) <= int(b[0]) {
 			return c, fmt.Errorf("%w: COM_CHANGE_USER auth data", ErrMalformedPacket)
 		}
@@ -197,7 +233,7 @@ func parseChangeUser(p []byte, caps uint32) (changeUser, error) {
 	b = b[k:]
 	if len(b) >= 2 {
 		b = b[2:] // character set
-		if caps&capPluginAuth != 0 && len(b) > 0 {
+		if caps&mysql.CLIENT_PLUGIN_AUTH != 0 && len(b) > 0 {
 			name, _, ok := nulString(b)
 			if !ok {
 				name = b
@@ -225,13 +261,13 @@ func clearTextPlugin(name string) bool {
 // plugin, or caching_sha2_password's "perform full authentication".
 func needsClearPassword(p []byte, plugin string) (newPlugin string, clear bool) {
 	switch {
-	case len(p) > 0 && p[0] == hdrEOF: // auth switch request
+	case len(p) > 0 && p[0] == mysql.EOF_HEADER:
 		name, _, ok := nulString(p[1:])
 		if !ok {
 			name = p[1:]
 		}
 		return string(name), clearTextPlugin(string(name))
-	case len(p) == 2 && p[0] == hdrMore && p[1] == 4 && plugin == "caching_sha2_password":
+	case len(p) == 2 && p[0] == mysql.MORE_DATE_HEADER && p[1] == mysql.CACHE_SHA2_FULL_AUTH && plugin == "caching_sha2_password":
 		return plugin, true
 	}
 	return plugin, false

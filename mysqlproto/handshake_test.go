@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"net"
 	"testing"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // mariaGreeting builds a MariaDB-like greeting with extended capabilities.
@@ -20,7 +22,7 @@ func mariaGreeting(caps uint32, ext uint32, plugin string) []byte {
 }
 
 func TestGreetingRewrite(t *testing.T) {
-	all := uint32(0xffffffff) &^ capLongPassword // MariaDB clears CLIENT_MYSQL
+	all := uint32(0xffffffff) &^ mysql.CLIENT_LONG_PASSWORD // MariaDB clears CLIENT_MYSQL
 	g := mariaGreeting(all, 0x1f, "mysql_native_password")
 	gr, err := parseGreeting(g)
 	if err != nil {
@@ -30,17 +32,17 @@ func TestGreetingRewrite(t *testing.T) {
 		t.Fatalf("parsed %+v", gr)
 	}
 	offer := gr.Caps & supportedCaps
-	rewriteGreeting(g, &gr, offer|capSSL)
+	rewriteGreeting(g, &gr, offer|mysql.CLIENT_SSL)
 	again, err := parseGreeting(g)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, bit := range []uint32{capCompress, capDeprecateEOF, 1 << 25, 1 << 26, 1 << 29, 1 << 31} {
+	for _, bit := range []uint32{mysql.CLIENT_COMPRESS, mysql.CLIENT_DEPRECATE_EOF, 1 << 25, 1 << 26, 1 << 29, 1 << 31} {
 		if again.Caps&bit != 0 {
 			t.Errorf("capability %#x still advertised", bit)
 		}
 	}
-	if again.Caps&capSSL == 0 || again.Caps&capPluginAuth == 0 || again.Caps&capMultiResults == 0 {
+	if again.Caps&mysql.CLIENT_SSL == 0 || again.Caps&mysql.CLIENT_PLUGIN_AUTH == 0 || again.Caps&mysql.CLIENT_MULTI_RESULTS == 0 {
 		t.Errorf("wanted capability dropped: %#x", again.Caps)
 	}
 	if !bytes.Equal(g[again.reservedOff:again.reservedOff+10], make([]byte, 10)) {
@@ -71,15 +73,15 @@ func handshakeResp(caps uint32, user string, auth []byte, db, plugin string, att
 	b = append(b, make([]byte, 19)...)
 	b = append(b, 0x1f, 0, 0, 0) // MariaDB extended client capabilities
 	b = append(append(b, user...), 0)
-	if caps&capPluginAuthLenenc != 0 {
+	if caps&mysql.CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA != 0 {
 		b = appendLenencString(b, string(auth))
 	} else {
 		b = append(append(b, byte(len(auth))), auth...)
 	}
-	if caps&capConnectWithDB != 0 {
+	if caps&mysql.CLIENT_CONNECT_WITH_DB != 0 {
 		b = append(append(b, db...), 0)
 	}
-	if caps&capPluginAuth != 0 {
+	if caps&mysql.CLIENT_PLUGIN_AUTH != 0 {
 		b = append(append(b, plugin...), 0)
 	}
 	if attrs {
@@ -89,19 +91,19 @@ func handshakeResp(caps uint32, user string, auth []byte, db, plugin string, att
 }
 
 func TestHandshakeResponse(t *testing.T) {
-	base := capProtocol41 | capSecureConnection | capPluginAuth
+	base := mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_PLUGIN_AUTH
 	tests := []struct {
 		name string
 		caps uint32
 		db   string
 	}{
 		{"plain", base, ""},
-		{"lenenc auth, db, attrs", base | capPluginAuthLenenc | capConnectWithDB | capConnectAttrs, "shop"},
-		{"with compress and query attributes asked", base | capCompress | 1<<27, ""},
+		{"lenenc auth, db, attrs", base | mysql.CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA | mysql.CLIENT_CONNECT_WITH_DB | mysql.CLIENT_CONNECT_ATTRS, "shop"},
+		{"with compress and query attributes asked", base | mysql.CLIENT_COMPRESS | 1<<27, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := handshakeResp(tt.caps, "app", []byte("0123456789abcdefghij"), tt.db, "client_ed25519", tt.caps&capConnectAttrs != 0)
+			p := handshakeResp(tt.caps, "app", []byte("0123456789abcdefghij"), tt.db, "client_ed25519", tt.caps&mysql.CLIENT_CONNECT_ATTRS != 0)
 			r, err := parseHandshakeResponse(p)
 			if err != nil {
 				t.Fatal(err)
@@ -115,12 +117,12 @@ func TestHandshakeResponse(t *testing.T) {
 			if err != nil || r2.Caps != masked || r2.User != "app" || r2.Plugin != "client_ed25519" {
 				t.Fatalf("after rewrite %+v %v", r2, err)
 			}
-			if r2.Caps&(capCompress|1<<27) != 0 || !bytes.Equal(p[9:32], make([]byte, 23)) {
+			if r2.Caps&(mysql.CLIENT_COMPRESS|1<<27) != 0 || !bytes.Equal(p[9:32], make([]byte, 23)) {
 				t.Error("unsupported capabilities survive")
 			}
 		})
 	}
-	if r, err := parseHandshakeResponse(handshakeResp(base|capSSL, "", nil, "", "", false)[:32]); err != nil || r.Caps&capSSL == 0 {
+	if r, err := parseHandshakeResponse(handshakeResp(base|mysql.CLIENT_SSL, "", nil, "", "", false)[:32]); err != nil || r.Caps&mysql.CLIENT_SSL == 0 {
 		t.Errorf("SSLRequest: %+v %v", r, err)
 	}
 	for name, p := range map[string][]byte{
@@ -142,12 +144,12 @@ func TestNeedsClearPassword(t *testing.T) {
 		want   string
 		clear  bool
 	}{
-		{append([]byte{hdrEOF}, "mysql_clear_password\x00"...), "mysql_native_password", "mysql_clear_password", true},
-		{append([]byte{hdrEOF}, "dialog\x00\x04Password: "...), "x", "dialog", true},
-		{append([]byte{hdrEOF}, "client_ed25519\x00salt"...), "mysql_native_password", "client_ed25519", false},
-		{[]byte{hdrMore, 4}, "caching_sha2_password", "caching_sha2_password", true},
-		{[]byte{hdrMore, 3}, "caching_sha2_password", "caching_sha2_password", false},
-		{[]byte{hdrMore, 4}, "client_ed25519", "client_ed25519", false},
+		{append([]byte{mysql.EOF_HEADER}, "mysql_clear_password\x00"...), "mysql_native_password", "mysql_clear_password", true},
+		{append([]byte{mysql.EOF_HEADER}, "dialog\x00\x04Password: "...), "x", "dialog", true},
+		{append([]byte{mysql.EOF_HEADER}, "client_ed25519\x00salt"...), "mysql_native_password", "client_ed25519", false},
+		{[]byte{mysql.MORE_DATE_HEADER, 4}, "caching_sha2_password", "caching_sha2_password", true},
+		{[]byte{mysql.MORE_DATE_HEADER, 3}, "caching_sha2_password", "caching_sha2_password", false},
+		{[]byte{mysql.MORE_DATE_HEADER, 4}, "client_ed25519", "client_ed25519", false},
 	}
 	for _, tt := range tests {
 		got, clear := needsClearPassword(tt.p, tt.plugin)
@@ -158,15 +160,15 @@ func TestNeedsClearPassword(t *testing.T) {
 }
 
 func TestParseChangeUser(t *testing.T) {
-	p := append([]byte{comChangeUser}, "bob\x00\x03abc"...)
+	p := append([]byte{mysql.COM_CHANGE_USER}, "bob\x00\x03abc"...)
 	p = append(p, "db\x00"...)
 	p = append(p, 45, 0)
 	p = append(p, "mysql_clear_password\x00"...)
-	c, err := parseChangeUser(p, capSecureConnection|capPluginAuth)
+	c, err := parseChangeUser(p, mysql.CLIENT_SECURE_CONNECTION|mysql.CLIENT_PLUGIN_AUTH)
 	if err != nil || c.User != "bob" || c.Plugin != "mysql_clear_password" {
 		t.Fatalf("%+v %v", c, err)
 	}
-	if _, err := parseChangeUser([]byte{comChangeUser, 'b', 0, 9}, capSecureConnection); err == nil {
+	if _, err := parseChangeUser([]byte{mysql.COM_CHANGE_USER, 'b', 0, 9}, mysql.CLIENT_SECURE_CONNECTION); err == nil {
 		t.Error("auth overrun accepted")
 	}
 }
@@ -191,8 +193,8 @@ func TestProxyHeader(t *testing.T) {
 
 func FuzzParseHandshake(f *testing.F) {
 	f.Add(mariaGreeting(supportedCaps, 7, "mysql_native_password"), []byte{})
-	f.Add([]byte{}, handshakeResp(capProtocol41|capSecureConnection|capPluginAuth|capConnectAttrs|capConnectWithDB, "u", []byte("x"), "d", "p", true))
-	f.Add([]byte{10, 0}, handshakeResp(capProtocol41|capPluginAuthLenenc, "u", nil, "", "", false))
+	f.Add([]byte{}, handshakeResp(mysql.CLIENT_PROTOCOL_41|mysql.CLIENT_SECURE_CONNECTION|mysql.CLIENT_PLUGIN_AUTH|mysql.CLIENT_CONNECT_ATTRS|mysql.CLIENT_CONNECT_WITH_DB, "u", []byte("x"), "d", "p", true))
+	f.Add([]byte{10, 0}, handshakeResp(mysql.CLIENT_PROTOCOL_41|mysql.CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA, "u", nil, "", "", false))
 	f.Fuzz(func(t *testing.T, greetingData, respData []byte) {
 		if g, err := parseGreeting(greetingData); err == nil {
 			cp := bytes.Clone(greetingData)
@@ -208,6 +210,34 @@ func FuzzParseHandshake(f *testing.F) {
 				t.Fatalf("rewritten response keeps %#x", r2.Caps)
 			}
 		}
-		parseChangeUser(respData, capSecureConnection|capPluginAuth)
+		parseChangeUser(respData, mysql.CLIENT_SECURE_CONNECTION|mysql.CLIENT_PLUGIN_AUTH)
 	})
+}
+
+// rgproxy's own greeting (backend unreachable) parses as a server's.
+func TestOwnGreeting(t *testing.T) {
+	caps := supportedCaps | mysql.CLIENT_SSL
+	p := appendGreeting(nil, 0x01020304, caps)
+	g, err := parseGreeting(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.ServerVersion != ownServerVersion || g.ConnID != 0x01020304 || g.Caps != caps || g.Plugin != mysql.AUTH_NATIVE_PASSWORD {
+		t.Fatalf("parsed %+v", g)
+	}
+	// The 20-byte scramble: 8 bytes after the connection id, 12 after the
+	// reserved bytes, printable.
+	i := 1 + len(ownServerVersion) + 1 + 4
+	salt := append(append([]byte{}, p[i:i+8]...), p[g.reservedOff+10:g.reservedOff+22]...)
+	for _, c := range salt {
+		if c < 0x21 || c > 0x7e {
+			t.Fatalf("scramble %q is not printable", salt)
+		}
+	}
+	if p[g.reservedOff+22] != 0 {
+		t.Fatal("scramble not NUL-terminated")
+	}
+	if bytes.Equal(salt[:8], appendGreeting(nil, 1, caps)[i:i+8]) {
+		t.Fatal("two greetings share a scramble")
+	}
 }

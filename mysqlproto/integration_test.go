@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	sqldriver "github.com/go-sql-driver/mysql"
 )
 
 const backendAddr = "127.0.0.1:3306"
@@ -74,7 +74,7 @@ func startProxy(t *testing.T, cfg Config, tune ...func(*Server)) (*Server, strin
 }
 
 func dsn(addr, params string) string {
-	c := mysql.NewConfig()
+	c := sqldriver.NewConfig()
 	c.User = "root"
 	c.Net = "tcp"
 	c.Addr = addr
@@ -108,7 +108,7 @@ func setupSchema(t *testing.T) {
 	needBackend(t)
 	var err error
 	setupOnce.Do(func() {
-		c := mysql.NewConfig()
+		c := sqldriver.NewConfig()
 		c.User, c.Net, c.Addr, c.MultiStatements = "root", "tcp", backendAddr, true
 		var db *sql.DB
 		db, err = sql.Open("mysql", c.FormatDSN())
@@ -151,7 +151,7 @@ func TestLoginAndQuery(t *testing.T) {
 func TestWrongPassword(t *testing.T) {
 	setupSchema(t)
 	_, addr := startProxy(t, Config{})
-	c := mysql.NewConfig()
+	c := sqldriver.NewConfig()
 	c.User, c.Passwd, c.Net, c.Addr = "rgp_user", "wrong", "tcp", addr
 	db, err := sql.Open("mysql", c.FormatDSN())
 	if err != nil {
@@ -159,7 +159,7 @@ func TestWrongPassword(t *testing.T) {
 	}
 	defer db.Close()
 	err = db.Ping()
-	var me *mysql.MySQLError
+	var me *sqldriver.MySQLError
 	if !errors.As(err, &me) || me.Number != 1045 {
 		t.Fatalf("got %v, want error 1045", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // Framing errors.
@@ -75,7 +77,7 @@ func readMessage(br *bufio.Reader, buf []byte, limit int64) ([]byte, byte, error
 			}
 			return buf, seq, err
 		}
-		if n < maxChunk {
+		if n < mysql.MaxPayloadLen {
 			return buf, seq, nil
 		}
 	}
@@ -101,7 +103,7 @@ func writeHeader(bw *bufio.Writer, n int, seq byte) error {
 // exact multiple), and returns the next sequence id.
 func writeMessage(bw *bufio.Writer, seq byte, payload []byte) (byte, error) {
 	for {
-		n := min(len(payload), maxChunk)
+		n := min(len(payload), mysql.MaxPayloadLen)
 		if err := writeHeader(bw, n, seq); err != nil {
 			return seq, err
 		}
@@ -110,7 +112,7 @@ func writeMessage(bw *bufio.Writer, seq byte, payload []byte) (byte, error) {
 		}
 		seq++
 		payload = payload[n:]
-		if n < maxChunk {
+		if n < mysql.MaxPayloadLen {
 			return seq, nil
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"testing"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 func TestWriteReadMessage(t *testing.T) {
@@ -16,9 +18,9 @@ func TestWriteReadMessage(t *testing.T) {
 	}{
 		{"empty", 0, 1},
 		{"small", 10, 1},
-		{"just below a chunk", maxChunk - 1, 1},
-		{"exactly a chunk", maxChunk, 2}, // followed by an empty packet
-		{"two chunks and a bit", 2*maxChunk + 5, 3},
+		{"just below a chunk", mysql.MaxPayloadLen - 1, 1},
+		{"exactly a chunk", mysql.MaxPayloadLen, 2}, // followed by an empty packet
+		{"two chunks and a bit", 2*mysql.MaxPayloadLen + 5, 3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -121,7 +123,7 @@ func FuzzReadPacket(f *testing.F) {
 				t.Fatal(werr)
 			}
 			bw.Flush()
-			if len(p) < maxChunk && !bytes.HasPrefix(wire, out.Bytes()) {
+			if len(p) < mysql.MaxPayloadLen && !bytes.HasPrefix(wire, out.Bytes()) {
 				t.Fatalf("re-encoded %x is not a prefix of %x", out.Bytes(), wire)
 			}
 		}

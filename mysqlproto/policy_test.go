@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	"github.com/go-mysql-org/go-mysql/mysql"
+	sqldriver "github.com/go-sql-driver/mysql"
 )
 
 type recStmt struct {
@@ -127,7 +128,7 @@ func TestPolicyOutcomes(t *testing.T) {
 	exec("INSERT INTO pol VALUES (1, 'a'), (2, 'b')")
 	exec("COMMIT")
 	_, err := c.ExecContext(ctx, "SELECT * FROM no_such_table")
-	var me *mysql.MySQLError
+	var me *sqldriver.MySQLError
 	if !errors.As(err, &me) || me.Number != 1146 {
 		t.Fatalf("got %v", err)
 	}
@@ -168,7 +169,7 @@ func TestPolicyOutcomes(t *testing.T) {
 			continue
 		}
 		if r.st.Class != tt.class || r.st.InTransaction != tt.inTxBef || r.out.InTransaction != tt.inTxAft ||
-			r.out.AffectedRows != tt.affected || r.out.ErrCode != tt.errCode || r.st.Command != comQuery {
+			r.out.AffectedRows != tt.affected || r.out.ErrCode != tt.errCode || r.st.Command != mysql.COM_QUERY {
 			t.Errorf("%q: statement %+v outcome %+v", tt.query, r.st, r.out)
 		}
 		if want := int64(len(tt.query) + 1); r.st.PayloadBytes != want || r.out.RequestBytes != want {
@@ -188,9 +189,9 @@ func TestPolicyOutcomes(t *testing.T) {
 			continue
 		}
 		switch r.st.Command {
-		case comStmtPrepare:
+		case mysql.COM_STMT_PREPARE:
 			sawPrep = r.st.Class == ClassOther
-		case comStmtExecute:
+		case mysql.COM_STMT_EXECUTE:
 			sawExec = r.st.Class == ClassWrite && r.out.AffectedRows == 2 && r.out.RequestBytes > 50
 		}
 	}
@@ -217,7 +218,7 @@ func TestPolicyReplies(t *testing.T) {
 		t.Errorf("affected %d", n)
 	}
 	_, err = c.ExecContext(ctx, "rgp:err")
-	var me *mysql.MySQLError
+	var me *sqldriver.MySQLError
 	if !errors.As(err, &me) || me.Number != 8252 || string(me.SQLState[:]) != "HY000" {
 		t.Errorf("got %v", err)
 	}
@@ -285,11 +286,11 @@ func TestSessionEvents(t *testing.T) {
 	pol := newRecPolicy()
 	_, addr := startProxy(t, Config{Policy: pol})
 	rc := dialRaw(t, addr, "root", "")
-	if _, m := rc.cmd(respGeneric, false, []byte{comResetConnection}); m.ErrCode != 0 {
+	if _, m := rc.cmd(respGeneric, false, []byte{mysql.COM_RESET_CONNECTION}); m.ErrCode != 0 {
 		t.Fatalf("reset: %d", m.ErrCode)
 	}
 	// COM_CHANGE_USER to another account, answered with the greeting's salt.
-	cu := append([]byte{comChangeUser}, "rgp_user\x00"...)
+	cu := append([]byte{mysql.COM_CHANGE_USER}, "rgp_user\x00"...)
 	auth := nativePassword(rc.salt, "secret1")
 	cu = append(append(cu, byte(len(auth))), auth...)
 	cu = append(cu, "rgproxy_test\x00"...)
@@ -301,7 +302,7 @@ func TestSessionEvents(t *testing.T) {
 	if !strings.Contains(string(raw), "rgp_user@%") {
 		t.Fatalf("after change user: %q", raw)
 	}
-	rc.write(0, []byte{comQuit})
+	rc.write(0, []byte{mysql.COM_QUIT})
 	rc.expectClosed()
 	var info SessionInfo
 	select {
@@ -347,12 +348,12 @@ func TestPolicyStreamedRequestBytes(t *testing.T) {
 	}
 
 	rc := dialRaw(t, addr, "root", "")
-	_, m := rc.cmd(respPrepare, false, append([]byte{comStmtPrepare}, "INSERT INTO sb VALUES (1, ?)"...))
+	_, m := rc.cmd(respPrepare, false, append([]byte{mysql.COM_STMT_PREPARE}, "INSERT INTO sb VALUES (1, ?)"...))
 	id := m.StmtID
-	chunk := append([]byte{comStmtSendLongData, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), 0, 0}, strings.Repeat("L", 1000)...)
+	chunk := append([]byte{mysql.COM_STMT_SEND_LONG_DATA, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), 0, 0}, strings.Repeat("L", 1000)...)
 	rc.write(0, chunk)
 	rc.write(0, chunk)
-	exec := []byte{comStmtExecute, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), 0, 1, 0, 0, 0, 0, 1, 0xfc, 0}
+	exec := []byte{mysql.COM_STMT_EXECUTE, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), 0, 1, 0, 0, 0, 0, 1, 0xfc, 0}
 	if _, m := rc.cmd(respGeneric, true, exec); m.ErrCode != 0 {
 		t.Fatalf("execute: %d", m.ErrCode)
 	}
@@ -369,14 +370,14 @@ func TestPolicyStreamedRequestBytes(t *testing.T) {
 			if want := int64(len(load) + 1 + len(data)); r.out.RequestBytes != want || r.out.AffectedRows != 5000 || r.st.Class != ClassWrite {
 				t.Errorf("LOAD DATA: request bytes %d (want %d), affected %d, class %v", r.out.RequestBytes, want, r.out.AffectedRows, r.st.Class)
 			}
-		case r.st.Command == comStmtExecute:
+		case r.st.Command == mysql.COM_STMT_EXECUTE:
 			sawExec = true
 			if want := int64(len(exec) + 2*len(chunk)); r.out.RequestBytes != want || r.st.Query != "INSERT INTO sb VALUES (1, ?)" {
 				t.Errorf("EXECUTE: request bytes %d, want %d; query %q", r.out.RequestBytes, want, r.st.Query)
 			}
-		case strings.HasPrefix(big, r.st.Query) && len(r.st.Query) == maxChunk-1: // the first packet's text
+		case strings.HasPrefix(big, r.st.Query) && len(r.st.Query) == mysql.MaxPayloadLen-1: // the first packet's text
 			sawBig = true
-			if r.st.PayloadBytes != maxChunk || r.out.RequestBytes != int64(len(big)+1) || r.st.Class != ClassRead {
+			if r.st.PayloadBytes != int64(mysql.MaxPayloadLen) || r.out.RequestBytes != int64(len(big)+1) || r.st.Class != ClassRead {
 				t.Errorf("big query: payload %d request %d class %v", r.st.PayloadBytes, r.out.RequestBytes, r.st.Class)
 			}
 		}
@@ -392,17 +393,17 @@ func TestLocalReplyToMultiPacketCommand(t *testing.T) {
 	setupSchema(t)
 	_, addr := startProxy(t, Config{Policy: newRecPolicy()})
 	rc := dialRaw(t, addr, "root", "")
-	rc.write(0, query("rgp:big"+strings.Repeat("x", maxChunk)))
+	rc.write(0, query("rgp:big"+strings.Repeat("x", mysql.MaxPayloadLen)))
 	p, seq := rc.read()
-	if p[0] != hdrOK || seq != 2 {
+	if p[0] != mysql.OK_HEADER || seq != 2 {
 		t.Fatalf("reply %q seq %d", p, seq)
 	}
-	rc.write(0, append([]byte{0x12}, strings.Repeat("y", maxChunk+10)...)) // COM_BINLOG_DUMP
+	rc.write(0, append([]byte{0x12}, strings.Repeat("y", mysql.MaxPayloadLen+10)...)) // COM_BINLOG_DUMP
 	p, seq = rc.read()
-	if e := parseErrPacket(p); e.Code != errCodeUnknownCom || seq != 2 {
+	if e := parseErrPacket(p); e.Code != mysql.ER_UNKNOWN_COM_ERROR || seq != 2 {
 		t.Fatalf("unknown command: %v seq %d", e, seq)
 	}
-	if _, m := rc.cmd(respGeneric, false, []byte{comPing}); m.ErrCode != 0 {
+	if _, m := rc.cmd(respGeneric, false, []byte{mysql.COM_PING}); m.ErrCode != 0 {
 		t.Fatal("session unusable")
 	}
 }
@@ -439,7 +440,7 @@ func TestPolicyHooks(t *testing.T) {
 	ctx := context.Background()
 	// The backend's 1146 reaches the client as the policy's error...
 	_, err := c.ExecContext(ctx, "SELECT * FROM no_such_hook_table")
-	var me *mysql.MySQLError
+	var me *sqldriver.MySQLError
 	if !errors.As(err, &me) || me.Number != 8253 || me.Message != "rewritten by the policy" {
 		t.Fatalf("rewritten error: %v", err)
 	}

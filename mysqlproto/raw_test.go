@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // rawClient speaks the protocol by hand, to send what drivers never send.
@@ -53,7 +55,7 @@ func dialRaw(t *testing.T, addr, user, pw string) *rawClient {
 	// scramble: 8 bytes after conn id, then 12 after the reserved bytes
 	i := bytes.IndexByte(g[1:], 0) + 2 + 4
 	rc.salt = append(append([]byte{}, g[i:i+8]...), g[gr.reservedOff+10:gr.reservedOff+22]...)
-	rc.caps = gr.Caps & (capProtocol41 | capSecureConnection | capPluginAuth | capMultiStatements | capMultiResults | capPSMultiResults | capTransactions | capLongPassword | capConnectWithDB)
+	rc.caps = gr.Caps & (mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_PLUGIN_AUTH | mysql.CLIENT_MULTI_STATEMENTS | mysql.CLIENT_MULTI_RESULTS | mysql.CLIENT_PS_MULTI_RESULTS | mysql.CLIENT_TRANSACTIONS | mysql.CLIENT_LONG_PASSWORD | mysql.CLIENT_CONNECT_WITH_DB)
 	resp := []byte{byte(rc.caps), byte(rc.caps >> 8), byte(rc.caps >> 16), byte(rc.caps >> 24), 0, 0, 0, 1, 45}
 	resp = append(resp, make([]byte, 23)...)
 	resp = append(append(resp, user...), 0)
@@ -72,11 +74,11 @@ func (rc *rawClient) finishAuth(pw string) {
 	for {
 		p, seq := rc.read()
 		switch p[0] {
-		case hdrOK:
+		case mysql.OK_HEADER:
 			return
-		case hdrERR:
+		case mysql.ERR_HEADER:
 			rc.t.Fatalf("login refused: %v", parseErrPacket(p))
-		case hdrEOF:
+		case mysql.EOF_HEADER:
 			name, k, _ := nulString(p[1:])
 			if string(name) != "mysql_native_password" {
 				rc.t.Fatalf("auth switch to %s", name)
@@ -152,7 +154,7 @@ func (rc *rawClient) expectClosed() {
 	}
 }
 
-func query(q string) []byte { return append([]byte{comQuery}, q...) }
+func query(q string) []byte { return append([]byte{mysql.COM_QUERY}, q...) }
 
 func TestRawCommands(t *testing.T) {
 	setupSchema(t)
@@ -160,37 +162,37 @@ func TestRawCommands(t *testing.T) {
 	rc := dialRaw(t, addr, "root", "")
 	ping := func() {
 		t.Helper()
-		raw, m := rc.cmd(respGeneric, false, []byte{comPing})
-		if m.ErrCode != 0 || raw[4] != hdrOK {
+		raw, m := rc.cmd(respGeneric, false, []byte{mysql.COM_PING})
+		if m.ErrCode != 0 || raw[4] != mysql.OK_HEADER {
 			t.Fatalf("ping: %q", raw)
 		}
 	}
 	for _, c := range []byte{0x12 /* BINLOG_DUMP */, 0xfa /* STMT_BULK_EXECUTE */, 0x15 /* REGISTER_SLAVE */, 0x1d /* DAEMON */, 0x13 /* TABLE_DUMP */} {
 		_, m := rc.cmd(respGeneric, false, []byte{c, 0, 0, 0, 0})
-		if m.ErrCode != errCodeUnknownCom {
+		if m.ErrCode != mysql.ER_UNKNOWN_COM_ERROR {
 			t.Fatalf("command 0x%02x: error %d, want 1047", c, m.ErrCode)
 		}
 		ping()
 	}
-	raw, _ := rc.cmd(respSingle, false, []byte{comStatistics})
+	raw, _ := rc.cmd(respSingle, false, []byte{mysql.COM_STATISTICS})
 	if !bytes.Contains(raw, []byte("Uptime")) {
 		t.Fatalf("statistics: %q", raw)
 	}
 	ping()
 	rc.cmd(respGeneric, false, query("CREATE TABLE IF NOT EXISTS fl (a INT, b TEXT)"))
-	raw, m := rc.cmd(respFieldList, false, append([]byte{comFieldList}, "fl\x00"...))
+	raw, m := rc.cmd(respFieldList, false, append([]byte{mysql.COM_FIELD_LIST}, "fl\x00"...))
 	if m.ErrCode != 0 || !bytes.Contains(raw, []byte("fl")) {
 		t.Fatalf("field list: %q", raw)
 	}
-	_, m = rc.cmd(respSingle, false, []byte{comSetOption, 1, 0}) // MULTI_STATEMENTS_OFF
+	_, m = rc.cmd(respSingle, false, []byte{mysql.COM_SET_OPTION, 1, 0}) // MULTI_STATEMENTS_OFF
 	if m.ErrCode != 0 {
 		t.Fatalf("set option: %d", m.ErrCode)
 	}
-	_, m = rc.cmd(respGeneric, false, append([]byte{comInitDB}, "mysql"...))
+	_, m = rc.cmd(respGeneric, false, append([]byte{mysql.COM_INIT_DB}, "mysql"...))
 	if m.ErrCode != 0 {
 		t.Fatalf("init db: %d", m.ErrCode)
 	}
-	_, m = rc.cmd(respGeneric, false, []byte{comResetConnection})
+	_, m = rc.cmd(respGeneric, false, []byte{mysql.COM_RESET_CONNECTION})
 	if m.ErrCode != 0 {
 		t.Fatalf("reset connection: %d", m.ErrCode)
 	}
@@ -205,28 +207,28 @@ func TestBinaryRowsAndCursor(t *testing.T) {
 	run := func(addr string) [][]byte {
 		rc := dialRaw(t, addr, "root", "")
 		var out [][]byte
-		_, m := rc.cmd(respPrepare, false, append([]byte{comStmtPrepare},
+		_, m := rc.cmd(respPrepare, false, append([]byte{mysql.COM_STMT_PREPARE},
 			"SELECT seq, seq * 1.5, CAST(seq AS CHAR), NOW() - NOW(), NULL, x'00ff', CAST('2020-01-02 03:04:05.6' AS DATETIME(3)) FROM seq_1_to_50"...))
 		if m.ErrCode != 0 || !m.Prepared {
 			t.Fatalf("prepare: %+v", m)
 		}
 		id := m.StmtID
 		exec := func(flags byte) []byte {
-			return []byte{comStmtExecute, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), flags, 1, 0, 0, 0}
+			return []byte{mysql.COM_STMT_EXECUTE, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), flags, 1, 0, 0, 0}
 		}
 		raw, _ := rc.cmd(respGeneric, true, exec(0))
 		out = append(out, raw)
 		raw, m = rc.cmd(respGeneric, true, exec(1)) // CURSOR_TYPE_READ_ONLY
-		if m.Status&statusCursorExists == 0 {
+		if m.Status&mysql.SERVER_STATUS_CURSOR_EXISTS == 0 {
 			t.Fatalf("no cursor opened: status %#x", m.Status)
 		}
 		out = append(out, raw)
 		for range 3 {
-			raw, _ = rc.cmd(respFetch, true, []byte{comStmtFetch, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), 20, 0, 0, 0})
+			raw, _ = rc.cmd(respFetch, true, []byte{mysql.COM_STMT_FETCH, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), 20, 0, 0, 0})
 			out = append(out, raw)
 		}
-		rc.write(0, []byte{comStmtClose, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24)})
-		raw, _ = rc.cmd(respGeneric, false, []byte{comPing})
+		rc.write(0, []byte{mysql.COM_STMT_CLOSE, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24)})
+		raw, _ = rc.cmd(respGeneric, false, []byte{mysql.COM_PING})
 		out = append(out, raw)
 		return out
 	}
@@ -243,22 +245,22 @@ func TestMalformedClientPackets(t *testing.T) {
 	_, addr := startProxy(t, Config{MaxPacketPayload: 1024})
 	other := dialRaw(t, addr, "root", "")
 	cases := map[string]func(rc *rawClient){
-		"bad sequence": func(rc *rawClient) { rc.write(5, []byte{comPing}) },
+		"bad sequence": func(rc *rawClient) { rc.write(5, []byte{mysql.COM_PING}) },
 		"empty packet": func(rc *rawClient) { rc.write(0, nil) },
 		"oversized":    func(rc *rawClient) { rc.write(0, query(string(make([]byte, 2000)))) },
 		"truncated": func(rc *rawClient) {
-			rc.bw.Write([]byte{100, 0, 0, 0, comQuery, 'S'})
+			rc.bw.Write([]byte{100, 0, 0, 0, mysql.COM_QUERY, 'S'})
 			rc.bw.Flush()
 			rc.c.(*net.TCPConn).CloseWrite()
 		},
-		"short execute": func(rc *rawClient) { rc.write(0, []byte{comStmtExecute, 1}) },
+		"short execute": func(rc *rawClient) { rc.write(0, []byte{mysql.COM_STMT_EXECUTE, 1}) },
 	}
 	for name, send := range cases {
 		t.Run(name, func(t *testing.T) {
 			rc := dialRaw(t, addr, "root", "")
 			send(rc)
 			rc.expectClosed()
-			if _, m := other.cmd(respGeneric, false, []byte{comPing}); m.ErrCode != 0 {
+			if _, m := other.cmd(respGeneric, false, []byte{mysql.COM_PING}); m.ErrCode != 0 {
 				t.Fatal("other session affected")
 			}
 		})

@@ -1,6 +1,10 @@
 package mysqlproto
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+)
 
 // appendErr appends an ERR packet payload.
 func appendErr(b []byte, e *Error) []byte {
@@ -8,7 +12,7 @@ func appendErr(b []byte, e *Error) []byte {
 	if len(state) != 5 {
 		state = "HY000"
 	}
-	b = append(b, hdrERR, byte(e.Code), byte(e.Code>>8), '#')
+	b = append(b, mysql.ERR_HEADER, byte(e.Code), byte(e.Code>>8), '#')
 	b = append(b, state...)
 	return append(b, e.Message...)
 }
@@ -20,7 +24,7 @@ func appendOK(b []byte, header byte, affected uint64, status uint16, info string
 	b = appendLenenc(b, affected)
 	b = appendLenenc(b, 0) // last insert id
 	b = append(b, byte(status), byte(status>>8), 0, 0)
-	if caps&capSessionTrack != 0 {
+	if caps&mysql.CLIENT_SESSION_TRACK != 0 {
 		if info != "" {
 			b = appendLenencString(b, info)
 		}
@@ -31,7 +35,7 @@ func appendOK(b []byte, header byte, affected uint64, status uint16, info string
 
 // appendEOF appends an EOF packet payload.
 func appendEOF(b []byte, status uint16) []byte {
-	return append(b, hdrEOF, 0, 0, byte(status), byte(status>>8))
+	return append(b, mysql.EOF_HEADER, 0, 0, byte(status), byte(status>>8))
 }
 
 // appendColumnDef appends a text column definition (protocol 4.1) for a
@@ -64,7 +68,7 @@ type replyWriter struct {
 // others expect a PREPARE OK, rows, a string or an EOF.
 func okAnswers(cmd byte) bool {
 	switch cmd {
-	case comStmtPrepare, comStmtFetch, comFieldList, comStatistics, comSetOption, comDebug:
+	case mysql.COM_STMT_PREPARE, mysql.COM_STMT_FETCH, mysql.COM_FIELD_LIST, mysql.COM_STATISTICS, mysql.COM_SET_OPTION, mysql.COM_DEBUG:
 		return false
 	}
 	return true
@@ -75,17 +79,17 @@ func okAnswers(cmd byte) bool {
 // whose response may be a text result set), an OK only the commands whose
 // response may be an OK; anything else becomes ERR 1235.
 func (w *replyWriter) packets(r *Reply, cmd byte, emit func(p []byte) error) error {
-	status := w.status &^ statusMoreResults
+	status := w.status &^ mysql.SERVER_MORE_RESULTS_EXISTS
 	switch {
 	case r.Err != nil:
 		return emit(appendErr(w.buf[:0], r.Err))
-	case r.Columns == nil && okAnswers(cmd), r.Columns != nil && cmd == comQuery:
+	case r.Columns == nil && okAnswers(cmd), r.Columns != nil && cmd == mysql.COM_QUERY:
 	default:
-		return emit(appendErr(w.buf[:0], &Error{Code: errCodeNotSupportedYet, State: "HY000",
+		return emit(appendErr(w.buf[:0], &Error{Code: mysql.ER_NOT_SUPPORTED_YET, State: "HY000",
 			Message: fmt.Sprintf("rgproxy: the policy's reply cannot answer command 0x%02x", cmd)}))
 	}
 	if r.Columns == nil {
-		return emit(appendOK(w.buf[:0], hdrOK, r.AffectedRows, status, r.Info, w.caps))
+		return emit(appendOK(w.buf[:0], mysql.OK_HEADER, r.AffectedRows, status, r.Info, w.caps))
 	}
 	if err := emit(appendLenenc(w.buf[:0], uint64(len(r.Columns)))); err != nil {
 		return err
@@ -95,7 +99,7 @@ func (w *replyWriter) packets(r *Reply, cmd byte, emit func(p []byte) error) err
 			return err
 		}
 	}
-	deprecate := w.caps&capDeprecateEOF != 0
+	deprecate := w.caps&mysql.CLIENT_DEPRECATE_EOF != 0
 	if !deprecate {
 		if err := emit(appendEOF(w.buf[:0], status)); err != nil {
 			return err
@@ -115,7 +119,7 @@ func (w *replyWriter) packets(r *Reply, cmd byte, emit func(p []byte) error) err
 		}
 	}
 	if deprecate {
-		return emit(appendOK(w.buf[:0], hdrEOF, 0, status, "", w.caps))
+		return emit(appendOK(w.buf[:0], mysql.EOF_HEADER, 0, status, "", w.caps))
 	}
 	return emit(appendEOF(w.buf[:0], status))
 }

@@ -3,6 +3,8 @@ package mysqlproto
 import (
 	"bytes"
 	"testing"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 func TestReplyPackets(t *testing.T) {
@@ -19,22 +21,22 @@ func TestReplyPackets(t *testing.T) {
 		affected  uint64
 		deprecate bool
 	}{
-		{name: "ERR", reply: &Reply{Err: &Error{Code: 8252, Message: "quota"}}, cmd: comQuery, packets: 1, errCode: 8252,
+		{name: "ERR", reply: &Reply{Err: &Error{Code: 8252, Message: "quota"}}, cmd: mysql.COM_QUERY, packets: 1, errCode: 8252,
 			last: []byte{0xff, 0x3c, 0x20, '#', 'H', 'Y', '0', '0', '0', 'q'}},
-		{name: "OK", reply: &Reply{AffectedRows: 300, Info: "hi"}, cmd: comQuery, packets: 1, affected: 300,
+		{name: "OK", reply: &Reply{AffectedRows: 300, Info: "hi"}, cmd: mysql.COM_QUERY, packets: 1, affected: 300,
 			last: []byte{0, 0xfc, 0x2c, 0x01, 0, 2, 0, 0, 0, 'h', 'i'}},
-		{name: "OK with session track", caps: capSessionTrack, reply: &Reply{Info: "hi"}, cmd: comQuery, packets: 1,
+		{name: "OK with session track", caps: mysql.CLIENT_SESSION_TRACK, reply: &Reply{Info: "hi"}, cmd: mysql.COM_QUERY, packets: 1,
 			last: []byte{0, 0, 0, 2, 0, 0, 0, 2, 'h', 'i'}},
-		{name: "result set", reply: rows, cmd: comQuery, packets: 1 + 2 + 1 + 2 + 1, last: []byte{0xfe, 0, 0, 2, 0}},
-		{name: "result set, DEPRECATE_EOF", caps: capDeprecateEOF, deprecate: true, reply: rows, cmd: comQuery,
+		{name: "result set", reply: rows, cmd: mysql.COM_QUERY, packets: 1 + 2 + 1 + 2 + 1, last: []byte{0xfe, 0, 0, 2, 0}},
+		{name: "result set, DEPRECATE_EOF", caps: mysql.CLIENT_DEPRECATE_EOF, deprecate: true, reply: rows, cmd: mysql.COM_QUERY,
 			packets: 1 + 2 + 2 + 1, last: []byte{0xfe, 0, 0, 2, 0, 0, 0}},
-		{name: "result set for EXECUTE", reply: rows, cmd: comStmtExecute, packets: 1, errCode: errCodeNotSupportedYet},
-		{name: "OK for PREPARE", reply: &Reply{}, cmd: comStmtPrepare, packets: 1, errCode: errCodeNotSupportedYet},
-		{name: "OK for PING", reply: &Reply{}, cmd: comPing, packets: 1},
+		{name: "result set for EXECUTE", reply: rows, cmd: mysql.COM_STMT_EXECUTE, packets: 1, errCode: mysql.ER_NOT_SUPPORTED_YET},
+		{name: "OK for PREPARE", reply: &Reply{}, cmd: mysql.COM_STMT_PREPARE, packets: 1, errCode: mysql.ER_NOT_SUPPORTED_YET},
+		{name: "OK for PING", reply: &Reply{}, cmd: mysql.COM_PING, packets: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := replyWriter{caps: tt.caps, status: statusAutocommit | statusMoreResults}
+			w := replyWriter{caps: tt.caps, status: mysql.SERVER_STATUS_AUTOCOMMIT | mysql.SERVER_MORE_RESULTS_EXISTS}
 			var got [][]byte
 			err := w.packets(tt.reply, tt.cmd, func(p []byte) error {
 				got = append(got, bytes.Clone(p))
@@ -61,7 +63,7 @@ func TestReplyPackets(t *testing.T) {
 			if m.ErrCode != tt.errCode || m.Affected != tt.affected {
 				t.Errorf("err %d affected %d", m.ErrCode, m.Affected)
 			}
-			if tt.errCode == 0 && m.Status&statusMoreResults != 0 {
+			if tt.errCode == 0 && m.Status&mysql.SERVER_MORE_RESULTS_EXISTS != 0 {
 				t.Error("a local reply claims more results")
 			}
 		})

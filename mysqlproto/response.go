@@ -1,6 +1,10 @@
 package mysqlproto
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+)
 
 // respKind is the shape of the response a command expects.
 type respKind uint8
@@ -93,7 +97,7 @@ func (m *respMachine) reset(kind respKind, deprecateEOF, binary bool) {
 // from a row or definition that happens to start with 0xfe: the latter is
 // at least 16 MiB - 1 bytes long.
 func isEOFPacket(p []byte, n int) bool {
-	return len(p) > 0 && p[0] == hdrEOF && n < maxChunk
+	return len(p) > 0 && p[0] == mysql.EOF_HEADER && n < mysql.MaxPayloadLen
 }
 
 // feed consumes the start of one logical packet (p holds at least its
@@ -107,19 +111,19 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 	}
 	// No definition or row starts with 0xff (not a valid length-encoded
 	// value, and binary rows start with 0x00), so 0xff is always an ERR.
-	if p[0] == hdrERR && m.state != stSingle {
+	if p[0] == mysql.ERR_HEADER && m.state != stSingle {
 		m.parseErr(p)
 		return evDone, nil
 	}
 	switch m.state {
 	case stFirst:
 		switch p[0] {
-		case hdrOK:
+		case mysql.OK_HEADER:
 			if err := m.parseOK(p); err != nil {
 				return evDone, err
 			}
 			return m.afterEnd(), nil
-		case hdrInfile:
+		case mysql.LocalInFile_HEADER:
 			return evInfile, nil // the OK/ERR after the file comes in stFirst
 		}
 		cnt, _, ok := lenenc(p)
@@ -144,7 +148,7 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 			return evDone, fmt.Errorf("%w: expected EOF after column definitions", ErrMalformedPacket)
 		}
 		m.parseEOF(p)
-		if m.binary && m.Status&statusCursorExists != 0 && m.Status&statusMoreResults == 0 {
+		if m.binary && m.Status&mysql.SERVER_STATUS_CURSOR_EXISTS != 0 && m.Status&mysql.SERVER_MORE_RESULTS_EXISTS == 0 {
 			// A cursor was opened: rows come later through COM_STMT_FETCH.
 			// Not so in a CALL's result set (MORE_RESULTS): MariaDB leaks
 			// the CURSOR_EXISTS flag of a cursor the procedure opened, and
@@ -205,9 +209,9 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 		return evMore, nil
 	case stSingle:
 		switch {
-		case p[0] == hdrERR:
+		case p[0] == mysql.ERR_HEADER:
 			m.parseErr(p)
-		case p[0] == hdrOK && n >= 7:
+		case p[0] == mysql.OK_HEADER && n >= 7:
 			_ = m.parseOK(p)
 		case isEOFPacket(p, n):
 			m.parseEOF(p)
@@ -219,7 +223,7 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 
 // afterEnd decides, after a final OK or EOF, whether another result follows.
 func (m *respMachine) afterEnd() respEvent {
-	if m.Status&statusMoreResults != 0 {
+	if m.Status&mysql.SERVER_MORE_RESULTS_EXISTS != 0 {
 		m.state = stFirst
 		return evMore
 	}
@@ -227,7 +231,7 @@ func (m *respMachine) afterEnd() respEvent {
 }
 
 func (m *respMachine) prepareOK(p []byte) (respEvent, error) {
-	if p[0] != hdrOK || len(p) < 12 {
+	if p[0] != mysql.OK_HEADER || len(p) < 12 {
 		return evDone, fmt.Errorf("%w: bad PREPARE OK", ErrMalformedPacket)
 	}
 	m.Prepared = true

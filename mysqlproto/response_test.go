@@ -2,11 +2,13 @@ package mysqlproto
 
 import (
 	"testing"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // Packet builders for synthetic responses.
 func okPkt(affected uint64, status uint16) []byte {
-	return appendOK(nil, hdrOK, affected, status, "", 0)
+	return appendOK(nil, mysql.OK_HEADER, affected, status, "", 0)
 }
 func eofPkt(status uint16) []byte { return appendEOF(nil, status) }
 func errPkt(code uint16) []byte {
@@ -21,7 +23,7 @@ func rowPkt(vals ...string) []byte {
 	}
 	return b
 }
-func deprecEnd(status uint16) []byte { return appendOK(nil, hdrEOF, 0, status, "", 0) }
+func deprecEnd(status uint16) []byte { return appendOK(nil, mysql.EOF_HEADER, 0, status, "", 0) }
 func prepOK(id uint32, cols, params uint16) []byte {
 	return []byte{0, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), byte(cols), byte(cols >> 8), byte(params), byte(params >> 8), 0, 0, 0}
 }
@@ -42,34 +44,34 @@ func TestResponseStateMachine(t *testing.T) {
 		affected  uint64
 		errCode   uint16
 	}{
-		{name: "OK", steps: []step{{okPkt(3, statusAutocommit), D}}, status: statusAutocommit, affected: 3},
+		{name: "OK", steps: []step{{okPkt(3, mysql.SERVER_STATUS_AUTOCOMMIT), D}}, status: mysql.SERVER_STATUS_AUTOCOMMIT, affected: 3},
 		{name: "ERR", steps: []step{{errPkt(1146), D}}, errCode: 1146},
 		{name: "result set", steps: []step{{countPkt(2), M}, {colPkt("a"), M}, {colPkt("b"), M}, {eofPkt(0), M},
-			{rowPkt("1", "2"), M}, {rowPkt("3", "4"), M}, {eofPkt(statusInTrans), D}}, status: statusInTrans},
+			{rowPkt("1", "2"), M}, {rowPkt("3", "4"), M}, {eofPkt(mysql.SERVER_STATUS_IN_TRANS), D}}, status: mysql.SERVER_STATUS_IN_TRANS},
 		{name: "result set with DEPRECATE_EOF", deprecate: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
-			{rowPkt("1"), M}, {deprecEnd(statusInTrans | statusAutocommit), D}}, status: statusInTrans | statusAutocommit},
+			{rowPkt("1"), M}, {deprecEnd(mysql.SERVER_STATUS_IN_TRANS | mysql.SERVER_STATUS_AUTOCOMMIT), D}}, status: mysql.SERVER_STATUS_IN_TRANS | mysql.SERVER_STATUS_AUTOCOMMIT},
 		{name: "error after rows", steps: []step{{countPkt(1), M}, {colPkt("a"), M}, {eofPkt(0), M},
 			{rowPkt("1"), M}, {errPkt(1317), D}}, errCode: 1317},
-		{name: "multi results", steps: []step{{okPkt(1, statusMoreResults), M}, {countPkt(1), M}, {colPkt("a"), M},
-			{eofPkt(statusMoreResults), M}, {rowPkt("x"), M}, {eofPkt(statusMoreResults), M}, {okPkt(2, 0), D}}, affected: 3},
+		{name: "multi results", steps: []step{{okPkt(1, mysql.SERVER_MORE_RESULTS_EXISTS), M}, {countPkt(1), M}, {colPkt("a"), M},
+			{eofPkt(mysql.SERVER_MORE_RESULTS_EXISTS), M}, {rowPkt("x"), M}, {eofPkt(mysql.SERVER_MORE_RESULTS_EXISTS), M}, {okPkt(2, 0), D}}, affected: 3},
 		{name: "CALL with DEPRECATE_EOF", deprecate: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M}, {rowPkt("1"), M},
-			{deprecEnd(statusMoreResults), M}, {okPkt(0, statusAutocommit), D}}, status: statusAutocommit},
+			{deprecEnd(mysql.SERVER_MORE_RESULTS_EXISTS), M}, {okPkt(0, mysql.SERVER_STATUS_AUTOCOMMIT), D}}, status: mysql.SERVER_STATUS_AUTOCOMMIT},
 		{name: "execute opens cursor", binary: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
-			{eofPkt(statusCursorExists), D}}, status: statusCursorExists},
+			{eofPkt(mysql.SERVER_STATUS_CURSOR_EXISTS), D}}, status: mysql.SERVER_STATUS_CURSOR_EXISTS},
 		{name: "CALL result set with a leaked cursor flag", binary: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
-			{eofPkt(statusCursorExists | statusMoreResults), M}, {[]byte{0, 0, 2}, M},
-			{eofPkt(statusCursorExists | statusMoreResults), M}, {okPkt(0, 0), D}}},
+			{eofPkt(mysql.SERVER_STATUS_CURSOR_EXISTS | mysql.SERVER_MORE_RESULTS_EXISTS), M}, {[]byte{0, 0, 2}, M},
+			{eofPkt(mysql.SERVER_STATUS_CURSOR_EXISTS | mysql.SERVER_MORE_RESULTS_EXISTS), M}, {okPkt(0, 0), D}}},
 		{name: "execute binary rows", binary: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
 			{eofPkt(0), M}, {[]byte{0, 0, 1}, M}, {eofPkt(0), D}}},
 		{name: "text rows ignore cursor flag", steps: []step{{countPkt(1), M}, {colPkt("a"), M},
-			{eofPkt(statusCursorExists), M}, {eofPkt(0), D}}},
+			{eofPkt(mysql.SERVER_STATUS_CURSOR_EXISTS), M}, {eofPkt(0), D}}},
 		{name: "fetch", kind: respFetch, binary: true, steps: []step{{[]byte{0, 0, 1}, M}, {[]byte{0, 0, 2}, M},
-			{eofPkt(statusCursorExists | 0x80), D}}, status: statusCursorExists | 0x80},
+			{eofPkt(mysql.SERVER_STATUS_CURSOR_EXISTS | 0x80), D}}, status: mysql.SERVER_STATUS_CURSOR_EXISTS | 0x80},
 		{name: "fetch error", kind: respFetch, steps: []step{{errPkt(1421), D}}, errCode: 1421},
-		{name: "LOCAL INFILE", steps: []step{{append([]byte{hdrInfile}, "f.csv"...), I}, {okPkt(5, 0), D}}, affected: 5},
+		{name: "LOCAL INFILE", steps: []step{{append([]byte{mysql.LocalInFile_HEADER}, "f.csv"...), I}, {okPkt(5, 0), D}}, affected: 5},
 		{name: "field list", kind: respFieldList, steps: []step{{colPkt("a"), M}, {colPkt("b"), M}, {eofPkt(2), D}}, status: 2},
 		{name: "statistics", kind: respSingle, steps: []step{{[]byte("Uptime: 5  Threads: 1"), D}}},
-		{name: "set option", kind: respSingle, steps: []step{{eofPkt(statusAutocommit), D}}, status: statusAutocommit},
+		{name: "set option", kind: respSingle, steps: []step{{eofPkt(mysql.SERVER_STATUS_AUTOCOMMIT), D}}, status: mysql.SERVER_STATUS_AUTOCOMMIT},
 		{name: "prepare", kind: respPrepare, steps: []step{{prepOK(7, 2, 1), M}, {colPkt("?"), M}, {eofPkt(0), M},
 			{colPkt("a"), M}, {colPkt("b"), M}, {eofPkt(0), D}}},
 		{name: "prepare without params", kind: respPrepare, steps: []step{{prepOK(7, 1, 0), M}, {colPkt("a"), M}, {eofPkt(0), D}}},
@@ -140,7 +142,7 @@ func TestHugeRowIsNotEOF(t *testing.T) {
 	for _, p := range [][]byte{countPkt(1), colPkt("a"), eofPkt(0)} {
 		m.feed(p, len(p))
 	}
-	ev, err := m.feed([]byte{0xfe, 0xff, 0xff}, maxChunk)
+	ev, err := m.feed([]byte{0xfe, 0xff, 0xff}, mysql.MaxPayloadLen)
 	if err != nil || ev != evMore {
 		t.Fatalf("event %d err %v", ev, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/pingcap/failpoint"
 )
 
@@ -29,6 +30,10 @@ type Config struct {
 	// DialTimeout bounds the backend dial, the backend's greeting and each
 	// TLS handshake. Default 5s.
 	DialTimeout time.Duration
+	// HandshakeTimeout bounds a client's whole login, from its connection
+	// to the backend's OK: a client that stalls is closed, and so is its
+	// backend connection. Default 10s (MariaDB's connect_timeout).
+	HandshakeTimeout time.Duration
 	// BackendTLS, when non-nil, makes rgproxy speak TLS to the backend
 	// (--backend-tls=skip-verify|verify). nil: plaintext (--backend-tls=off).
 	BackendTLS *tls.Config
@@ -96,6 +101,9 @@ type Server struct {
 	passThrough bool
 	// watchDelay: see defaultWatchDelay; tests shorten it.
 	watchDelay time.Duration
+	// bwatch tells idle sessions that their backend closed (bwatch_linux.go);
+	// nil before the first Serve and where it is not supported.
+	bwatch atomic.Pointer[backendWatch]
 
 	nextID        atomic.Uint64
 	conns         atomic.Int64
@@ -108,9 +116,11 @@ type Server struct {
 	closing bool
 	// watchdogOn: the client-watch sampler (watch.go) runs.
 	watchdogOn bool
-	listeners  map[net.Listener]struct{}
-	sessions   map[*session]struct{}
-	wg         sync.WaitGroup
+	// bwatchTried: Serve has started the backend watch (or failed to).
+	bwatchTried bool
+	listeners   map[net.Listener]struct{}
+	sessions    map[*session]struct{}
+	wg          sync.WaitGroup
 	// hardCtx ends when Shutdown gives up waiting: every session's context
 	// derives from it.
 	hardCtx    context.Context
@@ -127,6 +137,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 10 * time.Second
 	}
 	if cfg.RequireTLS && cfg.ClientTLS == nil {
 		return nil, errors.New("mysqlproto: RequireTLS needs ClientTLS (a certificate and key)")
@@ -185,6 +198,10 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.watchdogOn = true
 		go s.watchdog(s.hardCtx)
 	}
+	if !s.bwatchTried {
+		s.bwatchTried = true
+		s.startBackendWatch()
+	}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -229,13 +246,29 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
+// startBackendWatch starts the watch of idle backend connections, which
+// stops once Shutdown is over.
+func (s *Server) startBackendWatch() {
+	w, err := newBackendWatch(s.log)
+	if err != nil {
+		s.log.Debug("backend connections are not watched: a close by the backend is seen at the next statement", "err", err)
+		return
+	}
+	s.bwatch.Store(w)
+	go w.run()
+	go func() {
+		<-s.hardCtx.Done()
+		w.close()
+	}()
+}
+
 // refuse answers a connection beyond MaxConnections with ERR 1040 in place
 // of the greeting, as a MySQL server does.
 func (s *Server) refuse(c net.Conn) {
 	defer c.Close()
 	_ = c.SetWriteDeadline(time.Now().Add(s.cfg.DialTimeout))
 	bw := bufio.NewWriterSize(c, 256)
-	_, _ = writeMessage(bw, 0, appendErr(nil, &Error{Code: errCodeConCount, State: "08004", Message: "Too many connections"}))
+	_, _ = writeMessage(bw, 0, appendErr(nil, &Error{Code: mysql.ER_CON_COUNT_ERROR, State: "08004", Message: "Too many connections"}))
 	_ = bw.Flush()
 	s.log.Warn("connection refused: too many connections", "client", c.RemoteAddr(), "max", s.cfg.MaxConnections)
 }
@@ -340,7 +373,7 @@ func ProbeBackend(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("mysqlproto: probe %s: reading greeting: %w", cfg.BackendAddr, err)
 	}
-	if len(p) > 0 && p[0] == hdrERR {
+	if len(p) > 0 && p[0] == mysql.ERR_HEADER {
 		e := parseErrPacket(p)
 		return fmt.Errorf("mysqlproto: probe %s: backend refused: %w", cfg.BackendAddr, e)
 	}

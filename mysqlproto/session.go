@@ -9,11 +9,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/pingcap/failpoint"
 )
 
@@ -25,6 +27,9 @@ var (
 	ErrAuthRefused = errors.New("mysqlproto: authentication refused by rgproxy")
 	// errQuit ends a session on COM_QUIT or a failed login.
 	errQuit = errors.New("mysqlproto: session ends")
+	// errBackendClosed ends a session whose backend closed the
+	// connection while the session waited for its client.
+	errBackendClosed = errors.New("mysqlproto: the backend closed the connection")
 )
 
 // inspectLen is how much of a response packet the state machine looks at;
@@ -33,9 +38,6 @@ const inspectLen = 64
 
 // authLimit bounds a single packet of the handshake.
 const authLimit = 1 << 20
-
-// loginTimeout is how long, beyond DialTimeout, a client may take to log in.
-const loginTimeout = 30 * time.Second
 
 // keepBuf is the largest command buffer a session keeps between commands.
 const keepBuf = 1 << 20
@@ -97,9 +99,66 @@ type session struct {
 	wdSeen uint64
 	wdone  chan struct{}
 
+	// resetClient closes the client connection with a reset (the backend
+	// reset its own).
+	resetClient bool
+
+	// bstate is shared with the backend watch (bwatch_linux.go): bwIdle
+	// while the session waits for its client only, bwGone once the
+	// backend closed.
+	bstate atomic.Uint32
+
 	mu      sync.Mutex
 	busy    bool
 	closing bool
+}
+
+// Bits of session.bstate.
+const (
+	bwIdle uint32 = 1 << iota
+	bwGone
+)
+
+// backendClosed is called by the backend watch when the backend connection
+// closed. A session waiting for its client is woken by a read deadline in
+// the past; a busy one sees the close by itself (its next read of the
+// backend fails) or, if its statement ended first, when it next goes idle.
+// Once bwGone is set the session never reads its client again, so a wake
+// that races with the session leaving idle is harmless.
+func (ss *session) backendClosed() {
+	if old := ss.bstate.Or(bwGone); old&bwIdle != 0 && old&bwGone == 0 {
+		_ = ss.rawClient.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// enterIdle marks the session as waiting for its client only; true means
+// the backend has already closed.
+func (ss *session) enterIdle() bool { return ss.bstate.Or(bwIdle)&bwGone != 0 }
+
+// leaveIdle marks the session busy again; true means the backend closed.
+func (ss *session) leaveIdle() bool { return ss.bstate.And(^bwIdle)&bwGone != 0 }
+
+// backendGone ends a session whose backend closed while the session waited
+// for its client: the backend's last packet, when it is an ERR (MySQL 8
+// sends 4031 on wait_timeout, MariaDB nothing), is relayed as it came, and
+// the client connection closes at once, as a direct connection's would.
+func (ss *session) backendGone() error {
+	_ = ss.backend.SetReadDeadline(time.Now().Add(time.Second))
+	p, seq, err := readMessage(ss.brd, ss.buf, authLimit)
+	ss.buf = p
+	if errors.Is(err, syscall.ECONNRESET) {
+		// MariaDB resets on wait_timeout: so does rgproxy, so that the
+		// client's next write fails as it would directly (the mariadb CLI
+		// then says 2006 "Server has gone away").
+		ss.resetClient = true
+	}
+	if err != nil || len(p) == 0 || p[0] != mysql.ERR_HEADER {
+		return errBackendClosed
+	}
+	if ss.sendClient(seq, p) == nil {
+		_ = ss.cwr.Flush()
+	}
+	return fmt.Errorf("%w after ERR %w", errBackendClosed, parseErrPacket(p))
 }
 
 func newSession(s *Server, c net.Conn) *session {
@@ -180,11 +239,17 @@ func (ss *session) isClosing() bool {
 func (ss *session) close() {
 	ss.cancel()
 	if ss.backend != nil {
-		// A polite COM_QUIT; the backend would otherwise log an aborted connection.
-		_ = ss.backend.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-		_, _ = writeMessage(ss.bwr, 0, []byte{comQuit})
-		_ = ss.bwr.Flush()
+		ss.srv.bwatch.Load().remove(ss.info.ID)
+		if ss.bstate.Load()&bwGone == 0 {
+			// A polite COM_QUIT; the backend would otherwise log an aborted connection.
+			_ = ss.backend.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			_, _ = writeMessage(ss.bwr, 0, []byte{mysql.COM_QUIT})
+			_ = ss.bwr.Flush()
+		}
 		_ = ss.backend.Close()
+	}
+	if tc, ok := ss.rawClient.Conn.(*net.TCPConn); ok && ss.resetClient {
+		_ = tc.SetLinger(0)
 	}
 	_ = ss.client.Close()
 	if ss.pol != nil {
@@ -200,6 +265,10 @@ func (ss *session) close() {
 func (ss *session) run() {
 	if err := ss.login(); err != nil {
 		switch {
+		case ss.bstate.Load()&bwGone != 0 && !errors.Is(err, ErrBackendLost):
+			ss.log.Debug("backend closed the connection during login", "err", err)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			ss.log.Warn("login failed: the client did not complete its handshake in time", "timeout", ss.srv.cfg.HandshakeTimeout, "err", err)
 		case errors.Is(err, errQuit):
 		case errors.Is(err, io.EOF):
 			// Health checks connect and leave: not worth a warning.
@@ -228,6 +297,8 @@ func (ss *session) run() {
 			ss.log.Debug("client closed the connection", "err", err)
 		case errors.Is(err, ErrBackendLost):
 			ss.log.Warn("backend connection lost", "err", err)
+		case errors.Is(err, errBackendClosed):
+			ss.log.Debug("backend closed the idle session; closed its client", "err", err)
 		default:
 			ss.log.Warn("closing session", "err", err)
 		}
@@ -250,64 +321,27 @@ func (ss *session) sendError(seq byte, e *Error) error {
 	return ss.cwr.Flush()
 }
 
-// login dials the backend and relays the handshake both ways.
+// login dials the backend and relays the handshake both ways. The whole
+// login is bounded by HandshakeTimeout, and the session is "idle" for the
+// backend watch meanwhile: a backend that gives up on a client that does
+// not answer (MariaDB's connect_timeout) closes that client at once.
 func (ss *session) login() error {
 	cfg := &ss.srv.cfg
-	// A client that stalls during login must not hold a session forever.
-	_ = ss.rawClient.SetDeadline(time.Now().Add(cfg.DialTimeout + loginTimeout))
+	deadline := time.Now().Add(cfg.HandshakeTimeout)
+	_ = ss.rawClient.SetDeadline(deadline)
 	defer ss.rawClient.SetDeadline(time.Time{})
-	handshakeCtx := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(ss.ctx, cfg.DialTimeout)
-	}
-
-	var d net.Dialer
-	ctx, cancel := handshakeCtx()
-	bc, err := d.DialContext(ctx, "tcp", cfg.BackendAddr)
-	cancel()
-	failpoint.Inject("backendDialError", func() {
-		if err == nil {
-			bc.Close()
-			err = errFailpoint
+	gp, g, err := ss.dialBackend(deadline)
+	if err != nil {
+		if errors.Is(err, errBackendRefused) {
+			return err
 		}
-	})
-	if err != nil {
-		ss.srv.backendErrors.Add(1)
-		_ = ss.sendError(0, &Error{Code: errCodeConnHost, State: "HY000",
-			Message: fmt.Sprintf("rgproxy: cannot connect to backend %s: %v", cfg.BackendAddr, err)})
-		return fmt.Errorf("%w: dial %s: %w", ErrBackendLost, cfg.BackendAddr, err)
-	}
-	ss.mu.Lock()
-	ss.rawBackend = &countingConn{Conn: bc, raw: newRawSock(bc), n: &ss.srv.backendBytes}
-	ss.mu.Unlock()
-	ss.setBackend(ss.rawBackend)
-	_ = bc.SetDeadline(time.Now().Add(cfg.DialTimeout))
-	if cfg.BackendProxyProtocol {
-		if _, err := ss.bwr.WriteString(proxyHeader(ss.info.ClientAddr, ss.rawClient.LocalAddr())); err != nil {
-			return ss.backendFailed(0, err)
-		}
-	}
-	if err := ss.bwr.Flush(); err != nil {
-		return ss.backendFailed(0, err)
-	}
-	gp, _, err := readMessage(ss.brd, nil, authLimit)
-	if err != nil {
-		return ss.backendFailed(0, fmt.Errorf("reading greeting: %w", err))
-	}
-	_ = bc.SetDeadline(time.Time{})
-	if len(gp) > 0 && gp[0] == hdrERR { // e.g. the backend's own 1040 or a blocked host
-		_ = ss.sendClient(0, gp)
-		_ = ss.cwr.Flush()
-		return fmt.Errorf("backend refused the connection: %w", parseErrPacket(gp))
-	}
-	g, err := parseGreeting(gp)
-	if err != nil {
-		return ss.backendFailed(0, err)
+		return ss.backendUnreachable(err, deadline)
 	}
 	ss.info.BackendConnID = g.ConnID
 	backendCaps := g.Caps
 	offer := backendCaps & supportedCaps
 	if cfg.ClientTLS != nil {
-		offer |= capSSL
+		offer |= mysql.CLIENT_SSL
 	}
 	rewriteGreeting(gp, &g, offer)
 	if err := ss.sendClient(0, gp); err != nil {
@@ -317,43 +351,14 @@ func (ss *session) login() error {
 		return err
 	}
 
-	// The client's answer: an SSLRequest first when it upgrades.
-	rp, cseq, err := readMessage(ss.crd, ss.buf, authLimit)
-	if err != nil {
-		return fmt.Errorf("reading handshake response: %w", err)
-	}
-	resp, err := parseHandshakeResponse(rp)
+	rp, cseq, resp, err := ss.clientHello(deadline)
 	if err != nil {
 		return err
 	}
-	if resp.Caps&capSSL != 0 {
-		if cfg.ClientTLS == nil || len(rp) != sslRequestLen {
-			return fmt.Errorf("%w: unexpected SSL request", ErrMalformedPacket)
-		}
-		// The ClientHello may already sit in crd: TLS reads through it.
-		tc := tls.Server(&bufferedConn{ss.rawClient, ss.crd}, cfg.ClientTLS)
-		ctx, cancel := handshakeCtx()
-		err := tc.HandshakeContext(ctx)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("client TLS handshake: %w", err)
-		}
-		ss.setClient(tc)
-		ss.clientTLS = true
-		if rp, cseq, err = readMessage(ss.crd, ss.buf, authLimit); err != nil {
-			return fmt.Errorf("reading handshake response: %w", err)
-		}
-		if resp, err = parseHandshakeResponse(rp); err != nil {
-			return err
-		}
-	}
 	if cfg.RequireTLS && !ss.clientTLS {
-		_ = ss.sendError(cseq+1, &Error{Code: errCodeInsecure, State: "HY000",
+		_ = ss.sendError(cseq+1, &Error{Code: errCodeSecureTransport, State: "HY000",
 			Message: "rgproxy: connections using insecure transport are prohibited; connect with TLS"})
 		return fmt.Errorf("%w: client did not use TLS", ErrAuthRefused)
-	}
-	if len(rp) == sslRequestLen {
-		return fmt.Errorf("%w: second SSL request", ErrMalformedPacket)
 	}
 	ss.info.User = resp.User
 	plugin := resp.Plugin
@@ -368,14 +373,14 @@ func (ss *session) login() error {
 	// The backend leg: SSLRequest and TLS first when configured.
 	bseq := byte(1)
 	if cfg.BackendTLS != nil {
-		if backendCaps&capSSL == 0 {
-			_ = ss.sendError(cseq+1, &Error{Code: 2026, State: "HY000",
-				Message: fmt.Sprintf("rgproxy: backend %s does not support TLS", cfg.BackendAddr)})
+		if backendCaps&mysql.CLIENT_SSL == 0 {
+			_ = ss.sendError(cseq+1, &Error{Code: errCodeBackendUnreachable, State: "HY000",
+				Message: fmt.Sprintf("rgproxy: cannot connect to backend %s with TLS: it does not support TLS", cfg.BackendAddr)})
 			return fmt.Errorf("%w: backend does not support TLS", ErrAuthRefused)
 		}
 		sslReq := make([]byte, sslRequestLen)
 		copy(sslReq, rp[:sslRequestLen])
-		rewriteHandshakeResponse(sslReq, ss.caps|capSSL)
+		rewriteHandshakeResponse(sslReq, ss.caps|mysql.CLIENT_SSL)
 		if _, err := writeMessage(ss.bwr, bseq, sslReq); err != nil {
 			return ss.backendFailed(cseq+1, err)
 		}
@@ -383,7 +388,7 @@ func (ss *session) login() error {
 			return ss.backendFailed(cseq+1, err)
 		}
 		tc := tls.Client(&bufferedConn{ss.rawBackend, ss.brd}, cfg.BackendTLS)
-		ctx, cancel := handshakeCtx()
+		ctx, cancel := context.WithDeadline(ss.ctx, earliest(time.Now().Add(cfg.DialTimeout), deadline))
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
@@ -395,7 +400,7 @@ func (ss *session) login() error {
 	}
 	legCaps := ss.caps
 	if ss.backendTLS {
-		legCaps |= capSSL
+		legCaps |= mysql.CLIENT_SSL
 	}
 	rewriteHandshakeResponse(rp, legCaps)
 	if _, err := writeMessage(ss.bwr, bseq, rp); err != nil {
@@ -412,15 +417,148 @@ func (ss *session) login() error {
 	if !ok {
 		return errQuit // the backend's ERR (e.g. 1045) went to the client unchanged
 	}
+	_ = ss.rawBackend.SetDeadline(time.Time{})
+	if ss.leaveIdle() {
+		return errBackendClosed
+	}
 	ss.log = ss.log.With("user", ss.info.User, "backend_conn", ss.info.BackendConnID)
 	ss.log.Debug("session logged in")
 	return nil
 }
 
+// earliest returns the earlier of two times.
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// errBackendRefused: the backend answered the connection with an ERR
+// packet in place of its greeting, which went to the client as is.
+var errBackendRefused = errors.New("mysqlproto: backend refused the connection")
+
+// dialBackend connects to the backend, starts watching it and reads its
+// greeting. Every error but errBackendRefused means the backend cannot be
+// reached.
+func (ss *session) dialBackend(deadline time.Time) ([]byte, greeting, error) {
+	cfg := &ss.srv.cfg
+	var g greeting
+	dl := earliest(time.Now().Add(cfg.DialTimeout), deadline)
+	ctx, cancel := context.WithDeadline(ss.ctx, dl)
+	var d net.Dialer
+	bc, err := d.DialContext(ctx, "tcp", cfg.BackendAddr)
+	cancel()
+	failpoint.Inject("backendDialError", func() {
+		if err == nil {
+			bc.Close()
+			err = errFailpoint
+		}
+	})
+	if err != nil {
+		return nil, g, err
+	}
+	ss.mu.Lock()
+	ss.rawBackend = &countingConn{Conn: bc, raw: newRawSock(bc), n: &ss.srv.backendBytes}
+	ss.mu.Unlock()
+	ss.setBackend(ss.rawBackend)
+	ss.enterIdle()
+	ss.srv.bwatch.Load().add(ss)
+	_ = bc.SetDeadline(dl)
+	if cfg.BackendProxyProtocol {
+		if _, err := ss.bwr.WriteString(proxyHeader(ss.info.ClientAddr, ss.rawClient.LocalAddr())); err != nil {
+			return nil, g, err
+		}
+	}
+	if err := ss.bwr.Flush(); err != nil {
+		return nil, g, err
+	}
+	gp, _, err := readMessage(ss.brd, nil, authLimit)
+	if err != nil {
+		return nil, g, fmt.Errorf("reading greeting: %w", err)
+	}
+	// The greeting came: the rest of the login has its own deadline.
+	_ = bc.SetDeadline(deadline)
+	if len(gp) > 0 && gp[0] == mysql.ERR_HEADER { // e.g. the backend's own 1040 or a blocked host
+		_ = ss.sendClient(0, gp)
+		_ = ss.cwr.Flush()
+		return nil, g, fmt.Errorf("%w: %w", errBackendRefused, parseErrPacket(gp))
+	}
+	if g, err = parseGreeting(gp); err != nil {
+		return nil, g, err
+	}
+	return gp, g, nil
+}
+
+// backendUnreachable answers a client whose backend cannot be reached.
+// The error follows a greeting of rgproxy's own and the client's answer
+// (and its TLS upgrade), because an ERR in place of the greeting is shown
+// by TLS-first clients (libmariadb 3.4, the mariadb CLI) as "ERROR 2002:
+// ... the authenticity of the following error cannot be verified".
+func (ss *session) backendUnreachable(cause error, deadline time.Time) error {
+	cfg := &ss.srv.cfg
+	ss.srv.backendErrors.Add(1)
+	err := fmt.Errorf("%w: cannot connect to %s: %w", ErrBackendLost, cfg.BackendAddr, cause)
+	caps := supportedCaps
+	if cfg.ClientTLS != nil {
+		caps |= mysql.CLIENT_SSL
+	}
+	if ss.sendClient(0, appendGreeting(ss.buf[:0], uint32(ss.info.ID), caps)) != nil || ss.cwr.Flush() != nil {
+		return err
+	}
+	_, cseq, _, herr := ss.clientHello(deadline)
+	if herr != nil {
+		return err
+	}
+	_ = ss.sendError(cseq+1, &Error{Code: errCodeBackendUnreachable, State: "HY000",
+		Message: fmt.Sprintf("rgproxy: cannot connect to backend %s: %v", cfg.BackendAddr, cause)})
+	return err
+}
+
+// clientHello reads the client's handshake response, upgrading the
+// connection to TLS first when the client asks with an SSLRequest. The
+// response is in ss.buf.
+func (ss *session) clientHello(deadline time.Time) (rp []byte, cseq byte, resp handshakeResponse, err error) {
+	cfg := &ss.srv.cfg
+	if rp, cseq, err = readMessage(ss.crd, ss.buf, authLimit); err != nil {
+		return rp, cseq, resp, fmt.Errorf("reading handshake response: %w", err)
+	}
+	ss.buf = rp
+	if resp, err = parseHandshakeResponse(rp); err != nil {
+		return rp, cseq, resp, err
+	}
+	if resp.Caps&mysql.CLIENT_SSL != 0 {
+		if cfg.ClientTLS == nil || len(rp) != sslRequestLen {
+			return rp, cseq, resp, fmt.Errorf("%w: unexpected SSL request", ErrMalformedPacket)
+		}
+		// The ClientHello may already sit in crd: TLS reads through it.
+		tc := tls.Server(&bufferedConn{ss.rawClient, ss.crd}, cfg.ClientTLS)
+		ctx, cancel := context.WithDeadline(ss.ctx, earliest(time.Now().Add(cfg.DialTimeout), deadline))
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			return rp, cseq, resp, fmt.Errorf("client TLS handshake: %w", err)
+		}
+		ss.setClient(tc)
+		ss.clientTLS = true
+		if rp, cseq, err = readMessage(ss.crd, ss.buf, authLimit); err != nil {
+			return rp, cseq, resp, fmt.Errorf("reading handshake response: %w", err)
+		}
+		ss.buf = rp
+		if resp, err = parseHandshakeResponse(rp); err != nil {
+			return rp, cseq, resp, err
+		}
+	}
+	if len(rp) == sslRequestLen {
+		return rp, cseq, resp, fmt.Errorf("%w: second SSL request", ErrMalformedPacket)
+	}
+	return rp, cseq, resp, nil
+}
+
 func (ss *session) bothTLS() bool { return ss.clientTLS && ss.backendTLS }
 
 func (ss *session) refuseClearText(seq byte, plugin string) error {
-	_ = ss.sendError(seq, &Error{Code: errCodeNotSupported, State: "08004", Message: fmt.Sprintf(
+	_ = ss.sendError(seq, &Error{Code: mysql.ER_NOT_SUPPORTED_AUTH_MODE, State: "08004", Message: fmt.Sprintf(
 		"rgproxy: the '%s' plugin sends the password in clear text; it needs TLS between client and proxy and between proxy and backend", plugin)})
 	return fmt.Errorf("%w: clear-text plugin %s without TLS on both legs", ErrAuthRefused, plugin)
 }
@@ -440,7 +578,7 @@ func (ss *session) relayAuth(plugin string, delta byte) (ok bool, err error) {
 			return false, ss.backendFailed(bseq+delta, fmt.Errorf("%w: empty auth packet", ErrMalformedPacket))
 		}
 		switch p[0] {
-		case hdrOK:
+		case mysql.OK_HEADER:
 			var m respMachine
 			if err := m.parseOK(p); err == nil {
 				ss.status = m.Status
@@ -449,7 +587,7 @@ func (ss *session) relayAuth(plugin string, delta byte) (ok bool, err error) {
 				return false, err
 			}
 			return true, ss.cwr.Flush()
-		case hdrERR:
+		case mysql.ERR_HEADER:
 			if err := ss.sendClient(bseq+delta, p); err != nil {
 				return false, err
 			}
@@ -466,7 +604,7 @@ func (ss *session) relayAuth(plugin string, delta byte) (ok bool, err error) {
 		if err := ss.cwr.Flush(); err != nil {
 			return false, err
 		}
-		if len(p) == 2 && p[0] == hdrMore && p[1] == 3 {
+		if len(p) == 2 && p[0] == mysql.MORE_DATE_HEADER && p[1] == mysql.CACHE_SHA2_FAST_AUTH {
 			continue // caching_sha2 fast auth succeeded: the OK follows
 		}
 		cp, cseq, err := readMessage(ss.crd, ss.buf, authLimit)
@@ -486,11 +624,13 @@ func (ss *session) relayAuth(plugin string, delta byte) (ok bool, err error) {
 	}
 }
 
-// backendFailed reports a backend I/O failure to the client (as ERR 2013
+// backendFailed reports a backend I/O failure to the client (as ERR 1927
 // with sequence id seq) and returns the error that ends the session.
+// SQLSTATE 08S01, "communication link failure", makes connection pools
+// (Connector/J, HikariCP, ...) discard the connection.
 func (ss *session) backendFailed(seq byte, cause error) error {
 	ss.srv.backendErrors.Add(1)
-	_ = ss.sendError(seq, &Error{Code: errCodeServerLost, State: "HY000",
+	_ = ss.sendError(seq, &Error{Code: errCodeBackendLost, State: "08S01",
 		Message: fmt.Sprintf("Lost connection to backend MySQL server during query (rgproxy: %v)", cause)})
 	return fmt.Errorf("%w: %w", ErrBackendLost, cause)
 }

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // rowStream plays prebuilt byte slices in order (the same slice may
@@ -32,11 +34,11 @@ func (s *rowStream) Read(b []byte) (int, error) {
 func wirePacket(p []byte) []byte {
 	var w []byte
 	for {
-		n := min(len(p), maxChunk)
+		n := min(len(p), mysql.MaxPayloadLen)
 		w = append(w, byte(n), byte(n>>8), byte(n>>16), 0)
 		w = append(w, p[:n]...)
 		p = p[n:]
-		if n < maxChunk {
+		if n < mysql.MaxPayloadLen {
 			return w
 		}
 	}
@@ -53,7 +55,7 @@ func resultSetStream(rows [][]byte, count int) *rowStream {
 			s.parts = append(s.parts, w)
 		}
 	}
-	s.parts = append(s.parts, wirePacket(eofPkt(statusAutocommit)))
+	s.parts = append(s.parts, wirePacket(eofPkt(mysql.SERVER_STATUS_AUTOCOMMIT)))
 	return s
 }
 
@@ -150,7 +152,7 @@ func TestBackendTimeExcludesClientWrites(t *testing.T) {
 	ss.brd = bufio.NewReaderSize(be, 512)
 	ss.bwr = bufio.NewWriter(io.Discard)
 	ss.buf = query("SELECT b FROM t")
-	st := Statement{Command: comQuery, Query: "SELECT b FROM t"}
+	st := Statement{Command: mysql.COM_QUERY, Query: "SELECT b FROM t"}
 	if err := ss.statement(&st, len(ss.buf), respGeneric, false, nil); err != nil {
 		t.Fatal(err)
 	}

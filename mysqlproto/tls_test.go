@@ -18,7 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
+	"github.com/go-mysql-org/go-mysql/mysql"
+	sqldriver "github.com/go-sql-driver/mysql"
 )
 
 // selfSigned makes a TLS certificate for 127.0.0.1.
@@ -122,7 +123,7 @@ func (b *scriptBackend) serve(c net.Conn) {
 		seen.proxyLine = line
 	}
 	sc := &scriptConn{br: br, bw: bufio.NewWriter(c), seq: 255, seen: &seen}
-	caps := supportedCaps | capSSL | capCompress | capDeprecateEOF
+	caps := supportedCaps | mysql.CLIENT_SSL | mysql.CLIENT_COMPRESS | mysql.CLIENT_DEPRECATE_EOF
 	sc.send(mariaGreeting(caps, 0x1f, b.plugin))
 	p, seq, err := readMessage(br, nil, 1<<20)
 	if err != nil {
@@ -149,25 +150,25 @@ func (b *scriptBackend) serve(c net.Conn) {
 		sc.send(appendErr(nil, &Error{Code: 1045, State: "28000", Message: "Access denied for user"}))
 		return
 	}
-	sc.send(okPkt(0, statusAutocommit))
+	sc.send(okPkt(0, mysql.SERVER_STATUS_AUTOCOMMIT))
 	for {
 		p, _, err := readMessage(sc.br, nil, 1<<20)
-		if err != nil || len(p) == 0 || p[0] == comQuit {
+		if err != nil || len(p) == 0 || p[0] == mysql.COM_QUIT {
 			return
 		}
 		sc.seq = 0
-		sc.send(appendOK(nil, hdrOK, 0, statusAutocommit, "", 0))
+		sc.send(appendOK(nil, mysql.OK_HEADER, 0, mysql.SERVER_STATUS_AUTOCOMMIT, "", 0))
 	}
 }
 
 // switchTo asks the client to switch plugins and returns its answer.
 func (c *scriptConn) switchTo(plugin string, data []byte) ([]byte, bool) {
-	c.send(append(append([]byte{hdrEOF}, plugin+"\x00"...), data...))
+	c.send(append(append([]byte{mysql.EOF_HEADER}, plugin+"\x00"...), data...))
 	return c.recv()
 }
 
 func tlsDSN(t *testing.T, addr, user, pw, tlsName string) string {
-	c := mysql.NewConfig()
+	c := sqldriver.NewConfig()
 	c.User, c.Passwd, c.Net, c.Addr, c.TLSConfig = user, pw, "tcp", addr, tlsName
 	c.AllowNativePasswords, c.AllowCleartextPasswords = true, true
 	c.Timeout = 5 * time.Second
@@ -176,10 +177,10 @@ func tlsDSN(t *testing.T, addr, user, pw, tlsName string) string {
 
 func registerInsecureTLS(t *testing.T) string {
 	name := "rgproxy-test-" + t.Name()
-	if err := mysql.RegisterTLSConfig(name, &tls.Config{InsecureSkipVerify: true}); err != nil {
+	if err := sqldriver.RegisterTLSConfig(name, &tls.Config{InsecureSkipVerify: true}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mysql.DeregisterTLSConfig(name) })
+	t.Cleanup(func() { sqldriver.DeregisterTLSConfig(name) })
 	return name
 }
 
@@ -200,8 +201,8 @@ func TestClientTLSToMariaDB(t *testing.T) {
 	plain, _ := sql.Open("mysql", tlsDSN(t, addr, "rgp_user", "secret1", "false"))
 	defer plain.Close()
 	err = plain.Ping()
-	var me *mysql.MySQLError
-	if !errors.As(err, &me) || me.Number != errCodeInsecure {
+	var me *sqldriver.MySQLError
+	if !errors.As(err, &me) || me.Number != errCodeSecureTransport {
 		t.Fatalf("plaintext client with RequireTLS: %v", err)
 	}
 }
@@ -252,7 +253,7 @@ func TestTLSBothLegsAndAuthSwitch(t *testing.T) {
 			if seen.tls != tt.backendTLS || seen.user != "app" {
 				t.Errorf("backend saw tls=%v user=%q", seen.tls, seen.user)
 			}
-			if seen.caps&^supportedCaps&^capSSL != 0 || (seen.caps&capSSL != 0) != tt.backendTLS {
+			if seen.caps&^supportedCaps&^mysql.CLIENT_SSL != 0 || (seen.caps&mysql.CLIENT_SSL != 0) != tt.backendTLS {
 				t.Errorf("backend got capabilities %#x", seen.caps)
 			}
 			if !bytes.Equal(seen.filler, make([]byte, 23)) {
@@ -271,7 +272,7 @@ func TestClearTextPluginNeedsTLS(t *testing.T) {
 		return ok && string(ans) == "pw\x00"
 	}
 	fullAuth := func(c *scriptConn, resp handshakeResponse) bool {
-		c.send([]byte{hdrMore, 4}) // caching_sha2: perform full authentication
+		c.send([]byte{mysql.MORE_DATE_HEADER, 4}) // caching_sha2: perform full authentication
 		ans, ok := c.recv()
 		return ok && string(ans) == "pw\x00"
 	}
@@ -321,8 +322,8 @@ func TestClearTextPluginNeedsTLS(t *testing.T) {
 				}
 				return
 			}
-			var me *mysql.MySQLError
-			if !errors.As(err, &me) || me.Number != errCodeNotSupported || !strings.Contains(me.Message, "clear text") {
+			var me *sqldriver.MySQLError
+			if !errors.As(err, &me) || me.Number != mysql.ER_NOT_SUPPORTED_AUTH_MODE || !strings.Contains(me.Message, "clear text") {
 				t.Fatalf("got %v, want 1251", err)
 			}
 			if leaked {

@@ -16,6 +16,8 @@ declare -A pkgs=(
   [prometheus]=prometheus
   [promtool]=prometheus
   [curl]=curl
+  [node]=nodejs
+  [npm]=npm
 )
 need=()
 for cmd in "${!pkgs[@]}"; do
@@ -36,5 +38,11 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq "${need[@]}" >/dev/null
   fi
+fi
+# node's mysql2 driver (tests/backendclose_test.go), pinned, under .cache/node.
+mysql2_version=3.24.6
+if command -v npm >/dev/null 2>&1 && [ ! -e .cache/node/node_modules/mysql2/package.json ]; then
+  echo "test-deps: installing mysql2@$mysql2_version under .cache/node"
+  npm install --no-audit --no-fund --prefix .cache/node "mysql2@$mysql2_version" >/dev/null
 fi
 bash scripts/ensure-mariadb.sh

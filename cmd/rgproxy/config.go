@@ -41,6 +41,9 @@ type config struct {
 	BackendProxyProtocol bool
 	// DialTimeout bounds a backend dial. Default 5s.
 	DialTimeout time.Duration
+	// HandshakeTimeout bounds a client's login, from its connection to the
+	// backend's OK. Default 10s (MariaDB's connect_timeout).
+	HandshakeTimeout time.Duration
 	// MaxConnections caps client sessions; 0 (the default) = unlimited.
 	MaxConnections int
 	// MaxPacket is the largest client command payload accepted, in bytes.
@@ -117,6 +120,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.BackendTLSCA, "backend-tls-ca", "", "PEM CA `file` that verifies the backend with --backend-tls=verify (default: system roots)")
 	fs.BoolVar(&cfg.BackendProxyProtocol, "backend-proxy-protocol", false, "send a PROXY protocol v1 header so the backend sees the client's address")
 	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", 5*time.Second, "backend dial timeout")
+	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", 10*time.Second, "a client that has not logged in this long after connecting is closed, and its backend connection with it")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", 0, "maximum client sessions, 0 = unlimited; beyond it clients get 1040")
 	fs.Int64Var(&cfg.MaxPacket, "max-packet", 1<<30, "largest client command payload accepted, in `bytes`")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long running statements may finish before sessions are closed")
@@ -224,6 +228,9 @@ func (c *config) validate() error {
 	}
 	if c.BackendTLSCA != "" && c.BackendTLS != "verify" {
 		errs = append(errs, errors.New("--backend-tls-ca needs --backend-tls=verify"))
+	}
+	if c.HandshakeTimeout <= 0 {
+		errs = append(errs, errors.New("--handshake-timeout must be > 0"))
 	}
 	if c.MaxConnections < 0 {
 		errs = append(errs, errors.New("--max-connections must be >= 0"))

@@ -227,6 +227,7 @@ func proxyConfig(cfg config, logger *slog.Logger) (mysqlproto.Config, error) {
 	pc := mysqlproto.Config{
 		BackendAddr:          cfg.Backend,
 		DialTimeout:          cfg.DialTimeout,
+		HandshakeTimeout:     cfg.HandshakeTimeout,
 		RequireTLS:           cfg.RequireTLS,
 		BackendProxyProtocol: cfg.BackendProxyProtocol,
 		MaxConnections:       cfg.MaxConnections,

@@ -1,0 +1,127 @@
+package mysqlproto
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// backendWatch tells sessions when their backend connection closes (FIN,
+// RST) while nothing reads it, so that an idle session passes the close on
+// to its client at once. One epoll instance per Server holds every
+// session's backend socket, registered once at login for EPOLLRDHUP only
+// and edge-triggered: response data never wakes it, and a session costs no
+// system call per statement. The epoll descriptor itself sits in Go's
+// network poller, so watching takes no thread and no goroutine per session.
+type backendWatch struct {
+	log *slog.Logger
+	f   *os.File // the epoll instance, non-blocking
+	rc  syscall.RawConn
+
+	closed atomic.Bool
+
+	mu       sync.Mutex
+	sessions map[uint64]*session
+}
+
+func newBackendWatch(log *slog.Logger) (*backendWatch, error) {
+	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("mysqlproto: epoll_create1: %w", err)
+	}
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("mysqlproto: epoll non-blocking: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "mysqlproto-backend-watch")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("mysqlproto: backend watch: %w", err)
+	}
+	return &backendWatch{log: log, f: f, rc: rc, sessions: make(map[uint64]*session)}, nil
+}
+
+// add starts watching ss's backend socket. A session whose backend is not
+// a plain TCP connection is not watched.
+func (w *backendWatch) add(ss *session) {
+	if w == nil || ss.rawBackend == nil || ss.rawBackend.raw == nil {
+		return
+	}
+	id := ss.info.ID
+	w.mu.Lock()
+	w.sessions[id] = ss
+	w.mu.Unlock()
+	ev := syscall.EpollEvent{Events: syscall.EPOLLRDHUP | -syscall.EPOLLET, Fd: int32(uint32(id)), Pad: int32(uint32(id >> 32))}
+	var cerr error
+	err := w.rc.Control(func(epfd uintptr) {
+		err := ss.rawBackend.raw.rc.Control(func(fd uintptr) {
+			cerr = syscall.EpollCtl(int(epfd), syscall.EPOLL_CTL_ADD, int(fd), &ev)
+		})
+		if cerr == nil {
+			cerr = err
+		}
+	})
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		w.remove(id)
+		ss.log.Warn("cannot watch the backend connection; a close by the backend is seen at the next statement", "err", err)
+	}
+}
+
+// remove stops routing events to session id. The kernel drops the socket
+// from the epoll set when the socket closes.
+func (w *backendWatch) remove(id uint64) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	delete(w.sessions, id)
+	w.mu.Unlock()
+}
+
+// run hands events to their sessions until close.
+func (w *backendWatch) run() {
+	events := make([]syscall.EpollEvent, 64)
+	var n int
+	var werr error
+	wait := func(fd uintptr) bool {
+		for {
+			n, werr = syscall.EpollWait(int(fd), events, 0)
+			if werr != syscall.EINTR {
+				return werr != nil || n > 0 // nothing ready: park in the poller
+			}
+		}
+	}
+	for {
+		if err := w.rc.Read(wait); err != nil {
+			if !w.closed.Load() {
+				w.log.Warn("backend watch stopped; closes by the backend are seen at the next statement", "err", err)
+			}
+			return
+		}
+		if werr != nil {
+			w.log.Warn("backend watch stopped; closes by the backend are seen at the next statement", "err", werr)
+			return
+		}
+		for _, ev := range events[:n] {
+			id := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+			w.mu.Lock()
+			ss := w.sessions[id]
+			w.mu.Unlock()
+			if ss != nil {
+				ss.backendClosed()
+			}
+		}
+	}
+}
+
+func (w *backendWatch) close() {
+	w.closed.Store(true)
+	_ = w.f.Close()
+}
