@@ -94,8 +94,10 @@ type Reply struct {
 	// a nil *string in Rows is SQL NULL).
 	Columns []string
 	Rows    [][]*string
-	// AffectedRows and Info fill the OK packet.
+	// AffectedRows, Warnings (the warning count) and Info fill the OK
+	// packet. The policy answers the SHOW WARNINGS that may follow.
 	AffectedRows uint64
+	Warnings     uint16
 	Info         string
 }
 

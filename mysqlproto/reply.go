@@ -89,7 +89,14 @@ func (w *replyWriter) packets(r *Reply, cmd byte, emit func(p []byte) error) err
 			Message: fmt.Sprintf("rgproxy: the policy's reply cannot answer command 0x%02x", cmd)}))
 	}
 	if r.Columns == nil {
-		return emit(appendOK(w.buf[:0], mysql.OK_HEADER, r.AffectedRows, status, r.Info, w.caps))
+		b := appendOK(w.buf[:0], mysql.OK_HEADER, r.AffectedRows, status, r.Info, w.caps)
+		if r.Warnings > 0 {
+			// The warning count follows the header, the affected rows, the
+			// last insert id (0: one byte) and the status flags.
+			i := 1 + len(appendLenenc(nil, r.AffectedRows)) + 1 + 2
+			b[i], b[i+1] = byte(r.Warnings), byte(r.Warnings>>8)
+		}
+		return emit(b)
 	}
 	if err := emit(appendLenenc(w.buf[:0], uint64(len(r.Columns)))); err != nil {
 		return err

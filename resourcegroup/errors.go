@@ -133,13 +133,15 @@ func NewConflict(name string, want, got int64) *Error {
 // Messages for invalid settings. The leading words are TiDB's, so clients
 // matching on TiDB's text keep working; the rest says what to fix.
 const (
-	msgDropReserved   = "can't drop reserved resource group"
-	msgNameTooLong    = "resource group name too long"
-	msgNameEmpty      = "resource group name is empty"
-	msgUnknownMode    = "unknown resource group mode"
-	msgInvalidElapsed = "invalid exec elapsed time"
-	msgUnknownAction  = "unknown resource group runaway action"
-	msgSwitchTarget   = "unknown resource group runaway switch group name"
-	msgInvalidWatch   = "invalid runaway watch"
-	msgInvalidSetting = "invalid group settings"
+	msgDropReserved     = "can't drop reserved resource group"
+	msgNameTooLong      = "resource group name too long"
+	msgNameEmpty        = "resource group name is empty"
+	msgUnknownMode      = "unknown resource group mode"
+	msgInvalidElapsed   = "invalid exec elapsed time"
+	msgUnknownAction    = "unknown resource group runaway action"
+	msgSwitchTarget     = "unknown resource group runaway switch group name"
+	msgInvalidWatch     = "invalid runaway watch"
+	msgInvalidSetting   = "invalid group settings"
+	msgDropSwitchTarget = "can't drop resource group"
+	msgNoWatch          = "no runaway watch with the specific ID"
 )

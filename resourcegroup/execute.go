@@ -43,6 +43,9 @@ func Execute(ctx context.Context, st Statement, store Store) (*Result, error) {
 		if NormalizeName(s.Name) == DefaultGroup {
 			return nil, NewDropReserved()
 		}
+		if err := checkNotSwitchTarget(ctx, NormalizeName(s.Name), store); err != nil {
+			return nil, err
+		}
 		err := store.DropGroup(ctx, s.Name)
 		if s.IfExists && errors.Is(err, ErrNotFound) {
 			return &Result{Warnings: []*Error{NewNotFound(s.Name)}}, nil
@@ -119,6 +122,23 @@ func alterGroup(ctx context.Context, s *AlterGroup, store Store) (*Result, error
 		return nil, err
 	}
 	return &Result{}, nil
+}
+
+// checkNotSwitchTarget refuses to drop a group that another group's
+// QUERY_LIMIT ... SWITCH_GROUP names: that rule would switch statements to
+// nothing, and the other group's SHOW CREATE would no longer replay.
+func checkNotSwitchTarget(ctx context.Context, name string, store Store) error {
+	groups, err := store.ListGroups(ctx)
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		if q := g.QueryLimit; q != nil && q.Action == ActionSwitchGroup && NormalizeName(q.SwitchGroup) == name && g.Name != name {
+			return NewInvalid(fmt.Sprintf("%s: resource group '%s' is the SWITCH_GROUP target of resource group '%s'; "+
+				"change or remove that QUERY_LIMIT first", msgDropSwitchTarget, name, g.Name))
+		}
+	}
+	return nil
 }
 
 // checkSwitchTarget refuses SWITCH_GROUP to a group that does not exist.

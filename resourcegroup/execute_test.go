@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -215,5 +216,30 @@ func TestHasSuper(t *testing.T) {
 				t.Errorf("HasSuper = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// A group that another group's SWITCH_GROUP names cannot be dropped until
+// that rule changes: the rule would switch to nothing.
+func TestDropSwitchTargetRefused(t *testing.T) {
+	s := NewMemStore()
+	for _, q := range []string{
+		"CREATE RESOURCE GROUP rg2 RU_PER_SEC = 10",
+		"CREATE RESOURCE GROUP rg1 RU_PER_SEC = 10 QUERY_LIMIT = (EXEC_ELAPSED = '1s', ACTION = SWITCH_GROUP(rg2))",
+	} {
+		if _, err := run(t, s, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := run(t, s, "DROP RESOURCE GROUP rg2")
+	var re *Error
+	if !errors.As(err, &re) || re.Code != 1105 || !strings.Contains(re.Message, "SWITCH_GROUP target of resource group 'rg1'") {
+		t.Fatalf("drop of a switch target: %v", err)
+	}
+	if _, err := run(t, s, "ALTER RESOURCE GROUP rg1 QUERY_LIMIT = NULL"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run(t, s, "DROP RESOURCE GROUP rg2"); err != nil {
+		t.Fatalf("drop once the rule is gone: %v", err)
 	}
 }

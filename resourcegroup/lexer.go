@@ -11,7 +11,7 @@ const (
 	tkQIdent         // `backquoted` identifier, unescaped
 	tkString         // 'single' or "double" quoted string, unescaped
 	tkNumber         // unsigned decimal integer
-	tkPunct          // one of = ( ) , ; . * @
+	tkPunct          // one of = ( ) , ; . * @ -
 )
 
 // token is one lexeme; pos is its byte offset in the statement, for 1064.
@@ -124,7 +124,7 @@ func (l *lexer) next() (token, error) {
 		}
 		l.pos = end
 		return token{kind: tkString, text: text, pos: i}, nil
-	case strings.IndexByte("=(),;.*@", c) >= 0:
+	case strings.IndexByte("=(),;.*@-", c) >= 0:
 		l.pos = i + 1
 		return token{kind: tkPunct, text: l.src[i : i+1], pos: i}, nil
 	}

@@ -578,9 +578,16 @@ func (p *parser) ruValue(unlimited bool) (uint64, error) {
 			return 0, NewInvalid(fmt.Sprintf("%s: RU value %s is out of range", msgInvalidSetting, p.tok.text))
 		}
 		if v == 0 {
-			return 0, NewInvalid(msgUnknownMode + ": RU_PER_SEC must be greater than 0")
+			return 0, NewInvalid(msgInvalidSetting + ": RU_PER_SEC must be greater than 0 (UNLIMITED for no limit)")
 		}
 		return v, p.advance()
+	case p.isPunct("-"):
+		// A negative amount: say so rather than a bare syntax error.
+		save := *p
+		if err := p.advance(); err == nil && p.tok.kind == tkNumber {
+			return 0, NewInvalid(fmt.Sprintf("%s: an RU amount must be a positive integer, not -%s", msgInvalidSetting, p.tok.text))
+		}
+		*p = save
 	}
 	return 0, p.fail()
 }

@@ -39,7 +39,7 @@ func (g *Group) Validate() error {
 		return NewInvalid(fmt.Sprintf("%s: resource group name '%s' is not in lower case", msgInvalidSetting, g.Name))
 	}
 	if g.RUPerSec == 0 {
-		return NewInvalid(msgUnknownMode + ": RU_PER_SEC must be greater than 0")
+		return NewInvalid(msgUnknownMode + ": RU_PER_SEC is required (a positive integer, or UNLIMITED)")
 	}
 	if g.Priority > PriorityHigh {
 		return NewInvalid(fmt.Sprintf("%s: unknown PRIORITY %d", msgInvalidSetting, g.Priority))
@@ -59,7 +59,7 @@ func (q *QueryLimit) validate(owner string) error {
 	case q.ExecElapsed < 0:
 		return NewInvalid(msgInvalidElapsed + ": EXEC_ELAPSED must be positive")
 	case q.ExecElapsed == 0 && q.RU == 0:
-		return NewInvalid(msgInvalidElapsed + ": QUERY_LIMIT needs EXEC_ELAPSED or RU")
+		return NewInvalid(msgInvalidSetting + ": QUERY_LIMIT needs a limit, EXEC_ELAPSED or RU, besides its ACTION")
 	case q.ExecElapsed > 0 && q.RU > 0:
 		return NewInvalid(msgInvalidSetting + ": QUERY_LIMIT takes only one of EXEC_ELAPSED and RU")
 	}

@@ -73,7 +73,7 @@ func TestValidate(t *testing.T) {
 		{"bad burst", Group{Name: "rg", RUPerSec: 1, Burst: 9}, "unknown BURSTABLE"},
 		{"limit ok", Group{Name: "rg", RUPerSec: 1, QueryLimit: ql(QueryLimit{ExecElapsed: time.Second, Action: ActionKill, Watch: WatchExact, WatchDuration: time.Minute})}, ""},
 		{"limit RU ok", Group{Name: "rg", RUPerSec: 1, QueryLimit: ql(QueryLimit{RU: 10, Action: ActionCooldown})}, ""},
-		{"limit empty", Group{Name: "rg", RUPerSec: 1, QueryLimit: ql(QueryLimit{Action: ActionKill})}, "invalid exec elapsed time"},
+		{"limit empty", Group{Name: "rg", RUPerSec: 1, QueryLimit: ql(QueryLimit{Action: ActionKill})}, "QUERY_LIMIT needs a limit"},
 		{"limit negative", Group{Name: "rg", RUPerSec: 1, QueryLimit: ql(QueryLimit{ExecElapsed: -1, Action: ActionKill})}, "invalid exec elapsed time"},
 		{"limit both", Group{Name: "rg", RUPerSec: 1, QueryLimit: ql(QueryLimit{ExecElapsed: 1, RU: 1, Action: ActionKill})}, "only one of EXEC_ELAPSED and RU"},
 		{"no action", Group{Name: "rg", RUPerSec: 1, QueryLimit: ql(QueryLimit{ExecElapsed: 1})}, "unknown resource group runaway action"},

@@ -3,6 +3,7 @@ package resourcegroup
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -28,16 +29,25 @@ func executeWatch(ctx context.Context, st Statement, store Store) (*Result, erro
 		return addWatch(ctx, s, store, ws)
 	case *QueryWatchRemove:
 		if s.ID != 0 {
+			// ErrWatchNotFound when there is none, as in TiDB.
 			if err := ws.RemoveWatch(ctx, s.ID); err != nil {
 				return nil, err
 			}
 			return &Result{AffectedRows: 1}, nil
 		}
+		group := NormalizeName(s.Group)
+		if _, err := store.GetGroup(ctx, group); err != nil {
+			return nil, err
+		}
 		list, err := ws.ListWatches(ctx)
 		if err != nil {
 			return nil, err
 		}
-		group := NormalizeName(s.Group)
+		if !slices.ContainsFunc(list, func(w Watch) bool { return w.Group == group }) {
+			// Removing nothing is an error, as for an id.
+			return nil, &Error{Code: CodeUnknown, State: "HY000", Err: ErrWatchNotFound,
+				Message: fmt.Sprintf("no runaway watch in resource group '%s'", group)}
+		}
 		var n uint64
 		for _, w := range list {
 			if w.Group != group {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
@@ -35,9 +36,6 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			return errReply(resourcegroup.NewAccessDenied())
 		}
 		s.setGroup = name
-		if name == resourcegroup.DefaultGroup {
-			s.setGroup = ""
-		}
 		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{}}
 	case *resourcegroup.CurrentGroup:
 		return resultReply([]string{"CURRENT_RESOURCE_GROUP()"}, [][]string{{s.currentGroup()}})
@@ -72,7 +70,38 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 	if res.IsResultSet() {
 		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{Columns: res.Columns, Rows: res.Rows}}
 	}
-	return mysqlproto.Verdict{Reply: &mysqlproto.Reply{AffectedRows: res.AffectedRows}}
+	// Notes (IF NOT EXISTS of an existing group, IF EXISTS of a missing
+	// one) are counted in the OK packet; the SHOW WARNINGS that may follow
+	// is answered here.
+	s.notes = res.Warnings
+	return mysqlproto.Verdict{Reply: &mysqlproto.Reply{AffectedRows: res.AffectedRows, Warnings: uint16(min(len(res.Warnings), 65535))}}
+}
+
+// showNotes answers SHOW WARNINGS (or SHOW COUNT(*) WARNINGS) right after
+// one of rgproxy's own statements that left notes; ok is false for any
+// other statement, which forgets them.
+func (s *session) showNotes(st *mysqlproto.Statement) (mysqlproto.Verdict, bool) {
+	notes := s.notes
+	s.notes = nil
+	if st.Command != mysql.COM_QUERY {
+		return mysqlproto.Verdict{}, false
+	}
+	tz := mysqlproto.NewTokenizer(st.Query, st.NoBackslashEscapes)
+	var words []string
+	for t := tz.Next(); t.Kind != mysqlproto.TokenEOF && t.Kind != mysqlproto.TokenSemicolon && len(words) < 8; t = tz.Next() {
+		words = append(words, strings.ToUpper(st.Query[t.Start:t.End]))
+	}
+	switch strings.Join(words, " ") {
+	case "SHOW WARNINGS":
+		rows := make([][]string, len(notes))
+		for i, n := range notes {
+			rows[i] = []string{"Note", strconv.Itoa(int(n.Code)), n.Message}
+		}
+		return resultReply([]string{"Level", "Code", "Message"}, rows), true
+	case "SHOW COUNT ( * ) WARNINGS":
+		return resultReply([]string{"@@session.warning_count"}, [][]string{{strconv.Itoa(len(notes))}}), true
+	}
+	return mysqlproto.Verdict{}, false
 }
 
 // showLast answers SHOW LAST STATEMENT RU: the session's previous

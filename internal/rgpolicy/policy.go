@@ -227,6 +227,8 @@ type session struct {
 	guard *runawayGuard
 
 	last lastStatement
+	// notes are what rgproxy's own last statement noted (SHOW WARNINGS).
+	notes []*resourcegroup.Error
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -258,6 +260,11 @@ type lastStatement struct {
 
 // Before implements mysqlproto.SessionPolicy.
 func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
+	if s.notes != nil {
+		if v, ok := s.showNotes(st); ok {
+			return v
+		}
+	}
 	var refs []virtualRef
 	if st.Command == mysql.COM_QUERY && st.Scan.Mentions&virtualMentions != 0 {
 		refs = findVirtual(st.Query, st.NoBackslashEscapes, func() bool { return inInformationSchema(ctx, be) })

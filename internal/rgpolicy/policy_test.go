@@ -28,6 +28,7 @@ type recordingTokens struct {
 	charged   []string // group
 	required  []float64
 	amounts   []float64 // RU of each Charge
+	store     resourcegroup.Store
 	throttled []string
 	ru        float64
 }
@@ -86,7 +87,12 @@ func (r *recordingTokens) MatchGroupWatch(group, text, digest string) (resourceg
 	return resourcegroup.Watch{}, false
 }
 
-func (r *recordingTokens) Store() resourcegroup.Store               { return resourcegroup.NewMemStore() }
+func (r *recordingTokens) Store() resourcegroup.Store {
+	if r.store == nil {
+		r.store = resourcegroup.NewMemStore()
+	}
+	return r.store
+}
 func (r *recordingTokens) Usage(time.Time) []tokenclient.GroupUsage { return nil }
 
 // grants answers SHOW GRANTS like the backend would.
@@ -149,7 +155,12 @@ func TestPolicyResolvesGroups(t *testing.T) {
 		{"binding", "app", plainGrants, "", "SELECT 1", "bound"},
 		{"no binding: default", "nobody", plainGrants, "", "SELECT 1", "default"},
 		{"hint naming the bound group", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(bound) */ 1", "bound"},
-		{"hint naming default", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(default) */ 1", "default"},
+		{"strict: a bound user may not hint default", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(default) */ 1", "1227"},
+		{"an unbound user may hint default", "nobody", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(default) */ 1", "default"},
+		{"SUPER may hint default", "app", superGrants, "", "SELECT /*+ RESOURCE_GROUP(default) */ 1", "default"},
+		{"strict: a bound user may not SET default", "app", plainGrants, "SET RESOURCE GROUP default", "SELECT 1", "1227"},
+		{"SUPER's SET default switches", "app", superGrants, "SET RESOURCE GROUP default", "SELECT 1", "default"},
+		{"hint of an unknown group, no SUPER: ignored", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(gone) */ 1", "bound"},
 		{"strict: hint naming another group", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(other) */ 1", "1227"},
 		{"SUPER may hint any group", "app", superGrants, "", "SELECT /*+ RESOURCE_GROUP(OTHER) */ 1", "other"},
 		{"hint of an unknown group: the binding", "app", superGrants, "", "SELECT /*+ RESOURCE_GROUP(gone) */ 1", "bound"},
@@ -162,7 +173,14 @@ func TestPolicyResolvesGroups(t *testing.T) {
 			s := newTestPolicy(tok).Open(mysqlproto.SessionInfo{User: tc.user})
 			ctx := context.Background()
 			if tc.set != "" {
-				if v := s.Before(ctx, query(tc.set), tc.grants); v.Reply == nil || v.Reply.Err != nil {
+				v := s.Before(ctx, query(tc.set), tc.grants)
+				if tc.want == "1227" {
+					if v.Reply == nil || v.Reply.Err == nil || v.Reply.Err.Code != 1227 {
+						t.Fatalf("%s: want 1227, got %+v", tc.set, v.Reply)
+					}
+					return
+				}
+				if v.Reply == nil || v.Reply.Err != nil {
 					t.Fatalf("%s: %+v", tc.set, v.Reply)
 				}
 			}
@@ -419,5 +437,36 @@ func TestPolicyRefusedAndCancelled(t *testing.T) {
 	}
 	if len(tok.charged) != n {
 		t.Fatalf("a client that left was charged: %v", tok.charged[n:])
+	}
+}
+
+// IF NOT EXISTS of an existing group answers OK with one warning, and the
+// SHOW WARNINGS right after it shows note 8248; later statements forget it.
+func TestPolicyNotesAndShowWarnings(t *testing.T) {
+	ctx := context.Background()
+	tok := testGroups()
+	s := newTestPolicy(tok).Open(mysqlproto.SessionInfo{User: "root"})
+	if v := s.Before(ctx, query("CREATE RESOURCE GROUP rgn RU_PER_SEC = 5"), superGrants); v.Reply == nil || v.Reply.Err != nil {
+		t.Fatalf("create: %+v", v.Reply)
+	}
+	v := s.Before(ctx, query("CREATE RESOURCE GROUP IF NOT EXISTS rgn RU_PER_SEC = 5"), superGrants)
+	if v.Reply == nil || v.Reply.Err != nil || v.Reply.Warnings != 1 {
+		t.Fatalf("IF NOT EXISTS of an existing group: %+v", v.Reply)
+	}
+	v = s.Before(ctx, query("show  warnings"), superGrants)
+	if v.Reply == nil || len(v.Reply.Rows) != 1 || *v.Reply.Rows[0][0] != "Note" || *v.Reply.Rows[0][1] != "8248" ||
+		*v.Reply.Rows[0][2] != "Resource group 'rgn' already exists" {
+		t.Fatalf("SHOW WARNINGS: %+v", v.Reply)
+	}
+	// Once shown (or after any statement) the backend answers again.
+	st := query("SHOW WARNINGS")
+	if v := s.Before(ctx, st, superGrants); v.Reply != nil {
+		t.Fatalf("a second SHOW WARNINGS was answered locally: %+v", v.Reply)
+	}
+	s.After(st, &mysqlproto.Outcome{})
+	s.Before(ctx, query("DROP RESOURCE GROUP IF EXISTS nosuch"), superGrants)
+	v = s.Before(ctx, query("SHOW COUNT(*) WARNINGS"), superGrants)
+	if v.Reply == nil || *v.Reply.Rows[0][0] != "1" {
+		t.Fatalf("SHOW COUNT(*) WARNINGS: %+v", v.Reply)
 	}
 }

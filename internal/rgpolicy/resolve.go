@@ -24,12 +24,16 @@ func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysq
 func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) string {
 	if st.Command == mysql.COM_QUERY && st.Scan.Hint != "" {
 		if h, ok := resourcegroup.HintGroup(st.Scan.Hint); ok {
-			if !s.mayUse(ctx, h, be, set) {
-				return ""
-			}
+			// A group that does not exist is ignored, as TiDB does (which
+			// also adds warning 8249; rgproxy cannot add one to the
+			// backend's response).
 			if _, ok := s.p.tokens.Group(h); ok {
+				if !s.mayUse(ctx, h, be, set) {
+					return ""
+				}
 				return h
 			}
+			s.p.logger.Debug("hint names an unknown resource group: ignored", "resource_group", h)
 		}
 	}
 	if s.setGroup != "" {
@@ -61,10 +65,12 @@ func (s *session) bound() string {
 	return resourcegroup.DefaultGroup
 }
 
-// mayUse applies strict mode: without SUPER a session may name only its
-// bound group or default.
+// mayUse applies strict mode: without SUPER a session may name only the
+// group it is bound to — default only when it is bound to none — whether
+// by hint or by SET RESOURCE GROUP, so that no bound user escapes its
+// quota into the unlimited default.
 func (s *session) mayUse(ctx context.Context, group string, be mysqlproto.Backend, set *Settings) bool {
-	if !set.Strict || group == resourcegroup.DefaultGroup || group == s.bound() {
+	if !set.Strict || group == s.bound() {
 		return true
 	}
 	return s.hasSuper(ctx, be)
