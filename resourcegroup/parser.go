@@ -320,6 +320,13 @@ func (p *parser) show() (Statement, error) {
 		if err := p.expectWords("RESOURCE", "GROUP", "USAGE"); err != nil {
 			return nil, err
 		}
+		if p.isWord("LIKE") || p.isWord("WHERE") {
+			// The rest is SQL for the backend: taken whole, as written.
+			filter := strings.TrimRight(strings.TrimSpace(p.lex.src[p.tok.pos:]), "; \t\r\n")
+			p.lex.pos = len(p.lex.src)
+			p.tok = token{kind: tkEOF, pos: len(p.lex.src)}
+			return &ShowUsage{Filter: filter}, nil
+		}
 		return &ShowUsage{}, nil
 	case p.isWord("LAST"):
 		if err := p.expectWords("LAST", "STATEMENT", "RU"); err != nil {

@@ -91,8 +91,10 @@ type SelectGroups struct {
 	HasWhere bool
 }
 
-// ShowUsage is SHOW RESOURCE GROUP USAGE (executed by the proxy).
-type ShowUsage struct{}
+// ShowUsage is SHOW RESOURCE GROUP USAGE [LIKE 'pattern' | WHERE expr]
+// (executed by the proxy). Filter is the LIKE or WHERE clause as written,
+// "" when there is none; its SQL is the backend's to evaluate.
+type ShowUsage struct{ Filter string }
 
 // ShowLastStatementRU is SHOW LAST STATEMENT RU (executed by the proxy session).
 type ShowLastStatementRU struct{}

@@ -42,6 +42,12 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 	case *resourcegroup.ShowLastStatementRU:
 		return s.showLast()
 	case *resourcegroup.ShowUsage:
+		if a.Filter != "" {
+			// LIKE / WHERE: the backend filters a derived table of the rows.
+			t, _ := s.usageTable()
+			return mysqlproto.Verdict{Rewrite: "SELECT * FROM " + derivedTable(t, st.NoBackslashEscapes) +
+				" AS `resource_group_usage` " + likeOnName(a.Filter)}
+		}
 		return s.showUsage()
 	}
 	if resourcegroup.RequiresSuper(stmt) && !s.hasSuperFresh(ctx, be) {
@@ -126,14 +132,42 @@ func (s *session) showLast() mysqlproto.Verdict {
 }
 
 func (s *session) showUsage() mysqlproto.Verdict {
-	cols := []string{"NAME", "RU_PER_SEC_LAST_10S", "TOKENS_LEFT", "THROTTLED", "DEGRADED", "CPU_SOURCE"}
+	_, rows := s.usageTable()
+	return resultReply(usageColumns, rows)
+}
+
+// usageColumns are SHOW RESOURCE GROUP USAGE's columns.
+var usageColumns = []string{"NAME", "RU_PER_SEC_LAST_10S", "TOKENS_LEFT", "THROTTLED", "DEGRADED", "CPU_SOURCE"}
+
+// usageTable is SHOW RESOURCE GROUP USAGE's rows, as a virtual table (its
+// numbers numeric) and as text.
+func (s *session) usageTable() (*vtable, [][]string) {
+	t := &vtable{}
+	for i, c := range usageColumns {
+		t.cols = append(t.cols, vcol{name: c, numeric: i >= 1 && i <= 3})
+	}
 	var rows [][]string
 	cpu := s.p.cpu.inForce().String()
 	for _, u := range s.p.tokens.Usage(s.p.clk.Now()) {
-		rows = append(rows, []string{u.Group, formatFloat(u.RUPerSec), formatFloat(u.Tokens),
-			strconv.FormatUint(u.Throttled, 10), yesNo(u.Degraded), cpu})
+		row := []string{u.Group, formatFloat(u.RUPerSec), formatFloat(u.Tokens),
+			strconv.FormatUint(u.Throttled, 10), yesNo(u.Degraded), cpu}
+		rows = append(rows, row)
+		cells := make([]*string, len(row))
+		for i := range row {
+			cells[i] = &row[i]
+		}
+		t.rows = append(t.rows, cells)
 	}
-	return resultReply(cols, rows)
+	return t, rows
+}
+
+// likeOnName turns SHOW ...'s "LIKE 'p'" into "WHERE NAME LIKE 'p'"; a
+// WHERE clause stays as it is.
+func likeOnName(filter string) string {
+	if len(filter) >= 4 && strings.EqualFold(filter[:4], "LIKE") {
+		return "WHERE `NAME` " + filter
+	}
+	return filter
 }
 
 // errAdminInMulti refuses an admin statement inside a multi-statement:

@@ -269,9 +269,16 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	if st.Command == mysql.COM_QUERY && st.Scan.Mentions&virtualMentions != 0 {
 		refs = findVirtual(st.Query, st.NoBackslashEscapes, func() bool { return inInformationSchema(ctx, be) })
 	}
+	var rewrite string
 	if refs == nil && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) {
 		if st.Scan.Mentions != 0 && resourcegroup.IsAdmin(st.Query) {
-			return s.admin(ctx, st, be)
+			v := s.admin(ctx, st, be)
+			if v.Reply != nil || v.Rewrite == "" {
+				return v
+			}
+			// An admin statement that the backend evaluates (SHOW ...
+			// USAGE WHERE): metered and forwarded as a rewrite.
+			rewrite = v.Rewrite
 		}
 		if st.Multi && st.Scan.Mentions != 0 && multiHasAdmin(st.Query) {
 			return errReply(errAdminInMulti)
@@ -282,7 +289,6 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	if r := s.resolve(ctx, st, be, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
 	}
-	var rewrite string
 	if refs != nil {
 		var err error
 		rewrite, err = rewriteVirtual(st.Query, st.NoBackslashEscapes, refs, s.cur.group,
