@@ -153,27 +153,37 @@ stop() {
 }
 trap stop INT TERM
 
-"$BIN_DIR/rgserver" --data-dir "$RUN_DIR/rgserver-data" "${rgserver_flags[@]}" >"$RUN_DIR/rgserver.log" 2>&1 &
-pids+=($!)
-names+=(rgserver)
+# spawn NAME ARGS...: starts binary NAME in the background, logging to
+# $RUN_DIR/NAME.log.
+spawn() {
+  local name=$1
+  shift
+  "$BIN_DIR/$name" "$@" >"$RUN_DIR/$name.log" 2>&1 &
+  pids+=($!)
+  names+=("$name")
+}
+
+# in_use NAME LINE KEY FALLBACK: the address NAME logged under KEY in its
+# start-up LINE, else FALLBACK (a log level above info hides the line).
+in_use() {
+  local v
+  v=$(log_value "$1" "$2" "$3" || true)
+  printf '%s' "${v:-$4}"
+}
+
+spawn rgserver --data-dir "$RUN_DIR/rgserver-data" "${rgserver_flags[@]}"
 wait_up rgserver "rgserver started" "$rgs_addr" 30
-rgs_addr=$(log_value rgserver "rgserver started" addr || true)
-rgs_addr=${rgs_addr:-$(setting addr 127.0.0.1:3379 "${rgserver_flags[@]}")}
-rgs_status=$(log_value rgserver "rgserver started" status_addr || true)
-rgs_status=${rgs_status:-$(setting status-addr 127.0.0.1:3380 "${rgserver_flags[@]}")}
+rgs_addr=$(in_use rgserver "rgserver started" addr "$rgs_addr")
+rgs_status=$(in_use rgserver "rgserver started" status_addr "$rgs_status")
 
 defaults=()
 given token-server "${rgproxy_flags[@]}" || defaults+=(--token-server "$rgs_addr")
 given cache-dir "${rgproxy_flags[@]}" || defaults+=(--cache-dir "$RUN_DIR/rgproxy-cache")
-"$BIN_DIR/rgproxy" "${defaults[@]}" "${rgproxy_flags[@]}" >"$RUN_DIR/rgproxy.log" 2>&1 &
-pids+=($!)
-names+=(rgproxy)
+spawn rgproxy "${defaults[@]}" "${rgproxy_flags[@]}"
 # rgproxy waits up to 10 s for rgserver at start.
 wait_up rgproxy "rgproxy serving" "$px_listen" 30
-px_listen=$(log_value rgproxy "rgproxy serving" listen || true)
-px_listen=${px_listen:-$(setting listen 127.0.0.1:4000 "${rgproxy_flags[@]}")}
-px_status=$(log_value rgproxy "rgproxy serving" status || true)
-px_status=${px_status:-$(setting status-addr 127.0.0.1:10080 "${rgproxy_flags[@]}")}
+px_listen=$(in_use rgproxy "rgproxy serving" listen "$px_listen")
+px_status=$(in_use rgproxy "rgproxy serving" status "$px_status")
 
 echo "rgserver: $rgs_addr (status http://$rgs_status), log $RUN_DIR/rgserver.log"
 echo "rgproxy:  $px_listen -> $px_backend (status http://$px_status), log $RUN_DIR/rgproxy.log"
