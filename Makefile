@@ -15,6 +15,8 @@ build:
 
 # Starts MariaDB if none answers on 3306 (installing it on a fresh Debian
 # machine as root), then the system in the foreground; Ctrl-C stops it.
+# Exits non-zero, with the log's last lines, when a port it needs is taken
+# or a process it started dies.
 run: build
 	bash scripts/run.sh
 

@@ -39,6 +39,7 @@ type Config struct {
 	BackendTLS *tls.Config
 	// ClientTLS, when non-nil, lets clients upgrade to TLS (CLIENT_SSL is
 	// advertised). nil: CLIENT_SSL is not advertised.
+	// Server.SetClientCertificate replaces its certificate while serving.
 	ClientTLS *tls.Config
 	// RequireTLS refuses clients that do not upgrade to TLS (ERR 3159).
 	// Default false.
@@ -49,6 +50,7 @@ type Config struct {
 	BackendProxyProtocol bool
 	// MaxConnections is the most client sessions served at once; one more
 	// gets ERR 1040 "Too many connections". 0 means unlimited (the default).
+	// Server.SetMaxConnections changes it while serving.
 	MaxConnections int
 	// MaxPacketPayload is the largest client command payload accepted, in
 	// bytes, multi-packet continuations included; a larger one closes the
@@ -104,6 +106,12 @@ type Server struct {
 	// bwatch tells idle sessions that their backend closed (bwatch_linux.go);
 	// nil before the first Serve and where it is not supported.
 	bwatch atomic.Pointer[backendWatch]
+	// maxConns is Config.MaxConnections in force (reload.go).
+	maxConns atomic.Int64
+	// clientCert, when set, replaces ClientTLS's certificate (reload.go).
+	clientCert atomic.Pointer[tls.Certificate]
+	// certGen counts SetClientCertificate calls; session tickets carry it.
+	certGen atomic.Uint64
 
 	nextID        atomic.Uint64
 	conns         atomic.Int64
@@ -175,6 +183,10 @@ func NewServer(cfg Config) (*Server, error) {
 		listeners:  make(map[net.Listener]struct{}),
 		sessions:   make(map[*session]struct{}),
 	}
+	s.maxConns.Store(int64(cfg.MaxConnections))
+	if cfg.ClientTLS != nil {
+		s.cfg.ClientTLS = s.reloadableTLS(cfg.ClientTLS)
+	}
 	_, s.passThrough = cfg.Policy.(PassThrough)
 	var err error
 	if s.words, err = newWordSet(cfg.ScanWords); err != nil {
@@ -236,8 +248,8 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		backoff = 0
 		s.accepted.Add(1)
-		if limit := s.cfg.MaxConnections; limit > 0 && s.conns.Load() >= int64(limit) {
-			go s.refuse(c)
+		if limit := s.maxConns.Load(); limit > 0 && s.conns.Load() >= limit {
+			go s.refuse(c, limit)
 			continue
 		}
 		s.conns.Add(1)
@@ -264,13 +276,13 @@ func (s *Server) startBackendWatch() {
 
 // refuse answers a connection beyond MaxConnections with ERR 1040 in place
 // of the greeting, as a MySQL server does.
-func (s *Server) refuse(c net.Conn) {
+func (s *Server) refuse(c net.Conn, limit int64) {
 	defer c.Close()
 	_ = c.SetWriteDeadline(time.Now().Add(s.cfg.DialTimeout))
 	bw := bufio.NewWriterSize(c, 256)
 	_, _ = writeMessage(bw, 0, appendErr(nil, &Error{Code: mysql.ER_CON_COUNT_ERROR, State: "08004", Message: "Too many connections"}))
 	_ = bw.Flush()
-	s.log.Warn("connection refused: too many connections", "client", c.RemoteAddr(), "max", s.cfg.MaxConnections)
+	s.log.Warn("connection refused: too many connections", "client", c.RemoteAddr(), "max", limit)
 }
 
 func (s *Server) serveConn(c net.Conn) {

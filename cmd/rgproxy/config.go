@@ -105,6 +105,9 @@ type config struct {
 
 	// RU is the cost model, from the config file's [ru] table only.
 	RU ru.Config
+
+	// ConfigFile is --config: the TOML file read at start and on SIGHUP.
+	ConfigFile string
 }
 
 // newFlagSet declares every flag, bound to cfg, with its default.
@@ -160,6 +163,7 @@ func parseArgs(args []string) (cfg config, showVersion bool, err error) {
 	if fs.NArg() > 0 {
 		return cfg, false, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	cfg.ConfigFile = *configPath
 	if *configPath != "" {
 		if err := applyConfigFile(fs, *configPath); err != nil {
 			return cfg, false, err

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/reload"
 	"github.com/rgproxy/rgproxy/internal/rgpolicy"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/tokenclient"
@@ -28,6 +29,11 @@ import (
 var version = "dev"
 
 func main() {
+	// SIGHUP reloads the configuration (reload.go); caught from the start
+	// so that an early one does not kill the process, and handled once
+	// the server runs.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	cfg, showVersion, err := parseArgs(os.Args[1:])
 	if errors.Is(err, errHelp) {
 		os.Exit(0)
@@ -40,18 +46,19 @@ func main() {
 		fmt.Println("rgproxy", version)
 		return
 	}
-	logger := newLogger(cfg, os.Stderr)
+	level := new(slog.LevelVar)
+	level.Set(parseLevel(cfg.LogLevel))
+	logger := newLogger(cfg, level, os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, cfg, logger); err != nil {
+	if err := run(ctx, cfg, logger, &reloader{args: os.Args[1:], level: level}, hup); err != nil {
 		logger.Error("rgproxy stopped", "err", err)
 		os.Exit(1)
 	}
 }
 
-func newLogger(cfg config, w *os.File) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(strings.ToUpper(cfg.LogLevel)))
+// newLogger logs at level, which a reload may change.
+func newLogger(cfg config, level *slog.LevelVar, w *os.File) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
@@ -59,9 +66,10 @@ func newLogger(cfg config, w *os.File) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// run serves until ctx ends (SIGTERM), then shuts down gracefully.
-func run(ctx context.Context, cfg config, logger *slog.Logger) error {
-	pcfg, err := proxyConfig(cfg, logger)
+// run serves until ctx ends (SIGTERM), then shuts down gracefully. Each
+// signal on hup makes rl apply the configuration again.
+func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup <-chan os.Signal) error {
+	pcfg, cert, err := proxyConfig(cfg, logger)
 	if err != nil {
 		return err
 	}
@@ -115,6 +123,8 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 	metrics.registerServer(srv)
+	rl.cur, rl.cert, rl.srv, rl.policy, rl.log = cfg, cert, srv, rp, logger
+	reload.OnSignal(ctx, hup, rl.reload)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -222,9 +232,10 @@ func proxyID(cfg config) string {
 }
 
 // proxyConfig turns flags into mysqlproto's configuration, loading TLS
-// material so that bad files fail at start, not at the first client.
-func proxyConfig(cfg config, logger *slog.Logger) (mysqlproto.Config, error) {
-	pc := mysqlproto.Config{
+// material so that bad files fail at start, not at the first client. cert
+// is the client certificate (empty without client TLS).
+func proxyConfig(cfg config, logger *slog.Logger) (pc mysqlproto.Config, cert reload.Certificate, err error) {
+	pc = mysqlproto.Config{
 		BackendAddr:          cfg.Backend,
 		DialTimeout:          cfg.DialTimeout,
 		HandshakeTimeout:     cfg.HandshakeTimeout,
@@ -235,11 +246,10 @@ func proxyConfig(cfg config, logger *slog.Logger) (mysqlproto.Config, error) {
 		Logger:               logger,
 	}
 	if cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return pc, fmt.Errorf("client TLS: %w", err)
+		if cert, err = reload.LoadCertificate(cfg.TLSCert, cfg.TLSKey); err != nil {
+			return pc, cert, fmt.Errorf("client TLS: %w", err)
 		}
-		pc.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		pc.ClientTLS = &tls.Config{Certificates: []tls.Certificate{cert.Certificate}, MinVersion: tls.VersionTLS12}
 	}
 	switch cfg.BackendTLS {
 	case "skip-verify":
@@ -247,21 +257,21 @@ func proxyConfig(cfg config, logger *slog.Logger) (mysqlproto.Config, error) {
 	case "verify":
 		host, _, err := net.SplitHostPort(cfg.Backend)
 		if err != nil {
-			return pc, fmt.Errorf("--backend %q: %w", cfg.Backend, err)
+			return pc, cert, fmt.Errorf("--backend %q: %w", cfg.Backend, err)
 		}
 		tc := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
 		if cfg.BackendTLSCA != "" {
 			pem, err := os.ReadFile(cfg.BackendTLSCA)
 			if err != nil {
-				return pc, fmt.Errorf("backend TLS CA: %w", err)
+				return pc, cert, fmt.Errorf("backend TLS CA: %w", err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return pc, fmt.Errorf("backend TLS CA %s: no PEM certificate found", cfg.BackendTLSCA)
+				return pc, cert, fmt.Errorf("backend TLS CA %s: no PEM certificate found", cfg.BackendTLSCA)
 			}
 			tc.RootCAs = pool
 		}
 		pc.BackendTLS = tc
 	}
-	return pc, nil
+	return pc, cert, nil
 }

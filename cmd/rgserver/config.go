@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -52,6 +53,9 @@ type config struct {
 	AdminTokenFile string `toml:"admin-token-file"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `toml:"log-level"`
+
+	// ConfigFile is --config, read at start and on SIGHUP (not a key).
+	ConfigFile string `toml:"-"`
 }
 
 func defaultConfig() config {
@@ -121,6 +125,7 @@ func parseArgs(args []string, stderr io.Writer) (c config, version bool, err err
 	if fs.NArg() > 0 {
 		return c, false, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
+	c.ConfigFile = file
 	return c, version, c.check()
 }
 
@@ -154,6 +159,9 @@ func (c *config) check() error {
 	case c.EtcdEndpoints == "" && c.DataDir == "":
 		return fmt.Errorf("%w: --data-dir is empty", errUsage)
 	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return fmt.Errorf("%w: --log-level: %w", errUsage, err)
+	}
 	if c.EtcdPeerAddr != "" && !strings.Contains(c.EtcdPeerAddr, "://") {
 		c.EtcdPeerAddr = "http://" + c.EtcdPeerAddr
 	}
@@ -161,4 +169,11 @@ func (c *config) check() error {
 		c.AdvertiseAddr = c.Addr
 	}
 	return nil
+}
+
+// parseLevel reads --log-level: debug, info, warn or error, any case.
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
 }

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/rgproxy/rgproxy/internal/reload"
 	"github.com/rgproxy/rgproxy/tokenserver"
 )
 
@@ -71,11 +72,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, "rgserver", versionString())
 		return nil
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
-		return fmt.Errorf("%w: --log-level: %w", errUsage, err)
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// SIGHUP applies the configuration again (reload.go); caught before
+	// etcd starts so that an early one does not kill the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	rl := &reloader{args: args, cur: cfg, level: new(slog.LevelVar)}
+	l, _ := parseLevel(cfg.LogLevel) // validated
+	rl.level.Set(l)
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: rl.level}))
+	rl.log = log
 	// The live heap is small (settings and slots) while every token message
 	// allocates a little: collecting less often cuts GC CPU and tail
 	// latency at the cost of a few MB. GOGC in the environment still wins.
@@ -137,7 +143,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 	creds := insecure.NewCredentials()
 	if cfg.TLSCert != "" {
-		tc, err := serverTLS(cfg)
+		tc, err := serverTLS(cfg, rl)
 		if err != nil {
 			return err
 		}
@@ -175,6 +181,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			log.Error("grpc server", "err", err)
 		}
 	}()
+	reload.OnSignal(ctx, hup, rl.reload)
 	log.Info("rgserver started", "version", versionString(), "addr", lis.Addr().String(),
 		"status_addr", statusLis.Addr().String(), "advertise", cfg.AdvertiseAddr, "tls", cfg.TLSCert != "", "mtls", cfg.TLSCA != "")
 
@@ -221,13 +228,15 @@ func isLoopback(addr string) bool {
 }
 
 // serverTLS builds the gRPC TLS config; with --tls-ca, clients must present
-// a certificate signed by it.
-func serverTLS(cfg config) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+// a certificate signed by it. The certificate is rl's, which a reload
+// may replace.
+func serverTLS(cfg config, rl *reloader) (*tls.Config, error) {
+	cert, err := reload.LoadCertificate(cfg.TLSCert, cfg.TLSKey)
 	if err != nil {
 		return nil, fmt.Errorf("tls: %w", err)
 	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	rl.cert.Store(&cert)
+	tc := &tls.Config{GetCertificate: rl.getCertificate, MinVersion: tls.VersionTLS12}
 	if cfg.TLSCA != "" {
 		pem, err := os.ReadFile(cfg.TLSCA)
 		if err != nil {
