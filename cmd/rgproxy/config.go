@@ -102,6 +102,9 @@ type config struct {
 	// group) the proxy remembers for cost estimates and
 	// information_schema.statements_summary. Default 10000.
 	MaxStatementShapes int
+	// GroupIdleExpiry: the per-group series of a group with no statement on
+	// this proxy for this long are deleted until it is used again. Default 1h.
+	GroupIdleExpiry time.Duration
 
 	// RU is the cost model, from the config file's [ru] table only.
 	RU ru.Config
@@ -142,6 +145,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.AdminPasswordFile, "admin-password-file", "", "`file` holding --admin-user's password")
 	fs.StringVar(&cfg.CacheDir, "cache-dir", "rgproxy-cache", "`directory` keeping the last snapshot of groups and bindings, for starts while rgserver is down (empty = none)")
 	fs.StringVar(&cfg.CPUSource, "cpu-source", "auto", "CPU time charged per statement: auto (the backend thread's CPU time when the backend runs on this host, else wall time), wall, or proc")
+	fs.DurationVar(&cfg.GroupIdleExpiry, "group-idle-expiry", time.Hour, "a group with no statement here this long loses its per-group metric series until it is used again")
 	fs.IntVar(&cfg.MaxStatementShapes, "max-statement-shapes", 10000, "statement shapes (digest within a group) remembered for cost estimates and statements_summary; least recently used evicted")
 	return fs
 }
@@ -255,6 +259,9 @@ func (c *config) validate() error {
 	}
 	if _, err := rgpolicy.ParseCPUSource(c.CPUSource); err != nil {
 		errs = append(errs, fmt.Errorf("--cpu-source must be auto, wall or proc, not %q", c.CPUSource))
+	}
+	if c.GroupIdleExpiry <= 0 {
+		errs = append(errs, errors.New("--group-idle-expiry must be > 0"))
 	}
 	if c.MaxStatementShapes <= 0 {
 		errs = append(errs, errors.New("--max-statement-shapes must be > 0"))

@@ -100,22 +100,24 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		}
 		cpu, _ := rgpolicy.ParseCPUSource(cfg.CPUSource) // validated
 		rp, err = rgpolicy.New(rgpolicy.Config{
-			Tokens:      tc,
-			Cost:        cfg.RU,
-			Killer:      killer,
-			ProxyID:     proxyID(cfg),
-			Settings:    policySettings(cfg),
-			Shapes:      cfg.MaxStatementShapes,
-			CPU:         cpu,
-			BackendAddr: cfg.Backend,
-			Registerer:  metrics.reg,
-			Logger:      logger,
+			Tokens:          tc,
+			Cost:            cfg.RU,
+			Killer:          killer,
+			ProxyID:         proxyID(cfg),
+			Settings:        policySettings(cfg),
+			Shapes:          cfg.MaxStatementShapes,
+			IdleGroupExpiry: cfg.GroupIdleExpiry,
+			CPU:             cpu,
+			BackendAddr:     cfg.Backend,
+			Registerer:      metrics.reg,
+			Logger:          logger,
 		})
 		if err != nil {
 			return err
 		}
 		policy = rp
 		pcfg.ScanWords = rgpolicy.ScanWords()
+		go rp.Run(ctx)
 	}
 	pcfg.Policy = metrics.wrap(policy)
 	srv, err := mysqlproto.NewServer(pcfg)

@@ -3,9 +3,11 @@ package rgpolicy
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
 )
 
@@ -17,7 +19,7 @@ type metrics struct {
 	cpu             *prometheus.GaugeVec
 
 	mu   sync.Mutex
-	seen map[string]struct{} // groups whose series exist
+	seen map[string]time.Time // groups whose series exist → last statement
 }
 
 // statementClasses are the class label values of a group's statements.
@@ -41,7 +43,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rgproxy_cpu_source",
 			Help: "Where the CPU part of a statement's RU comes from for new sessions: 1 for the source in force (proc: the backend thread's CPU time; wall: backend wall time), 0 for the other.",
 		}, []string{"source"}),
-		seen: map[string]struct{}{},
+		seen: map[string]time.Time{},
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.ruConsumed, m.groupStatements, m.runaway, m.cpu} {
@@ -54,19 +56,34 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // seeGroup makes a group's series exist at 0, so that rate() counts its
-// first event.
-func (m *metrics) seeGroup(group string) {
+// first event, and notes that the group was used at now.
+func (m *metrics) seeGroup(group string, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.seen[group]; ok {
+	_, ok := m.seen[group]
+	m.seen[group] = now
+	if ok {
 		return
 	}
-	m.seen[group] = struct{}{}
 	m.ruConsumed.WithLabelValues(group, "rru")
 	m.ruConsumed.WithLabelValues(group, "wru")
 	for _, c := range statementClasses {
 		m.groupStatements.WithLabelValues(group, c)
 	}
+}
+
+// idleGroups returns the groups whose last statement is older than
+// before (never default, whose series exist from the start).
+func (m *metrics) idleGroups(before time.Time) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for g, at := range m.seen {
+		if at.Before(before) && g != resourcegroup.DefaultGroup {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // forgetGroup deletes a group's series (dropped, or idle for long).
@@ -93,7 +110,6 @@ func (m *metrics) cpuSource(src CPUSource) {
 // up: a failed write's refund lowers what is charged to the bucket but is
 // not subtracted here (its WRU may be negative in the total).
 func (m *metrics) charged(group, class string, c ru.Consumption) {
-	m.seeGroup(group)
 	if c.RRU > 0 {
 		m.ruConsumed.WithLabelValues(group, "rru").Add(c.RRU)
 	}

@@ -101,6 +101,10 @@ type Config struct {
 	BackendAddr string
 	// ProcRoot is where the proc file system is mounted. Default /proc.
 	ProcRoot string
+	// IdleGroupExpiry: a group with no statement on this proxy for this
+	// long loses its per-group series until it is used again, so that many groups do not mean many series on every proxy.
+	// Default 1 h.
+	IdleGroupExpiry time.Duration
 	// Registerer receives the policy's metrics; nil = not exported.
 	Registerer prometheus.Registerer
 	// Logger receives the policy's logs. Default slog.Default().
@@ -126,6 +130,7 @@ type Policy struct {
 	metrics   *metrics
 	logger    *slog.Logger
 	clk       clock.Clock
+	idle      time.Duration
 }
 
 // New returns a Policy for cfg.
@@ -151,6 +156,9 @@ func New(cfg Config) (*Policy, error) {
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
 	}
+	if cfg.IdleGroupExpiry <= 0 {
+		cfg.IdleGroupExpiry = time.Hour
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -168,15 +176,40 @@ func New(cfg Config) (*Policy, error) {
 		metrics:   m,
 		logger:    cfg.Logger,
 		clk:       cfg.Clock,
+		idle:      cfg.IdleGroupExpiry,
 	}
 	s := cfg.Settings
 	p.settings.Store(&s)
 	m.cpuSource(p.cpu.inForce())
 	onCPU := m.cpuSource
 	p.cpu.onChange.Store(&onCPU)
-	m.seeGroup(resourcegroup.DefaultGroup)
+	m.seeGroup(resourcegroup.DefaultGroup, cfg.Clock.Now())
 	return p, nil
 }
+
+// Run forgets, until they are used again, the series of the groups idle on
+// this proxy for IdleGroupExpiry. It returns when ctx ends.
+func (p *Policy) Run(ctx context.Context) {
+	every := min(p.idle/4, time.Minute)
+	for {
+		t := p.clk.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		for _, g := range p.metrics.idleGroups(p.clk.Now().Add(-p.idle)) {
+			p.ForgetGroup(g)
+		}
+	}
+}
+
+// ForgetGroup deletes the group's series because it was dropped or has
+// been idle here for long; a later statement of the group brings them
+// back, at 0. (Its in-flight gate, a few words, stays: removing it could
+// race with a statement about to enter it.)
+func (p *Policy) ForgetGroup(group string) { p.metrics.forgetGroup(group) }
 
 // Reload replaces the reloadable settings; statements already waiting
 // keep the rules they started with.
@@ -229,6 +262,10 @@ type session struct {
 	last lastStatement
 	// notes are what rgproxy's own last statement noted (SHOW WARNINGS).
 	notes []*resourcegroup.Error
+	// seenGroup was last reported to the metrics as used, at seenAt: the
+	// session tells them again only when the group changes or now and then.
+	seenGroup string
+	seenAt    time.Time
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -288,6 +325,10 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	set := s.p.settings.Load()
 	if r := s.resolve(ctx, st, be, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
+	}
+	if s.cur.group != s.seenGroup || s.cur.start.Sub(s.seenAt) > 10*time.Second {
+		s.p.metrics.seeGroup(s.cur.group, s.cur.start)
+		s.seenGroup, s.seenAt = s.cur.group, s.cur.start
 	}
 	if refs != nil {
 		var err error

@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
@@ -469,4 +471,68 @@ func TestPolicyNotesAndShowWarnings(t *testing.T) {
 	if v.Reply == nil || *v.Reply.Rows[0][0] != "1" {
 		t.Fatalf("SHOW COUNT(*) WARNINGS: %+v", v.Reply)
 	}
+}
+
+// A group's series exist at 0 from its first statement (default's from
+// the start), and go when the group has been idle past the expiry.
+func TestPolicySeriesFromBirthAndIdleExpiry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	clk := clock.NewFake()
+	tok := testGroups()
+	p, err := New(Config{Tokens: tok, Registerer: reg, Clock: clk, CPU: CPUWall, IdleGroupExpiry: time.Hour,
+		Settings: Settings{Strict: true, MaxWait: time.Second}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := func(group string) int {
+		n := 0
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "resource_group" && l.GetValue() == group {
+						n++
+					}
+				}
+			}
+		}
+		return n
+	}
+	// rru, wru and four classes.
+	if n := series("default"); n != 6 {
+		t.Fatalf("default has %d series at start, want 6 at 0", n)
+	}
+	if v := testutil.ToFloat64(p.metrics.groupStatements.WithLabelValues("default", "read")); v != 0 {
+		t.Fatalf("default's statements %v", v)
+	}
+	s := p.Open(mysqlproto.SessionInfo{User: "app"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	st := query("SELECT 1")
+	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatal(v.Reply.Err)
+	}
+	if n := series("bound"); n != 6 {
+		t.Fatalf("bound has %d series after its first statement, want 6", n)
+	}
+	s.After(st, &mysqlproto.Outcome{})
+	for range 5 {
+		clk.Advance(16 * time.Minute)
+		time.Sleep(20 * time.Millisecond) // let Run sweep
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for series("bound") != 0 && time.Now().Before(deadline) {
+		clk.Advance(time.Minute)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := series("bound"); n != 0 {
+		t.Fatalf("bound keeps %d series after an idle hour", n)
+	}
+	if n := series("default"); n != 6 {
+		t.Fatalf("default lost its series: %d", n)
+	}
+	cancel()
+	<-done
 }
