@@ -599,6 +599,16 @@ func capsScript(t *testing.T, rc *rawClient) [][]byte {
 		[]string{`{"b": 2}`, "11111111-2222-3333-4444-555555555555", "fe80::1", "three"},
 		[]string{`[]`, "11111111-2222-3333-4444-555555555556", "::ffff:10.0.0.1", "four"}), false))
 	keep(rc.send(bulkStrings(lastStmtID, []string{`null`, "11111111-2222-3333-4444-555555555557", "::2", "five"}), false))
+	var big [][]string // over streamFrom: relayed as it arrives
+	for i := range 400 {
+		big = append(big, []string{fmt.Sprintf(`{"row": %d, "pad": "%s"}`, i, strings.Repeat("p", 40)),
+			fmt.Sprintf("31111111-2222-3333-4444-%012d", i), fmt.Sprintf("2001:db8::%x", i), fmt.Sprintf("big %d", i)})
+	}
+	if p := bulkStrings(ins, big...); len(p) <= streamFrom {
+		t.Fatalf("the big bulk has %d bytes", len(p))
+	}
+	keep(rc.send(bulkStrings(ins, big...), false))
+	q("SELECT COUNT(*), SUM(LENGTH(j)) FROM caps_diff")
 	keep(rc.send(bulkStrings(ins, []string{`1`, "11111111-2222-3333-4444-555555555558", "::3", "one"}), false)) // duplicate
 	ret := prepare("INSERT INTO caps_diff (j, u, i6, v) VALUES (?, ?, ?, ?) RETURNING id, j, u")
 	keep(rc.send(bulkStrings(ret,
@@ -683,12 +693,56 @@ func TestExtendedCapabilitiesDifferential(t *testing.T) {
 			t.Errorf("bulk statement %+v outcome %+v", s.st, s.out)
 		}
 	}
-	if bulks != 3*4 {
-		t.Errorf("%d bulk executes reached the policy, want 12", bulks)
+	if bulks != 3*5 {
+		t.Errorf("%d bulk executes reached the policy, want 15", bulks)
 	}
 	if i := slices.IndexFunc(pol.stmts, func(s recStmt) bool {
 		return s.st.Command == comStmtBulkExecute && s.out.ErrCode == mysql.ER_DUP_ENTRY
 	}); i < 0 {
 		t.Error("the failing bulk insert's error did not reach the policy")
 	}
+}
+
+// refusePolicy answers every COM_STMT_BULK_EXECUTE and COM_STMT_EXECUTE
+// with an error of its own.
+type refusePolicy struct{ attrPolicy }
+
+func (p *refusePolicy) Open(SessionInfo) SessionPolicy { return p }
+func (p *refusePolicy) Before(ctx context.Context, st *Statement, be Backend) Verdict {
+	if st.Command == comStmtBulkExecute || st.Command == mysql.COM_STMT_EXECUTE {
+		return Verdict{Reply: &Reply{Err: &Error{Code: 8252, Message: "Exceeded resource group quota limitation"}}}
+	}
+	return Verdict{}
+}
+
+// TestStreamedCommandRefused: a large bulk or execute, relayed as it
+// arrives when forwarded, is read to its end when the policy answers it
+// instead, so that the session goes on with the client's next command.
+func TestStreamedCommandRefused(t *testing.T) {
+	setupSchema(t)
+	_, addr := startProxy(t, Config{Policy: &refusePolicy{}})
+	rc := dialRawCaps(t, addr, "root", "", rawCaps, mariaStmtBulk)
+	rc.send(append([]byte{mysql.COM_INIT_DB}, "rgproxy_test"...), false)
+	rc.send(query("CREATE TABLE IF NOT EXISTS caps_refused (v TEXT)"), false)
+	r := rc.send(append([]byte{mysql.COM_STMT_PREPARE}, "INSERT INTO caps_refused VALUES (?)"...), false)
+	id := uint32(r.packets[0][5]) | uint32(r.packets[0][6])<<8 | uint32(r.packets[0][7])<<16 | uint32(r.packets[0][8])<<24
+	var rows [][]string
+	for range 100 {
+		rows = append(rows, []string{strings.Repeat("r", 1000)})
+	}
+	long := appendLenencString(stmtCmd(mysql.COM_STMT_EXECUTE, id, 0, 1, 0, 0, 0, 0, 1, mysql.MYSQL_TYPE_VAR_STRING, 0),
+		strings.Repeat("e", 3*streamFrom))
+	for _, p := range [][]byte{bulkStrings(id, rows...), long} {
+		if len(p) <= streamFrom {
+			t.Fatalf("command of %d bytes is not streamed", len(p))
+		}
+		r := rc.send(p, false)
+		if got := r.packets[0][4:]; got[0] != mysql.ERR_HEADER || got[1] != byte(8252&0xff) {
+			t.Fatalf("command 0x%02x: %q, want the policy's error", p[0], got)
+		}
+		if r := rc.send([]byte{mysql.COM_PING}, false); r.packets[0][4] != mysql.OK_HEADER {
+			t.Fatalf("ping after a refused command: %q", r.packets[0])
+		}
+	}
+	rc.send(query("DROP TABLE caps_refused"), false)
 }

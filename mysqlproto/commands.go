@@ -49,10 +49,19 @@ func (ss *session) command() error {
 	if cap(ss.digest) > keepBuf {
 		ss.digest = nil
 	}
-	ss.buf, err = readInto(ss.crd, ss.buf, n)
+	read := n
+	if n > streamFrom {
+		if b, err := ss.crd.Peek(1); err == nil && streamed(b[0]) {
+			// Only the statement id matters here: the parameters (a bulk's
+			// rows, long data) go to the backend as they arrive.
+			read = streamPrefix
+		}
+	}
+	ss.buf, err = readInto(ss.crd, ss.buf, read)
 	if err != nil {
 		return err
 	}
+	ss.unread = n - read
 	p := ss.buf
 	ss.st = Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&mysql.SERVER_STATUS_IN_TRANS != 0,
 		NoBackslashEscapes: ss.status&mysql.SERVER_STATUS_NO_BACKSLASH_ESCAPED != 0}
@@ -108,6 +117,25 @@ func (ss *session) command() error {
 		return err
 	}
 	return ss.sendError(ss.seq+1, &Error{Code: mysql.ER_UNKNOWN_COM_ERROR, State: "08S01", Message: "Unknown command"})
+}
+
+// streamFrom is the size from which a command whose payload rgproxy reads
+// only the start of (streamed) is relayed as it arrives rather than read
+// whole first.
+const streamFrom = 16 << 10
+
+// streamPrefix is how much of a streamed command's first packet is read
+// before forwarding: the command byte and the statement id.
+const streamPrefix = 16
+
+// streamed reports whether rgproxy needs only the start of a command's
+// payload: the commands that carry parameter values after a statement id.
+func streamed(cmd byte) bool {
+	switch cmd {
+	case mysql.COM_STMT_EXECUTE, comStmtBulkExecute, mysql.COM_STMT_SEND_LONG_DATA:
+		return true
+	}
+	return false
 }
 
 // scan makes the single pass over a statement's text q (st.Query's bytes)
@@ -258,15 +286,27 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	return err
 }
 
-// forward sends the command in ss.buf (first packet of n bytes) to the
-// backend, streaming any continuation packets from the client, and returns
-// the payload bytes sent. A backend failure has already been reported.
+// forward sends the command in ss.buf (first packet of n bytes, of which
+// ss.unread are still to be read from the client) to the backend,
+// streaming the rest and any continuation packets from the client, and
+// returns the payload bytes sent. A backend failure has already been
+// reported.
 func (ss *session) forward(n int) (int64, error) {
 	if err := writeHeader(ss.bwr, n, 0); err != nil {
 		return 0, ss.backendFailed(1, err)
 	}
 	if _, err := ss.bwr.Write(ss.buf); err != nil {
 		return 0, ss.backendFailed(1, err)
+	}
+	if k := ss.unread; k > 0 {
+		ss.unread = 0
+		if err := copyN(ss.bwr, ss.crd, k); err != nil {
+			var werr *writeError
+			if errors.As(err, &werr) {
+				return 0, ss.backendFailed(1, err)
+			}
+			return 0, err // the client is gone: no one to tell
+		}
 	}
 	total := int64(n)
 	seq := byte(0)
@@ -320,6 +360,12 @@ func (ss *session) forwardRewritten(n int, text string) (int64, error) {
 // drainContinuations skips the rest of a multi-packet command that is
 // answered locally.
 func (ss *session) drainContinuations(n int) (int64, error) {
+	if k := ss.unread; k > 0 {
+		ss.unread = 0
+		if err := discardN(ss.crd, k); err != nil {
+			return int64(n), err
+		}
+	}
 	var total = int64(n)
 	seq := byte(0)
 	for n == mysql.MaxPayloadLen {

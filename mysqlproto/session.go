@@ -94,7 +94,11 @@ type session struct {
 	// attrLen is the length of the query-attribute block before the
 	// current COM_QUERY's text (QUERY_ATTRIBUTES), 0 without it.
 	attrLen int
-	seq     byte // sequence id of the last packet sent to the client
+	// unread is what is left to read from the client of the current
+	// command's first packet, of which ss.buf holds the start (a large
+	// execute or bulk is relayed as it arrives).
+	unread int
+	seq    byte // sequence id of the last packet sent to the client
 	// st and out are the current statement's, reused so that a statement
 	// costs no allocation for them; policies get pointers valid only
 	// during the call.
