@@ -252,3 +252,27 @@ func TestProgressReportsThroughCLI(t *testing.T) {
 		t.Fatalf("no %q through rgproxy:\n%s", want, proxied)
 	}
 }
+
+// TestCompressionAskedGetsPlainSession: rgproxy does not offer
+// compression (it must read statements in clear to meter them); the
+// mariadb CLI asking for it with --compress gets an uncompressed session
+// that works, where directly it would be compressed.
+func TestCompressionAskedGetsPlainSession(t *testing.T) {
+	requireTool(t, "mariadb", "mariadb-client")
+	px := startProxy(t)
+	run := func(addr string) string {
+		host, port, _ := strings.Cut(addr, ":")
+		out, err := exec.Command("mariadb", "--no-defaults", "--compress", "-h"+host, "-P"+port, "-uroot", "-N", "-B",
+			"-e", "SHOW SESSION STATUS LIKE 'Compression'; SELECT REPEAT('z', 100000) = REPEAT('z', 100000)").CombinedOutput()
+		if err != nil {
+			t.Fatalf("mariadb --compress via %s: %v\n%s", addr, err, out)
+		}
+		return string(out)
+	}
+	if got := run(backendAddr); got != "Compression\tON\n1\n" {
+		t.Fatalf("directly: %q", got)
+	}
+	if got := run(px.Addr); got != "Compression\tOFF\n1\n" {
+		t.Fatalf("through rgproxy: %q", got)
+	}
+}
