@@ -673,6 +673,20 @@ func TestExtendedCapabilitiesDifferential(t *testing.T) {
 					t.Errorf("response %d differs:\nrgproxy %q\ndirect  %q", i, got[i], want[i])
 				}
 			}
+			// The policy's own query on the session's backend, and its
+			// result set, speak the session's capabilities too.
+			r := proxied.send(query("rgp:backend"), false)
+			last := r.packets[len(r.packets)-1][4:]
+			packets := 5 // count, definition, EOF, row, EOF
+			if c.caps&mysql.CLIENT_DEPRECATE_EOF != 0 {
+				packets = 4
+			}
+			if len(r.packets) != packets || last[0] != 0xfe || !bytes.Contains(bytes.Join(r.packets, nil), []byte("\x06policy")) {
+				t.Errorf("policy reply %q", r.packets)
+			}
+			if r := proxied.send([]byte{mysql.COM_PING}, false); r.packets[0][4] != mysql.OK_HEADER {
+				t.Errorf("ping after the policy's reply: %q", r.packets)
+			}
 			if c.maria&mariaExtendedTypeInfo != 0 && !bytes.Contains(bytes.Join(want, nil), []byte("\x04json")) {
 				t.Error("no extended type info in the responses")
 			}

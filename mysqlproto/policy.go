@@ -118,8 +118,9 @@ type Verdict struct {
 	// not forwarded. A refusal is a Reply with Err set.
 	Reply *Reply
 	// Rewrite, when not empty, is the SQL text forwarded instead of a
-	// COM_QUERY's own (ignored for other commands). The Outcome still
-	// counts the client's bytes.
+	// COM_QUERY's own (ignored for other commands), after the client's
+	// query attributes when CLIENT_QUERY_ATTRIBUTES is in force. The
+	// Outcome still counts the client's bytes.
 	Rewrite string
 }
 
