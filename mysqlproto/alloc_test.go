@@ -205,37 +205,6 @@ func BenchmarkSessionLoop(b *testing.B) {
 // fakeBackend serves one connection: a greeting, OK to the login, then
 // resp to every command. It returns its address.
 func fakeBackend(b *testing.B, resp []byte) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { ln.Close() })
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		br, bw := bufio.NewReader(c), bufio.NewWriter(c)
-		caps := mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_PLUGIN_AUTH
-		_, _ = writeMessage(bw, 0, mariaGreeting(caps, 0, "mysql_native_password"))
-		_ = bw.Flush()
-		if _, seq, err := readMessage(br, nil, 1<<20); err == nil {
-			_, _ = writeMessage(bw, seq+1, okPkt(0, mysql.SERVER_STATUS_AUTOCOMMIT))
-			_ = bw.Flush()
-		}
-		var buf []byte
-		for {
-			if buf, _, err = readMessage(br, buf, 1<<24); err != nil {
-				return
-			}
-			if buf[0] == mysql.COM_QUIT {
-				return
-			}
-			if _, err := c.Write(resp); err != nil {
-				return
-			}
-		}
-	}()
-	return ln.Addr().String()
+	caps := mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_PLUGIN_AUTH
+	return scriptedBackend(b, mariaGreeting(caps, 0, "mysql_native_password"), func(_ []byte, r *backendReply) { r.raw(resp) })
 }

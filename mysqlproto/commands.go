@@ -49,10 +49,19 @@ func (ss *session) command() error {
 	if cap(ss.digest) > keepBuf {
 		ss.digest = nil
 	}
-	ss.buf, err = readInto(ss.crd, ss.buf, n)
+	read := n
+	if n > streamFrom {
+		if b, err := ss.crd.Peek(1); err == nil && streamed(b[0]) {
+			// Only the statement id matters here: the parameters (a bulk's
+			// rows, long data) go to the backend as they arrive.
+			read = streamPrefix
+		}
+	}
+	ss.buf, err = readInto(ss.crd, ss.buf, read)
 	if err != nil {
 		return err
 	}
+	ss.unread = n - read
 	p := ss.buf
 	ss.st = Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&mysql.SERVER_STATUS_IN_TRANS != 0,
 		NoBackslashEscapes: ss.status&mysql.SERVER_STATUS_NO_BACKSLASH_ESCAPED != 0}
@@ -61,15 +70,30 @@ func (ss *session) command() error {
 	case mysql.COM_QUIT:
 		return errQuit
 	case mysql.COM_QUERY:
-		st.Query = string(p[1:])
-		st.Class, st.Multi = ss.scan(p[1:], st)
+		text := p[1:]
+		ss.attrLen = 0
+		if ss.caps&mysql.CLIENT_QUERY_ATTRIBUTES != 0 {
+			// The statement's text follows its attributes.
+			k, err := queryAttributesLen(text)
+			if err != nil {
+				if _, err := ss.drainContinuations(n); err != nil {
+					return err
+				}
+				return ss.sendError(ss.seq+1, &Error{Code: mysql.ER_MALFORMED_PACKET, State: "HY000",
+					Message: "Malformed communication packet (rgproxy: " + err.Error() + ")"})
+			}
+			ss.attrLen, text = k, text[k:]
+		}
+		st.Query = string(text)
+		st.Class, st.Multi = ss.scan(text, st)
 		return ss.statement(st, n, respGeneric, false, nil)
 	case mysql.COM_STMT_PREPARE:
 		st.Query = string(p[1:])
 		ss.prepClass, _ = ss.scan(p[1:], st)
 		st.Class = ClassOther
 		return ss.statement(st, n, respPrepare, false, nil)
-	case mysql.COM_STMT_EXECUTE, mysql.COM_STMT_FETCH, mysql.COM_STMT_RESET, mysql.COM_STMT_SEND_LONG_DATA, mysql.COM_STMT_CLOSE:
+	case mysql.COM_STMT_EXECUTE, mysql.COM_STMT_FETCH, mysql.COM_STMT_RESET, mysql.COM_STMT_SEND_LONG_DATA, mysql.COM_STMT_CLOSE,
+		comStmtBulkExecute:
 		return ss.stmtCommand(st, n)
 	case mysql.COM_INIT_DB, mysql.COM_PROCESS_KILL, mysql.COM_RESET_CONNECTION, mysql.COM_REFRESH:
 		st.Class = ClassOther
@@ -87,12 +111,31 @@ func (ss *session) command() error {
 	case mysql.COM_CHANGE_USER:
 		return ss.changeUser(n)
 	}
-	// COM_BINLOG_DUMP, COM_STMT_BULK_EXECUTE, COM_REGISTER_SLAVE, COM_DAEMON,
-	// COM_TABLE_DUMP, ...: not relayed, and the session goes on.
+	// COM_BINLOG_DUMP, COM_REGISTER_SLAVE, COM_DAEMON, COM_TABLE_DUMP, ...:
+	// not relayed, and the session goes on.
 	if _, err := ss.drainContinuations(n); err != nil {
 		return err
 	}
 	return ss.sendError(ss.seq+1, &Error{Code: mysql.ER_UNKNOWN_COM_ERROR, State: "08S01", Message: "Unknown command"})
+}
+
+// streamFrom is the size from which a command whose payload rgproxy reads
+// only the start of (streamed) is relayed as it arrives rather than read
+// whole first.
+const streamFrom = 16 << 10
+
+// streamPrefix is how much of a streamed command's first packet is read
+// before forwarding: the command byte and the statement id.
+const streamPrefix = 16
+
+// streamed reports whether rgproxy needs only the start of a command's
+// payload: the commands that carry parameter values after a statement id.
+func streamed(cmd byte) bool {
+	switch cmd {
+	case mysql.COM_STMT_EXECUTE, comStmtBulkExecute, mysql.COM_STMT_SEND_LONG_DATA:
+		return true
+	}
+	return false
 }
 
 // scan makes the single pass over a statement's text q (st.Query's bytes)
@@ -116,6 +159,9 @@ func (ss *session) stmtCommand(st *Statement, n int) error {
 		return fmt.Errorf("%w: command 0x%02x too short", ErrMalformedPacket, p[0])
 	}
 	id := uint32(p[1]) | uint32(p[2])<<8 | uint32(p[3])<<16 | uint32(p[4])<<24
+	if id == lastStmtID && ss.lastStmt != 0 {
+		id = ss.lastStmt
+	}
 	ps := ss.stmts[id]
 	if ps != nil {
 		st.Query = ps.query
@@ -133,6 +179,9 @@ func (ss *session) stmtCommand(st *Statement, n int) error {
 		}
 		if p[0] == mysql.COM_STMT_CLOSE {
 			delete(ss.stmts, id)
+			if id == ss.lastStmt {
+				ss.lastStmt = 0
+			}
 		} else if ps != nil {
 			ps.longData += total
 		}
@@ -146,6 +195,11 @@ func (ss *session) stmtCommand(st *Statement, n int) error {
 	case mysql.COM_STMT_FETCH:
 		st.Class = ClassRead
 		return ss.statement(st, n, respFetch, true, nil)
+	case comStmtBulkExecute:
+		// MariaDB runs bulk operations for INSERT, UPDATE, DELETE and
+		// REPLACE only: a write, whose parameter rows are written bytes.
+		st.Class = ClassWrite
+		return ss.statement(st, n, respGeneric, true, ps)
 	}
 	st.Class = ClassOther
 	if ps != nil {
@@ -219,8 +273,12 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 				ps.scan.Digest = ps.digest
 			}
 			ss.stmts[ss.m.StmtID] = ps
+			ss.lastStmt = ss.m.StmtID
+		case st.Command == mysql.COM_STMT_PREPARE:
+			ss.lastStmt = 0 // as MariaDB forgets it after a failed PREPARE
 		case st.Command == mysql.COM_RESET_CONNECTION && out.ErrCode == 0:
 			clear(ss.stmts)
+			ss.lastStmt = 0
 			ss.pol.Event(EventResetConnection, ss.info)
 		}
 	}
@@ -228,15 +286,27 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	return err
 }
 
-// forward sends the command in ss.buf (first packet of n bytes) to the
-// backend, streaming any continuation packets from the client, and returns
-// the payload bytes sent. A backend failure has already been reported.
+// forward sends the command in ss.buf (first packet of n bytes, of which
+// ss.unread are still to be read from the client) to the backend,
+// streaming the rest and any continuation packets from the client, and
+// returns the payload bytes sent. A backend failure has already been
+// reported.
 func (ss *session) forward(n int) (int64, error) {
 	if err := writeHeader(ss.bwr, n, 0); err != nil {
 		return 0, ss.backendFailed(1, err)
 	}
 	if _, err := ss.bwr.Write(ss.buf); err != nil {
 		return 0, ss.backendFailed(1, err)
+	}
+	if k := ss.unread; k > 0 {
+		ss.unread = 0
+		if err := copyN(ss.bwr, ss.crd, k); err != nil {
+			var werr *writeError
+			if errors.As(err, &werr) {
+				return 0, ss.backendFailed(1, err)
+			}
+			return 0, err // the client is gone: no one to tell
+		}
 	}
 	total := int64(n)
 	seq := byte(0)
@@ -269,17 +339,18 @@ func (ss *session) forward(n int) (int64, error) {
 }
 
 // forwardRewritten sends the policy's text instead of the client's
-// COM_QUERY (first packet of n bytes, continuations drained), and returns
-// the client's payload bytes.
+// COM_QUERY (first packet of n bytes, continuations drained), after the
+// client's query attributes when they are in force, and returns the
+// client's payload bytes.
 func (ss *session) forwardRewritten(n int, text string) (int64, error) {
+	attrs := ss.buf[1 : 1+ss.attrLen]
+	p := make([]byte, 0, 1+len(attrs)+len(text))
+	p = append(append(append(p, mysql.COM_QUERY), attrs...), text...)
 	total, err := ss.drainContinuations(n)
 	if err != nil {
 		return total, err
 	}
 	ss.seq = 0
-	p := make([]byte, 1+len(text))
-	p[0] = mysql.COM_QUERY
-	copy(p[1:], text)
 	if _, err := writeMessage(ss.bwr, 0, p); err != nil {
 		return total, ss.backendFailed(1, err)
 	}
@@ -289,6 +360,12 @@ func (ss *session) forwardRewritten(n int, text string) (int64, error) {
 // drainContinuations skips the rest of a multi-packet command that is
 // answered locally.
 func (ss *session) drainContinuations(n int) (int64, error) {
+	if k := ss.unread; k > 0 {
+		ss.unread = 0
+		if err := discardN(ss.crd, k); err != nil {
+			return int64(n), err
+		}
+	}
 	var total = int64(n)
 	seq := byte(0)
 	for n == mysql.MaxPayloadLen {
@@ -318,7 +395,7 @@ func (ss *session) drainContinuations(n int) (int64, error) {
 // the time spent waiting for the client's LOCAL INFILE data.
 func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error {
 	m := &ss.m
-	m.reset(kind, ss.caps&mysql.CLIENT_DEPRECATE_EOF != 0, binary)
+	m.reset(kind, ss.rflags, binary)
 	nextProgress := int64(progressEvery)
 	for {
 		n, seq, err := readHeader(ss.brd)
@@ -379,6 +456,10 @@ func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error
 				return err
 			}
 			m.state = stFirst
+		case evProgress:
+			if err := ss.cwr.Flush(); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -479,6 +560,7 @@ func (ss *session) changeUser(n int) error {
 		return err
 	}
 	clear(ss.stmts)
+	ss.lastStmt = 0
 	if ok {
 		ss.info.User = cu.User
 		ss.pol.Event(EventChangeUser, ss.info)
@@ -503,9 +585,12 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 	}
 	stop := context.AfterFunc(ctx, func() { _ = ss.backend.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	q := make([]byte, 1+len(sql))
-	q[0] = mysql.COM_QUERY
-	copy(q[1:], sql)
+	q := make([]byte, 0, 3+len(sql))
+	q = append(q, mysql.COM_QUERY)
+	if ss.caps&mysql.CLIENT_QUERY_ATTRIBUTES != 0 {
+		q = append(q, 0, 1) // no attributes, one set
+	}
+	q = append(q, sql...)
 	if _, err := writeMessage(ss.bwr, 0, q); err != nil {
 		return nil, nil, b.broken(err)
 	}
@@ -526,6 +611,8 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 		}
 		var m respMachine
 		switch {
+		case ss.rflags&rfProgress != 0 && isProgress(p):
+			continue
 		case p[0] == mysql.ERR_HEADER:
 			if qerr == nil {
 				qerr = parseErrPacket(p)
@@ -543,12 +630,19 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 		case p[0] == mysql.LocalInFile_HEADER:
 			return nil, nil, b.broken(fmt.Errorf("%w: LOCAL INFILE in a policy query", ErrMalformedPacket))
 		}
-		cnt, _, ok := lenenc(p)
+		cnt, k, ok := lenenc(p)
 		if !ok {
 			return nil, nil, b.broken(fmt.Errorf("%w: column count", ErrMalformedPacket))
 		}
 		var names []string
+		// CACHE_METADATA: a text result set always carries its
+		// definitions, but a 0 would say none follow.
+		defs := ss.rflags&rfCacheMetadata == 0 || len(p) <= k || p[k] != 0
 		for i := uint64(0); i < cnt; i++ {
+			if !defs {
+				names = append(names, "")
+				continue
+			}
 			d, _, err := readMessage(ss.brd, nil, 1<<20)
 			if err != nil {
 				return nil, nil, b.broken(err)
@@ -565,6 +659,9 @@ func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*s
 			r, _, err := readMessage(ss.brd, nil, ss.srv.cfg.MaxPacketPayload)
 			if err != nil {
 				return nil, nil, b.broken(err)
+			}
+			if ss.rflags&rfProgress != 0 && isProgress(r) {
+				continue
 			}
 			if len(r) > 0 && r[0] == mysql.ERR_HEADER {
 				return cols, rows, parseErrPacket(r)

@@ -10,7 +10,10 @@
 // transactions, session variables, temporary tables and prepared
 // statements behave exactly as on a direct connection. The backend's
 // greeting (its salt and connection id included) is relayed with only the
-// capabilities rgproxy implements (see supportedCaps); the client's answer
+// capabilities rgproxy implements (see supportedCaps and
+// supportedMariaCaps: MariaDB's PROGRESS, STMT_BULK_OPERATIONS,
+// EXTENDED_TYPE_INFO and CACHE_METADATA, MySQL's QUERY_ATTRIBUTES and
+// DEPRECATE_EOF pass; compression does not); the client's answer
 // and every auth-switch / auth-more-data packet are relayed both ways
 // until the backend's OK or ERR. Plugins that put the password in clear on
 // the wire are relayed only when both legs use TLS.
@@ -22,7 +25,7 @@
 // SessionPolicy.Before; a Reply is written locally, otherwise the command
 // is forwarded and SessionPolicy.After receives the measured Outcome.
 // SEND_LONG_DATA bytes are added to the RequestBytes of the next
-// COM_STMT_EXECUTE of the same statement. For a multi-packet COM_QUERY,
+// COM_STMT_EXECUTE (or COM_STMT_BULK_EXECUTE) of the same statement. For a multi-packet COM_QUERY,
 // Statement.Query and the class are taken from the first packet (16 MiB - 2
 // bytes of text). While a non-PassThrough Before blocks for more than a few
 // milliseconds, the session watches the client so that a disconnect

@@ -13,10 +13,13 @@ type greeting struct {
 	ServerVersion string
 	ConnID        uint32
 	Caps          uint32
-	Plugin        string
-	capLowOff     int // offset of the lower 2 capability bytes
-	capHighOff    int // offset of the upper 2 capability bytes (-1 if absent)
-	reservedOff   int // offset of the 10 reserved bytes (-1 if absent)
+	// MariaCaps is MariaDB's extended capabilities, 0 from a server that
+	// sets CLIENT_MYSQL (MySQL) or has no reserved bytes.
+	MariaCaps   uint32
+	Plugin      string
+	capLowOff   int // offset of the lower 2 capability bytes
+	capHighOff  int // offset of the upper 2 capability bytes (-1 if absent)
+	reservedOff int // offset of the 10 reserved bytes (-1 if absent)
 }
 
 // parseGreeting parses a backend's Initial Handshake packet payload.
@@ -49,6 +52,9 @@ func parseGreeting(p []byte) (greeting, error) {
 	g.Caps |= (uint32(p[i+3]) | uint32(p[i+4])<<8) << 16
 	authLen := int(p[i+5])
 	g.reservedOff = i + 6
+	if g.Caps&mysql.CLIENT_LONG_PASSWORD == 0 {
+		g.MariaCaps = uint32(p[i+12]) | uint32(p[i+13])<<8 | uint32(p[i+14])<<16 | uint32(p[i+15])<<24
+	}
 	i += 16
 	if g.Caps&mysql.CLIENT_SECURE_CONNECTION != 0 {
 		n := max(13, authLen-8)
@@ -99,27 +105,36 @@ func appendGreeting(b []byte, connID, caps uint32) []byte {
 }
 
 // rewriteGreeting sets the capability flags of a parsed greeting's payload
-// to caps and zeroes the reserved bytes, where MariaDB keeps its extended
-// capabilities.
-func rewriteGreeting(p []byte, g *greeting, caps uint32) {
+// to caps and MariaDB's extended capabilities to maria (kept only where
+// caps leaves CLIENT_MYSQL out, as MariaDB does); the other reserved bytes
+// become zero.
+func rewriteGreeting(p []byte, g *greeting, caps, maria uint32) {
 	p[g.capLowOff], p[g.capLowOff+1] = byte(caps), byte(caps>>8)
 	if g.capHighOff >= 0 {
 		p[g.capHighOff], p[g.capHighOff+1] = byte(caps>>16), byte(caps>>24)
 	}
-	if g.reservedOff >= 0 {
-		clear(p[g.reservedOff : g.reservedOff+10])
+	if caps&mysql.CLIENT_LONG_PASSWORD != 0 || g.capHighOff < 0 {
+		maria = 0
 	}
-	g.Caps = caps
+	if g.reservedOff >= 0 {
+		r := p[g.reservedOff : g.reservedOff+10]
+		clear(r)
+		r[6], r[7], r[8], r[9] = byte(maria), byte(maria>>8), byte(maria>>16), byte(maria>>24)
+	}
+	g.Caps, g.MariaCaps = caps, maria
 }
 
 // handshakeResponse is the parts of a client's HandshakeResponse41 (or
 // SSLRequest, which is its first 32 bytes) that rgproxy reads.
 type handshakeResponse struct {
-	Caps   uint32
-	User   string
-	Auth   []byte // the auth response, aliasing the payload
-	DB     string
-	Plugin string
+	Caps uint32
+	// MariaCaps is MariaDB's extended capabilities the client asks for, 0
+	// when it sets CLIENT_MYSQL.
+	MariaCaps uint32
+	User      string
+	Auth      []byte // the auth response, aliasing the payload
+	DB        string
+	Plugin    string
 }
 
 // sslRequestLen is the payload size of an SSLRequest.
@@ -138,6 +153,9 @@ func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
 	}
 	if len(p) < sslRequestLen {
 		return r, fmt.Errorf("%w: handshake response too short", ErrMalformedPacket)
+	}
+	if r.Caps&mysql.CLIENT_LONG_PASSWORD == 0 {
+		r.MariaCaps = uint32(p[28]) | uint32(p[29])<<8 | uint32(p[30])<<16 | uint32(p[31])<<24
 	}
 	if len(p) == sslRequestLen {
 		return r, nil
@@ -188,11 +206,15 @@ func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
 }
 
 // rewriteHandshakeResponse sets the capability flags of a handshake
-// response (or SSLRequest) payload and zeroes its 23-byte filler, whose
-// last 4 bytes are MariaDB's extended client capabilities.
-func rewriteHandshakeResponse(p []byte, caps uint32) {
+// response (or SSLRequest) payload to caps and the last 4 bytes of its
+// 23-byte filler, MariaDB's extended client capabilities, to maria (zero
+// where caps has CLIENT_MYSQL); the rest of the filler becomes zero.
+func rewriteHandshakeResponse(p []byte, caps, maria uint32) {
 	p[0], p[1], p[2], p[3] = byte(caps), byte(caps>>8), byte(caps>>16), byte(caps>>24)
 	clear(p[9:sslRequestLen])
+	if caps&mysql.CLIENT_LONG_PASSWORD == 0 {
+		p[28], p[29], p[30], p[31] = byte(maria), byte(maria>>8), byte(maria>>16), byte(maria>>24)
+	}
 }
 
 // changeUser is the part of a COM_CHANGE_USER payload rgproxy reads.

@@ -31,22 +31,35 @@ func TestGreetingRewrite(t *testing.T) {
 	if gr.ConnID != 42 || gr.Plugin != "mysql_native_password" || gr.ServerVersion != "5.5.5-10.11.19-MariaDB" || gr.Caps != all {
 		t.Fatalf("parsed %+v", gr)
 	}
+	if gr.MariaCaps != 0x1f {
+		t.Fatalf("extended capabilities %#x, want 0x1f", gr.MariaCaps)
+	}
 	offer := gr.Caps & supportedCaps
-	rewriteGreeting(g, &gr, offer|mysql.CLIENT_SSL)
+	rewriteGreeting(g, &gr, offer|mysql.CLIENT_SSL, gr.MariaCaps&supportedMariaCaps)
 	again, err := parseGreeting(g)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, bit := range []uint32{mysql.CLIENT_COMPRESS, mysql.CLIENT_DEPRECATE_EOF, 1 << 25, 1 << 26, 1 << 29, 1 << 31} {
+	for _, bit := range []uint32{mysql.CLIENT_COMPRESS, 1 << 25, 1 << 26, 1 << 29, 1 << 31} {
 		if again.Caps&bit != 0 {
 			t.Errorf("capability %#x still advertised", bit)
 		}
 	}
-	if again.Caps&mysql.CLIENT_SSL == 0 || again.Caps&mysql.CLIENT_PLUGIN_AUTH == 0 || again.Caps&mysql.CLIENT_MULTI_RESULTS == 0 {
-		t.Errorf("wanted capability dropped: %#x", again.Caps)
+	for _, bit := range []uint32{mysql.CLIENT_SSL, mysql.CLIENT_PLUGIN_AUTH, mysql.CLIENT_MULTI_RESULTS, mysql.CLIENT_DEPRECATE_EOF, mysql.CLIENT_QUERY_ATTRIBUTES} {
+		if again.Caps&bit == 0 {
+			t.Errorf("wanted capability %#x dropped: %#x", bit, again.Caps)
+		}
 	}
-	if !bytes.Equal(g[again.reservedOff:again.reservedOff+10], make([]byte, 10)) {
-		t.Error("MariaDB extended capabilities not cleared")
+	want := []byte{0, 0, 0, 0, 0, 0, 0x1d, 0, 0, 0} // COM_MULTI cleared
+	if got := g[again.reservedOff : again.reservedOff+10]; !bytes.Equal(got, want) || again.MariaCaps != 0x1d {
+		t.Errorf("reserved bytes %x, want %x", got, want)
+	}
+	// A server that sets CLIENT_MYSQL has filler there, never capabilities.
+	mysqlG := mariaGreeting(all|mysql.CLIENT_LONG_PASSWORD, 0x1f, "caching_sha2_password")
+	mg, _ := parseGreeting(mysqlG)
+	rewriteGreeting(mysqlG, &mg, mg.Caps&supportedCaps, 0x1d)
+	if mg.MariaCaps != 0 || !bytes.Equal(mysqlG[mg.reservedOff:mg.reservedOff+10], make([]byte, 10)) {
+		t.Errorf("MySQL greeting got extended capabilities: %x", mysqlG[mg.reservedOff:mg.reservedOff+10])
 	}
 	if again.Plugin != "mysql_native_password" || again.ConnID != 42 {
 		t.Errorf("rewrite damaged the greeting: %+v", again)
@@ -99,7 +112,7 @@ func TestHandshakeResponse(t *testing.T) {
 	}{
 		{"plain", base, ""},
 		{"lenenc auth, db, attrs", base | mysql.CLIENT_PLUGIN_AUTH_LENENC_CLIENT_DATA | mysql.CLIENT_CONNECT_WITH_DB | mysql.CLIENT_CONNECT_ATTRS, "shop"},
-		{"with compress and query attributes asked", base | mysql.CLIENT_COMPRESS | 1<<27, ""},
+		{"with compress and optional metadata asked", base | mysql.CLIENT_COMPRESS | mysql.CLIENT_OPTIONAL_RESULTSET_METADATA, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -112,12 +125,12 @@ func TestHandshakeResponse(t *testing.T) {
 				t.Fatalf("parsed %+v", r)
 			}
 			masked := r.Caps & supportedCaps
-			rewriteHandshakeResponse(p, masked)
+			rewriteHandshakeResponse(p, masked, 0)
 			r2, err := parseHandshakeResponse(p)
 			if err != nil || r2.Caps != masked || r2.User != "app" || r2.Plugin != "client_ed25519" {
 				t.Fatalf("after rewrite %+v %v", r2, err)
 			}
-			if r2.Caps&(mysql.CLIENT_COMPRESS|1<<27) != 0 || !bytes.Equal(p[9:32], make([]byte, 23)) {
+			if r2.Caps&(mysql.CLIENT_COMPRESS|mysql.CLIENT_OPTIONAL_RESULTSET_METADATA) != 0 || !bytes.Equal(p[9:32], make([]byte, 23)) {
 				t.Error("unsupported capabilities survive")
 			}
 		})
@@ -198,16 +211,16 @@ func FuzzParseHandshake(f *testing.F) {
 	f.Fuzz(func(t *testing.T, greetingData, respData []byte) {
 		if g, err := parseGreeting(greetingData); err == nil {
 			cp := bytes.Clone(greetingData)
-			rewriteGreeting(cp, &g, g.Caps&supportedCaps)
-			if g2, err := parseGreeting(cp); err != nil || g2.Caps&^supportedCaps != 0 {
+			rewriteGreeting(cp, &g, g.Caps&supportedCaps, g.MariaCaps&supportedMariaCaps)
+			if g2, err := parseGreeting(cp); err != nil || g2.Caps&^supportedCaps != 0 || g2.MariaCaps&^supportedMariaCaps != 0 {
 				t.Fatalf("rewritten greeting: %+v %v", g2, err)
 			}
 		}
 		if r, err := parseHandshakeResponse(respData); err == nil {
 			cp := bytes.Clone(respData)
-			rewriteHandshakeResponse(cp, r.Caps&supportedCaps)
-			if r2, err := parseHandshakeResponse(cp); err == nil && r2.Caps&^supportedCaps != 0 {
-				t.Fatalf("rewritten response keeps %#x", r2.Caps)
+			rewriteHandshakeResponse(cp, r.Caps&supportedCaps, r.MariaCaps&supportedMariaCaps)
+			if r2, err := parseHandshakeResponse(cp); err == nil && (r2.Caps&^supportedCaps != 0 || r2.MariaCaps&^supportedMariaCaps != 0) {
+				t.Fatalf("rewritten response keeps %#x %#x", r2.Caps, r2.MariaCaps)
 			}
 		}
 		parseChangeUser(respData, mysql.CLIENT_SECURE_CONNECTION|mysql.CLIENT_PLUGIN_AUTH)

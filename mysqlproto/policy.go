@@ -43,12 +43,16 @@ type Statement struct {
 	Command byte
 	// Class is the classifier's verdict.
 	Class Class
-	// Query is the SQL text of COM_QUERY and COM_STMT_PREPARE, and the
-	// prepared text for COM_STMT_EXECUTE / COM_STMT_FETCH / COM_STMT_SEND_LONG_DATA
-	// when known; empty otherwise.
+	// Query is the SQL text of COM_QUERY (after its query attributes,
+	// when CLIENT_QUERY_ATTRIBUTES is in force) and COM_STMT_PREPARE, and
+	// the prepared text for COM_STMT_EXECUTE / COM_STMT_FETCH /
+	// COM_STMT_SEND_LONG_DATA / MariaDB's COM_STMT_BULK_EXECUTE when
+	// known; empty otherwise.
 	Query string
 	// PayloadBytes is the size of the command's first packet payload, the
-	// write payload known before forwarding.
+	// write payload known before forwarding. A COM_STMT_BULK_EXECUTE
+	// (0xfa) is one statement of ClassWrite whatever its number of
+	// parameter rows; its payload, the rows included, is written bytes.
 	PayloadBytes int64
 	// Multi is true for a COM_QUERY holding more than one statement.
 	Multi bool
@@ -116,8 +120,9 @@ type Verdict struct {
 	// not forwarded. A refusal is a Reply with Err set.
 	Reply *Reply
 	// Rewrite, when not empty, is the SQL text forwarded instead of a
-	// COM_QUERY's own (ignored for other commands). The Outcome still
-	// counts the client's bytes.
+	// COM_QUERY's own (ignored for other commands), after the client's
+	// query attributes when CLIENT_QUERY_ATTRIBUTES is in force. The
+	// Outcome still counts the client's bytes.
 	Rewrite string
 }
 

@@ -13,13 +13,20 @@ import (
 
 // rawClient speaks the protocol by hand, to send what drivers never send.
 type rawClient struct {
-	t    *testing.T
-	c    net.Conn
-	br   *bufio.Reader
-	bw   *bufio.Writer
-	salt []byte
-	caps uint32
+	t     *testing.T
+	c     net.Conn
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	salt  []byte
+	caps  uint32
+	maria uint32 // MariaDB's extended capabilities in force
+	sent  []byte // the start of the last packet sent, for errors
 }
+
+// rawCaps are the capabilities dialRaw asks for.
+const rawCaps = mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_PLUGIN_AUTH |
+	mysql.CLIENT_MULTI_STATEMENTS | mysql.CLIENT_MULTI_RESULTS | mysql.CLIENT_PS_MULTI_RESULTS |
+	mysql.CLIENT_TRANSACTIONS | mysql.CLIENT_LONG_PASSWORD | mysql.CLIENT_CONNECT_WITH_DB
 
 func nativePassword(salt []byte, pw string) []byte {
 	if pw == "" {
@@ -40,6 +47,13 @@ func nativePassword(salt []byte, pw string) []byte {
 // dialRaw logs in as user with a mysql_native_password response.
 func dialRaw(t *testing.T, addr, user, pw string) *rawClient {
 	t.Helper()
+	return dialRawCaps(t, addr, user, pw, rawCaps, 0)
+}
+
+// dialRawCaps logs in asking for the capabilities want and MariaDB's
+// extended capabilities maria, of those the greeting offers.
+func dialRawCaps(t *testing.T, addr, user, pw string, want, maria uint32) *rawClient {
+	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -55,9 +69,10 @@ func dialRaw(t *testing.T, addr, user, pw string) *rawClient {
 	// scramble: 8 bytes after conn id, then 12 after the reserved bytes
 	i := bytes.IndexByte(g[1:], 0) + 2 + 4
 	rc.salt = append(append([]byte{}, g[i:i+8]...), g[gr.reservedOff+10:gr.reservedOff+22]...)
-	rc.caps = gr.Caps & (mysql.CLIENT_PROTOCOL_41 | mysql.CLIENT_SECURE_CONNECTION | mysql.CLIENT_PLUGIN_AUTH | mysql.CLIENT_MULTI_STATEMENTS | mysql.CLIENT_MULTI_RESULTS | mysql.CLIENT_PS_MULTI_RESULTS | mysql.CLIENT_TRANSACTIONS | mysql.CLIENT_LONG_PASSWORD | mysql.CLIENT_CONNECT_WITH_DB)
+	rc.caps, rc.maria = gr.Caps&want, gr.MariaCaps&maria
 	resp := []byte{byte(rc.caps), byte(rc.caps >> 8), byte(rc.caps >> 16), byte(rc.caps >> 24), 0, 0, 0, 1, 45}
-	resp = append(resp, make([]byte, 23)...)
+	resp = append(resp, make([]byte, 19)...)
+	resp = append(resp, byte(rc.maria), byte(rc.maria>>8), byte(rc.maria>>16), byte(rc.maria>>24))
 	resp = append(append(resp, user...), 0)
 	auth := nativePassword(rc.salt, pw)
 	resp = append(append(resp, byte(len(auth))), auth...)
@@ -93,6 +108,7 @@ func (rc *rawClient) finishAuth(pw string) {
 
 func (rc *rawClient) write(seq byte, p []byte) {
 	rc.t.Helper()
+	rc.sent = p[:min(len(p), 80)]
 	if _, err := writeMessage(rc.bw, seq, p); err != nil {
 		rc.t.Fatal(err)
 	}
@@ -105,7 +121,7 @@ func (rc *rawClient) read() ([]byte, byte) {
 	rc.t.Helper()
 	p, seq, err := readMessage(rc.br, nil, 1<<30)
 	if err != nil {
-		rc.t.Fatalf("read: %v", err)
+		rc.t.Fatalf("read (after sending %q): %v", rc.sent, err)
 	}
 	return p, seq
 }
@@ -121,7 +137,7 @@ func (rc *rawClient) cmd(kind respKind, binary bool, p []byte) (raw []byte, m re
 // response reads one response framed by a respMachine.
 func (rc *rawClient) response(kind respKind, binary bool) (raw []byte, m respMachine) {
 	rc.t.Helper()
-	m.reset(kind, false, binary)
+	m.reset(kind, respFlagsFor(rc.caps, rc.maria), binary)
 	for {
 		pl, seq := rc.read()
 		raw = append(raw, byte(len(pl)), byte(len(pl)>>8), byte(len(pl)>>16), seq)
@@ -167,7 +183,7 @@ func TestRawCommands(t *testing.T) {
 			t.Fatalf("ping: %q", raw)
 		}
 	}
-	for _, c := range []byte{0x12 /* BINLOG_DUMP */, 0xfa /* STMT_BULK_EXECUTE */, 0x15 /* REGISTER_SLAVE */, 0x1d /* DAEMON */, 0x13 /* TABLE_DUMP */} {
+	for _, c := range []byte{0x12 /* BINLOG_DUMP */, 0x15 /* REGISTER_SLAVE */, 0x1d /* DAEMON */, 0x13 /* TABLE_DUMP */} {
 		_, m := rc.cmd(respGeneric, false, []byte{c, 0, 0, 0, 0})
 		if m.ErrCode != mysql.ER_UNKNOWN_COM_ERROR {
 			t.Fatalf("command 0x%02x: error %d, want 1047", c, m.ErrCode)

@@ -39,14 +39,18 @@ func appendEOF(b []byte, status uint16) []byte {
 }
 
 // appendColumnDef appends a text column definition (protocol 4.1) for a
-// VARCHAR column in utf8mb4.
-func appendColumnDef(b []byte, name string) []byte {
+// VARCHAR column in utf8mb4; with MariaDB's EXTENDED_TYPE_INFO (maria) it
+// carries an empty block of extended type information.
+func appendColumnDef(b []byte, name string, maria uint32) []byte {
 	b = appendLenencString(b, "def")
 	b = appendLenencString(b, "") // schema
 	b = appendLenencString(b, "") // table
 	b = appendLenencString(b, "") // original table
 	b = appendLenencString(b, name)
 	b = appendLenencString(b, name)
+	if maria&mariaExtendedTypeInfo != 0 {
+		b = append(b, 0) // no data type name, no format
+	}
 	b = append(b, 0x0c,
 		45, 0, // utf8mb4_general_ci
 		0, 0, 1, 0, // column length 65536
@@ -60,6 +64,7 @@ func appendColumnDef(b []byte, name string) []byte {
 // replyWriter writes locally made responses with correct sequence ids.
 type replyWriter struct {
 	caps   uint32
+	maria  uint32 // MariaDB's extended capabilities
 	status uint16
 	buf    []byte
 }
@@ -98,11 +103,15 @@ func (w *replyWriter) packets(r *Reply, cmd byte, emit func(p []byte) error) err
 		}
 		return emit(b)
 	}
-	if err := emit(appendLenenc(w.buf[:0], uint64(len(r.Columns)))); err != nil {
+	count := appendLenenc(w.buf[:0], uint64(len(r.Columns)))
+	if w.maria&mariaCacheMetadata != 0 {
+		count = append(count, 1) // the definitions follow
+	}
+	if err := emit(count); err != nil {
 		return err
 	}
 	for _, c := range r.Columns {
-		if err := emit(appendColumnDef(w.buf[:0], c)); err != nil {
+		if err := emit(appendColumnDef(w.buf[:0], c, w.maria)); err != nil {
 			return err
 		}
 	}

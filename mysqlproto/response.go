@@ -37,6 +37,9 @@ const (
 	// evInfile: the backend asks for a LOCAL INFILE; the client's file
 	// packets follow, then the backend's packets resume.
 	evInfile
+	// evProgress: a progress report; the response goes on, and the
+	// report is for the client now, not at the response's end.
+	evProgress
 )
 
 type respState uint8
@@ -56,11 +59,48 @@ const (
 	stFetch
 )
 
+// respFlags are the negotiated capabilities that change a response's shape.
+type respFlags uint8
+
+const (
+	// rfDeprecateEOF: no EOF after column definitions; a result set ends
+	// with an OK packet whose header is 0xfe (CLIENT_DEPRECATE_EOF).
+	rfDeprecateEOF respFlags = 1 << iota
+	// rfCacheMetadata: a result set's column count is followed by a byte,
+	// 0 when the column definitions are left out (MariaDB's CACHE_METADATA).
+	rfCacheMetadata
+	// rfProgress: ERR packets with code 0xffff are progress reports, not
+	// the end of the response (MariaDB's PROGRESS).
+	rfProgress
+)
+
+// respFlagsFor returns the response flags of a session's capabilities.
+func respFlagsFor(caps, maria uint32) respFlags {
+	var f respFlags
+	if caps&mysql.CLIENT_DEPRECATE_EOF != 0 {
+		f |= rfDeprecateEOF
+	}
+	if maria&mariaCacheMetadata != 0 {
+		f |= rfCacheMetadata
+	}
+	if maria&mariaProgress != 0 {
+		f |= rfProgress
+	}
+	return f
+}
+
+// isProgress tells a MariaDB progress report (ERR header, code 0xffff,
+// then stage, maximum stage, progress and the stage's name) from an ERR.
+func isProgress(p []byte) bool {
+	return len(p) >= 3 && p[0] == mysql.ERR_HEADER && p[1] == byte(progressCode&0xff) && p[2] == byte(progressCode>>8)
+}
+
 // respMachine follows a response's shape packet by packet without decoding
 // rows, so that the relay knows where the response ends. Its zero value is
 // not ready: call reset for each command.
 type respMachine struct {
 	deprecateEOF bool
+	flags        respFlags
 	binary       bool // result-set rows use the binary protocol (COM_STMT_EXECUTE)
 
 	state   respState
@@ -77,8 +117,8 @@ type respMachine struct {
 }
 
 // reset prepares the machine for the response to one command.
-func (m *respMachine) reset(kind respKind, deprecateEOF, binary bool) {
-	*m = respMachine{deprecateEOF: deprecateEOF, binary: binary}
+func (m *respMachine) reset(kind respKind, flags respFlags, binary bool) {
+	*m = respMachine{deprecateEOF: flags&rfDeprecateEOF != 0, flags: flags, binary: binary}
 	switch kind {
 	case respPrepare:
 		m.state = stPrepOK
@@ -110,8 +150,12 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 		return evDone, fmt.Errorf("%w: empty response packet", ErrMalformedPacket)
 	}
 	// No definition or row starts with 0xff (not a valid length-encoded
-	// value, and binary rows start with 0x00), so 0xff is always an ERR.
+	// value, and binary rows start with 0x00), so 0xff is always an ERR,
+	// or a progress report while the statement runs.
 	if p[0] == mysql.ERR_HEADER && m.state != stSingle {
+		if m.flags&rfProgress != 0 && isProgress(p) {
+			return evProgress, nil
+		}
 		m.parseErr(p)
 		return evDone, nil
 	}
@@ -126,9 +170,14 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 		case mysql.LocalInFile_HEADER:
 			return evInfile, nil // the OK/ERR after the file comes in stFirst
 		}
-		cnt, _, ok := lenenc(p)
+		cnt, k, ok := lenenc(p)
 		if !ok || cnt == 0 {
 			return evDone, fmt.Errorf("%w: bad column count", ErrMalformedPacket)
+		}
+		if m.flags&rfCacheMetadata != 0 && len(p) > k && p[k] == 0 {
+			// The client has the definitions from the PREPARE: none follow.
+			m.endColumns()
+			return evMore, nil
 		}
 		m.pending = cnt
 		m.state = stColumns
@@ -136,11 +185,7 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 	case stColumns:
 		m.pending--
 		if m.pending == 0 {
-			if m.deprecateEOF {
-				m.state = stRows
-			} else {
-				m.state = stColumnEOF
-			}
+			m.endColumns()
 		}
 		return evMore, nil
 	case stColumnEOF:
@@ -159,12 +204,8 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 		return evMore, nil
 	case stRows, stFetch:
 		if isEOFPacket(p, n) {
-			if m.deprecateEOF && n >= 7 {
-				if err := m.parseOK(p); err != nil {
-					return evDone, err
-				}
-			} else {
-				m.parseEOF(p)
+			if err := m.parseEnd(p, n); err != nil {
+				return evDone, err
 			}
 			if m.state == stFetch {
 				return evDone, nil
@@ -177,7 +218,7 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 	case stPrepParams:
 		m.pending--
 		if m.pending == 0 {
-			m.endPrepParams()
+			return m.endPrepParams(), nil
 		}
 		return evMore, nil
 	case stPrepParamEOF:
@@ -203,8 +244,7 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 		return evDone, nil
 	case stFieldList:
 		if isEOFPacket(p, n) {
-			m.parseEOF(p)
-			return evDone, nil
+			return evDone, m.parseEnd(p, n)
 		}
 		return evMore, nil
 	case stSingle:
@@ -219,6 +259,30 @@ func (m *respMachine) feed(p []byte, n int) (respEvent, error) {
 		return evDone, nil
 	}
 	return evDone, fmt.Errorf("%w: bad response state %d", ErrMalformedPacket, m.state)
+}
+
+// endColumns follows the last column definition (or their absence):
+// the EOF that carries the status flags, or with DEPRECATE_EOF the rows.
+// With DEPRECATE_EOF a COM_STMT_EXECUTE that opened a cursor sends no row:
+// the result set's terminator, CURSOR_EXISTS in its status, comes next and
+// ends the response as an empty result set's would.
+func (m *respMachine) endColumns() {
+	if m.deprecateEOF {
+		m.state = stRows
+	} else {
+		m.state = stColumnEOF
+	}
+}
+
+// parseEnd reads the status of the packet that ends rows or definitions:
+// an EOF, or with DEPRECATE_EOF an OK with the 0xfe header (a 5-byte
+// packet is an EOF even then).
+func (m *respMachine) parseEnd(p []byte, n int) error {
+	if m.deprecateEOF && n >= 7 {
+		return m.parseOK(p)
+	}
+	m.parseEOF(p)
+	return nil
 }
 
 // afterEnd decides, after a final OK or EOF, whether another result follows.
@@ -246,12 +310,14 @@ func (m *respMachine) prepareOK(p []byte) (respEvent, error) {
 	return evMore, nil
 }
 
-func (m *respMachine) endPrepParams() {
+// endPrepParams follows the last parameter definition: their EOF, or
+// with DEPRECATE_EOF the column definitions, if any.
+func (m *respMachine) endPrepParams() respEvent {
 	if m.deprecateEOF {
-		m.startPrepColumns()
-		return
+		return m.startPrepColumns()
 	}
 	m.state = stPrepParamEOF
+	return evMore
 }
 
 func (m *respMachine) startPrepColumns() respEvent {

@@ -14,7 +14,7 @@ func eofPkt(status uint16) []byte { return appendEOF(nil, status) }
 func errPkt(code uint16) []byte {
 	return appendErr(nil, &Error{Code: code, State: "42S02", Message: "no"})
 }
-func colPkt(name string) []byte { return appendColumnDef(nil, name) }
+func colPkt(name string) []byte { return appendColumnDef(nil, name, 0) }
 func countPkt(n uint64) []byte  { return appendLenenc(nil, n) }
 func rowPkt(vals ...string) []byte {
 	var b []byte
@@ -23,6 +23,30 @@ func rowPkt(vals ...string) []byte {
 	}
 	return b
 }
+
+// cachedCount is a column count with CACHE_METADATA's metadata-follows byte.
+func cachedCount(n uint64, follows bool) []byte {
+	b := appendLenenc(nil, n)
+	if follows {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+// progressPkt is a MariaDB progress report.
+func progressPkt(stage, maxStage byte, info string) []byte {
+	b := []byte{mysql.ERR_HEADER, 0xff, 0xff, 1, stage, maxStage, 0x10, 0x27, 0}
+	return appendLenencString(b, info)
+}
+
+// depFlag is rfDeprecateEOF when deprecate is true.
+func depFlag(deprecate bool) respFlags {
+	if deprecate {
+		return rfDeprecateEOF
+	}
+	return 0
+}
+
 func deprecEnd(status uint16) []byte { return appendOK(nil, mysql.EOF_HEADER, 0, status, "", 0) }
 func prepOK(id uint32, cols, params uint16) []byte {
 	return []byte{0, byte(id), byte(id >> 8), byte(id >> 16), byte(id >> 24), byte(cols), byte(cols >> 8), byte(params), byte(params >> 8), 0, 0, 0}
@@ -33,11 +57,12 @@ func TestResponseStateMachine(t *testing.T) {
 		p    []byte
 		want respEvent
 	}
-	M, D, I := evMore, evDone, evInfile
+	M, D, I, P := evMore, evDone, evInfile, evProgress
 	tests := []struct {
 		name      string
 		kind      respKind
 		deprecate bool
+		flags     respFlags
 		binary    bool
 		steps     []step
 		status    uint16
@@ -78,12 +103,45 @@ func TestResponseStateMachine(t *testing.T) {
 		{name: "prepare without columns", kind: respPrepare, steps: []step{{prepOK(7, 0, 2), M}, {colPkt("?"), M}, {colPkt("?"), M}, {eofPkt(0), D}}},
 		{name: "prepare nothing", kind: respPrepare, steps: []step{{prepOK(7, 0, 0), D}}},
 		{name: "prepare DEPRECATE_EOF", kind: respPrepare, deprecate: true, steps: []step{{prepOK(7, 1, 1), M}, {colPkt("?"), M}, {colPkt("a"), D}}},
+		{name: "prepare DEPRECATE_EOF without columns", kind: respPrepare, deprecate: true, steps: []step{{prepOK(7, 0, 2), M},
+			{colPkt("?"), M}, {colPkt("?"), D}}},
 		{name: "prepare error", kind: respPrepare, steps: []step{{errPkt(1064), D}}, errCode: 1064},
+		// MariaDB's CACHE_METADATA: a byte after the column count says
+		// whether definitions follow.
+		{name: "cached metadata, definitions follow", flags: rfCacheMetadata, binary: true, steps: []step{{cachedCount(2, true), M},
+			{colPkt("a"), M}, {colPkt("b"), M}, {eofPkt(0), M}, {[]byte{0, 0, 1, 2}, M}, {eofPkt(2), D}}, status: 2},
+		{name: "cached metadata, none follow", flags: rfCacheMetadata, binary: true, steps: []step{{cachedCount(2, false), M},
+			{eofPkt(0), M}, {[]byte{0, 0, 1, 2}, M}, {eofPkt(2), D}}, status: 2},
+		{name: "cached metadata, cursor opened", flags: rfCacheMetadata, binary: true, steps: []step{{cachedCount(2, false), M},
+			{eofPkt(mysql.SERVER_STATUS_CURSOR_EXISTS), D}}, status: mysql.SERVER_STATUS_CURSOR_EXISTS},
+		{name: "cached metadata with DEPRECATE_EOF, none follow", deprecate: true, flags: rfCacheMetadata, binary: true,
+			steps: []step{{cachedCount(2, false), M}, {[]byte{0, 0, 1, 2}, M}, {deprecEnd(2), D}}, status: 2},
+		{name: "cached metadata, text result set", flags: rfCacheMetadata, steps: []step{{cachedCount(1, true), M},
+			{colPkt("a"), M}, {eofPkt(0), M}, {rowPkt("1"), M}, {eofPkt(2), D}}, status: 2},
+		// DEPRECATE_EOF: a cursor-opening execute sends its definitions
+		// and the terminator (CURSOR_EXISTS), a streaming one rows first.
+		{name: "DEPRECATE_EOF execute opens cursor", deprecate: true, binary: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
+			{deprecEnd(mysql.SERVER_STATUS_CURSOR_EXISTS | 2), D}}, status: mysql.SERVER_STATUS_CURSOR_EXISTS | 2},
+		{name: "DEPRECATE_EOF execute streams", deprecate: true, binary: true, steps: []step{{countPkt(1), M}, {colPkt("a"), M},
+			{[]byte{0, 0, 1}, M}, {deprecEnd(2), D}}, status: 2},
+		{name: "DEPRECATE_EOF fetch", kind: respFetch, deprecate: true, binary: true, steps: []step{{[]byte{0, 0, 1}, M},
+			{deprecEnd(mysql.SERVER_STATUS_CURSOR_EXISTS | 0x80), D}}, status: mysql.SERVER_STATUS_CURSOR_EXISTS | 0x80},
+		{name: "DEPRECATE_EOF field list", kind: respFieldList, deprecate: true, steps: []step{{colPkt("a"), M},
+			{appendOK(nil, mysql.EOF_HEADER, 0, 0x4002, "", 0), D}}, status: 0x4002},
+		// MariaDB's PROGRESS: reports while the statement runs.
+		{name: "progress then OK", flags: rfProgress, steps: []step{{progressPkt(1, 2, "copy to tmp table"), P},
+			{progressPkt(2, 2, "Enabling keys"), P}, {okPkt(9, 2), D}}, status: 2, affected: 9},
+		{name: "progress then ERR", flags: rfProgress, steps: []step{{progressPkt(1, 1, "x"), P}, {errPkt(1062), D}}, errCode: 1062},
+		{name: "progress between results", flags: rfProgress, steps: []step{{okPkt(1, mysql.SERVER_MORE_RESULTS_EXISTS), M},
+			{progressPkt(1, 1, "x"), P}, {okPkt(1, 0), D}}, affected: 2},
+		{name: "progress before LOCAL INFILE's OK", flags: rfProgress, steps: []step{{append([]byte{mysql.LocalInFile_HEADER}, "f"...), I},
+			{progressPkt(1, 1, "x"), P}, {okPkt(5, 0), D}}, affected: 5},
+		{name: "0xffff without PROGRESS is an ERR", steps: []step{{progressPkt(1, 1, "x"), D}}, errCode: progressCode},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var m respMachine
-			m.reset(tt.kind, tt.deprecate, tt.binary)
+			m.reset(tt.kind, depFlag(tt.deprecate)|tt.flags, tt.binary)
 			for i, s := range tt.steps {
 				ev, err := m.feed(s.p, len(s.p))
 				if err != nil {
@@ -121,7 +179,7 @@ func TestResponseStateMachineErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var m respMachine
-			m.reset(tt.kind, false, false)
+			m.reset(tt.kind, 0, false)
 			var err error
 			for _, p := range tt.steps {
 				if _, err = m.feed(p, len(p)); err != nil {
@@ -138,7 +196,7 @@ func TestResponseStateMachineErrors(t *testing.T) {
 // A row of 16 MiB - 1 bytes that starts with 0xfe is a row, not an EOF.
 func TestHugeRowIsNotEOF(t *testing.T) {
 	var m respMachine
-	m.reset(respGeneric, false, false)
+	m.reset(respGeneric, 0, false)
 	for _, p := range [][]byte{countPkt(1), colPkt("a"), eofPkt(0)} {
 		m.feed(p, len(p))
 	}
@@ -149,12 +207,13 @@ func TestHugeRowIsNotEOF(t *testing.T) {
 }
 
 func FuzzResponseStateMachine(f *testing.F) {
-	f.Add(byte(0), false, false, append(append(countPkt(1), colPkt("a")...), eofPkt(0)...))
-	f.Add(byte(1), true, false, prepOK(1, 1, 1))
-	f.Add(byte(4), false, true, []byte{0, 0, 1, 0xfe, 0, 0, 0, 0})
-	f.Fuzz(func(t *testing.T, kind byte, deprecate, binary bool, data []byte) {
+	f.Add(byte(0), byte(0), false, append(append(countPkt(1), colPkt("a")...), eofPkt(0)...))
+	f.Add(byte(1), byte(rfDeprecateEOF), false, prepOK(1, 1, 1))
+	f.Add(byte(4), byte(0), true, []byte{0, 0, 1, 0xfe, 0, 0, 0, 0})
+	f.Add(byte(0), byte(rfCacheMetadata|rfProgress), true, []byte{2, 1, 0, 6, 0xff, 0xff, 0xff, 1, 1, 2, 5, 0xfe, 0, 0, 0x40, 0})
+	f.Fuzz(func(t *testing.T, kind, flags byte, binary bool, data []byte) {
 		var m respMachine
-		m.reset(respKind(kind%5), deprecate, binary)
+		m.reset(respKind(kind%5), respFlags(flags&7), binary)
 		// Cut data into packets: each starts with a one-byte length.
 		for len(data) > 0 {
 			n := min(int(data[0]), len(data)-1)

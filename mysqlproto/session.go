@@ -73,6 +73,8 @@ type session struct {
 	backendTLS bool
 
 	caps   uint32 // capabilities in force between client and backend
+	maria  uint32 // MariaDB's extended capabilities in force
+	rflags respFlags
 	status uint16 // the backend's last status flags
 	info   SessionInfo
 	pol    SessionPolicy
@@ -86,7 +88,17 @@ type session struct {
 	// prepClass is the class of the text of the COM_STMT_PREPARE in flight.
 	prepClass Class
 	stmts     map[uint32]*prepared
-	seq       byte // sequence id of the last packet sent to the client
+	// lastStmt is the statement prepared last, which MariaDB lets a
+	// command name as lastStmtID; 0 when there is none.
+	lastStmt uint32
+	// attrLen is the length of the query-attribute block before the
+	// current COM_QUERY's text (QUERY_ATTRIBUTES), 0 without it.
+	attrLen int
+	// unread is what is left to read from the client of the current
+	// command's first packet, of which ss.buf holds the start (a large
+	// execute or bulk is relayed as it arrives).
+	unread int
+	seq    byte // sequence id of the last packet sent to the client
 	// st and out are the current statement's, reused so that a statement
 	// costs no allocation for them; policies get pointers valid only
 	// during the call.
@@ -338,12 +350,12 @@ func (ss *session) login() error {
 		return ss.backendUnreachable(err, deadline)
 	}
 	ss.info.BackendConnID = g.ConnID
-	backendCaps := g.Caps
+	backendCaps, backendMaria := g.Caps, g.MariaCaps
 	offer := backendCaps & supportedCaps
 	if cfg.ClientTLS != nil {
 		offer |= mysql.CLIENT_SSL
 	}
-	rewriteGreeting(gp, &g, offer)
+	rewriteGreeting(gp, &g, offer, backendMaria&supportedMariaCaps)
 	if err := ss.sendClient(0, gp); err != nil {
 		return err
 	}
@@ -369,6 +381,8 @@ func (ss *session) login() error {
 		return ss.refuseClearText(cseq+1, resp.Plugin)
 	}
 	ss.caps = resp.Caps & supportedCaps & backendCaps
+	ss.maria = resp.MariaCaps & supportedMariaCaps & backendMaria
+	ss.rflags = respFlagsFor(ss.caps, ss.maria)
 
 	// The backend leg: SSLRequest and TLS first when configured.
 	bseq := byte(1)
@@ -380,7 +394,7 @@ func (ss *session) login() error {
 		}
 		sslReq := make([]byte, sslRequestLen)
 		copy(sslReq, rp[:sslRequestLen])
-		rewriteHandshakeResponse(sslReq, ss.caps|mysql.CLIENT_SSL)
+		rewriteHandshakeResponse(sslReq, ss.caps|mysql.CLIENT_SSL, ss.maria)
 		if _, err := writeMessage(ss.bwr, bseq, sslReq); err != nil {
 			return ss.backendFailed(cseq+1, err)
 		}
@@ -402,14 +416,14 @@ func (ss *session) login() error {
 	if ss.backendTLS {
 		legCaps |= mysql.CLIENT_SSL
 	}
-	rewriteHandshakeResponse(rp, legCaps)
+	rewriteHandshakeResponse(rp, legCaps, ss.maria)
 	if _, err := writeMessage(ss.bwr, bseq, rp); err != nil {
 		return ss.backendFailed(cseq+1, err)
 	}
 	if err := ss.bwr.Flush(); err != nil {
 		return ss.backendFailed(cseq+1, err)
 	}
-	ss.rw.caps = ss.caps
+	ss.rw.caps, ss.rw.maria = ss.caps, ss.maria
 	ok, err := ss.relayAuth(plugin, cseq-bseq)
 	if err != nil {
 		return err

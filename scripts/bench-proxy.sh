@@ -8,6 +8,13 @@
 # /proc/PID/stat), and the ratios rgproxy/HAProxy against the targets:
 # QPS >= 0.9x and CPU per statement <= 1.2x.
 #
+# Then a bulk insert: MariaDB Connector/J (Debian's libmariadb-java) runs
+# executeBatch() of BENCH_BULK_ROWS rows, which it sends as one
+# COM_STMT_BULK_EXECUTE, directly and through rgproxy in alternating rounds
+# (tests/testdata/CapsClient.java, one JVM per round: a warm-up insert,
+# then BENCH_BULK_ITER timed ones). Prints the median seconds per insert
+# and the ratio of rgproxy's rows/s to direct's against the target >= 0.9x.
+#
 # Environment (all optional):
 #   BENCH_TIME         seconds per sysbench run (default 10)
 #   BENCH_ROUNDS       rounds of every target x thread count (default 3)
@@ -22,6 +29,11 @@
 #                      against a private one, as in production
 #   RGPROXY_FLAGS      extra rgproxy flags (default none; "--metering=false"
 #                      measures the bare wire path)
+#   BENCH_BULK         0 = skip the bulk insert (default 1; it needs direct
+#                      and rgproxy among the targets, java and libmariadb-java)
+#   BENCH_BULK_ROWS    rows per batch insert (default 10000)
+#   BENCH_BULK_ROUNDS  rounds of direct and rgproxy (default 5)
+#   BENCH_BULK_ITER    timed inserts per round (default 5)
 set -euo pipefail
 
 BENCH_TIME=${BENCH_TIME:-10}
@@ -36,6 +48,11 @@ MYSQL_PORT=${MYSQL_PORT:-3306}
 RGPROXY_BIN=${RGPROXY_BIN:-bin/rgproxy}
 RGSERVER_BIN=${RGSERVER_BIN:-bin/rgserver}
 RGPROXY_FLAGS=${RGPROXY_FLAGS:-}
+BENCH_BULK=${BENCH_BULK:-1}
+BENCH_BULK_ROWS=${BENCH_BULK_ROWS:-10000}
+BENCH_BULK_ROUNDS=${BENCH_BULK_ROUNDS:-5}
+BENCH_BULK_ITER=${BENCH_BULK_ITER:-5}
+CONNECTOR_J=/usr/share/java/mariadb-java-client.jar
 DB=sbbench
 
 die() { echo "bench-proxy: $*" >&2; exit 1; }
@@ -45,6 +62,12 @@ need() {
 }
 need sysbench sysbench
 need mariadb mariadb-client
+if [ "$BENCH_BULK" = 1 ] && [[ " $BENCH_TARGETS " == *" direct "* && " $BENCH_TARGETS " == *" rgproxy "* ]]; then
+	need java default-jre-headless
+	[ -e "$CONNECTOR_J" ] || die "$CONNECTOR_J missing; install it with: apt-get install libmariadb-java (or set BENCH_BULK=0)"
+else
+	BENCH_BULK=0
+fi
 for t in $BENCH_TARGETS; do
 	case $t in
 	direct) ;;
@@ -229,6 +252,40 @@ if [[ " $BENCH_TARGETS " == *" haproxy "* && " $BENCH_TARGETS " == *" rgproxy "*
 			"$threads" "$q" "$qok" "$c" "$cok"
 		[ "$qok" = ok ] && [ "$cok" = ok ] || missed=1
 	done
+fi
+
+if [ "$BENCH_BULK" = 1 ]; then
+	BULK=$WORK/bulk # target seconds
+	: >"$BULK"
+	echo
+	echo "Connector/J executeBatch() of $BENCH_BULK_ROWS rows (one COM_STMT_BULK_EXECUTE), $BENCH_BULK_ROUNDS rounds x $BENCH_BULK_ITER inserts"
+	for round in $(seq "$BENCH_BULK_ROUNDS"); do
+		order="direct rgproxy"
+		[ $((round % 2)) = 0 ] && order="rgproxy direct"
+		for t in $order; do
+			if ! java -Ddb="$DB" -cp "$CONNECTOR_J" tests/testdata/CapsClient.java bench "127.0.0.1:${PORT[$t]}" \
+				bench_bulk "$BENCH_BULK_ROWS" "$BENCH_BULK_ITER" >"$WORK/bulk.log" 2>&1; then
+				die "Connector/J bulk insert via $t failed: $(tail -5 "$WORK/bulk.log")"
+			fi
+			grep -q 'counts=\[-2\]' "$WORK/bulk.log" || die "Connector/J did not use a bulk insert via $t: $(tail -3 "$WORK/bulk.log")"
+			sed -n 's/^seconds=\([0-9.]*\).*/\1/p' "$WORK/bulk.log" | while read -r s; do echo "$t $s"; done >>"$BULK"
+			printf '  round %d  %-8s %s s\n' "$round" "$t" "$(sed -n 's/^seconds=\([0-9.]*\).*/\1/p' "$WORK/bulk.log" | tr '\n' ' ')"
+		done
+	done
+	bmedian() { awk -v t="$1" '$1 == t {print $2}' "$BULK" | sort -g |
+		awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+	d=$(bmedian direct)
+	r=$(bmedian rgproxy)
+	echo
+	printf '%-8s %12s %12s\n' target "median s" "rows/s"
+	for t in direct rgproxy; do
+		m=$(bmedian "$t")
+		printf '%-8s %12s %12.0f\n' "$t" "$m" "$(awk -v m="$m" -v n="$BENCH_BULK_ROWS" 'BEGIN {print n / m}')"
+	done
+	b=$(ratio "$d" "$r")
+	bok=$(awk -v r="$b" 'BEGIN {print (r != "-" && r >= 0.9) ? "ok" : "MISSED"}')
+	printf 'rgproxy/direct bulk insert rows/s: %s (target >= 0.90: %s)\n' "$b" "$bok"
+	[ "$bok" = ok ] || missed=1
 fi
 if [ "$missed" = 1 ] && [ "$BENCH_STRICT" = 1 ]; then
 	exit 1

@@ -18,6 +18,8 @@ declare -A pkgs=(
   [curl]=curl
   [node]=nodejs
   [npm]=npm
+  [java]=default-jre-headless
+  [script]=bsdutils
 )
 need=()
 for cmd in "${!pkgs[@]}"; do
@@ -29,6 +31,8 @@ plugindir=$(ls -d /usr/lib/mysql/plugin 2>/dev/null || true)
 if [ -n "$plugindir" ] && [ ! -e "$plugindir/auth_test_plugin.so" ]; then
   need+=(mariadb-test)
 fi
+# MariaDB Connector/J, which tests/caps_test.go and make bench-proxy drive.
+[ -e /usr/share/java/mariadb-java-client.jar ] || need+=(libmariadb-java)
 if [ ${#need[@]} -gt 0 ]; then
   mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
   if [ "$(id -u)" != 0 ]; then
