@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 
@@ -84,6 +85,8 @@ func (s *session) estimate() {
 	if est, ok := s.p.shapes.estimate(cur.shape); ok {
 		cur.prepaid.RRU = max(cur.prepaid.RRU, est.RRU)
 		cur.prepaid.WRU = max(cur.prepaid.WRU, est.WRU)
+		cur.estBackend = time.Duration(est.BackendSeconds * float64(time.Second))
+		cur.estKnown = true
 	}
 }
 

@@ -141,7 +141,40 @@ type cpuReader struct {
 	tried bool
 	f     *os.File
 	buf   [64]byte
+	// last is the reading at the end of the previous statement; lastOK
+	// says nothing has run on the thread since (the backend thread is idle
+	// between commands), so it is the next statement's start too.
+	last   time.Duration
+	lastOK bool
 }
+
+// cpuMinEstimate: a statement whose shape ran shorter than this on the
+// backend is charged its backend wall time instead of reading its CPU
+// time: two reads of schedstat would cost more than the statement (about
+// 10 µs each), and a statement this short costs at most a third of an RU
+// of CPU either way. Heavy statements, new shapes and anything that waits
+// (SLEEP, locks) are read.
+const cpuMinEstimate = time.Millisecond
+
+// start returns the thread's CPU time at the start of a statement: the
+// previous statement's end when nothing ran since, else a fresh reading.
+func (r *cpuReader) start() (time.Duration, bool) {
+	if r.lastOK {
+		return r.last, true
+	}
+	return r.read()
+}
+
+// end reads the thread's CPU time at a statement's end and keeps it as
+// the next one's start.
+func (r *cpuReader) end() (time.Duration, bool) {
+	r.last, r.lastOK = r.read()
+	return r.last, r.lastOK
+}
+
+// stale notes that something ran on the thread outside a measured
+// statement (a policy query, a statement charged wall time).
+func (r *cpuReader) stale() { r.lastOK = false }
 
 // open finds the session's backend thread, once per session: its id from
 // the backend, then its schedstat file, which must belong to a local
@@ -152,6 +185,7 @@ func (r *cpuReader) open(ctx context.Context, src *cpuSource, be mysqlproto.Back
 		return
 	}
 	r.tried = true
+	r.stale()
 	if src.mode == CPUWall || (src.mode == CPUAuto && !src.local) || !procAvailable(src.procRoot) {
 		src.note(CPUWall)
 		return

@@ -163,3 +163,35 @@ type brokenBackend struct{}
 func (brokenBackend) Query(context.Context, string) ([]string, [][]*string, error) {
 	return nil, nil, errors.New("connection reset")
 }
+
+// A statement's start is the previous one's end while nothing else ran on
+// the thread: one read of schedstat per statement, not two.
+func TestCPUReaderReusesTheLastEnd(t *testing.T) {
+	root := fakeProc(t)
+	f, err := openSchedstat(root, 123)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cpuReader{tried: true, f: f}
+	defer r.close()
+	set := func(ns string) {
+		if err := os.WriteFile(filepath.Join(root, "123", "schedstat"), []byte(ns+" 0 0\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("1000")
+	start, _ := r.start()
+	set("5000")
+	end, _ := r.end()
+	if start != 1000 || end != 5000 {
+		t.Fatalf("first statement %v..%v", start, end)
+	}
+	set("7000") // something ran in between, but nobody said so: reused
+	if s, _ := r.start(); s != 5000 {
+		t.Fatalf("start %v, want the last end 5000", s)
+	}
+	r.stale() // a policy query ran
+	if s, _ := r.start(); s != 7000 {
+		t.Fatalf("start after stale %v, want a fresh 7000", s)
+	}
+}

@@ -284,6 +284,9 @@ type statement struct {
 	cpuStart time.Duration
 	cpuOK    bool
 	start    time.Time
+	// The shape's estimated backend time, when its shape is known.
+	estBackend time.Duration
+	estKnown   bool
 }
 
 // lastStatement is what SHOW LAST STATEMENT RU reports.
@@ -304,7 +307,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	var refs []virtualRef
 	if st.Command == mysql.COM_QUERY && st.Scan.Mentions&virtualMentions != 0 {
-		refs = findVirtual(st.Query, st.NoBackslashEscapes, func() bool { return inInformationSchema(ctx, be) })
+		refs = findVirtual(st.Query, st.NoBackslashEscapes, func() bool { s.cpu.stale(); return inInformationSchema(ctx, be) })
 	}
 	var rewrite string
 	if refs == nil && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) {
@@ -350,7 +353,11 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		s.p.tokens.Charge(s.cur.group, negate(s.cur.prepaid))
 		return mysqlproto.Verdict{Reply: r}
 	}
-	s.cur.cpuStart, s.cur.cpuOK = s.cpu.read()
+	if s.cur.req.Class != ru.ClassFree && (s.cur.estBackend >= cpuMinEstimate || !s.cur.estKnown) {
+		s.cur.cpuStart, s.cur.cpuOK = s.cpu.start()
+	} else {
+		s.cpu.stale() // charged wall time: the thread's CPU goes unread
+	}
 	g, _ := s.p.tokens.Group(s.cur.group)
 	s.guard = s.armRunaway(g, st.Query, s.cur.cpuStart, s.cur.cpuOK)
 	return mysqlproto.Verdict{Rewrite: rewrite}
@@ -364,7 +371,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	var cpu time.Duration
 	cpuOK := false
 	if cur.cpuOK {
-		if end, ok := s.cpu.read(); ok && end >= cur.cpuStart {
+		if end, ok := s.cpu.end(); ok && end >= cur.cpuStart {
 			cpu, cpuOK = end-cur.cpuStart, true
 		}
 	}

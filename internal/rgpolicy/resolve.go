@@ -80,6 +80,7 @@ func (s *session) hasSuper(ctx context.Context, be mysqlproto.Backend) bool {
 	if s.super != nil {
 		return *s.super
 	}
+	s.cpu.stale()
 	_, rows, err := be.Query(ctx, "SHOW GRANTS")
 	if err != nil {
 		s.p.logger.Warn("SHOW GRANTS failed", "err", err)
