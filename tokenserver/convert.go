@@ -49,7 +49,7 @@ func toStatus(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, ErrEtcd):
-		return status.Error(codes.Unavailable, err.Error())
+		return status.Error(codes.Unavailable, etcdMessage(err))
 	}
 	return status.Error(codes.Internal, fmt.Sprintf("internal error: %v", err))
 }

@@ -42,7 +42,21 @@ type EmbedConfig struct {
 	// leadership, raft must re-elect before the rgserver election's lease
 	// can expire, and both must fit in about 5 s.
 	ElectionTimeout time.Duration
+	// CompactionRetention is how much history the member keeps: it
+	// compacts periodically (etcd's auto-compaction-mode=periodic, as PD
+	// configures its own), every retention up to once an hour, dropping
+	// revisions older than it. Default 1 h.
+	CompactionRetention time.Duration
+	// QuotaBackendBytes is the database size at which etcd raises its
+	// NOSPACE alarm and refuses writes. Default 8 GiB (PD's).
+	QuotaBackendBytes int64
 }
+
+// Defaults of EmbedConfig.
+const (
+	DefaultCompactionRetention = time.Hour
+	DefaultQuotaBackendBytes   = 8 << 30
+)
 
 // EmbeddedEtcd is a running embedded member.
 type EmbeddedEtcd struct {
@@ -79,6 +93,12 @@ func StartEmbeddedEtcd(ctx context.Context, c EmbedConfig) (*EmbeddedEtcd, error
 	if c.ElectionTimeout <= 0 {
 		c.ElectionTimeout = 500 * time.Millisecond
 	}
+	if c.CompactionRetention <= 0 {
+		c.CompactionRetention = DefaultCompactionRetention
+	}
+	if c.QuotaBackendBytes <= 0 {
+		c.QuotaBackendBytes = DefaultQuotaBackendBytes
+	}
 	peer, err := url.Parse(c.PeerURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: peer url %q: %w", ErrEtcd, c.PeerURL, err)
@@ -98,6 +118,10 @@ func StartEmbeddedEtcd(ctx context.Context, c EmbedConfig) (*EmbeddedEtcd, error
 	cfg.InitialClusterToken = "rgserver"
 	cfg.TickMs = uint(c.HeartbeatInterval.Milliseconds())
 	cfg.ElectionMs = uint(c.ElectionTimeout.Milliseconds())
+	// Keep the database bounded: without compaction every revision stays.
+	cfg.AutoCompactionMode = embed.CompactorModePeriodic
+	cfg.AutoCompactionRetention = c.CompactionRetention.String()
+	cfg.QuotaBackendBytes = c.QuotaBackendBytes
 	// etcd's own logs are noisy; rgserver logs what matters through slog.
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)

@@ -272,6 +272,7 @@ func watchEntryEvent(typ pb.WatchEvent_Type, kv []byte, key string) (*pb.WatchEv
 
 // AddWatch implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) AddWatch(ctx context.Context, req *pb.AddWatchRequest) (*pb.AddWatchResponse, error) {
+	ctx = clientv3.WithRequireLeader(ctx)
 	if req.GetWatch() == nil {
 		return nil, status.Error(codes.InvalidArgument, "missing watch")
 	}
@@ -288,6 +289,7 @@ func (s *Server) AddWatch(ctx context.Context, req *pb.AddWatchRequest) (*pb.Add
 
 // RemoveWatch implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) RemoveWatch(ctx context.Context, req *pb.RemoveWatchRequest) (*pb.RemoveWatchResponse, error) {
+	ctx = clientv3.WithRequireLeader(ctx)
 	if err := s.store.RemoveWatch(ctx, req.GetId()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -297,6 +299,7 @@ func (s *Server) RemoveWatch(ctx context.Context, req *pb.RemoveWatchRequest) (*
 
 // ListWatches implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) ListWatches(ctx context.Context, _ *pb.ListWatchesRequest) (*pb.ListWatchesResponse, error) {
+	ctx = clientv3.WithRequireLeader(ctx)
 	ws, rev, err := s.store.listWatches(ctx, 0)
 	if err != nil {
 		return nil, toStatus(err)
