@@ -444,7 +444,7 @@ func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, er
 	if b == nil {
 		return Grant{}, fmt.Errorf("%w: %q", ErrUnknownGroup, group)
 	}
-	if !req.ReportOnly && req.Wanted > 0 {
+	if !req.ReportOnly && req.Wanted > 0 && !b.settings.Unlimited() {
 		a.markDirty(b)
 	}
 	return b.acquire(req, now, a.cfg), nil

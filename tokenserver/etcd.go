@@ -8,8 +8,11 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // ErrEtcd wraps failures to start or reach etcd.
@@ -154,3 +157,21 @@ func (e *EmbeddedEtcd) Err() <-chan error { return e.etcd.Err() }
 
 // Close stops the member; calling it again does nothing.
 func (e *EmbeddedEtcd) Close() { e.closeOnce.Do(e.etcd.Close) }
+
+// NewEtcdClient returns rgserver's etcd client for endpoints. Its
+// reconnect backoff is capped at a second (gRPC's own grows to two
+// minutes): after an etcd outage the leader must reach etcd again before
+// its lease, which etcd extends by one TTL when it comes back, expires.
+func NewEtcdClient(endpoints []string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		})},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: %w", ErrEtcd, err)
+	}
+	return cli, nil
+}

@@ -3,6 +3,7 @@ package tokenserver
 import (
 	"context"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -16,9 +17,19 @@ import (
 
 // The ResourceGroupService methods mirror resourcegroup.Store (and, in
 // watches.go, resourcegroup.WatchStore) one to one; every replica serves
-// them straight from etcd. Each asks etcd with WithRequireLeader, so that
-// it fails at once with a clear error, not after a timeout, while etcd
-// has no quorum.
+// them straight from etcd, within etcdCall's bounds.
+
+// etcdCallTimeout bounds what one ResourceGroupService call waits for
+// etcd: the etcd client waits for a connection as long as its context
+// lets it, and DDL must fail with a clear error while etcd is away.
+const etcdCallTimeout = 5 * time.Second
+
+// etcdCall bounds ctx for one call's etcd requests, which also fail at
+// once (WithRequireLeader) when the member knows it has no quorum.
+func etcdCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	return clientv3.WithRequireLeader(ctx), cancel
+}
 
 func needGroup(p *pb.ResourceGroup) error {
 	if p == nil {
@@ -29,7 +40,8 @@ func needGroup(p *pb.ResourceGroup) error {
 
 // CreateGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) CreateGroup(ctx context.Context, req *pb.CreateGroupRequest) (*pb.CreateGroupResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := needGroup(req.GetGroup()); err != nil {
 		return nil, err
 	}
@@ -43,7 +55,8 @@ func (s *Server) CreateGroup(ctx context.Context, req *pb.CreateGroupRequest) (*
 
 // AlterGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) AlterGroup(ctx context.Context, req *pb.AlterGroupRequest) (*pb.AlterGroupResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := needGroup(req.GetGroup()); err != nil {
 		return nil, err
 	}
@@ -57,7 +70,8 @@ func (s *Server) AlterGroup(ctx context.Context, req *pb.AlterGroupRequest) (*pb
 
 // DropGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) DropGroup(ctx context.Context, req *pb.DropGroupRequest) (*pb.DropGroupResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := s.store.DropGroup(ctx, req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -67,7 +81,8 @@ func (s *Server) DropGroup(ctx context.Context, req *pb.DropGroupRequest) (*pb.D
 
 // GetGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) GetGroup(ctx context.Context, req *pb.GetGroupRequest) (*pb.GetGroupResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	g, err := s.store.GetGroup(ctx, req.GetName())
 	if err != nil {
 		return nil, toStatus(err)
@@ -77,7 +92,8 @@ func (s *Server) GetGroup(ctx context.Context, req *pb.GetGroupRequest) (*pb.Get
 
 // ListGroups implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) ListGroups(ctx context.Context, _ *pb.ListGroupsRequest) (*pb.ListGroupsResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	gs, rev, err := s.store.listGroups(ctx, 0)
 	if err != nil {
 		return nil, toStatus(err)
@@ -91,7 +107,8 @@ func (s *Server) ListGroups(ctx context.Context, _ *pb.ListGroupsRequest) (*pb.L
 
 // BindUser implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) BindUser(ctx context.Context, req *pb.BindUserRequest) (*pb.BindUserResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if req.GetBinding() == nil {
 		return nil, status.Error(codes.InvalidArgument, "missing binding")
 	}
@@ -103,7 +120,8 @@ func (s *Server) BindUser(ctx context.Context, req *pb.BindUserRequest) (*pb.Bin
 
 // UnbindUser implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) UnbindUser(ctx context.Context, req *pb.UnbindUserRequest) (*pb.UnbindUserResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := s.store.UnbindUser(ctx, req.GetUser()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -112,7 +130,8 @@ func (s *Server) UnbindUser(ctx context.Context, req *pb.UnbindUserRequest) (*pb
 
 // GetBinding implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) GetBinding(ctx context.Context, req *pb.GetBindingRequest) (*pb.GetBindingResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	b, err := s.store.GetBinding(ctx, req.GetUser())
 	if err != nil {
 		return nil, toStatus(err)
@@ -122,7 +141,8 @@ func (s *Server) GetBinding(ctx context.Context, req *pb.GetBindingRequest) (*pb
 
 // ListBindings implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) ListBindings(ctx context.Context, _ *pb.ListBindingsRequest) (*pb.ListBindingsResponse, error) {
-	ctx = clientv3.WithRequireLeader(ctx)
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	bs, rev, err := s.store.listBindings(ctx, 0)
 	if err != nil {
 		return nil, toStatus(err)

@@ -75,8 +75,15 @@ func (ts *testServer) stop() {
 	<-ts.done
 }
 
-// startServer runs a Server over cli; it returns once settings are loaded.
+// startServer runs a Server over cli on a fake clock; it returns once
+// settings are loaded.
 func startServer(t *testing.T, cli *clientv3.Client, adminToken string) *testServer {
+	t.Helper()
+	return startServerWith(t, cli, adminToken, nil)
+}
+
+// startServerWith is startServer with mutate applied to the Config.
+func startServerWith(t *testing.T, cli *clientv3.Client, adminToken string, mutate func(*Config)) *testServer {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -84,13 +91,17 @@ func startServer(t *testing.T, cli *clientv3.Client, adminToken string) *testSer
 	}
 	reg := prometheus.NewRegistry()
 	clock := &fakeClock{now: t0}
-	srv, err := New(cli, Config{
+	cfg := Config{
 		AdvertiseAddr: lis.Addr().String(),
 		ElectionTTL:   time.Second,
 		Now:           clock.Now,
 		Logger:        slog.New(slog.DiscardHandler),
 		Registerer:    reg,
-	})
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	srv, err := New(cli, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

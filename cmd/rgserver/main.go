@@ -26,7 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -102,11 +101,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		endpoints = e.Endpoints
 		log.Info("embedded etcd ready", "name", cfg.Name, "data_dir", cfg.DataDir, "peer", cfg.EtcdPeerAddr)
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-	})
+	cli, err := tokenserver.NewEtcdClient(endpoints)
 	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
+		return err
 	}
 	defer cli.Close()
 
