@@ -347,8 +347,18 @@ func (s *rgServer) Watch(r *tokenpb.WatchRequest, stream tokenpb.ResourceGroupSe
 		s.mu.Unlock()
 	}()
 	if r.GetAfterRevision() == 0 { // this double keeps no history: no catch-up
-		if err := stream.Send(snap); err != nil {
-			return nil
+		parts := []*tokenpb.WatchResponse{snap}
+		if r.GetSnapshotInParts() { // one event per part, as small as parts get
+			parts = nil
+			for i, ev := range snap.Events {
+				parts = append(parts, &tokenpb.WatchResponse{Revision: snap.Revision, Snapshot: true,
+					Events: []*tokenpb.WatchEvent{ev}, More: i < len(snap.Events)-1})
+			}
+		}
+		for _, p := range parts {
+			if err := stream.Send(p); err != nil {
+				return nil
+			}
 		}
 	}
 	for {

@@ -3,7 +3,6 @@ package tokenserver
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -269,14 +268,7 @@ func TestFailpointEtcdReadErrorKeepsGroupLimited(t *testing.T) {
 	waitFor(t, "leadership", ts.srv.IsLeader)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := tokenclient.New(tokenclient.Config{Servers: []string{ts.addr}, ProxyID: "px", Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := startProxy(t, ctx, ts)
 
 	enable(t, "settingsWatchLag", "return(5000)")
 	enable(t, "etcdReadError", "return(true)")

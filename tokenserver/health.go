@@ -44,6 +44,12 @@ func (s *Server) EtcdProblem() string {
 	return ""
 }
 
+// etcdDown reports whether the last check found etcd without a quorum.
+func (s *Server) etcdDown() bool {
+	h := s.health.Load()
+	return h != nil && h.noQuorum
+}
+
 // monitorEtcd refreshes s.health every etcdHealthInterval until ctx ends.
 func (s *Server) monitorEtcd(ctx context.Context) {
 	t := time.NewTicker(etcdHealthInterval)

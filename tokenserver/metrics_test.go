@@ -3,6 +3,7 @@ package tokenserver
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,8 +15,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/tokenclient"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -244,4 +247,74 @@ func TestMetricsManyGroups(t *testing.T) {
 	if c != n+1 { // and default
 		t.Fatalf("%d groups in /metrics, want %d", c, n+1)
 	}
+}
+
+// A snapshot bigger than gRPC's 4 MiB per message reaches a proxy in parts
+// of at most ~1 MiB, and the proxy assembles the whole of it. (A watcher
+// that does not ask for parts gets one message: TestWatchSnapshotAndResume.)
+func TestWatchSnapshotInParts(t *testing.T) {
+	cli := startEtcd(t)
+	ts := startServer(t, cli, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := NewEtcdStore(cli)
+	for i := range 50 {
+		if err := st.CreateGroup(ctx, resourcegroup.Group{Name: fmt.Sprintf("g%02d", i), RUPerSec: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Runaway watches on long statements make it big: 5 × 900 KiB.
+	for i := range 5 {
+		text := fmt.Sprintf("SELECT %d, '%s'", i, strings.Repeat("x", 900<<10))
+		if _, err := st.AddWatch(ctx, resourcegroup.Watch{Group: "g00", Match: resourcegroup.WatchExact, Text: text}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := pb.NewResourceGroupServiceClient(ts.conn).Watch(ctx, &pb.WatchRequest{SnapshotInParts: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []*pb.WatchResponse
+	for {
+		r, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.Snapshot || (len(parts) > 0 && r.Revision != parts[0].Revision) {
+			t.Fatalf("part %d: %v", len(parts), r)
+		}
+		parts = append(parts, r)
+		if proto.Size(r) > snapshotPartBytes+(1<<20) {
+			t.Fatalf("part %d is %d bytes", len(parts), proto.Size(r))
+		}
+		if !r.More {
+			break
+		}
+	}
+	events := 0
+	for _, p := range parts {
+		events += len(p.Events)
+	}
+	if len(parts) < 5 || events != 51+5 {
+		t.Fatalf("%d parts with %d events, want ≥ 5 parts with 56 events", len(parts), events)
+	}
+	// A proxy (tokenclient, with gRPC's default 4 MiB limit) gets it all.
+	c := startProxy(t, ctx, ts)
+	if gs, err := c.Store().ListGroups(ctx); err != nil || len(gs) != 51 || len(c.Watches()) != 5 {
+		t.Fatalf("the proxy's cache: %d groups (%v), %d watches", len(gs), err, len(c.Watches()))
+	}
+}
+
+// startProxy starts a real proxy-side client (tokenclient) against ts.
+func startProxy(t *testing.T, ctx context.Context, ts *testServer) *tokenclient.Client {
+	t.Helper()
+	c, err := tokenclient.New(tokenclient.Config{Servers: []string{ts.addr}, ProxyID: "px", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -446,11 +446,11 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 	for {
 		select {
 		case <-renew.C:
-			if s.orphan.Load() {
+			if s.orphan.Load() || s.etcdDown() {
 				continue
 			}
 			rctx, cancel := context.WithTimeout(ctx, s.cfg.ElectionTTL/2)
-			if _, err := s.cli.KeepAliveOnce(rctx, lease); err != nil && ctx.Err() == nil {
+			if _, err := s.cli.KeepAliveOnce(clientv3.WithRequireLeader(rctx), lease); err != nil && ctx.Err() == nil {
 				s.log.Debug("extra lease renewal", "err", err)
 			}
 			cancel()
@@ -470,11 +470,13 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 		case <-probe:
 			resume()
 		case <-persist.C:
-			if s.orphan.Load() {
-				continue // etcd is unreachable: the dirty list waits
+			if s.orphan.Load() || s.etcdDown() {
+				continue // etcd cannot commit: the dirty list waits
 			}
-			pctx, cancel := context.WithTimeout(ctx, s.cfg.PersistInterval)
-			err := s.Persist(pctx)
+			// Bounded, and failing at once without an etcd leader, so that
+			// the loop notices a lapsed session in time.
+			pctx, cancel := context.WithTimeout(ctx, min(s.cfg.PersistInterval, 2*time.Second))
+			err := s.Persist(clientv3.WithRequireLeader(pctx))
 			cancel()
 			if err != nil {
 				if errors.Is(err, ErrNotLeader) {
@@ -735,6 +737,7 @@ func (s *Server) loadAndWatchSettings(ctx context.Context) error {
 		s.alloc.RemoveGroup(name)
 	}
 	s.mu.Unlock()
+	groups, seen = nil, nil // the watch below runs for long: do not hold on to them
 	s.syncOnce.Do(func() { close(s.synced) })
 
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
