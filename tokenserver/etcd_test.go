@@ -2,12 +2,14 @@ package tokenserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -306,4 +308,37 @@ func TestLeaderGrantsFromMemoryWhileEtcdIsDown(t *testing.T) {
 		t.Fatalf("persist after etcd came back: %v", err)
 	}
 	waitFor(t, "EtcdProblem to clear", func() bool { return ts.srv.EtcdProblem() == "" })
+}
+
+// The embedded member compacts its history by itself (periodic, as PD
+// configures its own): old revisions go, so the database stays bounded.
+func TestEmbeddedEtcdCompactsPeriodically(t *testing.T) {
+	_, cli := startEtcdWith(t, EmbedConfig{CompactionRetention: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, err := cli.Put(ctx, "/t/k", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if _, err := cli.Put(ctx, "/t/k", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, err := cli.Get(ctx, "/t/k", clientv3.WithRev(first.Header.Revision))
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("revision still readable 20 s later: no compaction")
+		}
+		// The compactor compacts to the revision it saw a retention ago.
+		if _, err := cli.Put(ctx, "/t/tick", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

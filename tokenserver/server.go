@@ -329,24 +329,31 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 	if err != nil {
 		return fmt.Errorf("%w: load bucket states: %w", ErrEtcd, err)
 	}
-	now := s.now()
-	s.mu.Lock()
-	// A new term starts with no slots: proxies reconnect and say who they are.
-	s.alloc = s.freshAllocator(now)
+	states := make(map[string]BucketState, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		var st BucketState
 		if err := json.Unmarshal(kv.Value, &st); err != nil {
 			s.log.Warn("bad bucket state; starting full", "key", string(kv.Key), "err", err)
 			continue
 		}
-		s.alloc.Restore(strings.TrimPrefix(string(kv.Key), keyStates), st, now)
+		states[strings.TrimPrefix(string(kv.Key), keyStates)] = st
+	}
+	resp = nil
+	// The new allocator is built once per term, under mu: no grant is
+	// served until leader is set below, only scrapes wait.
+	now := s.now()
+	s.mu.Lock()
+	// A new term starts with no slots: proxies reconnect and say who they are.
+	s.alloc = s.freshAllocator(now)
+	for name, st := range states {
+		s.alloc.Restore(name, st, now)
 	}
 	s.leaderKey, s.leaderRev = key, rev
 	s.mu.Unlock()
 	addr := s.cfg.AdvertiseAddr
 	s.leaderAddr.Store(&addr)
 	s.leader.Store(true)
-	s.log.Info("became leader", "addr", addr, "election_rev", rev, "states", len(resp.Kvs))
+	s.log.Info("became leader", "addr", addr, "election_rev", rev, "states", len(states))
 	return nil
 }
 
