@@ -111,7 +111,7 @@ func waitFor(t *testing.T, what string, cond func() bool, step func()) {
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // newTestClient makes a Client on a fake clock that is not started.
-func newTestClient(t *testing.T, mutate func(*Config)) (*Client, *fakeClock) {
+func newTestClient(t testing.TB, mutate func(*Config)) (*Client, *fakeClock) {
 	t.Helper()
 	clk := newFakeClock()
 	cfg := Config{Servers: []string{"127.0.0.1:1"}, ProxyID: "p1", Clock: clk, Logger: quietLogger()}

@@ -285,9 +285,17 @@ func (c *Client) saveLoop(ctx context.Context) {
 			c.log.Warn("cannot save the groups snapshot", "err", err)
 		}
 	}
+	last := func() {
+		select {
+		case <-c.saveKick:
+			save()
+		default:
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
+			last()
 			return
 		case <-c.saveKick:
 		}
@@ -296,11 +304,7 @@ func (c *Client) saveLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			select {
-			case <-c.saveKick:
-				save()
-			default:
-			}
+			last()
 			return
 		case <-t.C:
 		}
