@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,8 +153,9 @@ func TestChaosLeaderKilledAndResignedUnderLoad(t *testing.T) {
 }
 
 // TestChaosEtcdQuorumLostFor10s: two of three etcd members (with their
-// rgservers) stop for 10 s. Proxies keep serving from granted and degraded
-// tokens, and afterwards no group is lost or duplicated.
+// rgservers) stop for 10 s. The surviving leader keeps granting from
+// memory and says why, proxies keep serving, and afterwards no group is
+// lost or duplicated.
 func TestChaosEtcdQuorumLostFor10s(t *testing.T) {
 	rs := startReplicaSet(t)
 	px := startProxy(t, "--token-server", rs.endpoints(), "--log-level", "warn", "--degraded-after", "2s")
@@ -193,7 +195,29 @@ func TestChaosEtcdQuorumLostFor10s(t *testing.T) {
 		<-rs.procs[i].done
 	}
 	t.Logf("etcd members %s and %s stopped: no quorum", rs.names[stopped[0]], rs.names[stopped[1]])
-	time.Sleep(10 * time.Second)
+	outage := time.Now()
+	if !slices.Contains(stopped, l) {
+		// The leader survived: once its session lapses it grants from
+		// memory (no replica can be elected without a quorum), says why,
+		// and the proxy never needs its degraded mode.
+		for metricSum(t, rs.status[l], "rgserver_granting_from_memory") != 1 {
+			if time.Since(outage) > 9*time.Second {
+				t.Fatal("the surviving leader is not granting from memory 9 s into the outage")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("the surviving leader grants from memory %v into the outage", time.Since(outage).Round(100*time.Millisecond))
+		if v := metricSum(t, rs.status[l], "rgserver_etcd_degraded", `reason="no_quorum"`); v != 1 {
+			t.Errorf(`rgserver_etcd_degraded{reason="no_quorum"} = %v`, v)
+		}
+		if code, body := httpGet(t, "http://"+rs.status[l]+"/readyz"); code != 200 || !strings.Contains(body, "no quorum") {
+			t.Errorf("/readyz of the surviving leader = %d %s", code, body)
+		}
+		if v := metricSum(t, px.StatusAddr, "rgproxy_degraded"); v != 0 {
+			t.Errorf("the proxy went degraded although the leader kept granting")
+		}
+	}
+	time.Sleep(10*time.Second - time.Since(outage))
 	for _, i := range stopped {
 		// Restarted together: each waits for the quorum the other completes.
 		rs.procs[i] = startProcess(t, "rgserver", rs.args[i]...)

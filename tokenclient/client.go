@@ -37,8 +37,9 @@ type Client struct {
 	log *slog.Logger
 	met *metrics
 
-	kick  chan struct{}      // wakes the stream loop: some group needs tokens
-	flush chan chan struct{} // Close asks the stream loop for a final report
+	kick     chan struct{}      // wakes the stream loop: some group needs tokens
+	flush    chan chan struct{} // Close asks the stream loop for a final report
+	saveKick chan struct{}      // wakes saveLoop: the cache changed
 
 	connMu      sync.Mutex
 	conns       map[string]*grpc.ClientConn
@@ -87,6 +88,9 @@ type groupState struct {
 	trickleRate  float64   // RU/s of the trickle that runs until trickleUntil
 	received     float64   // every token granted to this proxy, as applied
 	dead         bool      // rgserver does not know the group
+	// unavailable: rgserver could not read the group lately (etcd); it
+	// keeps its settings and bucket, refilled locally, and asks again.
+	unavailable bool
 
 	// Request state.
 	inFlight bool
@@ -153,6 +157,7 @@ func New(cfg Config) (*Client, error) {
 		log:          cfg.Logger.With("component", "tokenclient"),
 		kick:         make(chan struct{}, 1),
 		flush:        make(chan chan struct{}),
+		saveKick:     make(chan struct{}, 1),
 		conns:        map[string]*grpc.ClientConn{},
 		groups:       map[string]*groupState{},
 		outstanding:  map[uint64]*sentRequest{},
@@ -189,6 +194,10 @@ func (c *Client) Start(ctx context.Context) error {
 	c.wg.Add(2)
 	go func() { defer c.wg.Done(); c.watchLoop(runCtx, first) }()
 	go func() { defer c.wg.Done(); c.tokenLoop(runCtx) }()
+	if c.cfg.CacheDir != "" {
+		c.wg.Add(1)
+		go func() { defer c.wg.Done(); c.saveLoop(runCtx) }()
+	}
 
 	select {
 	case err := <-first:

@@ -401,6 +401,62 @@ func TestGrantErrorDropsGroup(t *testing.T) {
 	}
 }
 
+// A group rgserver cannot read for now (GRANT_ERROR_UNAVAILABLE, or an
+// older server's "unavailable:" text) keeps its limit: its statements wait
+// on a local refill at RU_PER_SEC ÷ proxies, it asks again a second later,
+// and the next real grant ends the local refill.
+func TestGrantUnavailableKeepsGroupLimited(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		grant *tokenpb.GroupGrant
+	}{
+		{"typed", &tokenpb.GroupGrant{Group: "lim", Error: "etcd is away", ErrorCode: tokenpb.GrantError_GRANT_ERROR_UNAVAILABLE}},
+		{"older server", &tokenpb.GroupGrant{Group: "lim", Error: "unavailable: etcd is away"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk := newTestClient(t, nil)
+			setGroups(c, resourcegroup.Group{Name: "lim", RUPerSec: 10})
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Acquire(context.Background(), "lim", rruOf(5), 5*time.Second)
+				done <- err
+			}()
+			waitFor(t, "the statement to wait", func() bool { return clk.Pending() == 1 }, nil)
+			req := build(c, false)
+			if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{tc.grant}}); err != nil {
+				t.Fatal(err)
+			}
+			// 10 RU/s locally: 5 RU after half a second, not at once, not never.
+			clk.Advance(400 * time.Millisecond)
+			select {
+			case err := <-done:
+				t.Fatalf("ran after 0.4 s at 10 RU/s: %v", err)
+			case <-time.After(20 * time.Millisecond):
+			}
+			if err := result(t, done, func() { clk.Advance(10 * time.Millisecond) }); err != nil {
+				t.Fatalf("the group was not kept: %v", err)
+			}
+			if build(c, false) != nil {
+				t.Fatal("asked again before a second passed")
+			}
+			clk.Advance(time.Second)
+			again := build(c, false)
+			if g := groupEntry(again, "lim"); g == nil || g.GetReportOnly() {
+				t.Fatalf("no new ask a second later: %v", again)
+			}
+			if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: again.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+				{Group: "lim", Tokens: 3, RuPerSec: 10, Proxies: 1, FillRate: 10}}}); err != nil {
+				t.Fatal(err)
+			}
+			before := tokensOf(c, "lim")
+			clk.Advance(2 * time.Second)
+			if got := tokensOf(c, "lim"); !near(got, before) {
+				t.Fatalf("the local refill goes on after a grant: %v → %v", before, got)
+			}
+		})
+	}
+}
+
 func TestUnlimitedNeverThrottles(t *testing.T) {
 	c, _ := newTestClient(t, nil)
 	setGroups(c, resourcegroup.Group{Name: "u", RUPerSec: 10, Burst: resourcegroup.BurstUnlimited})

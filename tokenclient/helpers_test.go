@@ -46,7 +46,7 @@ func waitFor(t *testing.T, what string, cond func() bool, step func()) {
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // newTestClient makes a Client on a fake clock that is not started.
-func newTestClient(t *testing.T, mutate func(*Config)) (*Client, *fakeClock) {
+func newTestClient(t testing.TB, mutate func(*Config)) (*Client, *fakeClock) {
 	t.Helper()
 	clk := newFakeClock()
 	cfg := Config{Servers: []string{"127.0.0.1:1"}, ProxyID: "p1", Clock: clk, Logger: quietLogger()}
@@ -282,8 +282,18 @@ func (s *rgServer) Watch(r *tokenpb.WatchRequest, stream tokenpb.ResourceGroupSe
 		s.mu.Unlock()
 	}()
 	if r.GetAfterRevision() == 0 { // this double keeps no history: no catch-up
-		if err := stream.Send(snap); err != nil {
-			return nil
+		parts := []*tokenpb.WatchResponse{snap}
+		if r.GetSnapshotInParts() { // one event per part, as small as parts get
+			parts = nil
+			for i, ev := range snap.Events {
+				parts = append(parts, &tokenpb.WatchResponse{Revision: snap.Revision, Snapshot: true,
+					Events: []*tokenpb.WatchEvent{ev}, More: i < len(snap.Events)-1})
+			}
+		}
+		for _, p := range parts {
+			if err := stream.Send(p); err != nil {
+				return nil
+			}
 		}
 	}
 	for {

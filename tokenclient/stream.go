@@ -7,6 +7,7 @@ import (
 	"github.com/pingcap/failpoint"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -290,7 +291,7 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 		gs.updateEWMA(now)
 		trickleLeft, _ := gs.trickleLeft(now)
 		if !final && !gs.bucket.Unlimited() && !now.Before(gs.nextAsk) && trickleLeft <= trickleLead &&
-			(gs.want || gs.waiters > 0 || gs.bucket.LowTokens(now)) {
+			(gs.want || gs.unavailable || gs.waiters > 0 || gs.bucket.LowTokens(now)) {
 			asks = append(asks, gs)
 			continue
 		}
@@ -449,6 +450,17 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 		}
 		gs.inFlight = false
 		gs.nextAsk = now.Add(minAskInterval)
+		if g.GetError() != "" && grantUnavailable(g) {
+			// A passing etcd error must not lift the group's limit: keep
+			// its settings and bucket, refill locally, ask again later.
+			if !gs.unavailable {
+				c.log.Warn("rgserver cannot serve a group for now: refilling it locally", "resource_group", gs.name, "err", g.GetError())
+				gs.unavailable = true
+				c.localRefillLocked(now, gs)
+			}
+			gs.nextAsk = now.Add(unavailableRetry)
+			continue
+		}
 		if g.GetError() != "" {
 			c.log.Warn("rgserver refused a group", "resource_group", gs.name, "err", g.GetError())
 			gs.dead = true
@@ -456,6 +468,16 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 			delete(c.groups, gs.name)
 			continue
 		}
+		if gs.unavailable && !c.degraded {
+			// Served again: stop the local refill; the grant below, or the
+			// group's next ask, feeds the bucket.
+			gs.unavailable = false
+			gs.bucket.Reconfigure(now, 0, 0, 0, gs.threshold(now))
+			gs.trickleUntil = time.Time{}
+			gs.want = true
+			c.kickLocked()
+		}
+		gs.unavailable = false
 		gs.granted = true
 		gs.proxies = g.GetProxies()
 		gs.ruPerSec = g.GetRuPerSec()
@@ -501,4 +523,21 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 		gs.wake()
 	}
 	return nil
+}
+
+// unavailableRetry spaces the asks of a group rgserver could not serve
+// (each costs it an etcd read).
+const unavailableRetry = time.Second
+
+// grantUnavailable reports whether a failed grant is a passing failure
+// (the group must keep its limit) rather than an unknown group. Older
+// servers send no code, only the error text.
+func grantUnavailable(g *tokenpb.GroupGrant) bool {
+	switch g.GetErrorCode() {
+	case tokenpb.GrantError_GRANT_ERROR_UNAVAILABLE:
+		return true
+	case tokenpb.GrantError_GRANT_ERROR_NOT_FOUND:
+		return false
+	}
+	return strings.HasPrefix(g.GetError(), "unavailable:")
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
@@ -30,21 +32,11 @@ func newSnapshot() snapshot {
 		Watches: map[uint64]resourcegroup.Watch{}}
 }
 
-func (s snapshot) clone() snapshot {
-	out := snapshot{Revision: s.Revision,
-		Groups:   make(map[string]resourcegroup.Group, len(s.Groups)),
-		Bindings: make(map[string]resourcegroup.Binding, len(s.Bindings)),
-		Watches:  make(map[uint64]resourcegroup.Watch, len(s.Watches))}
-	for k, w := range s.Watches {
-		out.Watches[k] = w
-	}
-	for k, g := range s.Groups {
-		out.Groups[k] = g.Clone()
-	}
-	for k, b := range s.Bindings {
-		out.Bindings[k] = b
-	}
-	return out
+// shallow copies the maps, not the values: enough for a reader on another
+// goroutine, since the cache's values are replaced, never changed in place.
+func (s snapshot) shallow() snapshot {
+	return snapshot{Revision: s.Revision, Groups: maps.Clone(s.Groups), Bindings: maps.Clone(s.Bindings),
+		Watches: maps.Clone(s.Watches)}
 }
 
 // Group returns a group's definition from the Watch cache. `default` is
@@ -114,74 +106,119 @@ func (c *Client) runWatch(ctx context.Context, addr string, loaded func()) (got 
 		after = 0 // a cached file's revision may be from another etcd
 	}
 	c.mu.Unlock()
-	stream, err := tokenpb.NewResourceGroupServiceClient(cc).Watch(ctx, &tokenpb.WatchRequest{AfterRevision: after})
+	// In parts: a snapshot of 100,000 groups would not fit in one message.
+	stream, err := tokenpb.NewResourceGroupServiceClient(cc).Watch(ctx, &tokenpb.WatchRequest{AfterRevision: after, SnapshotInParts: true})
 	if err != nil {
 		return false, fmt.Errorf("watch %s: %w", addr, err)
 	}
+	var parts *snapshot // a snapshot being received in parts
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
 			return got, fmt.Errorf("watch %s: %w", addr, err)
 		}
-		snap, changed := c.applyWatch(resp)
+		if resp.GetSnapshot() && resp.GetMore() {
+			if parts == nil {
+				p := newSnapshot()
+				parts = &p
+			}
+			applyEvents(parts, resp.GetEvents())
+			continue
+		}
+		var changed bool
+		if parts != nil && resp.GetSnapshot() {
+			applyEvents(parts, resp.GetEvents())
+			parts.Revision = resp.GetRevision()
+			c.installSnapshot(*parts)
+			parts, changed = nil, true
+		} else {
+			changed = c.applyWatch(resp)
+		}
 		if !got {
 			got = true
 			loaded()
 		}
 		if changed {
-			if err := c.saveCache(snap); err != nil {
-				c.log.Warn("cannot save the groups snapshot", "err", err)
-			}
+			c.kickSave()
 		}
 	}
 }
 
-// applyWatch applies one WatchResponse to the cache and returns a copy of
-// the new cache, and whether it is worth saving (it has events or is a
-// snapshot).
-func (c *Client) applyWatch(resp *tokenpb.WatchResponse) (snapshot, bool) {
+// applyWatch applies one whole WatchResponse (a snapshot in one message,
+// or changes) to the cache and reports whether it changed anything.
+// Changes are applied in place, so that each costs in proportion to its
+// events, not to the groups held; only this goroutine writes the cache.
+func (c *Client) applyWatch(resp *tokenpb.WatchResponse) bool {
+	if resp.GetSnapshot() {
+		snap := newSnapshot()
+		applyEvents(&snap, resp.GetEvents())
+		snap.Revision = resp.GetRevision()
+		c.installSnapshot(snap)
+		return true
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var next snapshot
-	if resp.GetSnapshot() {
-		next = newSnapshot()
-	} else {
-		next = c.cache.clone()
+	touched, watches := applyEvents(&c.cache, resp.GetEvents())
+	c.cache.Revision = resp.GetRevision()
+	c.watchSynced = true
+	c.cacheLoaded = true
+	if watches {
+		c.watchIdx.Store(newWatchIndex(c.cache.Watches))
 	}
-	for _, ev := range resp.GetEvents() {
+	now := c.clk.Now()
+	for _, name := range touched {
+		if gs, ok := c.groups[name]; ok {
+			c.refreshGroupLocked(now, gs)
+		}
+	}
+	c.cacheWokeLocked()
+	return len(resp.GetEvents()) > 0
+}
+
+// applyEvents applies events to snap and returns the names of the groups
+// they touched and whether any touched the runaway watch list.
+func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string, watches bool) {
+	for _, ev := range events {
 		del := ev.GetType() == tokenpb.WatchEvent_DELETE
 		switch {
 		case ev.GetGroup() != nil:
 			name := resourcegroup.NormalizeName(ev.GetGroup().GetName())
+			touched = append(touched, name)
 			if del {
-				delete(next.Groups, name)
+				delete(snap.Groups, name)
 			} else {
 				g := tokenpb.GroupFromPB(ev.GetGroup())
 				g.Name = name
-				next.Groups[name] = g
+				snap.Groups[name] = g
 			}
 		case ev.GetBinding() != nil:
 			user := ev.GetBinding().GetUser()
 			if del {
-				delete(next.Bindings, user)
+				delete(snap.Bindings, user)
 			} else {
 				b := tokenpb.BindingFromPB(ev.GetBinding())
 				b.Group = resourcegroup.NormalizeName(b.Group)
-				next.Bindings[user] = b
+				snap.Bindings[user] = b
 			}
 		case ev.GetWatch() != nil:
+			watches = true
 			id := ev.GetWatch().GetId()
 			if del {
-				delete(next.Watches, id)
+				delete(snap.Watches, id)
 			} else if id != 0 {
-				next.Watches[id] = normalizeWatch(tokenpb.WatchFromPB(ev.GetWatch()))
+				snap.Watches[id] = normalizeWatch(tokenpb.WatchFromPB(ev.GetWatch()))
 			}
 		}
 	}
-	next.Revision = resp.GetRevision()
+	return touched, watches
+}
+
+// installSnapshot replaces the cache with a whole snapshot from rgserver.
+func (c *Client) installSnapshot(snap snapshot) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.watchSynced = true
-	c.setCacheLocked(next)
-	return next.clone(), resp.GetSnapshot() || len(resp.GetEvents()) > 0
+	c.setCacheLocked(snap)
 }
 
 // setCacheLocked installs snap as the cache, updates the groups' unlimited
@@ -191,26 +228,87 @@ func (c *Client) setCacheLocked(snap snapshot) {
 	c.cacheLoaded = true
 	c.watchIdx.Store(newWatchIndex(snap.Watches))
 	now := c.clk.Now()
-	for name, gs := range c.groups {
-		g, ok := snap.Groups[name]
-		if !ok {
-			continue
-		}
-		switch unl := isUnlimited(g); {
-		case unl && !gs.bucket.Unlimited():
-			gs.bucket.SetUnlimited(true)
-			gs.wake()
-		case !unl && gs.bucket.Unlimited():
-			gs.bucket.SetUnlimited(false)
-			gs.want = true
-			c.kickLocked()
-		}
-		if c.degraded {
-			c.localRefillLocked(now, gs) // the new RU_PER_SEC applies at once
-		}
+	for _, gs := range c.groups {
+		c.refreshGroupLocked(now, gs)
 	}
+	c.cacheWokeLocked()
+}
+
+// refreshGroupLocked brings a group in use up to date with its definition
+// in the cache: unlimited or not, and in degraded mode its local refill.
+func (c *Client) refreshGroupLocked(now time.Time, gs *groupState) {
+	g, ok := c.cache.Groups[gs.name]
+	if !ok {
+		return
+	}
+	switch unl := isUnlimited(g); {
+	case unl && !gs.bucket.Unlimited():
+		gs.bucket.SetUnlimited(true)
+		gs.wake()
+	case !unl && gs.bucket.Unlimited():
+		gs.bucket.SetUnlimited(false)
+		gs.want = true
+		c.kickLocked()
+	}
+	if c.degraded || gs.unavailable {
+		c.localRefillLocked(now, gs) // the new RU_PER_SEC applies at once
+	}
+}
+
+// cacheWokeLocked wakes whoever waits for the cache to change.
+func (c *Client) cacheWokeLocked() {
 	close(c.cacheChanged)
 	c.cacheChanged = make(chan struct{})
+}
+
+// cacheSaveInterval spaces two writes of the snapshot file: with 100,000
+// groups one is ~10 MB, and a burst of changes must not write it per change.
+const cacheSaveInterval = time.Second
+
+// kickSave asks saveLoop to write the snapshot file.
+func (c *Client) kickSave() {
+	select {
+	case c.saveKick <- struct{}{}:
+	default:
+	}
+}
+
+// saveLoop writes the snapshot file when the cache changed, at most once
+// per cacheSaveInterval, until ctx ends (then once more if a change is
+// still unsaved).
+func (c *Client) saveLoop(ctx context.Context) {
+	save := func() {
+		c.mu.Lock()
+		snap := c.cache.shallow()
+		c.mu.Unlock()
+		if err := c.saveCache(snap); err != nil {
+			c.log.Warn("cannot save the groups snapshot", "err", err)
+		}
+	}
+	last := func() {
+		select {
+		case <-c.saveKick:
+			save()
+		default:
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			last()
+			return
+		case <-c.saveKick:
+		}
+		save()
+		t := time.NewTimer(cacheSaveInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			last()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // saveCache writes snap to CacheDir atomically (temporary file, rename).

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
 )
 
 // ErrUnknownGroup is returned by Allocator.Acquire for a group it does not hold.
@@ -163,6 +164,16 @@ type Bucket struct {
 	nextEnd time.Time
 	// granted counts every token granted, for metrics.
 	granted float64
+	// usage sums the consumption proxies reported, for metrics.
+	usage ru.Consumption
+
+	// saved is the state last written to etcd (or restored from it), valid
+	// when hasSaved; with none the group counts as saved full.
+	saved    BucketState
+	hasSaved bool
+	// dirty: the bucket is on the allocator's dirty list (its level may
+	// have moved away from what saved predicts).
+	dirty bool
 }
 
 // String describes the bucket and its slots at now.
@@ -361,9 +372,14 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 
 // Allocator holds one Bucket per group. It is pure logic: every method takes
 // the time, and it is not safe for concurrent use (the server serializes it).
+//
+// It keeps a list of the buckets whose level may have left what their
+// saved state predicts (TakeDirty), so that persisting costs work in
+// proportion to the groups in use, not to every group held.
 type Allocator struct {
 	cfg    AllocConfig
 	groups map[string]*Bucket
+	dirty  []*Bucket
 }
 
 // NewAllocator returns an empty allocator.
@@ -388,6 +404,9 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 	}
 	b.advance(now)
 	wasUnlimited := b.settings.Unlimited()
+	if b.settings != s {
+		a.markDirty(b) // what the saved state predicts depends on the settings
+	}
 	b.settings = s
 	switch {
 	case s.Unlimited():
@@ -399,8 +418,12 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 	}
 }
 
-// RemoveGroup forgets a dropped group.
+// RemoveGroup forgets a dropped group (a dirty list entry is skipped
+// later: it is no longer the group's bucket).
 func (a *Allocator) RemoveGroup(name string) { delete(a.groups, name) }
+
+// Len is the number of groups held.
+func (a *Allocator) Len() int { return len(a.groups) }
 
 // Group returns a group's bucket, or nil.
 func (a *Allocator) Group(name string) *Bucket { return a.groups[name] }
@@ -421,8 +444,46 @@ func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, er
 	if b == nil {
 		return Grant{}, fmt.Errorf("%w: %q", ErrUnknownGroup, group)
 	}
+	if !req.ReportOnly && req.Wanted > 0 && !b.settings.Unlimited() {
+		a.markDirty(b)
+	}
 	return b.acquire(req, now, a.cfg), nil
 }
+
+// Report adds a proxy's reported consumption to a group's usage; false
+// when the group is not held.
+func (a *Allocator) Report(group string, u ru.Consumption) bool {
+	b := a.groups[group]
+	if b == nil {
+		return false
+	}
+	b.usage.Add(u)
+	return true
+}
+
+// markDirty puts b on the dirty list once.
+func (a *Allocator) markDirty(b *Bucket) {
+	if !b.dirty {
+		b.dirty = true
+		a.dirty = append(a.dirty, b)
+	}
+}
+
+// TakeDirty hands over the dirty list and starts a new one. The buckets
+// stay marked until ToSave looks at them, so a bucket changed meanwhile is
+// not listed twice; one that ToSave has looked at is listed again by its
+// next change. A bucket on the list may have been dropped since: see Held.
+func (a *Allocator) TakeDirty() []*Bucket {
+	d := a.dirty
+	a.dirty = nil
+	return d
+}
+
+// Held reports whether b is the bucket the allocator holds for its group.
+func (a *Allocator) Held(b *Bucket) bool { return a.groups[b.name] == b }
+
+// Name returns the bucket's group.
+func (b *Bucket) Name() string { return b.name }
 
 // Expire drops the slots of proxies not heard from for ClientExpiry; it
 // reports how many were dropped.
@@ -456,6 +517,10 @@ func (a *Allocator) State(group string, now time.Time) (BucketState, bool) {
 	if b == nil || b.settings.Unlimited() {
 		return BucketState{}, false
 	}
+	return b.state(now), true
+}
+
+func (b *Bucket) state(now time.Time) BucketState {
 	b.advance(now)
 	// Running trickles are promises already made: count them as spent, so a
 	// new leader does not hand the same tokens out again.
@@ -465,20 +530,69 @@ func (a *Allocator) State(group string, now time.Time) (BucketState, bool) {
 			t -= s.rate * s.trickleEnd.Sub(now).Seconds()
 		}
 	}
-	return BucketState{Tokens: t, At: now}, true
+	return BucketState{Tokens: t, At: now}
+}
+
+// refilled is the level a persisted state predicts at now: what Restore
+// would set.
+func (s Settings) refilled(st BucketState, now time.Time) float64 {
+	t := st.Tokens
+	if el := now.Sub(st.At).Seconds(); el > 0 {
+		t += float64(s.RUPerSec) * el
+	}
+	return math.Min(t, s.Capacity())
 }
 
 // Restore sets a known group's level from a persisted state, refilled for the
-// time since it was taken.
+// time since it was taken; the state counts as saved.
 func (a *Allocator) Restore(group string, st BucketState, now time.Time) {
 	b := a.groups[group]
 	if b == nil || b.settings.Unlimited() {
 		return
 	}
-	t := st.Tokens
-	if el := now.Sub(st.At).Seconds(); el > 0 {
-		t += float64(b.settings.RUPerSec) * el
-	}
-	b.tokens = math.Min(t, b.settings.Capacity())
+	b.tokens = b.settings.refilled(st, now)
 	b.last = now
+	b.saved, b.hasSaved = st, true
+}
+
+// Saving thresholds: a state is written when the level differs from what
+// the saved one predicts by more than saveFraction of the capacity (and at
+// least saveMinRU); at a hand-over, by more than handoverRU.
+const (
+	saveFraction = 0.01
+	saveMinRU    = 1.0
+	handoverRU   = 0.01
+)
+
+// ToSave clears b's dirty mark and returns its state at now when it
+// differs meaningfully from what its saved state predicts (the saved
+// state refilled at RU_PER_SEC up to the capacity, as Restore does): an
+// idle bucket follows the prediction exactly and is never written again.
+// handover lowers the threshold to nearly any difference.
+func (b *Bucket) ToSave(now time.Time, handover bool) (BucketState, bool) {
+	b.dirty = false
+	if b.settings.Unlimited() {
+		return BucketState{}, false
+	}
+	st := b.state(now)
+	want := b.settings.Capacity() // never saved: a new leader starts it full
+	if b.hasSaved {
+		want = b.settings.refilled(b.saved, now)
+	}
+	eps := math.Max(saveFraction*b.settings.Capacity(), saveMinRU)
+	if handover {
+		eps = handoverRU
+	}
+	return st, math.Abs(st.Tokens-want) > eps
+}
+
+// Saved records that st was written to etcd for b.
+func (b *Bucket) Saved(st BucketState) { b.saved, b.hasSaved = st, true }
+
+// Redirty puts back on the dirty list a bucket whose state could not be
+// written, if it is still held.
+func (a *Allocator) Redirty(b *Bucket) {
+	if a.Held(b) {
+		a.markDirty(b)
+	}
 }

@@ -403,3 +403,91 @@ func BenchmarkAcquire(b *testing.B) {
 		}
 	}
 }
+
+// saveRound is one persistence round at a time: the groups the allocator
+// lists as dirty and, of those, the ones ToSave wants written (which are
+// then counted as saved).
+func saveRound(a *Allocator, now time.Time, handover bool) (dirty, saved []string) {
+	for _, b := range a.TakeDirty() {
+		dirty = append(dirty, b.Name())
+		if st, ok := b.ToSave(now, handover); ok {
+			b.Saved(st)
+			saved = append(saved, b.Name())
+		}
+	}
+	return dirty, saved
+}
+
+// Only changed buckets are looked at, and only meaningful changes are
+// written: an idle group, refilling as its saved state predicts, is never
+// written again, whatever the number of groups.
+func TestAllocatorSavesOnlyMeaningfulChanges(t *testing.T) {
+	a := NewAllocator(AllocConfig{})
+	for i := range 1000 {
+		a.SetGroup(fmt.Sprintf("idle%d", i), Settings{RUPerSec: 100}, t0)
+	}
+	a.SetGroup("busy", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, t0) // capacity 1000
+	a.SetGroup("free", Settings{RUPerSec: resourcegroup.Unlimited}, t0)
+	type round struct {
+		at       float64
+		take     float64 // tokens busy asks for before the round
+		handover bool
+		dirty    int
+		saved    []string
+	}
+	tests := []round{
+		{at: 1, dirty: 0},          // new groups start full: nothing to save
+		{at: 2, take: 5, dirty: 1}, // 5 of 1000 < 1% of capacity: not written
+		{at: 3, take: 300, dirty: 1, saved: []string{"busy"}}, // written
+		{at: 5, dirty: 0},           // refilling as predicted
+		{at: 30, dirty: 0},          // full again, as predicted
+		{at: 31, take: 8, dirty: 1}, // small change
+		{at: 32, take: 8, handover: true, dirty: 1, saved: []string{"busy"}},
+		{at: 60, dirty: 0},
+	}
+	for _, r := range tests {
+		if r.take > 0 {
+			if _, err := a.Acquire("busy", Request{ProxyID: "p", Wanted: r.take, Demand: 1}, at(r.at)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := a.Acquire("free", Request{ProxyID: "p", Wanted: 1e6}, at(r.at)); err != nil {
+			t.Fatal(err)
+		}
+		dirty, saved := saveRound(a, at(r.at), r.handover)
+		dirtyLimited := 0
+		for _, d := range dirty {
+			if d != "free" {
+				dirtyLimited++
+			}
+		}
+		if dirtyLimited != r.dirty || fmt.Sprint(saved) != fmt.Sprint(r.saved) {
+			t.Errorf("at %vs: dirty %v, saved %v; want %d dirty, saved %v", r.at, dirty, saved, r.dirty, r.saved)
+		}
+	}
+	// A new leader restores the saved state: the level matches, and it
+	// counts as saved (nothing to write).
+	st, _ := a.State("busy", at(60))
+	b := NewAllocator(AllocConfig{})
+	b.SetGroup("busy", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, at(60))
+	b.Restore("busy", a.Group("busy").saved, at(60))
+	if got := b.Group("busy").Tokens(at(60)); math.Abs(got-st.Tokens) > 1e-9 {
+		t.Fatalf("restored %v, want %v", got, st.Tokens)
+	}
+	b.markDirty(b.Group("busy"))
+	if _, saved := saveRound(b, at(61), false); len(saved) != 0 {
+		t.Fatalf("a restored idle bucket was written again: %v", saved)
+	}
+	// A dropped group's list entry is no longer held.
+	a.Acquire("busy", Request{ProxyID: "p", Wanted: 500}, at(61))
+	list := a.TakeDirty()
+	a.RemoveGroup("busy")
+	if len(list) != 1 || a.Held(list[0]) {
+		t.Fatalf("dropped group still held: %v", list)
+	}
+	// Altering a group's settings makes it dirty.
+	a.SetGroup("idle1", Settings{RUPerSec: 10}, at(62))
+	if dirty, saved := saveRound(a, at(62), false); fmt.Sprint(dirty) != "[idle1]" || len(saved) != 0 {
+		t.Fatalf("after ALTER: dirty %v saved %v", dirty, saved)
+	}
+}

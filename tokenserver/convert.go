@@ -46,10 +46,11 @@ func toStatus(err error) error {
 	switch {
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, ErrEtcd):
+		// Also a deadline: etcd did not answer within etcdCallTimeout.
+		return status.Error(codes.Unavailable, etcdMessage(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, ErrEtcd):
-		return status.Error(codes.Unavailable, err.Error())
 	}
 	return status.Error(codes.Internal, fmt.Sprintf("internal error: %v", err))
 }

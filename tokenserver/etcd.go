@@ -8,8 +8,11 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // ErrEtcd wraps failures to start or reach etcd.
@@ -42,7 +45,21 @@ type EmbedConfig struct {
 	// leadership, raft must re-elect before the rgserver election's lease
 	// can expire, and both must fit in about 5 s.
 	ElectionTimeout time.Duration
+	// CompactionRetention is how much history the member keeps: it
+	// compacts periodically (etcd's auto-compaction-mode=periodic, as PD
+	// configures its own), every retention up to once an hour, dropping
+	// revisions older than it. Default 1 h.
+	CompactionRetention time.Duration
+	// QuotaBackendBytes is the database size at which etcd raises its
+	// NOSPACE alarm and refuses writes. Default 8 GiB (PD's).
+	QuotaBackendBytes int64
 }
+
+// Defaults of EmbedConfig.
+const (
+	DefaultCompactionRetention = time.Hour
+	DefaultQuotaBackendBytes   = 8 << 30
+)
 
 // EmbeddedEtcd is a running embedded member.
 type EmbeddedEtcd struct {
@@ -79,6 +96,12 @@ func StartEmbeddedEtcd(ctx context.Context, c EmbedConfig) (*EmbeddedEtcd, error
 	if c.ElectionTimeout <= 0 {
 		c.ElectionTimeout = 500 * time.Millisecond
 	}
+	if c.CompactionRetention <= 0 {
+		c.CompactionRetention = DefaultCompactionRetention
+	}
+	if c.QuotaBackendBytes <= 0 {
+		c.QuotaBackendBytes = DefaultQuotaBackendBytes
+	}
 	peer, err := url.Parse(c.PeerURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: peer url %q: %w", ErrEtcd, c.PeerURL, err)
@@ -98,6 +121,10 @@ func StartEmbeddedEtcd(ctx context.Context, c EmbedConfig) (*EmbeddedEtcd, error
 	cfg.InitialClusterToken = "rgserver"
 	cfg.TickMs = uint(c.HeartbeatInterval.Milliseconds())
 	cfg.ElectionMs = uint(c.ElectionTimeout.Milliseconds())
+	// Keep the database bounded: without compaction every revision stays.
+	cfg.AutoCompactionMode = embed.CompactorModePeriodic
+	cfg.AutoCompactionRetention = c.CompactionRetention.String()
+	cfg.QuotaBackendBytes = c.QuotaBackendBytes
 	// etcd's own logs are noisy; rgserver logs what matters through slog.
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
@@ -130,3 +157,21 @@ func (e *EmbeddedEtcd) Err() <-chan error { return e.etcd.Err() }
 
 // Close stops the member; calling it again does nothing.
 func (e *EmbeddedEtcd) Close() { e.closeOnce.Do(e.etcd.Close) }
+
+// NewEtcdClient returns rgserver's etcd client for endpoints. Its
+// reconnect backoff is capped at a second (gRPC's own grows to two
+// minutes): after an etcd outage the leader must reach etcd again before
+// its lease, which etcd extends by one TTL when it comes back, expires.
+func NewEtcdClient(endpoints []string) (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		})},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: client: %w", ErrEtcd, err)
+	}
+	return cli, nil
+}

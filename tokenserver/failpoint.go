@@ -14,6 +14,7 @@ import (
 //	etcdWriteError   a group create or alter fails before reaching etcd
 //	etcdTxnConflict  an alter's compare-and-swap loses to another writer
 //	etcdReadError    reading one group or the group list fails
+//	settingsWatchLag(ms)  the settings watch applies each change ms late
 //	persistError     saving the bucket states fails
 //	campaignError    a leader campaign fails
 //	resignError      a leader's resign on shutdown fails

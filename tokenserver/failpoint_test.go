@@ -2,13 +2,19 @@ package tokenserver
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/pingcap/failpoint"
 
 	"github.com/rgproxy/rgproxy/internal/fptest"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/tokenclient"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -249,4 +255,75 @@ func TestFailpointResignError(t *testing.T) {
 	enable(t, "resignError", "return(true)")
 	a.stop()
 	waitFor(t, "b leads after a's failed resign", b.srv.IsLeader)
+}
+
+// A passing etcd error must not lift a quota (issue 15): while the leader
+// cannot read a group it does not know yet (its settings watch lags, etcd
+// reads fail), it answers GRANT_ERROR_UNAVAILABLE, and a proxy keeps the
+// group limited (refilled locally at RU_PER_SEC) instead of dropping it,
+// which would send its statements to the unlimited `default`.
+func TestFailpointEtcdReadErrorKeepsGroupLimited(t *testing.T) {
+	needFailpoints(t)
+	ts := startServerWith(t, startEtcd(t), "", func(c *Config) { c.Now = time.Now })
+	waitFor(t, "leadership", ts.srv.IsLeader)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := startProxy(t, ctx, ts)
+
+	enable(t, "settingsWatchLag", "return(5000)")
+	enable(t, "etcdReadError", "return(true)")
+	const rate = 10
+	if err := c.Store().CreateGroup(ctx, resourcegroup.Group{Name: "lim", RUPerSec: rate}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := pb.NewTokenServiceClient(ts.conn).AcquireTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := acquire(t, s, groupsRequest("probe", 1, []string{"lim"}, 1)).Grants[0]; g.GetErrorCode() != pb.GrantError_GRANT_ERROR_UNAVAILABLE {
+		t.Fatalf("the leader answered %v, want GRANT_ERROR_UNAVAILABLE", g)
+	}
+
+	// Statements of the group, as fast as they are let through, for 3 s.
+	const window = 3 * time.Second
+	var ok, throttled, unknown atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(window)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				_, err := c.Acquire(ctx, "lim", ru.Consumption{RRU: 1, Statements: 1}, 50*time.Millisecond)
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, tokenclient.ErrThrottled):
+					throttled.Add(1)
+				case errors.Is(err, tokenclient.ErrUnknownGroup):
+					unknown.Add(1)
+				default:
+					t.Errorf("Acquire: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("while the group could not be read: %d statements ran, %d throttled, %d sent to default", ok.Load(), throttled.Load(), unknown.Load())
+	if unknown.Load() != 0 {
+		t.Fatalf("%d statements were told the group is unknown (they would run unlimited in default)", unknown.Load())
+	}
+	// The local refill: RU_PER_SEC × the window plus one second's burst.
+	if limit := int64(rate*window.Seconds() + rate + 2); ok.Load() > limit || ok.Load() == 0 || throttled.Load() == 0 {
+		t.Fatalf("%d statements ran in %v at %d RU/s (at most %d), %d throttled", ok.Load(), window, rate, limit, throttled.Load())
+	}
+
+	// Once etcd answers, the group is served by rgserver again.
+	failpoint.Disable(fpPkg + "etcdReadError")
+	failpoint.Disable(fpPkg + "settingsWatchLag")
+	waitFor(t, "rgserver to serve the group", func() bool {
+		_, err := c.Acquire(ctx, "lim", ru.Consumption{RRU: 1, Statements: 1}, time.Second)
+		return err == nil && scrapeValue(t, ts, `rgserver_tokens_granted_total{resource_group="lim"}`) > 0
+	})
 }

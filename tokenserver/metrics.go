@@ -1,71 +1,82 @@
 package tokenserver
 
 import (
+	"bufio"
+	"compress/gzip"
+	"io"
 	"math"
-	"sync"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
-	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+	"github.com/rgproxy/rgproxy/ru"
 )
 
-// metrics are rgserver's Prometheus series; all by resource_group unless noted.
+// metrics are rgserver's series that are not per group. The per-group
+// series are not in the registry: with 100,000 groups they are a million
+// series, which client_golang would build as a million objects on every
+// scrape (seconds of CPU, hundreds of MB); MetricsHandler writes them
+// straight from the allocator instead.
 type metrics struct {
-	ruConsumed     *prometheus.CounterVec
-	readBytes      *prometheus.CounterVec
-	writeBytes     *prometheus.CounterVec
-	backendSeconds *prometheus.CounterVec
-	statements     *prometheus.CounterVec
-	tokensGranted  *prometheus.CounterVec
 	acquireSeconds prometheus.Histogram
-
-	mu     sync.Mutex
-	groups map[string]*groupCounters
+	persistErrors  prometheus.Counter
+	statesWritten  prometheus.Counter
 }
 
 func newMetrics() *metrics {
-	byGroup := []string{"resource_group"}
 	return &metrics{
-		groups: map[string]*groupCounters{},
-		ruConsumed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rgserver_ru_consumed_total", Help: "Request units consumed, as reported by proxies, by kind (rru, wru).",
-		}, []string{"resource_group", "type"}),
-		readBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rgserver_read_bytes_total", Help: "Result bytes read from backends, as reported by proxies.",
-		}, byGroup),
-		writeBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rgserver_write_bytes_total", Help: "Bytes written to backends, as reported by proxies.",
-		}, byGroup),
-		backendSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rgserver_backend_seconds_total", Help: "Backend time spent on statements, as reported by proxies.",
-		}, byGroup),
-		statements: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rgserver_statements_total", Help: "Statements run, as reported by proxies.",
-		}, byGroup),
-		tokensGranted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rgserver_tokens_granted_total", Help: "Tokens (RU) granted to proxies.",
-		}, byGroup),
 		acquireSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "rgserver_acquire_tokens_duration_seconds",
 			Help:    "Time to answer one AcquireTokens stream message.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
 		}),
+		persistErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rgserver_persist_errors_total",
+			Help: "Rounds of bucket state persistence that failed (etcd refused or did not answer); their states are tried again.",
+		}),
+		statesWritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rgserver_bucket_states_written_total",
+			Help: "Bucket states written to etcd (only those that changed meaningfully since last written).",
+		}),
 	}
 }
 
 func (m *metrics) register(r prometheus.Registerer, s *Server) error {
-	cs := []prometheus.Collector{
-		m.ruConsumed, m.readBytes, m.writeBytes, m.backendSeconds, m.statements, m.tokensGranted, m.acquireSeconds,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "rgserver_is_leader", Help: "1 if this replica is the leader, else 0.",
-		}, func() float64 {
-			if s.IsLeader() {
+	boolGauge := func(f func() bool) func() float64 {
+		return func() float64 {
+			if f() {
 				return 1
 			}
 			return 0
-		}),
-		newGroupCollector(s),
+		}
+	}
+	etcdDegraded := func(f func(*etcdHealth) bool) func() float64 {
+		return boolGauge(func() bool {
+			h := s.health.Load()
+			return h != nil && f(h)
+		})
+	}
+	cs := []prometheus.Collector{
+		m.acquireSeconds, m.persistErrors, m.statesWritten,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgserver_is_leader", Help: "1 if this replica is the leader, else 0.",
+		}, boolGauge(s.IsLeader)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgserver_granting_from_memory", Help: "1 while this leader grants tokens although its etcd session lapsed (etcd unreachable or without quorum).",
+		}, boolGauge(s.orphan.Load)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgserver_etcd_degraded", Help: "1 while etcd refuses writes for this reason: nospace (NOSPACE alarm) or no_quorum (no quorum, or unreachable).",
+			ConstLabels: prometheus.Labels{"reason": "nospace"},
+		}, etcdDegraded(func(h *etcdHealth) bool { return h.noSpace })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgserver_etcd_degraded", Help: "1 while etcd refuses writes for this reason: nospace (NOSPACE alarm) or no_quorum (no quorum, or unreachable).",
+			ConstLabels: prometheus.Labels{"reason": "no_quorum"},
+		}, etcdDegraded(func(h *etcdHealth) bool { return h.noQuorum })),
 	}
 	for _, c := range cs {
 		if err := r.Register(c); err != nil {
@@ -75,130 +86,185 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 	return nil
 }
 
-// groupCounters are one group's counters, looked up once rather than by
-// label values on every grant (the hot path).
-type groupCounters struct {
-	rru, wru, readBytes, writeBytes, backendSeconds, statements, granted prometheus.Counter
+// groupRow is one group's series at one scrape.
+type groupRow struct {
+	name    string
+	usage   ru.Consumption
+	granted float64
+	rate    float64 // RU_PER_SEC, +Inf when unlimited
+	tokens  float64 // with limited only
+	limited bool
+	clients int
 }
 
-// group returns a group's counters, creating them on first use.
-func (m *metrics) group(name string) *groupCounters {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if c := m.groups[name]; c != nil {
-		return c
-	}
-	c := &groupCounters{
-		rru:            m.ruConsumed.WithLabelValues(name, "rru"),
-		wru:            m.ruConsumed.WithLabelValues(name, "wru"),
-		readBytes:      m.readBytes.WithLabelValues(name),
-		writeBytes:     m.writeBytes.WithLabelValues(name),
-		backendSeconds: m.backendSeconds.WithLabelValues(name),
-		statements:     m.statements.WithLabelValues(name),
-		granted:        m.tokensGranted.WithLabelValues(name),
-	}
-	m.groups[name] = c
-	return c
-}
-
-// record adds one group's reported consumption and granted tokens.
-func (m *metrics) record(group string, c *pb.Consumption, granted float64) {
-	if c == nil && granted <= 0 {
-		return
-	}
-	gc := m.group(group)
-	if granted > 0 {
-		gc.granted.Add(granted)
-	}
-	if c == nil {
-		return
-	}
-	if c.Rru > 0 {
-		gc.rru.Add(c.Rru)
-	}
-	if c.Wru > 0 {
-		gc.wru.Add(c.Wru)
-	}
-	if c.ReadBytes > 0 {
-		gc.readBytes.Add(float64(c.ReadBytes))
-	}
-	if c.WriteBytes > 0 {
-		gc.writeBytes.Add(float64(c.WriteBytes))
-	}
-	if c.BackendSeconds > 0 {
-		gc.backendSeconds.Add(c.BackendSeconds)
-	}
-	if c.Statements > 0 {
-		gc.statements.Add(float64(c.Statements))
-	}
-}
-
-// forget drops a dropped group's series.
-func (m *metrics) forget(group string) {
-	m.mu.Lock()
-	delete(m.groups, group)
-	m.mu.Unlock()
-	l := prometheus.Labels{"resource_group": group}
-	for _, v := range []*prometheus.CounterVec{m.ruConsumed, m.readBytes, m.writeBytes, m.backendSeconds, m.statements, m.tokensGranted} {
-		v.DeletePartialMatch(l)
-	}
-}
-
-// groupCollector reads the allocator's buckets at scrape time, so dropped
-// groups vanish from the gauges at once.
-type groupCollector struct {
-	s                                     *Server
-	descRUPerSec, descTokens, descClients *prometheus.Desc
-}
-
-func newGroupCollector(s *Server) groupCollector {
-	return groupCollector{
-		s: s,
-		descRUPerSec: prometheus.NewDesc("rgserver_group_ru_per_sec",
-			"The group's configured RU_PER_SEC; +Inf when RU_PER_SEC = UNLIMITED.", []string{"resource_group"}, nil),
-		descTokens: prometheus.NewDesc("rgserver_group_tokens",
-			"Tokens in the group's global bucket (negative: promised to running trickles). Absent for unlimited groups.", []string{"resource_group"}, nil),
-		descClients: prometheus.NewDesc("rgserver_group_clients",
-			"Proxies holding a live slot in the group.", []string{"resource_group"}, nil),
-	}
-}
-
-func (c groupCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.descRUPerSec
-	ch <- c.descTokens
-	ch <- c.descClients
-}
-
-func (c groupCollector) Collect(ch chan<- prometheus.Metric) {
-	// Read under the lock, send after it: sending may wait for the
-	// registry, and grants must not wait for a scrape.
-	type row struct {
-		name          string
-		rate, tokens  float64
-		clients       int
-		limitedBucket bool
-	}
-	now := c.s.now()
-	c.s.mu.Lock()
-	names := c.s.alloc.Groups()
-	rows := make([]row, 0, len(names))
-	for _, name := range names {
-		b := c.s.alloc.Group(name)
-		r := row{name: name, rate: float64(b.settings.RUPerSec), clients: len(b.slots), limitedBucket: !b.settings.Unlimited()}
+// groupRows reads every group's series (walkGroups: a chunk of groups
+// per hold of the grant lock), sorted by name.
+func (s *Server) groupRows() []groupRow {
+	now := s.now()
+	s.mu.Lock()
+	rows := make([]groupRow, 0, s.alloc.Len())
+	s.mu.Unlock()
+	s.walkGroups(func(b *Bucket) {
+		r := groupRow{name: b.name, usage: b.usage, granted: b.granted, rate: float64(b.settings.RUPerSec),
+			clients: len(b.slots), limited: !b.settings.Unlimited()}
 		if b.settings.RUPerSec == resourcegroup.Unlimited {
 			r.rate = math.Inf(1)
 		}
-		if r.limitedBucket {
+		if r.limited {
 			r.tokens = b.Tokens(now)
 		}
 		rows = append(rows, r)
-	}
-	c.s.mu.Unlock()
-	for _, r := range rows {
-		if r.limitedBucket {
-			ch <- prometheus.MustNewConstMetric(c.descTokens, prometheus.GaugeValue, r.tokens, r.name)
+	})
+	slices.SortFunc(rows, func(a, b groupRow) int { return strings.Compare(a.name, b.name) })
+	return rows
+}
+
+// groupFamily is one per-group metric family.
+type groupFamily struct {
+	name, help, typ string
+	// label is an extra label pair (`type="rru"`) or "".
+	labels []string
+	// values returns the series' values for a row (one per labels entry,
+	// or one), ok = false for none.
+	value func(r *groupRow, i int) (float64, bool)
+}
+
+// groupFamilies are the per-group series, every group's from its creation
+// (at 0) until it is dropped.
+var groupFamilies = []groupFamily{
+	{name: "rgserver_ru_consumed_total", typ: "counter", labels: []string{`type="rru"`, `type="wru"`},
+		help: "Request units consumed, as reported by proxies, by kind (rru, wru).",
+		value: func(r *groupRow, i int) (float64, bool) {
+			if i == 0 {
+				return r.usage.RRU, true
+			}
+			return r.usage.WRU, true
+		}},
+	{name: "rgserver_read_bytes_total", typ: "counter", help: "Result bytes read from backends, as reported by proxies.",
+		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.ReadBytes, true }},
+	{name: "rgserver_write_bytes_total", typ: "counter", help: "Bytes written to backends, as reported by proxies.",
+		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.WriteBytes, true }},
+	{name: "rgserver_backend_seconds_total", typ: "counter", help: "Backend time spent on statements, as reported by proxies.",
+		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.BackendSeconds, true }},
+	{name: "rgserver_statements_total", typ: "counter", help: "Statements run, as reported by proxies.",
+		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.Statements, true }},
+	{name: "rgserver_tokens_granted_total", typ: "counter", help: "Tokens (RU) granted to proxies.",
+		value: func(r *groupRow, _ int) (float64, bool) { return r.granted, true }},
+	{name: "rgserver_group_ru_per_sec", typ: "gauge", help: "The group's configured RU_PER_SEC; +Inf when RU_PER_SEC = UNLIMITED.",
+		value: func(r *groupRow, _ int) (float64, bool) { return r.rate, true }},
+	{name: "rgserver_group_tokens", typ: "gauge", help: "Tokens in the group's global bucket (negative: promised to running trickles). Absent for unlimited groups.",
+		value: func(r *groupRow, _ int) (float64, bool) { return r.tokens, r.limited }},
+	{name: "rgserver_group_clients", typ: "gauge", help: "Proxies holding a live slot in the group.",
+		value: func(r *groupRow, _ int) (float64, bool) { return float64(r.clients), true }},
+}
+
+// writeGroupMetrics writes every group's series in the text exposition
+// format.
+func writeGroupMetrics(w *bufio.Writer, rows []groupRow) error {
+	var buf []byte
+	for _, f := range groupFamilies {
+		buf = append(buf[:0], "# HELP "...)
+		buf = append(buf, f.name...)
+		buf = append(buf, ' ')
+		buf = append(buf, f.help...)
+		buf = append(buf, "\n# TYPE "...)
+		buf = append(buf, f.name...)
+		buf = append(buf, ' ')
+		buf = append(buf, f.typ...)
+		buf = append(buf, '\n')
+		if _, err := w.Write(buf); err != nil {
+			return err
 		}
-		ch <- prometheus.MustNewConstMetric(c.descRUPerSec, prometheus.GaugeValue, r.rate, r.name)
-		ch <- prometheus.MustNewConstMetric(c.descClients, prometheus.GaugeValue, float64(r.clients), r.name)
+		n := max(len(f.labels), 1)
+		for i := range rows {
+			r := &rows[i]
+			for j := 0; j < n; j++ {
+				v, ok := f.value(r, j)
+				if !ok {
+					continue
+				}
+				buf = append(buf[:0], f.name...)
+				buf = append(buf, `{resource_group="`...)
+				buf = appendLabelValue(buf, r.name)
+				buf = append(buf, '"')
+				if len(f.labels) > 0 {
+					buf = append(buf, ',')
+					buf = append(buf, f.labels[j]...)
+				}
+				buf = append(buf, "} "...)
+				buf = appendValue(buf, v)
+				buf = append(buf, '\n')
+				if _, err := w.Write(buf); err != nil {
+					return err
+				}
+			}
+		}
 	}
+	return nil
+}
+
+// appendLabelValue escapes a label value as the text format wants.
+func appendLabelValue(buf []byte, v string) []byte {
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; c {
+		case '\\':
+			buf = append(buf, `\\`...)
+		case '"':
+			buf = append(buf, `\"`...)
+		case '\n':
+			buf = append(buf, `\n`...)
+		default:
+			buf = append(buf, c)
+		}
+	}
+	return buf
+}
+
+func appendValue(buf []byte, v float64) []byte {
+	switch {
+	case math.IsInf(v, 1):
+		return append(buf, "+Inf"...)
+	case math.IsInf(v, -1):
+		return append(buf, "-Inf"...)
+	case math.IsNaN(v):
+		return append(buf, "NaN"...)
+	}
+	return strconv.AppendFloat(buf, v, 'g', -1, 64)
+}
+
+// MetricsHandler serves /metrics in the text exposition format: the
+// families of g (the registry of the process and Go metrics and this
+// server's own), then every group's series written straight from the
+// allocator, a chunk of groups per hold of the grant lock, so that a
+// scrape of 100,000 groups costs tens of milliseconds and never holds
+// grants up.
+func (s *Server) MetricsHandler(g prometheus.Gatherer) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mfs, err := g.Gather()
+		if err != nil && len(mfs) == 0 {
+			http.Error(w, "gather metrics: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		rows := s.groupRows()
+		format := expfmt.NewFormat(expfmt.TypeTextPlain)
+		w.Header().Set("Content-Type", string(format))
+		var out io.Writer = w
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+			defer gz.Close()
+			out = gz
+		}
+		bw := bufio.NewWriterSize(out, 64<<10)
+		enc := expfmt.NewEncoder(bw, format)
+		for _, mf := range mfs {
+			if err := enc.Encode(mf); err != nil {
+				return // the client went away
+			}
+		}
+		if err := writeGroupMetrics(bw, rows); err != nil {
+			return
+		}
+		_ = bw.Flush()
+	})
 }

@@ -3,11 +3,13 @@ package tokenserver
 import (
 	"context"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
@@ -15,7 +17,19 @@ import (
 
 // The ResourceGroupService methods mirror resourcegroup.Store (and, in
 // watches.go, resourcegroup.WatchStore) one to one; every replica serves
-// them straight from etcd.
+// them straight from etcd, within etcdCall's bounds.
+
+// etcdCallTimeout bounds what one ResourceGroupService call waits for
+// etcd: the etcd client waits for a connection as long as its context
+// lets it, and DDL must fail with a clear error while etcd is away.
+const etcdCallTimeout = 5 * time.Second
+
+// etcdCall bounds ctx for one call's etcd requests, which also fail at
+// once (WithRequireLeader) when the member knows it has no quorum.
+func etcdCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, etcdCallTimeout)
+	return clientv3.WithRequireLeader(ctx), cancel
+}
 
 func needGroup(p *pb.ResourceGroup) error {
 	if p == nil {
@@ -26,6 +40,8 @@ func needGroup(p *pb.ResourceGroup) error {
 
 // CreateGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) CreateGroup(ctx context.Context, req *pb.CreateGroupRequest) (*pb.CreateGroupResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := needGroup(req.GetGroup()); err != nil {
 		return nil, err
 	}
@@ -39,6 +55,8 @@ func (s *Server) CreateGroup(ctx context.Context, req *pb.CreateGroupRequest) (*
 
 // AlterGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) AlterGroup(ctx context.Context, req *pb.AlterGroupRequest) (*pb.AlterGroupResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := needGroup(req.GetGroup()); err != nil {
 		return nil, err
 	}
@@ -52,6 +70,8 @@ func (s *Server) AlterGroup(ctx context.Context, req *pb.AlterGroupRequest) (*pb
 
 // DropGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) DropGroup(ctx context.Context, req *pb.DropGroupRequest) (*pb.DropGroupResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := s.store.DropGroup(ctx, req.GetName()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -61,6 +81,8 @@ func (s *Server) DropGroup(ctx context.Context, req *pb.DropGroupRequest) (*pb.D
 
 // GetGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) GetGroup(ctx context.Context, req *pb.GetGroupRequest) (*pb.GetGroupResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	g, err := s.store.GetGroup(ctx, req.GetName())
 	if err != nil {
 		return nil, toStatus(err)
@@ -70,6 +92,8 @@ func (s *Server) GetGroup(ctx context.Context, req *pb.GetGroupRequest) (*pb.Get
 
 // ListGroups implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) ListGroups(ctx context.Context, _ *pb.ListGroupsRequest) (*pb.ListGroupsResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	gs, rev, err := s.store.listGroups(ctx, 0)
 	if err != nil {
 		return nil, toStatus(err)
@@ -83,6 +107,8 @@ func (s *Server) ListGroups(ctx context.Context, _ *pb.ListGroupsRequest) (*pb.L
 
 // BindUser implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) BindUser(ctx context.Context, req *pb.BindUserRequest) (*pb.BindUserResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if req.GetBinding() == nil {
 		return nil, status.Error(codes.InvalidArgument, "missing binding")
 	}
@@ -94,6 +120,8 @@ func (s *Server) BindUser(ctx context.Context, req *pb.BindUserRequest) (*pb.Bin
 
 // UnbindUser implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) UnbindUser(ctx context.Context, req *pb.UnbindUserRequest) (*pb.UnbindUserResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := s.store.UnbindUser(ctx, req.GetUser()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -102,6 +130,8 @@ func (s *Server) UnbindUser(ctx context.Context, req *pb.UnbindUserRequest) (*pb
 
 // GetBinding implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) GetBinding(ctx context.Context, req *pb.GetBindingRequest) (*pb.GetBindingResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	b, err := s.store.GetBinding(ctx, req.GetUser())
 	if err != nil {
 		return nil, toStatus(err)
@@ -111,6 +141,8 @@ func (s *Server) GetBinding(ctx context.Context, req *pb.GetBindingRequest) (*pb
 
 // ListBindings implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) ListBindings(ctx context.Context, _ *pb.ListBindingsRequest) (*pb.ListBindingsResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	bs, rev, err := s.store.listBindings(ctx, 0)
 	if err != nil {
 		return nil, toStatus(err)
@@ -133,7 +165,7 @@ func (s *Server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}
 	for {
 		if after == 0 {
-			rev, err := s.sendSnapshot(ctx, stream)
+			rev, err := s.sendSnapshot(ctx, stream, req.GetSnapshotInParts())
 			if err != nil {
 				return err
 			}
@@ -151,9 +183,13 @@ func (s *Server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 	}
 }
 
+// snapshotPartBytes bounds one part of a snapshot sent in parts, well
+// under gRPC's default 4 MiB per message.
+const snapshotPartBytes = 1 << 20
+
 // sendSnapshot sends every group, binding and live watch entry read at one
-// revision.
-func (s *Server) sendSnapshot(ctx context.Context, stream grpc.ServerStreamingServer[pb.WatchResponse]) (int64, error) {
+// revision: in one message, or in parts of at most snapshotPartBytes.
+func (s *Server) sendSnapshot(ctx context.Context, stream grpc.ServerStreamingServer[pb.WatchResponse], inParts bool) (int64, error) {
 	gs, rev, err := s.store.listGroups(ctx, 0)
 	if err != nil {
 		return 0, toStatus(err)
@@ -166,18 +202,37 @@ func (s *Server) sendSnapshot(ctx context.Context, stream grpc.ServerStreamingSe
 	if err != nil {
 		return 0, toStatus(err)
 	}
-	resp := &pb.WatchResponse{Revision: rev, Snapshot: true, Events: make([]*pb.WatchEvent, 0, len(gs)+len(bs)+len(ws))}
+	events := make([]*pb.WatchEvent, 0, len(gs)+len(bs)+len(ws))
 	for _, g := range gs {
-		resp.Events = append(resp.Events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Group: pb.GroupToPB(g)})
+		events = append(events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Group: pb.GroupToPB(g)})
 	}
 	for _, b := range bs {
-		resp.Events = append(resp.Events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Binding: pb.BindingToPB(b)})
+		events = append(events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Binding: pb.BindingToPB(b)})
 	}
 	for _, w := range ws {
-		resp.Events = append(resp.Events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Watch: pb.WatchToPB(w)})
+		events = append(events, &pb.WatchEvent{Type: pb.WatchEvent_PUT, Watch: pb.WatchToPB(w)})
 	}
-	if err := stream.Send(resp); err != nil {
-		return 0, err
+	if !inParts {
+		if err := stream.Send(&pb.WatchResponse{Revision: rev, Snapshot: true, Events: events}); err != nil {
+			return 0, err
+		}
+		return rev, nil
+	}
+	for first := true; first || len(events) > 0; first = false {
+		n, size := 0, 0
+		for n < len(events) {
+			es := proto.Size(events[n]) + 4 // with its tag and length
+			if n > 0 && size+es > snapshotPartBytes {
+				break
+			}
+			size += es
+			n++
+		}
+		part := &pb.WatchResponse{Revision: rev, Snapshot: true, Events: events[:n], More: n < len(events)}
+		if err := stream.Send(part); err != nil {
+			return 0, err
+		}
+		events = events[n:]
 	}
 	return rev, nil
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,11 @@ type Server struct {
 
 	leader     atomic.Bool
 	leaderAddr atomic.Pointer[string]
+	// orphan: the leader's etcd session lapsed while etcd could not be
+	// reached; it grants from memory until etcd answers (see lead).
+	orphan atomic.Bool
+	// health is what the server last saw of etcd (health.go).
+	health atomic.Pointer[etcdHealth]
 	// synced is closed once the settings have been loaded.
 	synced   chan struct{}
 	syncOnce sync.Once
@@ -156,10 +162,14 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		s.syncSettings(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		s.monitorEtcd(ctx)
 	}()
 	select {
 	case <-s.synced:
@@ -319,35 +329,69 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 	if err != nil {
 		return fmt.Errorf("%w: load bucket states: %w", ErrEtcd, err)
 	}
-	now := s.now()
-	s.mu.Lock()
-	// A new term starts with no slots: proxies reconnect and say who they are.
-	s.alloc = s.freshAllocator(now)
+	states := make(map[string]BucketState, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		var st BucketState
 		if err := json.Unmarshal(kv.Value, &st); err != nil {
 			s.log.Warn("bad bucket state; starting full", "key", string(kv.Key), "err", err)
 			continue
 		}
-		s.alloc.Restore(strings.TrimPrefix(string(kv.Key), keyStates), st, now)
+		states[strings.TrimPrefix(string(kv.Key), keyStates)] = st
+	}
+	resp = nil
+	// The new allocator is built once per term, under mu: no grant is
+	// served until leader is set below, only scrapes wait.
+	now := s.now()
+	s.mu.Lock()
+	// A new term starts with no slots: proxies reconnect and say who they are.
+	s.alloc = s.freshAllocator(now)
+	for name, st := range states {
+		s.alloc.Restore(name, st, now)
 	}
 	s.leaderKey, s.leaderRev = key, rev
 	s.mu.Unlock()
 	addr := s.cfg.AdvertiseAddr
 	s.leaderAddr.Store(&addr)
 	s.leader.Store(true)
-	s.log.Info("became leader", "addr", addr, "election_rev", rev, "states", len(resp.Kvs))
+	s.log.Info("became leader", "addr", addr, "election_rev", rev, "states", len(states))
 	return nil
 }
 
 // freshAllocator copies the current settings into an allocator with full
-// buckets and no slots. Called with mu held.
+// buckets and no slots; the groups' counters carry over, so that they
+// never go back within the process. Called with mu held, once per term.
 func (s *Server) freshAllocator(now time.Time) *Allocator {
 	a := NewAllocator(s.cfg.Alloc)
-	for _, name := range s.alloc.Groups() {
-		a.SetGroup(name, s.alloc.Group(name).settings, now)
+	for name, old := range s.alloc.groups {
+		a.SetGroup(name, old.settings, now)
+		b := a.groups[name]
+		b.usage, b.granted = old.usage, old.granted
 	}
 	return a
+}
+
+// walkChunk is how many groups a walk over every group (metrics, expiry,
+// persistence) handles per hold of mu, so that grants wait at most for a
+// chunk, never for a walk.
+const walkChunk = 256
+
+// walkGroups calls fn for every group held, under mu, releasing mu every
+// walkChunk groups. A group added or dropped meanwhile may or may not be
+// seen (Go's map iteration allows changes between steps); every other
+// group is seen once. If the allocator is replaced meanwhile (a new term),
+// the walk finishes over the old one.
+func (s *Server) walkGroups(fn func(*Bucket)) {
+	s.mu.Lock()
+	n := 0
+	for _, b := range s.alloc.groups {
+		fn(b)
+		if n++; n%walkChunk == 0 {
+			s.mu.Unlock()
+			runtime.Gosched() // let waiting grants in
+			s.mu.Lock()
+		}
+	}
+	s.mu.Unlock()
 }
 
 // stepDown stops serving tokens; the leader's address is unknown until the
@@ -362,10 +406,20 @@ func (s *Server) stepDown() {
 }
 
 // lead runs the leader's chores until leadership or ctx ends.
+//
+// When the session's lease lapses because etcd cannot be reached (no
+// quorum, or every member down), no other replica can be elected either:
+// that needs etcd. So the leader keeps granting from memory, says so in
+// /readyz and rgserver_etcd_degraded, and probes etcd; once etcd answers,
+// it goes on with the same lease and election key if they are still the
+// leader's, and steps down otherwise. (In a partition that leaves a
+// majority of etcd members elsewhere, a replica there may be elected once
+// the lease expires there: until this leader reaches etcd again, groups
+// used through both may get up to twice their rate. README, "Operating".)
 func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concurrency.Election) {
 	persist := time.NewTicker(s.cfg.PersistInterval)
 	defer persist.Stop()
-	// Expiry walks every slot of every group under the lock: do it a few
+	// Expiry walks every slot of every group (in chunks): do it a few
 	// times per expiry period, not every second.
 	expire := time.NewTicker(max(s.cfg.Alloc.withDefaults().ClientExpiry/4, time.Second))
 	defer expire.Stop()
@@ -374,62 +428,156 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 	// more often. Cheap: one small RPC per tick.
 	renew := time.NewTicker(max(s.cfg.ElectionTTL/6, 100*time.Millisecond))
 	defer renew.Stop()
+	lease := sess.Lease()
+	lapsed := sess.Done()
+	var probe <-chan time.Time // ticks while orphaned
+	probeTicker := time.NewTicker(orphanProbeInterval)
+	probeTicker.Stop()
+	defer probeTicker.Stop()
+	// Sessions that took over the lease after an orphaned spell; campaign
+	// revokes the lease (closing the first session) when the term ends.
+	var resumed []*concurrency.Session
+	defer func() {
+		for _, ns := range resumed {
+			ns.Orphan()
+		}
+	}()
+	resume := func() {
+		if ns := s.resumeOrLose(ctx, el, lease); ns != nil {
+			resumed = append(resumed, ns)
+			lapsed = ns.Done()
+			probe = nil
+			probeTicker.Stop()
+		}
+	}
 	for {
 		select {
 		case <-renew.C:
+			if s.orphan.Load() || s.etcdDown() {
+				continue
+			}
 			rctx, cancel := context.WithTimeout(ctx, s.cfg.ElectionTTL/2)
-			if _, err := s.cli.KeepAliveOnce(rctx, sess.Lease()); err != nil && ctx.Err() == nil {
+			if _, err := s.cli.KeepAliveOnce(clientv3.WithRequireLeader(rctx), lease); err != nil && ctx.Err() == nil {
 				s.log.Debug("extra lease renewal", "err", err)
 			}
 			cancel()
 		case <-ctx.Done():
-			// Hand-over: save the buckets, then let another replica lead.
-			wctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			if err := s.Persist(wctx); err != nil {
-				s.log.Warn("persist on shutdown", "err", err)
-			}
-			s.stepDown()
-			resign := el.Resign
-			failpoint.Inject("resignError", func() {
-				resign = func(context.Context) error { return errFailpoint }
-			})
-			if err := resign(wctx); err != nil {
-				// The session's lease is revoked on close anyway, so
-				// another replica still takes over.
-				s.log.Warn("resign", "err", err)
-			}
-			cancel()
+			s.handOver(el)
 			return
-		case <-sess.Done():
-			s.stepDown()
-			s.log.Warn("lost leadership: election session ended")
-			return
+		case <-lapsed:
+			lapsed = nil
+			if ctx.Err() != nil {
+				continue // shutting down: ctx.Done hands over
+			}
+			s.orphan.Store(true)
+			s.log.Warn("etcd session lapsed: granting from memory until etcd answers", "election_key", el.Key())
+			probeTicker.Reset(orphanProbeInterval)
+			probe = probeTicker.C
+			resume()
+		case <-probe:
+			resume()
 		case <-persist.C:
-			if err := s.Persist(ctx); err != nil {
+			if s.orphan.Load() || s.etcdDown() {
+				continue // etcd cannot commit: the dirty list waits
+			}
+			// Bounded, and failing at once without an etcd leader, so that
+			// the loop notices a lapsed session in time.
+			pctx, cancel := context.WithTimeout(ctx, min(s.cfg.PersistInterval, 2*time.Second))
+			err := s.Persist(clientv3.WithRequireLeader(pctx))
+			cancel()
+			if err != nil {
 				if errors.Is(err, ErrNotLeader) {
 					s.stepDown()
 					s.log.Warn("lost leadership: fenced write refused", "election_key", el.Key(),
-						"lease", fmt.Sprintf("%x", sess.Lease()), "lease_state", s.leaseState(sess))
+						"lease", fmt.Sprintf("%x", lease), "lease_state", s.leaseState(lease))
 					return
 				}
 				s.log.Warn("persist bucket states", "err", err)
 			}
 		case <-expire.C:
-			s.mu.Lock()
-			n := s.alloc.Expire(s.now())
-			s.mu.Unlock()
+			now := s.now()
+			expiry := s.cfg.Alloc.withDefaults().ClientExpiry
+			n := 0
+			s.walkGroups(func(b *Bucket) { n += b.expire(now, expiry) })
 			if n > 0 {
 				s.log.Debug("expired proxy slots", "n", n)
 			}
 		}
+		if !s.leader.Load() {
+			return // resumeOrLose stepped down
+		}
+	}
+}
+
+// orphanProbeInterval is how often an orphaned leader asks etcd whether
+// it still leads.
+const orphanProbeInterval = 500 * time.Millisecond
+
+// resumeOrLose probes etcd for an orphaned leader: while etcd does not
+// answer it keeps leading (nil); when it answers and the election key is
+// still the first (the leader's), it renews the lease and returns a new
+// session over it; otherwise it steps down (nil).
+func (s *Server) resumeOrLose(ctx context.Context, el *concurrency.Election, lease clientv3.LeaseID) *concurrency.Session {
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	resp, err := s.cli.Get(clientv3.WithRequireLeader(pctx), keyElection+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return nil // still unreachable: keep granting from memory
+	}
+	first := ""
+	if len(resp.Kvs) > 0 {
+		first = string(resp.Kvs[0].Key)
+	}
+	lost := func(why string) *concurrency.Session {
+		s.orphan.Store(false)
+		s.stepDown()
+		s.log.Warn("lost leadership after etcd came back", "why", why, "election_key", el.Key())
+		return nil
+	}
+	if first != el.Key() {
+		return lost("the election key is gone or no longer first")
+	}
+	if _, err := s.cli.KeepAliveOnce(pctx, lease); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return lost("the lease expired")
+		}
+		return nil
+	}
+	ttl := int((s.cfg.ElectionTTL + time.Second - 1) / time.Second)
+	ns, err := concurrency.NewSession(s.cli, concurrency.WithLease(lease), concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
+	if err != nil {
+		return nil
+	}
+	s.orphan.Store(false)
+	s.log.Info("etcd answers again: still the leader", "election_key", el.Key())
+	return ns
+}
+
+// handOver saves the buckets and lets another replica lead.
+func (s *Server) handOver(el *concurrency.Election) {
+	wctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := s.persist(wctx, true); err != nil {
+		s.log.Warn("persist on shutdown", "err", err)
+	}
+	s.stepDown()
+	s.orphan.Store(false)
+	resign := el.Resign
+	failpoint.Inject("resignError", func() {
+		resign = func(context.Context) error { return errFailpoint }
+	})
+	if err := resign(wctx); err != nil {
+		// The session's lease is revoked on close anyway, so
+		// another replica still takes over.
+		s.log.Warn("resign", "err", err)
 	}
 }
 
 // leaseState describes the session's lease, for the log of a lost leadership.
-func (s *Server) leaseState(sess *concurrency.Session) string {
+func (s *Server) leaseState(lease clientv3.LeaseID) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	r, err := s.cli.TimeToLive(ctx, sess.Lease())
+	r, err := s.cli.TimeToLive(ctx, lease)
 	if err != nil {
 		return err.Error()
 	}
@@ -439,47 +587,114 @@ func (s *Server) leaseState(sess *concurrency.Session) string {
 // maxTxnOps stays under etcd's default limit of 128 operations per txn.
 const maxTxnOps = 100
 
-// Persist saves every bucket's level under /rg/states/, fenced on this
+// Persist saves under /rg/states/ the bucket states that changed
+// meaningfully since they were last saved (Bucket.ToSave), fenced on this
 // leader's election key: it fails with ErrNotLeader if another replica has
-// taken over.
-func (s *Server) Persist(ctx context.Context) error {
+// taken over. Only the groups granted to (or altered) since the last
+// Persist are looked at, a few at a time under the grant lock, so an idle
+// system writes nothing and a busy one writes in proportion to the groups
+// in use. States that could not be written are tried again next time.
+func (s *Server) Persist(ctx context.Context) error { return s.persist(ctx, false) }
+
+// stateWrite is one bucket state to write.
+type stateWrite struct {
+	b  *Bucket
+	st BucketState
+}
+
+func (s *Server) persist(ctx context.Context, handover bool) error {
 	now := s.now()
 	s.mu.Lock()
 	key, rev := s.leaderKey, s.leaderRev
+	a := s.alloc
 	if key == "" {
 		s.mu.Unlock()
 		return ErrNotLeader
 	}
-	var ops []clientv3.Op
-	for _, name := range s.alloc.Groups() {
-		st, ok := s.alloc.State(name, now)
-		if !ok {
-			continue
-		}
-		val, err := json.Marshal(st)
-		if err != nil {
-			s.mu.Unlock()
-			return fmt.Errorf("tokenserver: encode state of %q: %w", name, err)
-		}
-		ops = append(ops, clientv3.OpPut(stateKey(name), string(val)))
-	}
+	dirty := a.TakeDirty()
 	s.mu.Unlock()
-	fence := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
-	for len(ops) > 0 {
-		n := min(len(ops), maxTxnOps)
-		failpoint.Inject("persistError", func() {
-			failpoint.Return(fmt.Errorf("%w: persist bucket states: %w", ErrEtcd, errFailpoint))
-		})
-		resp, err := s.cli.Txn(ctx).If(fence).Then(ops[:n]...).Commit()
+	var todo []stateWrite
+	for i := 0; i < len(dirty); i += walkChunk {
+		s.mu.Lock()
+		for _, b := range dirty[i:min(i+walkChunk, len(dirty))] {
+			if !a.Held(b) {
+				continue // dropped since
+			}
+			if st, ok := b.ToSave(now, handover); ok {
+				todo = append(todo, stateWrite{b, st})
+			}
+		}
+		s.mu.Unlock()
+	}
+	for len(todo) > 0 {
+		n := min(len(todo), maxTxnOps)
+		written, err := s.writeStates(ctx, key, rev, todo[:n])
 		if err != nil {
-			return fmt.Errorf("%w: persist bucket states: %w", ErrEtcd, err)
+			s.m.persistErrors.Inc()
+			s.noteEtcdError(err)
+			s.mu.Lock()
+			for _, w := range todo {
+				a.Redirty(w.b)
+			}
+			s.mu.Unlock()
+			return err
 		}
-		if !resp.Succeeded {
-			return ErrNotLeader
+		s.m.statesWritten.Add(float64(len(written)))
+		s.mu.Lock()
+		for _, w := range written {
+			w.b.Saved(w.st)
 		}
-		ops = ops[n:]
+		s.mu.Unlock()
+		todo = todo[n:]
 	}
 	return nil
+}
+
+// writeStates writes one batch in one transaction, fenced on the election
+// key and on each group's definition still existing, so that a state is
+// never written for a group dropped meanwhile (its state key went with
+// it). A batch with dropped groups is written again without them. It
+// returns what was written.
+func (s *Server) writeStates(ctx context.Context, key string, rev int64, batch []stateWrite) ([]stateWrite, error) {
+	for len(batch) > 0 {
+		failpoint.Inject("persistError", func() {
+			failpoint.Return(nil, fmt.Errorf("%w: persist bucket states: %w", ErrEtcd, errFailpoint))
+		})
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", rev)}
+		puts := make([]clientv3.Op, 0, len(batch))
+		reads := []clientv3.Op{clientv3.OpGet(key, clientv3.WithCountOnly())}
+		for _, w := range batch {
+			val, err := json.Marshal(w.st)
+			if err != nil {
+				return nil, fmt.Errorf("tokenserver: encode state of %q: %w", w.b.Name(), err)
+			}
+			sk := settingsKey(w.b.Name())
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(sk), ">", 0))
+			puts = append(puts, clientv3.OpPut(stateKey(w.b.Name()), string(val)))
+			reads = append(reads, clientv3.OpGet(sk, clientv3.WithCountOnly()))
+		}
+		resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Else(reads...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("%w: persist bucket states: %w", ErrEtcd, err)
+		}
+		if resp.Succeeded {
+			return batch, nil
+		}
+		if resp.Responses[0].GetResponseRange().GetCount() == 0 {
+			return nil, ErrNotLeader
+		}
+		kept := batch[:0:0]
+		for i, w := range batch {
+			if resp.Responses[i+1].GetResponseRange().GetCount() > 0 {
+				kept = append(kept, w)
+			}
+		}
+		if len(kept) == len(batch) {
+			return nil, fmt.Errorf("%w: persist bucket states: transaction refused for no reason found", ErrEtcd)
+		}
+		batch = kept
+	}
+	return nil, nil
 }
 
 // syncSettings mirrors /rg/settings/ into the allocator until ctx ends.
@@ -504,18 +719,32 @@ func (s *Server) loadAndWatchSettings(ctx context.Context) error {
 		return err
 	}
 	now := s.now()
-	s.mu.Lock()
 	seen := make(map[string]bool, len(groups))
-	for _, g := range groups {
+	for i, g := range groups {
+		if i%walkChunk == 0 {
+			if i > 0 {
+				s.mu.Unlock()
+			}
+			s.mu.Lock()
+		}
 		seen[g.Name] = true
 		s.alloc.SetGroup(g.Name, SettingsOf(g), now)
 	}
-	for _, name := range s.alloc.Groups() {
-		if !seen[name] {
-			s.alloc.RemoveGroup(name)
+	if len(groups) > 0 {
+		s.mu.Unlock()
+	}
+	var gone []string
+	s.walkGroups(func(b *Bucket) {
+		if !seen[b.Name()] {
+			gone = append(gone, b.Name())
 		}
+	})
+	s.mu.Lock()
+	for _, name := range gone {
+		s.alloc.RemoveGroup(name)
 	}
 	s.mu.Unlock()
+	groups, seen = nil, nil // the watch below runs for long: do not hold on to them
 	s.syncOnce.Do(func() { close(s.synced) })
 
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -524,14 +753,19 @@ func (s *Server) loadAndWatchSettings(ctx context.Context) error {
 		if err := wr.Err(); err != nil {
 			return fmt.Errorf("%w: watch settings: %w", ErrEtcd, err)
 		}
+		failpoint.Inject("settingsWatchLag", func(v failpoint.Value) {
+			// The leader's view of the settings lags behind etcd.
+			if ms, ok := v.(int); ok {
+				time.Sleep(time.Duration(ms) * time.Millisecond)
+			}
+		})
 		now := s.now()
 		for _, ev := range wr.Events {
 			name := strings.TrimPrefix(string(ev.Kv.Key), keySettings)
 			if ev.Type == clientv3.EventTypeDelete {
 				s.mu.Lock()
-				s.alloc.RemoveGroup(name)
+				s.alloc.RemoveGroup(name) // its series go with it
 				s.mu.Unlock()
-				s.m.forget(name)
 				continue
 			}
 			g, err := decodeGroup(name, ev.Kv.Value, ev.Kv.ModRevision)

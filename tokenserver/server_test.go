@@ -75,8 +75,15 @@ func (ts *testServer) stop() {
 	<-ts.done
 }
 
-// startServer runs a Server over cli; it returns once settings are loaded.
+// startServer runs a Server over cli on a fake clock; it returns once
+// settings are loaded.
 func startServer(t *testing.T, cli *clientv3.Client, adminToken string) *testServer {
+	t.Helper()
+	return startServerWith(t, cli, adminToken, nil)
+}
+
+// startServerWith is startServer with mutate applied to the Config.
+func startServerWith(t *testing.T, cli *clientv3.Client, adminToken string, mutate func(*Config)) *testServer {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -84,13 +91,17 @@ func startServer(t *testing.T, cli *clientv3.Client, adminToken string) *testSer
 	}
 	reg := prometheus.NewRegistry()
 	clock := &fakeClock{now: t0}
-	srv, err := New(cli, Config{
+	cfg := Config{
 		AdvertiseAddr: lis.Addr().String(),
 		ElectionTTL:   time.Second,
 		Now:           clock.Now,
 		Logger:        slog.New(slog.DiscardHandler),
 		Registerer:    reg,
-	})
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	srv, err := New(cli, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +478,7 @@ func TestAcquireTokens(t *testing.T) {
 		{`rgserver_group_clients{resource_group="g"}`, 1},
 		{`rgserver_is_leader`, 1},
 	} {
-		if got := gatherValue(t, ts.reg, m.name); got != m.want {
+		if got := scrapeValue(t, ts, m.name); got != m.want {
 			t.Errorf("%s = %v, want %v", m.name, got, m.want)
 		}
 	}
@@ -528,42 +539,6 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 
 	return 0
 }
 
-// gatherValue reads one series (name{labels} as the text format prints it).
-func gatherValue(t *testing.T, reg *prometheus.Registry, series string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var sb strings.Builder
-			sb.WriteString(mf.GetName())
-			if len(m.GetLabel()) > 0 {
-				sb.WriteString("{")
-				for i, l := range m.GetLabel() {
-					if i > 0 {
-						sb.WriteString(",")
-					}
-					sb.WriteString(l.GetName() + `="` + l.GetValue() + `"`)
-				}
-				sb.WriteString("}")
-			}
-			if sb.String() != series {
-				continue
-			}
-			switch {
-			case m.Counter != nil:
-				return m.Counter.GetValue()
-			case m.Gauge != nil:
-				return m.Gauge.GetValue()
-			}
-		}
-	}
-	t.Fatalf("series %s not found", series)
-	return 0
-}
-
 func TestFollowerNotLeaderAndFailover(t *testing.T) {
 	cli := startEtcd(t)
 	a := startServer(t, cli, "")
@@ -616,6 +591,10 @@ func TestFollowerNotLeaderAndFailover(t *testing.T) {
 	// a's fenced write, on its old election key, is refused now that b leads.
 	a.srv.mu.Lock()
 	a.srv.leaderKey, a.srv.leaderRev = oldKey, oldRev
+	// A change to save: an idle leader writes nothing.
+	if _, err := a.srv.alloc.Acquire("g", Request{ProxyID: "p", Wanted: 100}, a.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
 	a.srv.mu.Unlock()
 	if err := a.srv.Persist(ctx); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("stale leader's persist: %v", err)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -116,6 +117,7 @@ func (s *Server) serveTokens(ctx context.Context, req *pb.TokenRequest) *pb.Toke
 			missing = append(missing, i)
 			continue
 		}
+		s.alloc.Report(name, usageOf(gr.GetConsumption()))
 		resp.Grants[i] = grantToPB(name, g)
 		if s.log.Enabled(ctx, slog.LevelDebug) && !gr.GetReportOnly() {
 			s.log.Debug("grant", "resource_group", name, "proxy", req.GetProxyId(),
@@ -127,26 +129,21 @@ func (s *Server) serveTokens(ctx context.Context, req *pb.TokenRequest) *pb.Toke
 	for _, i := range missing {
 		resp.Grants[i] = s.serveMissing(ctx, req.GetProxyId(), req.GetGroups()[i], now)
 	}
-	for i, gr := range req.GetGroups() {
-		name := resp.Grants[i].GetGroup()
-		if resp.Grants[i].GetError() != "" {
-			continue
-		}
-		s.m.record(name, gr.GetConsumption(), resp.Grants[i].GetTokens())
-	}
 	return resp
 }
 
 // serveMissing handles a group the allocator does not know yet: it may have
-// been created a moment ago, before the settings watch caught up.
+// been created a moment ago, before the settings watch caught up. When etcd
+// cannot say, the error is GRANT_ERROR_UNAVAILABLE, which a proxy must not
+// take for a dropped group (that would lift its limit).
 func (s *Server) serveMissing(ctx context.Context, proxyID string, gr *pb.GroupTokenRequest, now time.Time) *pb.GroupGrant {
 	name := resourcegroup.NormalizeName(gr.GetGroup())
 	g, err := s.store.GetGroup(ctx, name)
 	if err != nil {
 		if errors.Is(err, resourcegroup.ErrNotFound) {
-			return &pb.GroupGrant{Group: name, Error: err.Error()}
+			return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
 		}
-		return &pb.GroupGrant{Group: name, Error: "unavailable: " + err.Error()}
+		return &pb.GroupGrant{Group: name, Error: "unavailable: " + err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_UNAVAILABLE}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -155,9 +152,17 @@ func (s *Server) serveMissing(ctx context.Context, proxyID string, gr *pb.GroupT
 	}
 	grant, err := s.alloc.Acquire(name, allocRequest(proxyID, gr), now)
 	if err != nil {
-		return &pb.GroupGrant{Group: name, Error: err.Error()}
+		// Dropped between the read and now.
+		return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
 	}
+	s.alloc.Report(name, usageOf(gr.GetConsumption()))
 	return grantToPB(name, grant)
+}
+
+// usageOf converts a reported consumption.
+func usageOf(c *pb.Consumption) ru.Consumption {
+	return ru.Consumption{RRU: c.GetRru(), WRU: c.GetWru(), ReadBytes: float64(c.GetReadBytes()), WriteBytes: float64(c.GetWriteBytes()),
+		BackendSeconds: c.GetBackendSeconds(), Statements: float64(c.GetStatements())}
 }
 
 func allocRequest(proxyID string, gr *pb.GroupTokenRequest) Request {

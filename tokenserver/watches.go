@@ -272,6 +272,8 @@ func watchEntryEvent(typ pb.WatchEvent_Type, kv []byte, key string) (*pb.WatchEv
 
 // AddWatch implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) AddWatch(ctx context.Context, req *pb.AddWatchRequest) (*pb.AddWatchResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if req.GetWatch() == nil {
 		return nil, status.Error(codes.InvalidArgument, "missing watch")
 	}
@@ -288,6 +290,8 @@ func (s *Server) AddWatch(ctx context.Context, req *pb.AddWatchRequest) (*pb.Add
 
 // RemoveWatch implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) RemoveWatch(ctx context.Context, req *pb.RemoveWatchRequest) (*pb.RemoveWatchResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	if err := s.store.RemoveWatch(ctx, req.GetId()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -297,6 +301,8 @@ func (s *Server) RemoveWatch(ctx context.Context, req *pb.RemoveWatchRequest) (*
 
 // ListWatches implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) ListWatches(ctx context.Context, _ *pb.ListWatchesRequest) (*pb.ListWatchesResponse, error) {
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
 	ws, rev, err := s.store.listWatches(ctx, 0)
 	if err != nil {
 		return nil, toStatus(err)

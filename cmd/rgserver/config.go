@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/rgproxy/rgproxy/tokenserver"
 )
 
 // errUsage marks a bad command line or config file (exit status 2).
@@ -43,6 +45,15 @@ type config struct {
 	ElectionTTL time.Duration `toml:"election-ttl"`
 	// ClientExpiry drops a vanished proxy's slots after this long. Default 60s.
 	ClientExpiry time.Duration `toml:"client-expiry"`
+	// PersistInterval is how often the leader saves the bucket states that
+	// changed. Default 5s.
+	PersistInterval time.Duration `toml:"persist-interval"`
+	// EtcdCompactionRetention is the history the embedded member keeps
+	// (periodic compaction). Default 1h.
+	EtcdCompactionRetention time.Duration `toml:"etcd-compaction-retention"`
+	// EtcdQuotaBackendBytes is the embedded member's database quota
+	// (NOSPACE beyond it). Default 8 GiB.
+	EtcdQuotaBackendBytes int64 `toml:"etcd-quota-backend-bytes"`
 	// TLSCert and TLSKey (PEM files) turn on TLS for gRPC. Default "" (plaintext).
 	TLSCert string `toml:"tls-cert"`
 	TLSKey  string `toml:"tls-key"`
@@ -67,6 +78,10 @@ func defaultConfig() config {
 		ElectionTTL:  3 * time.Second,
 		ClientExpiry: 60 * time.Second,
 		LogLevel:     "info",
+
+		PersistInterval:         tokenserver.DefaultPersistInterval,
+		EtcdCompactionRetention: tokenserver.DefaultCompactionRetention,
+		EtcdQuotaBackendBytes:   tokenserver.DefaultQuotaBackendBytes,
 	}
 }
 
@@ -84,6 +99,9 @@ func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
 	fs.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "gRPC address proxies reach this replica at (default --addr)")
 	fs.DurationVar(&c.ElectionTTL, "election-ttl", c.ElectionTTL, "leader session TTL; a dead leader is replaced after about this long")
 	fs.DurationVar(&c.ClientExpiry, "client-expiry", c.ClientExpiry, "drop a silent proxy's share after this long")
+	fs.DurationVar(&c.PersistInterval, "persist-interval", c.PersistInterval, "how often the leader saves the bucket states that changed to etcd")
+	fs.DurationVar(&c.EtcdCompactionRetention, "etcd-compaction-retention", c.EtcdCompactionRetention, "history the embedded etcd member keeps; it compacts older revisions periodically")
+	fs.Int64Var(&c.EtcdQuotaBackendBytes, "etcd-quota-backend-bytes", c.EtcdQuotaBackendBytes, "embedded etcd's database quota in bytes; beyond it etcd raises NOSPACE and refuses writes")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate for gRPC TLS")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key for gRPC TLS")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "PEM CA bundle: require client certificates signed by it (mTLS)")
@@ -154,6 +172,12 @@ func (c *config) check() error {
 		return fmt.Errorf("%w: --election-ttl %v is under 1s", errUsage, c.ElectionTTL)
 	case c.ClientExpiry <= 0:
 		return fmt.Errorf("%w: --client-expiry must be positive", errUsage)
+	case c.PersistInterval <= 0:
+		return fmt.Errorf("%w: --persist-interval must be positive", errUsage)
+	case c.EtcdCompactionRetention <= 0:
+		return fmt.Errorf("%w: --etcd-compaction-retention must be positive", errUsage)
+	case c.EtcdQuotaBackendBytes <= 0:
+		return fmt.Errorf("%w: --etcd-quota-backend-bytes must be positive", errUsage)
 	case c.EtcdEndpoints != "" && (c.EtcdPeerAddr != "" || c.EtcdInitialCluster != ""):
 		return fmt.Errorf("%w: --etcd-endpoints excludes --etcd-peer-addr and --etcd-initial-cluster", errUsage)
 	case c.EtcdEndpoints == "" && c.DataDir == "":

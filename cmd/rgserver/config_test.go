@@ -34,8 +34,15 @@ etcd-endpoints = "http://a:2379, http://b:2379"
 	}{
 		{"defaults", nil, func(c config) bool {
 			return c.Addr == "127.0.0.1:3379" && c.StatusAddr == "127.0.0.1:3380" && c.DataDir == "./rgserver-data" &&
-				c.ElectionTTL == 3*time.Second && c.ClientExpiry == time.Minute && c.AdvertiseAddr == "127.0.0.1:3379"
+				c.ElectionTTL == 3*time.Second && c.ClientExpiry == time.Minute && c.AdvertiseAddr == "127.0.0.1:3379" &&
+				c.PersistInterval == 5*time.Second && c.EtcdCompactionRetention == time.Hour && c.EtcdQuotaBackendBytes == 8<<30
 		}, nil},
+		{"etcd bounds", []string{"--persist-interval", "1s", "--etcd-compaction-retention", "5m", "--etcd-quota-backend-bytes", "1073741824"}, func(c config) bool {
+			return c.PersistInterval == time.Second && c.EtcdCompactionRetention == 5*time.Minute && c.EtcdQuotaBackendBytes == 1<<30
+		}, nil},
+		{"no retention", []string{"--etcd-compaction-retention", "0s"}, nil, errUsage},
+		{"no quota", []string{"--etcd-quota-backend-bytes", "0"}, nil, errUsage},
+		{"no persist interval", []string{"--persist-interval", "0s"}, nil, errUsage},
 		{"file", []string{"--config", file}, func(c config) bool {
 			return c.Addr == "0.0.0.0:4000" && c.ElectionTTL == 5*time.Second && c.ClientExpiry == 2*time.Minute &&
 				c.StatusAddr == "127.0.0.1:3380" && c.AdvertiseAddr == "0.0.0.0:4000"

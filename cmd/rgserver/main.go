@@ -25,9 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -100,6 +98,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		e, err := tokenserver.StartEmbeddedEtcd(ctx, tokenserver.EmbedConfig{
 			Name: cfg.Name, DataDir: cfg.DataDir, PeerURL: cfg.EtcdPeerAddr, InitialCluster: cfg.EtcdInitialCluster,
+			CompactionRetention: cfg.EtcdCompactionRetention, QuotaBackendBytes: cfg.EtcdQuotaBackendBytes,
 		})
 		if err != nil {
 			return err
@@ -108,11 +107,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		endpoints = e.Endpoints
 		log.Info("embedded etcd ready", "name", cfg.Name, "data_dir", cfg.DataDir, "peer", cfg.EtcdPeerAddr)
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-	})
+	cli, err := tokenserver.NewEtcdClient(endpoints)
 	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
+		return err
 	}
 	defer cli.Close()
 
@@ -131,11 +128,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := tokenserver.New(cli, tokenserver.Config{
-		Alloc:         tokenserver.AllocConfig{ClientExpiry: cfg.ClientExpiry},
-		AdvertiseAddr: cfg.AdvertiseAddr,
-		ElectionTTL:   cfg.ElectionTTL,
-		Logger:        log,
-		Registerer:    reg,
+		Alloc:           tokenserver.AllocConfig{ClientExpiry: cfg.ClientExpiry},
+		AdvertiseAddr:   cfg.AdvertiseAddr,
+		ElectionTTL:     cfg.ElectionTTL,
+		PersistInterval: cfg.PersistInterval,
+		Logger:          log,
+		Registerer:      reg,
 	})
 	if err != nil {
 		return err
@@ -257,13 +255,16 @@ type health struct {
 	Health string `json:"health"`
 	Reason string `json:"reason,omitempty"`
 	Leader string `json:"leader,omitempty"`
+	// Etcd says why etcd refuses writes (NOSPACE, no quorum) while the
+	// server still serves: the leader grants from memory, DDL fails.
+	Etcd string `json:"etcd,omitempty"`
 }
 
-func writeHealth(w http.ResponseWriter, ok bool, reason, leader string) {
+func writeHealth(w http.ResponseWriter, h health) {
 	w.Header().Set("Content-Type", "application/json")
-	h := health{Health: "true", Leader: leader}
-	if !ok {
-		h.Health, h.Reason = "false", reason
+	h.Health = "true"
+	if h.Reason != "" {
+		h.Health = "false"
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_ = json.NewEncoder(w).Encode(h)
@@ -271,24 +272,27 @@ func writeHealth(w http.ResponseWriter, ok bool, reason, leader string) {
 
 func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", srv.MetricsHandler(reg))
 	// /healthz: the process is up and etcd answers.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
 		if _, err := cli.Get(ctx, "/rg/health"); err != nil {
-			writeHealth(w, false, "etcd: "+err.Error(), srv.LeaderAddr())
+			writeHealth(w, health{Reason: "etcd: " + err.Error(), Leader: srv.LeaderAddr()})
 			return
 		}
-		writeHealth(w, true, "", srv.LeaderAddr())
+		writeHealth(w, health{Leader: srv.LeaderAddr()})
 	})
-	// /readyz: the leader, or a follower that knows the leader.
+	// /readyz: the leader, or a follower that knows the leader. Still
+	// ready while etcd refuses writes (the leader grants from memory), with
+	// "etcd" saying why: refusing traffic then would turn an etcd problem
+	// into an outage.
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		h := health{Leader: srv.LeaderAddr(), Etcd: srv.EtcdProblem()}
 		if !srv.Ready() {
-			writeHealth(w, false, "no leader known yet", "")
-			return
+			h.Reason, h.Leader = "no leader known yet", ""
 		}
-		writeHealth(w, true, "", srv.LeaderAddr())
+		writeHealth(w, h)
 	})
 	return mux
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -79,6 +80,31 @@ func TestStatusEndpoints(t *testing.T) {
 	if code, _, body := get(t, hs.URL+"/metrics"); code != 200 || !strings.Contains(body, "rgserver_is_leader 1") ||
 		!strings.Contains(body, `rgserver_group_ru_per_sec{resource_group="default"} +Inf`) {
 		t.Fatalf("/metrics = %d\n%s", code, body)
+	}
+	// etcd refuses writes (its NOSPACE alarm, raised by hand here): still
+	// ready, and /readyz says why.
+	st, err := cli.Status(ctx, e.Endpoints[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	alarm := &etcdserverpb.AlarmRequest{Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: st.Header.MemberId, Alarm: etcdserverpb.AlarmType_NOSPACE}
+	if _, err := etcdserverpb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, alarm); err != nil {
+		t.Fatal(err)
+	}
+	for srv.EtcdProblem() == "" {
+		if time.Now().After(deadline.Add(10 * time.Second)) {
+			t.Fatal("the NOSPACE alarm was never noticed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, h, _ := get(t, hs.URL+"/readyz"); code != 200 || h.Health != "true" || !strings.Contains(h.Etcd, "NOSPACE") {
+		t.Fatalf("/readyz under NOSPACE = %d %+v", code, h)
+	}
+	if _, _, body := get(t, hs.URL+"/metrics"); !strings.Contains(body, `rgserver_etcd_degraded{reason="nospace"} 1`) {
+		t.Fatalf("/metrics under NOSPACE:\n%s", body)
+	}
+	if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{}); err != nil {
+		t.Fatal(err)
 	}
 	rcancel()
 	if err := <-done; err != nil {

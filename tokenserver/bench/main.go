@@ -3,7 +3,10 @@
 // loopback gRPC closed-loop (each proxy sends its next batch as soon as the
 // last is answered). It prints group-grants per second, the p50/p99 latency
 // of one stream message, and the server's CPU microseconds per group-grant
-// (from its process_cpu_seconds_total).
+// (from its process_cpu_seconds_total). Meanwhile it scrapes /metrics as
+// Prometheus would, and halfway through a new proxy (tokenclient) joins:
+// the time until it holds the Watch snapshot of every group is printed,
+// and so is the server's resident memory at the end.
 //
 //	go run ./tokenserver/bench --rgserver ./bin/rgserver   # spawns one
 //	go run ./tokenserver/bench --addr 127.0.0.1:3379 --status-addr 127.0.0.1:3380
@@ -33,6 +36,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/rgproxy/rgproxy/tokenclient"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -56,6 +60,13 @@ type options struct {
 	// still waits for its answer before the next message); 0 = closed loop,
 	// as fast as answers come. Default 0.
 	rate float64
+	// createWorkers create the groups in parallel. Default 32.
+	createWorkers int
+	// scrapeEvery scrapes /metrics this often during the run; 0 = never.
+	// Default 5 s.
+	scrapeEvery time.Duration
+	// join: a proxy joins halfway through and times its Watch snapshot.
+	join bool
 }
 
 func main() {
@@ -70,6 +81,9 @@ func main() {
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up time, not measured")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "measured time")
 	flag.Float64Var(&o.rate, "rate", 0, "pace to this many group-grants/s in total (0 = closed loop, find the maximum)")
+	flag.IntVar(&o.createWorkers, "create-workers", 32, "groups created in parallel before the run")
+	flag.DurationVar(&o.scrapeEvery, "scrape-every", 5*time.Second, "scrape /metrics this often during the run, as Prometheus would (0 = never)")
+	flag.BoolVar(&o.join, "join", true, "halfway through, a new proxy joins and times its Watch snapshot of every group")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// The load generator allocates per message too; keep its GC from
@@ -93,22 +107,23 @@ func freeAddr() (string, error) {
 }
 
 // spawn starts rgserver with a temporary data dir and waits for /readyz.
-func spawn(ctx context.Context, o *options) (stop func(), err error) {
+// pid is the server's process id.
+func spawn(ctx context.Context, o *options) (stop func(), pid int, err error) {
 	dir, err := os.MkdirTemp("", "rgserver-bench")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if o.addr, err = freeAddr(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if o.statusAddr, err = freeAddr(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	cmd := exec.CommandContext(ctx, o.bin, "--addr", o.addr, "--status-addr", o.statusAddr, "--data-dir", dir+"/data", "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
-		return nil, err
+		return nil, 0, err
 	}
 	stop = func() {
 		_ = cmd.Process.Signal(os.Interrupt)
@@ -121,17 +136,18 @@ func spawn(ctx context.Context, o *options) (stop func(), err error) {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return stop, nil
+				return stop, cmd.Process.Pid, nil
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	stop()
-	return nil, errors.New("rgserver not ready after 30 s")
+	return nil, 0, errors.New("rgserver not ready after 30 s")
 }
 
-// serverCPU reads process_cpu_seconds_total from the status port.
-func serverCPU(statusAddr string) (float64, error) {
+// serverMetric reads one unlabelled series (e.g. process_cpu_seconds_total)
+// from the status port.
+func serverMetric(statusAddr, name string) (float64, error) {
 	resp, err := http.Get("http://" + statusAddr + "/metrics")
 	if err != nil {
 		return 0, err
@@ -140,11 +156,98 @@ func serverCPU(statusAddr string) (float64, error) {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "process_cpu_seconds_total "); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			return strconv.ParseFloat(v, 64)
 		}
 	}
-	return 0, errors.New("no process_cpu_seconds_total in /metrics")
+	return 0, fmt.Errorf("no %s in /metrics", name)
+}
+
+// scrape reads the whole of /metrics, as Prometheus does, and returns how
+// long it took and how many bytes came.
+func scrape(statusAddr string) (time.Duration, int64, error) {
+	start := time.Now()
+	resp, err := http.Get("http://" + statusAddr + "/metrics")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(io.Discard, resp.Body)
+	return time.Since(start), n, err
+}
+
+// procStatus reads a kB field (VmRSS, VmHWM) of /proc/<pid>/status, in bytes.
+func procStatus(pid int, field string) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+}
+
+// createGroups creates the groups with o.createWorkers in parallel.
+func createGroups(ctx context.Context, rg pb.ResourceGroupServiceClient, names []string, o options) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	next := make(chan string)
+	errs := make(chan error, max(o.createWorkers, 1))
+	var wg sync.WaitGroup
+	for range max(o.createWorkers, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range next {
+				_, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: name, RuPerSec: o.ruPerSec, Burst: pb.BurstMode_BURST_MODERATED}})
+				if err != nil && status.Code(err) != codes.AlreadyExists {
+					errs <- fmt.Errorf("create %s: %w", name, err)
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	for _, n := range names {
+		select {
+		case next <- n:
+		case <-ctx.Done():
+		}
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// joinProxy starts a tokenclient, as a proxy that joins does, and returns
+// how long Start took (it returns once the Watch snapshot is applied) and
+// how many groups the snapshot held.
+func joinProxy(ctx context.Context, addr string) (time.Duration, int, error) {
+	dir, err := os.MkdirTemp("", "rgserver-bench-join")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	c, err := tokenclient.New(tokenclient.Config{Servers: []string{addr}, ProxyID: "bench-joiner", CacheDir: dir,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := c.Start(ctx); err != nil {
+		return 0, 0, err
+	}
+	took := time.Since(start)
+	groups, err := c.Store().ListGroups(ctx)
+	return took, len(groups), err
 }
 
 // proxyStats is what one simulated proxy measured.
@@ -154,12 +257,14 @@ type proxyStats struct {
 }
 
 func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error {
+	pid := 0
 	if o.bin != "" {
-		stop, err := spawn(ctx, &o)
+		stop, p, err := spawn(ctx, &o)
 		if err != nil {
 			return err
 		}
 		defer stop()
+		pid = p
 	}
 	conn, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -170,12 +275,13 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	names := make([]string, o.groups)
 	for i := range names {
 		names[i] = fmt.Sprintf("bench%04d", i)
-		_, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: names[i], RuPerSec: o.ruPerSec, Burst: pb.BurstMode_BURST_MODERATED}})
-		if err != nil && status.Code(err) != codes.AlreadyExists {
-			return fmt.Errorf("create %s: %w", names[i], err)
-		}
 	}
-	log.Info("groups ready", "groups", o.groups, "proxies", o.proxies, "groups_per_message", o.perMsg)
+	createStart := time.Now()
+	if err := createGroups(ctx, rg, names, o); err != nil {
+		return err
+	}
+	log.Info("groups ready", "groups", o.groups, "proxies", o.proxies, "groups_per_message", o.perMsg,
+		"created_in", time.Since(createStart).Round(time.Millisecond).String())
 
 	// One connection per 20 proxies, as separate proxies would have their own.
 	conns := make([]*grpc.ClientConn, (o.proxies+19)/20)
@@ -191,6 +297,36 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	end := measureFrom.Add(o.duration)
 	var cpu0 float64
 	var cpuOnce sync.Once
+	// Prometheus scrapes, and a proxy joining halfway, during the run.
+	var side sync.WaitGroup
+	var scrapes []time.Duration
+	var scrapeBytes int64
+	if o.scrapeEvery > 0 {
+		side.Add(1)
+		go func() {
+			defer side.Done()
+			t := time.NewTicker(o.scrapeEvery)
+			defer t.Stop()
+			for ; time.Now().Before(end); <-t.C {
+				if d, n, err := scrape(o.statusAddr); err == nil {
+					scrapes, scrapeBytes = append(scrapes, d), n
+				} else {
+					log.Warn("scrape", "err", err)
+				}
+			}
+		}()
+	}
+	var joinTook time.Duration
+	var joinGroups int
+	var joinErr error
+	if o.join {
+		side.Add(1)
+		go func() {
+			defer side.Done()
+			time.Sleep(time.Until(measureFrom.Add(o.duration / 2)))
+			joinTook, joinGroups, joinErr = joinProxy(ctx, o.addr)
+		}()
+	}
 	stats := make([]proxyStats, o.proxies)
 	errs := make(chan error, o.proxies)
 	var wg sync.WaitGroup
@@ -203,12 +339,13 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 				every = time.Duration(float64(time.Second) * float64(o.proxies*o.perMsg) / o.rate)
 			}
 			errs <- proxy(ctx, conns[p/20], p, names, o.perMsg, every, measureFrom, end, &stats[p], func() {
-				cpuOnce.Do(func() { cpu0, _ = serverCPU(o.statusAddr) })
+				cpuOnce.Do(func() { cpu0, _ = serverMetric(o.statusAddr, "process_cpu_seconds_total") })
 			})
 		}(p)
 	}
 	wg.Wait()
-	cpu1, cpuErr := serverCPU(o.statusAddr)
+	cpu1, cpuErr := serverMetric(o.statusAddr, "process_cpu_seconds_total")
+	side.Wait()
 	close(errs)
 	for err := range errs {
 		if err != nil {
@@ -239,6 +376,28 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 		fmt.Fprintf(out, "server CPU per grant  %.2f µs\n", (cpu1-cpu0)*1e6/float64(grants))
 	} else {
 		fmt.Fprintf(out, "server CPU per grant  unknown (%v)\n", cpuErr)
+	}
+	if pid > 0 {
+		rss, err1 := procStatus(pid, "VmRSS")
+		hwm, err2 := procStatus(pid, "VmHWM")
+		if err := errors.Join(err1, err2); err != nil {
+			fmt.Fprintf(out, "server RSS            unknown (%v)\n", err)
+		} else {
+			fmt.Fprintf(out, "server RSS            %.0f MiB at the end, peak %.0f MiB (%.1f KiB per group)\n", rss/(1<<20), hwm/(1<<20), hwm/1024/float64(o.groups))
+		}
+	} else if rss, err := serverMetric(o.statusAddr, "process_resident_memory_bytes"); err == nil {
+		fmt.Fprintf(out, "server RSS            %.0f MiB at the end\n", rss/(1<<20))
+	}
+	if len(scrapes) > 0 {
+		slices.Sort(scrapes)
+		fmt.Fprintf(out, "/metrics scrape       %d scrapes, slowest %v, %d KiB\n", len(scrapes), scrapes[len(scrapes)-1], scrapeBytes/1024)
+	}
+	if o.join {
+		if joinErr != nil {
+			fmt.Fprintf(out, "joining proxy         failed: %v\n", joinErr)
+		} else {
+			fmt.Fprintf(out, "joining proxy         Watch snapshot of %d groups in %v\n", joinGroups, joinTook.Round(time.Millisecond))
+		}
 	}
 	return nil
 }

@@ -234,6 +234,63 @@ func (WatchType) EnumDescriptor() ([]byte, []int) {
 	return file_tokenpb_proto_rawDescGZIP(), []int{3}
 }
 
+// GrantError says why rgserver could not serve a group.
+type GrantError int32
+
+const (
+	// Served (error is empty).
+	GrantError_GRANT_ERROR_NONE GrantError = 0
+	// The group does not exist (dropped, or never created): the proxy drops
+	// it, and its sessions fall back to `default`.
+	GrantError_GRANT_ERROR_NOT_FOUND GrantError = 1
+	// rgserver could not read the group now (etcd unavailable): the proxy
+	// keeps the group's last settings and its local bucket, refills it
+	// locally at RU_PER_SEC / proxies meanwhile, and asks again later. A
+	// passing etcd error must never lift a group's limit.
+	GrantError_GRANT_ERROR_UNAVAILABLE GrantError = 2
+)
+
+// Enum value maps for GrantError.
+var (
+	GrantError_name = map[int32]string{
+		0: "GRANT_ERROR_NONE",
+		1: "GRANT_ERROR_NOT_FOUND",
+		2: "GRANT_ERROR_UNAVAILABLE",
+	}
+	GrantError_value = map[string]int32{
+		"GRANT_ERROR_NONE":        0,
+		"GRANT_ERROR_NOT_FOUND":   1,
+		"GRANT_ERROR_UNAVAILABLE": 2,
+	}
+)
+
+func (x GrantError) Enum() *GrantError {
+	p := new(GrantError)
+	*p = x
+	return p
+}
+
+func (x GrantError) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GrantError) Descriptor() protoreflect.EnumDescriptor {
+	return file_tokenpb_proto_enumTypes[4].Descriptor()
+}
+
+func (GrantError) Type() protoreflect.EnumType {
+	return &file_tokenpb_proto_enumTypes[4]
+}
+
+func (x GrantError) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GrantError.Descriptor instead.
+func (GrantError) EnumDescriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{4}
+}
+
 type WatchEvent_Type int32
 
 const (
@@ -264,11 +321,11 @@ func (x WatchEvent_Type) String() string {
 }
 
 func (WatchEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_tokenpb_proto_enumTypes[4].Descriptor()
+	return file_tokenpb_proto_enumTypes[5].Descriptor()
 }
 
 func (WatchEvent_Type) Type() protoreflect.EnumType {
-	return &file_tokenpb_proto_enumTypes[4]
+	return &file_tokenpb_proto_enumTypes[5]
 }
 
 func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
@@ -1695,8 +1752,12 @@ type WatchRequest struct {
 	// last WatchResponse seen). If that history was compacted away, the server
 	// sends a fresh snapshot instead (snapshot = true).
 	AfterRevision int64 `protobuf:"varint,1,opt,name=after_revision,json=afterRevision,proto3" json:"after_revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The watcher takes a snapshot in parts (WatchResponse.more): with
+	// 100,000 groups a snapshot in one message would pass gRPC's default
+	// limit of 4 MiB per message. Without it the server sends one message.
+	SnapshotInParts bool `protobuf:"varint,2,opt,name=snapshot_in_parts,json=snapshotInParts,proto3" json:"snapshot_in_parts,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WatchRequest) Reset() {
@@ -1734,6 +1795,13 @@ func (x *WatchRequest) GetAfterRevision() int64 {
 		return x.AfterRevision
 	}
 	return 0
+}
+
+func (x *WatchRequest) GetSnapshotInParts() bool {
+	if x != nil {
+		return x.SnapshotInParts
+	}
+	return false
 }
 
 type WatchEvent struct {
@@ -1814,8 +1882,12 @@ type WatchResponse struct {
 	Revision int64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	// True when events are a full snapshot: the watcher must replace its whole
 	// cache with them (every group, binding and runaway watch as PUT).
-	Snapshot      bool          `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	Events        []*WatchEvent `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	Snapshot bool          `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Events   []*WatchEvent `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	// Only with snapshot_in_parts: the snapshot goes on in the next message
+	// (snapshot = true, same revision); the watcher replaces its cache once
+	// the last part (more = false) has come.
+	More          bool `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1869,6 +1941,13 @@ func (x *WatchResponse) GetEvents() []*WatchEvent {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *WatchResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 // Consumption is what a proxy measured for one group since its last report.
@@ -2138,8 +2217,12 @@ type GroupGrant struct {
 	// The group's RU_PER_SEC (0 when unlimited).
 	RuPerSec uint64 `protobuf:"varint,8,opt,name=ru_per_sec,json=ruPerSec,proto3" json:"ru_per_sec,omitempty"`
 	// Non-empty when this group could not be served (e.g. "resource group
-	// \"x\" not found"); tokens is 0. The proxy should drop the group.
-	Error         string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	// \"x\" not found"); tokens is 0. error_code says what the proxy does.
+	Error string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	// Why the group could not be served; GRANT_ERROR_NONE with a non-empty
+	// error comes from an older server (an error starting "unavailable:" is
+	// GRANT_ERROR_UNAVAILABLE, any other GRANT_ERROR_NOT_FOUND).
+	ErrorCode     GrantError `protobuf:"varint,10,opt,name=error_code,json=errorCode,proto3,enum=rgproxy.token.v1.GrantError" json:"error_code,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2235,6 +2318,13 @@ func (x *GroupGrant) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *GroupGrant) GetErrorCode() GrantError {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return GrantError_GRANT_ERROR_NONE
 }
 
 // NotLeader tells a proxy to reconnect to the leader.
@@ -2427,9 +2517,10 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x12ListWatchesRequest\"k\n" +
 	"\x13ListWatchesResponse\x128\n" +
 	"\awatches\x18\x01 \x03(\v2\x1e.rgproxy.token.v1.RunawayWatchR\awatches\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x03R\brevision\"5\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"a\n" +
 	"\fWatchRequest\x12%\n" +
-	"\x0eafter_revision\x18\x01 \x01(\x03R\rafterRevision\"\x82\x02\n" +
+	"\x0eafter_revision\x18\x01 \x01(\x03R\rafterRevision\x12*\n" +
+	"\x11snapshot_in_parts\x18\x02 \x01(\bR\x0fsnapshotInParts\"\x82\x02\n" +
 	"\n" +
 	"WatchEvent\x125\n" +
 	"\x04type\x18\x01 \x01(\x0e2!.rgproxy.token.v1.WatchEvent.TypeR\x04type\x125\n" +
@@ -2439,11 +2530,12 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x04Type\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
-	"\x06DELETE\x10\x01\"}\n" +
+	"\x06DELETE\x10\x01\"\x91\x01\n" +
 	"\rWatchResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x124\n" +
-	"\x06events\x18\x03 \x03(\v2\x1c.rgproxy.token.v1.WatchEventR\x06events\"\xba\x01\n" +
+	"\x06events\x18\x03 \x03(\v2\x1c.rgproxy.token.v1.WatchEventR\x06events\x12\x12\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xba\x01\n" +
 	"\vConsumption\x12\x10\n" +
 	"\x03rru\x18\x01 \x01(\x01R\x03rru\x12\x10\n" +
 	"\x03wru\x18\x02 \x01(\x01R\x03wru\x12\x1d\n" +
@@ -2467,7 +2559,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\x04R\trequestId\x12;\n" +
-	"\x06groups\x18\x03 \x03(\v2#.rgproxy.token.v1.GroupTokenRequestR\x06groups\"\x8d\x02\n" +
+	"\x06groups\x18\x03 \x03(\v2#.rgproxy.token.v1.GroupTokenRequestR\x06groups\"\xca\x02\n" +
 	"\n" +
 	"GroupGrant\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
@@ -2480,7 +2572,10 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\tunlimited\x18\a \x01(\bR\tunlimited\x12\x1c\n" +
 	"\n" +
 	"ru_per_sec\x18\b \x01(\x04R\bruPerSec\x12\x14\n" +
-	"\x05error\x18\t \x01(\tR\x05error\",\n" +
+	"\x05error\x18\t \x01(\tR\x05error\x12;\n" +
+	"\n" +
+	"error_code\x18\n" +
+	" \x01(\x0e2\x1c.rgproxy.token.v1.GrantErrorR\terrorCode\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_addr\x18\x01 \x01(\tR\n" +
 	"leaderAddr\"\xa0\x01\n" +
@@ -2508,7 +2603,12 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"WATCH_NONE\x10\x00\x12\x0f\n" +
 	"\vWATCH_EXACT\x10\x01\x12\x11\n" +
-	"\rWATCH_SIMILAR\x10\x022\x88\t\n" +
+	"\rWATCH_SIMILAR\x10\x02*Z\n" +
+	"\n" +
+	"GrantError\x12\x14\n" +
+	"\x10GRANT_ERROR_NONE\x10\x00\x12\x19\n" +
+	"\x15GRANT_ERROR_NOT_FOUND\x10\x01\x12\x1b\n" +
+	"\x17GRANT_ERROR_UNAVAILABLE\x10\x022\x88\t\n" +
 	"\x14ResourceGroupService\x12Z\n" +
 	"\vCreateGroup\x12$.rgproxy.token.v1.CreateGroupRequest\x1a%.rgproxy.token.v1.CreateGroupResponse\x12W\n" +
 	"\n" +
@@ -2542,114 +2642,116 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 	return file_tokenpb_proto_rawDescData
 }
 
-var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_tokenpb_proto_goTypes = []any{
 	(Priority)(0),                // 0: rgproxy.token.v1.Priority
 	(BurstMode)(0),               // 1: rgproxy.token.v1.BurstMode
 	(Action)(0),                  // 2: rgproxy.token.v1.Action
 	(WatchType)(0),               // 3: rgproxy.token.v1.WatchType
-	(WatchEvent_Type)(0),         // 4: rgproxy.token.v1.WatchEvent.Type
-	(*QueryLimit)(nil),           // 5: rgproxy.token.v1.QueryLimit
-	(*ResourceGroup)(nil),        // 6: rgproxy.token.v1.ResourceGroup
-	(*Binding)(nil),              // 7: rgproxy.token.v1.Binding
-	(*CreateGroupRequest)(nil),   // 8: rgproxy.token.v1.CreateGroupRequest
-	(*CreateGroupResponse)(nil),  // 9: rgproxy.token.v1.CreateGroupResponse
-	(*AlterGroupRequest)(nil),    // 10: rgproxy.token.v1.AlterGroupRequest
-	(*AlterGroupResponse)(nil),   // 11: rgproxy.token.v1.AlterGroupResponse
-	(*DropGroupRequest)(nil),     // 12: rgproxy.token.v1.DropGroupRequest
-	(*DropGroupResponse)(nil),    // 13: rgproxy.token.v1.DropGroupResponse
-	(*GetGroupRequest)(nil),      // 14: rgproxy.token.v1.GetGroupRequest
-	(*GetGroupResponse)(nil),     // 15: rgproxy.token.v1.GetGroupResponse
-	(*ListGroupsRequest)(nil),    // 16: rgproxy.token.v1.ListGroupsRequest
-	(*ListGroupsResponse)(nil),   // 17: rgproxy.token.v1.ListGroupsResponse
-	(*BindUserRequest)(nil),      // 18: rgproxy.token.v1.BindUserRequest
-	(*BindUserResponse)(nil),     // 19: rgproxy.token.v1.BindUserResponse
-	(*UnbindUserRequest)(nil),    // 20: rgproxy.token.v1.UnbindUserRequest
-	(*UnbindUserResponse)(nil),   // 21: rgproxy.token.v1.UnbindUserResponse
-	(*GetBindingRequest)(nil),    // 22: rgproxy.token.v1.GetBindingRequest
-	(*GetBindingResponse)(nil),   // 23: rgproxy.token.v1.GetBindingResponse
-	(*ListBindingsRequest)(nil),  // 24: rgproxy.token.v1.ListBindingsRequest
-	(*ListBindingsResponse)(nil), // 25: rgproxy.token.v1.ListBindingsResponse
-	(*RunawayWatch)(nil),         // 26: rgproxy.token.v1.RunawayWatch
-	(*AddWatchRequest)(nil),      // 27: rgproxy.token.v1.AddWatchRequest
-	(*AddWatchResponse)(nil),     // 28: rgproxy.token.v1.AddWatchResponse
-	(*RemoveWatchRequest)(nil),   // 29: rgproxy.token.v1.RemoveWatchRequest
-	(*RemoveWatchResponse)(nil),  // 30: rgproxy.token.v1.RemoveWatchResponse
-	(*ListWatchesRequest)(nil),   // 31: rgproxy.token.v1.ListWatchesRequest
-	(*ListWatchesResponse)(nil),  // 32: rgproxy.token.v1.ListWatchesResponse
-	(*WatchRequest)(nil),         // 33: rgproxy.token.v1.WatchRequest
-	(*WatchEvent)(nil),           // 34: rgproxy.token.v1.WatchEvent
-	(*WatchResponse)(nil),        // 35: rgproxy.token.v1.WatchResponse
-	(*Consumption)(nil),          // 36: rgproxy.token.v1.Consumption
-	(*GroupTokenRequest)(nil),    // 37: rgproxy.token.v1.GroupTokenRequest
-	(*TokenRequest)(nil),         // 38: rgproxy.token.v1.TokenRequest
-	(*GroupGrant)(nil),           // 39: rgproxy.token.v1.GroupGrant
-	(*NotLeader)(nil),            // 40: rgproxy.token.v1.NotLeader
-	(*TokenResponse)(nil),        // 41: rgproxy.token.v1.TokenResponse
+	(GrantError)(0),              // 4: rgproxy.token.v1.GrantError
+	(WatchEvent_Type)(0),         // 5: rgproxy.token.v1.WatchEvent.Type
+	(*QueryLimit)(nil),           // 6: rgproxy.token.v1.QueryLimit
+	(*ResourceGroup)(nil),        // 7: rgproxy.token.v1.ResourceGroup
+	(*Binding)(nil),              // 8: rgproxy.token.v1.Binding
+	(*CreateGroupRequest)(nil),   // 9: rgproxy.token.v1.CreateGroupRequest
+	(*CreateGroupResponse)(nil),  // 10: rgproxy.token.v1.CreateGroupResponse
+	(*AlterGroupRequest)(nil),    // 11: rgproxy.token.v1.AlterGroupRequest
+	(*AlterGroupResponse)(nil),   // 12: rgproxy.token.v1.AlterGroupResponse
+	(*DropGroupRequest)(nil),     // 13: rgproxy.token.v1.DropGroupRequest
+	(*DropGroupResponse)(nil),    // 14: rgproxy.token.v1.DropGroupResponse
+	(*GetGroupRequest)(nil),      // 15: rgproxy.token.v1.GetGroupRequest
+	(*GetGroupResponse)(nil),     // 16: rgproxy.token.v1.GetGroupResponse
+	(*ListGroupsRequest)(nil),    // 17: rgproxy.token.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),   // 18: rgproxy.token.v1.ListGroupsResponse
+	(*BindUserRequest)(nil),      // 19: rgproxy.token.v1.BindUserRequest
+	(*BindUserResponse)(nil),     // 20: rgproxy.token.v1.BindUserResponse
+	(*UnbindUserRequest)(nil),    // 21: rgproxy.token.v1.UnbindUserRequest
+	(*UnbindUserResponse)(nil),   // 22: rgproxy.token.v1.UnbindUserResponse
+	(*GetBindingRequest)(nil),    // 23: rgproxy.token.v1.GetBindingRequest
+	(*GetBindingResponse)(nil),   // 24: rgproxy.token.v1.GetBindingResponse
+	(*ListBindingsRequest)(nil),  // 25: rgproxy.token.v1.ListBindingsRequest
+	(*ListBindingsResponse)(nil), // 26: rgproxy.token.v1.ListBindingsResponse
+	(*RunawayWatch)(nil),         // 27: rgproxy.token.v1.RunawayWatch
+	(*AddWatchRequest)(nil),      // 28: rgproxy.token.v1.AddWatchRequest
+	(*AddWatchResponse)(nil),     // 29: rgproxy.token.v1.AddWatchResponse
+	(*RemoveWatchRequest)(nil),   // 30: rgproxy.token.v1.RemoveWatchRequest
+	(*RemoveWatchResponse)(nil),  // 31: rgproxy.token.v1.RemoveWatchResponse
+	(*ListWatchesRequest)(nil),   // 32: rgproxy.token.v1.ListWatchesRequest
+	(*ListWatchesResponse)(nil),  // 33: rgproxy.token.v1.ListWatchesResponse
+	(*WatchRequest)(nil),         // 34: rgproxy.token.v1.WatchRequest
+	(*WatchEvent)(nil),           // 35: rgproxy.token.v1.WatchEvent
+	(*WatchResponse)(nil),        // 36: rgproxy.token.v1.WatchResponse
+	(*Consumption)(nil),          // 37: rgproxy.token.v1.Consumption
+	(*GroupTokenRequest)(nil),    // 38: rgproxy.token.v1.GroupTokenRequest
+	(*TokenRequest)(nil),         // 39: rgproxy.token.v1.TokenRequest
+	(*GroupGrant)(nil),           // 40: rgproxy.token.v1.GroupGrant
+	(*NotLeader)(nil),            // 41: rgproxy.token.v1.NotLeader
+	(*TokenResponse)(nil),        // 42: rgproxy.token.v1.TokenResponse
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
 	3,  // 1: rgproxy.token.v1.QueryLimit.watch:type_name -> rgproxy.token.v1.WatchType
 	0,  // 2: rgproxy.token.v1.ResourceGroup.priority:type_name -> rgproxy.token.v1.Priority
 	1,  // 3: rgproxy.token.v1.ResourceGroup.burst:type_name -> rgproxy.token.v1.BurstMode
-	5,  // 4: rgproxy.token.v1.ResourceGroup.query_limit:type_name -> rgproxy.token.v1.QueryLimit
-	6,  // 5: rgproxy.token.v1.CreateGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
-	6,  // 6: rgproxy.token.v1.CreateGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	6,  // 7: rgproxy.token.v1.AlterGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
-	6,  // 8: rgproxy.token.v1.AlterGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	6,  // 9: rgproxy.token.v1.GetGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	6,  // 10: rgproxy.token.v1.ListGroupsResponse.groups:type_name -> rgproxy.token.v1.ResourceGroup
-	7,  // 11: rgproxy.token.v1.BindUserRequest.binding:type_name -> rgproxy.token.v1.Binding
-	7,  // 12: rgproxy.token.v1.GetBindingResponse.binding:type_name -> rgproxy.token.v1.Binding
-	7,  // 13: rgproxy.token.v1.ListBindingsResponse.bindings:type_name -> rgproxy.token.v1.Binding
+	6,  // 4: rgproxy.token.v1.ResourceGroup.query_limit:type_name -> rgproxy.token.v1.QueryLimit
+	7,  // 5: rgproxy.token.v1.CreateGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
+	7,  // 6: rgproxy.token.v1.CreateGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	7,  // 7: rgproxy.token.v1.AlterGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
+	7,  // 8: rgproxy.token.v1.AlterGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	7,  // 9: rgproxy.token.v1.GetGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	7,  // 10: rgproxy.token.v1.ListGroupsResponse.groups:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 11: rgproxy.token.v1.BindUserRequest.binding:type_name -> rgproxy.token.v1.Binding
+	8,  // 12: rgproxy.token.v1.GetBindingResponse.binding:type_name -> rgproxy.token.v1.Binding
+	8,  // 13: rgproxy.token.v1.ListBindingsResponse.bindings:type_name -> rgproxy.token.v1.Binding
 	2,  // 14: rgproxy.token.v1.RunawayWatch.action:type_name -> rgproxy.token.v1.Action
 	3,  // 15: rgproxy.token.v1.RunawayWatch.match:type_name -> rgproxy.token.v1.WatchType
-	26, // 16: rgproxy.token.v1.AddWatchRequest.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	26, // 17: rgproxy.token.v1.AddWatchResponse.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	26, // 18: rgproxy.token.v1.ListWatchesResponse.watches:type_name -> rgproxy.token.v1.RunawayWatch
-	4,  // 19: rgproxy.token.v1.WatchEvent.type:type_name -> rgproxy.token.v1.WatchEvent.Type
-	6,  // 20: rgproxy.token.v1.WatchEvent.group:type_name -> rgproxy.token.v1.ResourceGroup
-	7,  // 21: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
-	26, // 22: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	34, // 23: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
-	36, // 24: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
-	37, // 25: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
-	39, // 26: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
-	40, // 27: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	8,  // 28: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	10, // 29: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	12, // 30: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	14, // 31: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	16, // 32: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	18, // 33: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	20, // 34: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	22, // 35: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	24, // 36: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	27, // 37: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
-	29, // 38: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
-	31, // 39: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
-	33, // 40: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	38, // 41: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	9,  // 42: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	11, // 43: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	13, // 44: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	15, // 45: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	17, // 46: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	19, // 47: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	21, // 48: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	23, // 49: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	25, // 50: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	28, // 51: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	30, // 52: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	32, // 53: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	35, // 54: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	41, // 55: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	42, // [42:56] is the sub-list for method output_type
-	28, // [28:42] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	27, // 16: rgproxy.token.v1.AddWatchRequest.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	27, // 17: rgproxy.token.v1.AddWatchResponse.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	27, // 18: rgproxy.token.v1.ListWatchesResponse.watches:type_name -> rgproxy.token.v1.RunawayWatch
+	5,  // 19: rgproxy.token.v1.WatchEvent.type:type_name -> rgproxy.token.v1.WatchEvent.Type
+	7,  // 20: rgproxy.token.v1.WatchEvent.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 21: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
+	27, // 22: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	35, // 23: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
+	37, // 24: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
+	38, // 25: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
+	4,  // 26: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
+	40, // 27: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
+	41, // 28: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	9,  // 29: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	11, // 30: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	13, // 31: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	15, // 32: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	17, // 33: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	19, // 34: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	21, // 35: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	23, // 36: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	25, // 37: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	28, // 38: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	30, // 39: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	32, // 40: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	34, // 41: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	39, // 42: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	10, // 43: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	12, // 44: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	14, // 45: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	16, // 46: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	18, // 47: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	20, // 48: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	22, // 49: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	24, // 50: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	26, // 51: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	29, // 52: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	31, // 53: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	33, // 54: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	36, // 55: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	42, // 56: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	43, // [43:57] is the sub-list for method output_type
+	29, // [29:43] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -2662,7 +2764,7 @@ func file_tokenpb_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
-			NumEnums:      5,
+			NumEnums:      6,
 			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
