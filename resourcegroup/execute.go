@@ -155,7 +155,7 @@ func checkSwitchTarget(ctx context.Context, g Group, store Store) error {
 func alterUser(ctx context.Context, s *AlterUserGroup, store Store) (*Result, error) {
 	group := NormalizeName(s.Group)
 	if group == "" || group == DefaultGroup {
-		if err := store.UnbindUser(ctx, s.User); err != nil {
+		if err := store.UnbindUser(ctx, s.User, s.Host); err != nil {
 			return nil, err
 		}
 		return &Result{}, nil

@@ -109,16 +109,16 @@ func TestExecuteScenario(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	if b, err := s.GetBinding(ctx, "app"); err != nil || b.Group != "rg1" || b.Host != "%" {
+	if b, err := s.GetBinding(ctx, "app", "%"); err != nil || b.Group != "rg1" || b.Host != "%" {
 		t.Fatalf("binding = %+v, %v", b, err)
 	}
 	mustRun(t, s, "ALTER USER app RESOURCE GROUP ``")
-	if _, err := s.GetBinding(ctx, "app"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetBinding(ctx, "app", "%"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("after binding to ``: %v", err)
 	}
 	mustRun(t, s, "ALTER USER app RESOURCE GROUP rg1")
 	mustRun(t, s, "ALTER USER app RESOURCE GROUP DEFAULT")
-	if _, err := s.GetBinding(ctx, "app"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetBinding(ctx, "app", "%"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("after binding to DEFAULT: %v", err)
 	}
 }
@@ -140,14 +140,14 @@ type failStore struct{ Store }
 
 var errBackend = errors.New("backend down")
 
-func (failStore) CreateGroup(context.Context, Group) error        { return errBackend }
-func (failStore) AlterGroup(context.Context, Group) error         { return errBackend }
-func (failStore) DropGroup(context.Context, string) error         { return errBackend }
-func (failStore) GetGroup(context.Context, string) (Group, error) { return Group{}, errBackend }
-func (failStore) ListGroups(context.Context) ([]Group, error)     { return nil, errBackend }
-func (failStore) BindUser(context.Context, Binding) error         { return errBackend }
-func (failStore) UnbindUser(context.Context, string) error        { return errBackend }
-func (failStore) GetBinding(context.Context, string) (Binding, error) {
+func (failStore) CreateGroup(context.Context, Group) error         { return errBackend }
+func (failStore) AlterGroup(context.Context, Group) error          { return errBackend }
+func (failStore) DropGroup(context.Context, string) error          { return errBackend }
+func (failStore) GetGroup(context.Context, string) (Group, error)  { return Group{}, errBackend }
+func (failStore) ListGroups(context.Context) ([]Group, error)      { return nil, errBackend }
+func (failStore) BindUser(context.Context, Binding) error          { return errBackend }
+func (failStore) UnbindUser(context.Context, string, string) error { return errBackend }
+func (failStore) GetBinding(context.Context, string, string) (Binding, error) {
 	return Binding{}, errBackend
 }
 

@@ -6,6 +6,7 @@ package resourcegroup
 
 import (
 	"math"
+	"strings"
 	"time"
 )
 
@@ -96,13 +97,33 @@ type Group struct {
 	Version int64
 }
 
-// Binding ties a user name to a group. Bindings are per user name: the host
-// is kept for display only.
+// Binding ties an account — user@host, as MySQL knows accounts — to a
+// group. 'app'@'%' and 'app'@'10.%' are two accounts with two bindings;
+// a session is bound by the account the backend matched at its login
+// (CURRENT_USER()).
 type Binding struct {
-	// User is the user name (without host).
+	// User is the account's user name.
 	User string
-	// Host is the host part given in ALTER USER, for display.
+	// Host is the account's host pattern ('%' when ALTER USER gives none),
+	// lower case as MySQL stores it.
 	Host string
 	// Group is the bound group's name.
 	Group string
+}
+
+// Account returns the binding's account key, AccountKey(User, Host).
+func (b Binding) Account() string { return AccountKey(b.User, b.Host) }
+
+// AccountKey is the key of the account user@host: "user@host", host in
+// lower case. A user name may itself hold '@': SplitAccount splits at the
+// last one, which the host cannot hold.
+func AccountKey(user, host string) string { return user + "@" + strings.ToLower(host) }
+
+// SplitAccount splits an account key made by AccountKey.
+func SplitAccount(key string) (user, host string) {
+	i := strings.LastIndexByte(key, '@')
+	if i < 0 {
+		return key, "%"
+	}
+	return key[:i], key[i+1:]
 }

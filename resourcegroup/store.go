@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -24,21 +25,21 @@ type Store interface {
 	GetGroup(ctx context.Context, name string) (Group, error)
 	// ListGroups returns every group sorted by name.
 	ListGroups(ctx context.Context) ([]Group, error)
-	// BindUser binds b.User to b.Group, which must exist (ErrNotFound).
-	// Binding to `default` is unbinding.
+	// BindUser binds the account b.User@b.Host to b.Group, which must
+	// exist (ErrNotFound). Binding to `default` is unbinding.
 	BindUser(ctx context.Context, b Binding) error
-	// UnbindUser removes a user's binding; no error when there is none.
-	UnbindUser(ctx context.Context, user string) error
-	// GetBinding returns a user's binding; ErrNotFound when none.
-	GetBinding(ctx context.Context, user string) (Binding, error)
-	// ListBindings returns every binding sorted by user.
+	// UnbindUser removes an account's binding; no error when there is none.
+	UnbindUser(ctx context.Context, user, host string) error
+	// GetBinding returns an account's binding; ErrNotFound when none.
+	GetBinding(ctx context.Context, user, host string) (Binding, error)
+	// ListBindings returns every binding sorted by account.
 	ListBindings(ctx context.Context) ([]Binding, error)
 }
 
 // NewNoBinding is the ErrNotFound of Store.GetBinding.
-func NewNoBinding(user string) *Error {
+func NewNoBinding(user, host string) *Error {
 	return &Error{Code: CodeUnknown, State: "HY000",
-		Message: fmt.Sprintf("user '%s' has no resource group binding", user), Err: ErrNotFound}
+		Message: fmt.Sprintf("account '%s'@'%s' has no resource group binding", user, host), Err: ErrNotFound}
 }
 
 // NewDropReserved is the ErrInvalid of dropping `default`.
@@ -176,35 +177,36 @@ func (s *MemStore) BindUser(ctx context.Context, b Binding) error {
 	if _, ok := s.groups[b.Group]; !ok {
 		return NewNotFound(b.Group)
 	}
+	b.Host = strings.ToLower(b.Host)
 	if b.Group == DefaultGroup {
-		delete(s.bindings, b.User)
+		delete(s.bindings, b.Account())
 		return nil
 	}
-	s.bindings[b.User] = b
+	s.bindings[b.Account()] = b
 	return nil
 }
 
 // UnbindUser implements Store.
-func (s *MemStore) UnbindUser(ctx context.Context, user string) error {
+func (s *MemStore) UnbindUser(ctx context.Context, user, host string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("unbind user: %w", err)
 	}
 	s.mu.Lock()
-	delete(s.bindings, user)
+	delete(s.bindings, AccountKey(user, host))
 	s.mu.Unlock()
 	return nil
 }
 
 // GetBinding implements Store.
-func (s *MemStore) GetBinding(ctx context.Context, user string) (Binding, error) {
+func (s *MemStore) GetBinding(ctx context.Context, user, host string) (Binding, error) {
 	if err := ctx.Err(); err != nil {
 		return Binding{}, fmt.Errorf("get binding: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b, ok := s.bindings[user]
+	b, ok := s.bindings[AccountKey(user, host)]
 	if !ok {
-		return Binding{}, NewNoBinding(user)
+		return Binding{}, NewNoBinding(user, host)
 	}
 	return b, nil
 }
@@ -220,7 +222,7 @@ func (s *MemStore) ListBindings(ctx context.Context) ([]Binding, error) {
 		out = append(out, b)
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	sort.Slice(out, func(i, j int) bool { return out[i].Account() < out[j].Account() })
 	return out, nil
 }
 

@@ -91,25 +91,29 @@ func TestMemStoreBindings(t *testing.T) {
 	if err := s.BindUser(ctx, Binding{User: "zed", Host: "%", Group: "rg1"}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := s.GetBinding(ctx, "app")
+	b, err := s.GetBinding(ctx, "app", "10.%")
 	if err != nil || b != (Binding{User: "app", Host: "10.%", Group: "rg1"}) {
 		t.Fatalf("binding = %+v, %v", b, err)
+	}
+	// Another account of the same user name is not bound.
+	if _, err := s.GetBinding(ctx, "app", "%"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("'app'@'%%' got 'app'@'10.%%''s binding: %v", err)
 	}
 	bs, _ := s.ListBindings(ctx)
 	if len(bs) != 2 || bs[0].User != "app" || bs[1].User != "zed" {
 		t.Fatalf("list = %+v", bs)
 	}
 	// Binding to default is unbinding.
-	if err := s.BindUser(ctx, Binding{User: "app", Group: "default"}); err != nil {
+	if err := s.BindUser(ctx, Binding{User: "app", Host: "10.%", Group: "default"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.GetBinding(ctx, "app"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.GetBinding(ctx, "app", "10.%"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("after bind to default = %v, want ErrNotFound", err)
 	}
-	if err := s.UnbindUser(ctx, "zed"); err != nil {
+	if err := s.UnbindUser(ctx, "zed", "%"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.UnbindUser(ctx, "zed"); err != nil {
+	if err := s.UnbindUser(ctx, "zed", "%"); err != nil {
 		t.Fatalf("unbind twice: %v", err)
 	}
 	if bs, _ := s.ListBindings(ctx); len(bs) != 0 {
@@ -126,11 +130,11 @@ func TestMemStoreCancelled(t *testing.T) {
 		"alter":  s.AlterGroup(ctx, DefaultGroupDefinition()),
 		"drop":   s.DropGroup(ctx, "x"),
 		"bind":   s.BindUser(ctx, Binding{User: "u", Group: "default"}),
-		"unbind": s.UnbindUser(ctx, "u"),
+		"unbind": s.UnbindUser(ctx, "u", "%"),
 	}
 	_, calls["get"] = s.GetGroup(ctx, "default")
 	_, calls["list"] = s.ListGroups(ctx)
-	_, calls["getb"] = s.GetBinding(ctx, "u")
+	_, calls["getb"] = s.GetBinding(ctx, "u", "%")
 	_, calls["listb"] = s.ListBindings(ctx)
 	for name, err := range calls {
 		if !errors.Is(err, context.Canceled) {

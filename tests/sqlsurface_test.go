@@ -182,3 +182,56 @@ func TestStrictModeNoEscape(t *testing.T) {
 		t.Errorf("SUPER's SET default: %q %v", g, err)
 	}
 }
+
+// TestBindingsPerAccount: a binding is the account's, user@host as the
+// backend matched it at login; ALTER USER of an account the backend does
+// not have is 1396; the bindings are listed in
+// information_schema.resource_group_bindings.
+func TestBindingsPerAccount(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts)
+	rootExec(t,
+		"DROP USER IF EXISTS 'acct'@'%'", "DROP USER IF EXISTS 'acct'@'10.255.255.%'",
+		"CREATE USER 'acct'@'%' IDENTIFIED BY 'apppw'", "CREATE USER 'acct'@'10.255.255.%' IDENTIFIED BY 'apppw'",
+		"GRANT SELECT ON rgproxy_e2e.* TO 'acct'@'%'")
+	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS rg_acct1", "DROP RESOURCE GROUP IF EXISTS rg_acct2",
+		"CREATE RESOURCE GROUP rg_acct1 RU_PER_SEC = 1000", "CREATE RESOURCE GROUP rg_acct2 RU_PER_SEC = 1000")
+	group := func() string {
+		t.Helper()
+		db := openDB(t, px.Addr, "user=acct", "password=apppw")
+		defer db.Close()
+		var g string
+		if err := db.QueryRow("SELECT CURRENT_RESOURCE_GROUP()").Scan(&g); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	// The session logs in as 'acct'@'%' (it does not come from 10.255.255.x).
+	adminExec(t, px.Addr, "ALTER USER 'acct'@'10.255.255.%' RESOURCE GROUP rg_acct2")
+	if g := group(); g != "default" {
+		t.Fatalf("a binding of 'acct'@'10.255.255.%%' captured 'acct'@'%%': %s", g)
+	}
+	adminExec(t, px.Addr, "ALTER USER 'acct'@'%' RESOURCE GROUP rg_acct1")
+	if g := group(); g != "rg_acct1" {
+		t.Fatalf("'acct'@'%%' bound to rg_acct1 runs in %s", g)
+	}
+	root := openDB(t, px.Addr)
+	if _, err := root.Exec("ALTER USER 'nobody'@'%' RESOURCE GROUP rg_acct1"); mysqlErrNo(err) != 1396 {
+		t.Fatalf("ALTER USER of a missing account: %v, want 1396", err)
+	}
+	if _, err := root.Exec("ALTER USER 'acct'@'localhost' RESOURCE GROUP rg_acct1"); mysqlErrNo(err) != 1396 {
+		t.Fatalf("ALTER USER of a missing host of an existing user: %v, want 1396", err)
+	}
+	if _, err := root.Exec("ALTER USER IF EXISTS 'nobody'@'%' RESOURCE GROUP rg_acct1"); err != nil {
+		t.Fatalf("ALTER USER IF EXISTS of a missing account: %v", err)
+	}
+	rows := rowsOf(t, root, "SELECT USER, HOST, RESOURCE_GROUP FROM information_schema.resource_group_bindings WHERE USER = 'acct' ORDER BY HOST")
+	if got := fmt.Sprint(rows[1:]); got != "[[acct % rg_acct1] [acct 10.255.255.% rg_acct2]]" {
+		t.Fatalf("bindings listed: %s", got)
+	}
+	// Without SUPER: only its own account's row.
+	app := openDB(t, px.Addr, "user=acct", "password=apppw")
+	if got := fmt.Sprint(rowsOf(t, app, "SELECT USER, HOST, RESOURCE_GROUP FROM information_schema.resource_group_bindings")[1:]); got != "[[acct % rg_acct1]]" {
+		t.Fatalf("bindings a user without SUPER sees: %s", got)
+	}
+}

@@ -193,35 +193,36 @@ func (s rpcStore) BindUser(ctx context.Context, b resourcegroup.Binding) error {
 		return mapError("bind user", b.Group, err)
 	}
 	s.c.waitCache(ctx, func(s snapshot) bool {
-		cur, ok := s.Bindings[b.User]
+		cur, ok := s.Bindings[b.Account()]
 		if b.Group == resourcegroup.DefaultGroup {
 			return !ok || cur.Group == b.Group
 		}
-		return ok && cur.Group == b.Group && cur.Host == b.Host
+		return ok && cur.Group == b.Group
 	})
 	return nil
 }
 
-func (s rpcStore) UnbindUser(ctx context.Context, user string) error {
+func (s rpcStore) UnbindUser(ctx context.Context, user, host string) error {
 	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) error {
-		_, err := cl.UnbindUser(ctx, &tokenpb.UnbindUserRequest{User: user})
+		_, err := cl.UnbindUser(ctx, &tokenpb.UnbindUserRequest{User: user, Host: host})
 		return err
 	})
 	if err != nil {
 		return mapError("unbind user", user, err)
 	}
-	s.c.waitCache(ctx, func(s snapshot) bool { _, ok := s.Bindings[user]; return !ok })
+	k := resourcegroup.AccountKey(user, host)
+	s.c.waitCache(ctx, func(s snapshot) bool { _, ok := s.Bindings[k]; return !ok })
 	return nil
 }
 
 // GetBinding reads the Watch cache.
-func (s rpcStore) GetBinding(ctx context.Context, user string) (resourcegroup.Binding, error) {
+func (s rpcStore) GetBinding(ctx context.Context, user, host string) (resourcegroup.Binding, error) {
 	if err := ctx.Err(); err != nil {
 		return resourcegroup.Binding{}, fmt.Errorf("get binding: %w", err)
 	}
-	b, ok := s.c.Binding(user)
+	b, ok := s.c.Binding(user, host)
 	if !ok {
-		return resourcegroup.Binding{}, resourcegroup.NewNoBinding(user)
+		return resourcegroup.Binding{}, resourcegroup.NewNoBinding(user, host)
 	}
 	return b, nil
 }
@@ -237,6 +238,6 @@ func (s rpcStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, er
 		out = append(out, b)
 	}
 	s.c.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	sort.Slice(out, func(i, j int) bool { return out[i].Account() < out[j].Account() })
 	return out, nil
 }

@@ -73,7 +73,7 @@ func TestStoreOverGRPC(t *testing.T) {
 		{"drop missing", func() error { return st.DropGroup(ctx, "nope") }, resourcegroup.ErrNotFound},
 		{"bind to missing", func() error { return st.BindUser(ctx, resourcegroup.Binding{User: "u", Group: "nope"}) }, resourcegroup.ErrNotFound},
 		{"get missing", func() error { _, err := st.GetGroup(ctx, "nope"); return err }, resourcegroup.ErrNotFound},
-		{"no binding", func() error { _, err := st.GetBinding(ctx, "u"); return err }, resourcegroup.ErrNotFound},
+		{"no binding", func() error { _, err := st.GetBinding(ctx, "u", "%"); return err }, resourcegroup.ErrNotFound},
 	}
 	for _, tc := range errTests {
 		if err := tc.op(); !errors.Is(err, tc.want) {
@@ -122,20 +122,20 @@ func TestStoreOverGRPC(t *testing.T) {
 			return false
 		}
 	}, func() { clk.Advance(100 * time.Millisecond) })
-	if _, ok := c.Binding("app"); ok {
+	if _, ok := c.Binding("app", "%"); ok {
 		t.Fatal("binding visible although the Watch was held")
 	}
 	s.rg.setHold(false)
-	waitFor(t, "the binding in the cache", func() bool { _, ok := c.Binding("app"); return ok }, nil)
+	waitFor(t, "the binding in the cache", func() bool { _, ok := c.Binding("app", "%"); return ok }, nil)
 
 	bs, err := st.ListBindings(ctx)
 	if err != nil || len(bs) != 1 || bs[0] != (resourcegroup.Binding{User: "app", Host: "%", Group: "rg1"}) {
 		t.Fatalf("bindings %+v %v", bs, err)
 	}
-	if err := st.UnbindUser(ctx, "app"); err != nil {
+	if err := st.UnbindUser(ctx, "app", "%"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.GetBinding(ctx, "app"); !errors.Is(err, resourcegroup.ErrNotFound) {
+	if _, err := st.GetBinding(ctx, "app", "%"); !errors.Is(err, resourcegroup.ErrNotFound) {
 		t.Fatalf("after unbind: %v", err)
 	}
 	if err := st.DropGroup(ctx, "rg1"); err != nil {

@@ -3,6 +3,7 @@ package tokenclient
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -168,7 +169,7 @@ func TestCacheDirReload(t *testing.T) {
 			return false
 		}
 		snap, err := decodeSnapshot(data)
-		return err == nil && snap.Bindings["app"].Group == "rg1"
+		return err == nil && snap.Bindings["app@%"].Group == "rg1"
 	}, nil)
 	c1.Close()
 
@@ -179,7 +180,7 @@ func TestCacheDirReload(t *testing.T) {
 	if g, ok := c2.Group("rg1"); !ok || g.RUPerSec != 100 {
 		t.Fatalf("group from the cache: %+v %v", g, ok)
 	}
-	if b, ok := c2.Binding("app"); !ok || b.Group != "rg1" {
+	if b, ok := c2.Binding("app", "%"); !ok || b.Group != "rg1" {
 		t.Fatalf("binding from the cache: %+v %v", b, ok)
 	}
 	// Local refill at 100 RU/s (one proxy): 50 RU take 0.5 s.
@@ -216,10 +217,15 @@ func FuzzDecodeSnapshot(f *testing.F) {
 				t.Fatalf("group key %q name %q", name, g.Name)
 			}
 		}
-		for user, b := range snap.Bindings {
-			if user == "" || b.User != user {
-				t.Fatalf("binding key %q user %q", user, b.User)
+		users := map[string]int{}
+		for key, b := range snap.Bindings {
+			if b.User == "" || key != b.Account() {
+				t.Fatalf("binding key %q of account %q", key, b.Account())
 			}
+			users[b.User]++
+		}
+		if !maps.Equal(users, snap.users) {
+			t.Fatalf("bindings per user %v, counted %v", users, snap.users)
 		}
 		for id, w := range snap.Watches {
 			if id == 0 || w.ID != id || w.Group != resourcegroup.NormalizeName(w.Group) {

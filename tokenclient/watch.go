@@ -20,8 +20,11 @@ type snapshot struct {
 	Revision int64 `json:"revision"`
 	// Groups by name.
 	Groups map[string]resourcegroup.Group `json:"groups"`
-	// Bindings by user.
+	// Bindings by account (resourcegroup.AccountKey).
 	Bindings map[string]resourcegroup.Binding `json:"bindings"`
+	// users counts the bindings of each user name, so that a session of a
+	// user with none never asks the backend for its account.
+	users map[string]int
 	// Watches is the runaway watch list by id, expired entries included
 	// until rgserver deletes them (readers filter on Expires).
 	Watches map[uint64]resourcegroup.Watch `json:"watches"`
@@ -29,14 +32,14 @@ type snapshot struct {
 
 func newSnapshot() snapshot {
 	return snapshot{Groups: map[string]resourcegroup.Group{}, Bindings: map[string]resourcegroup.Binding{},
-		Watches: map[uint64]resourcegroup.Watch{}}
+		Watches: map[uint64]resourcegroup.Watch{}, users: map[string]int{}}
 }
 
 // shallow copies the maps, not the values: enough for a reader on another
 // goroutine, since the cache's values are replaced, never changed in place.
 func (s snapshot) shallow() snapshot {
 	return snapshot{Revision: s.Revision, Groups: maps.Clone(s.Groups), Bindings: maps.Clone(s.Bindings),
-		Watches: maps.Clone(s.Watches)}
+		Watches: maps.Clone(s.Watches), users: maps.Clone(s.users)}
 }
 
 // Group returns a group's definition from the Watch cache. `default` is
@@ -49,12 +52,40 @@ func (c *Client) Group(name string) (resourcegroup.Group, bool) {
 	return g.Clone(), ok
 }
 
-// Binding returns a user's binding from the Watch cache.
-func (c *Client) Binding(user string) (resourcegroup.Binding, bool) {
+// Binding returns the binding of the account user@host from the Watch
+// cache.
+func (c *Client) Binding(user, host string) (resourcegroup.Binding, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	b, ok := c.cache.Bindings[user]
+	b, ok := c.cache.Bindings[resourcegroup.AccountKey(user, host)]
 	return b, ok
+}
+
+// HasBindings reports whether any account of the user name is bound.
+func (c *Client) HasBindings(user string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cache.users[user] > 0
+}
+
+// putBinding and deleteBinding change snap's bindings and their count per
+// user name together.
+func (s *snapshot) putBinding(b resourcegroup.Binding) {
+	k := b.Account()
+	if _, ok := s.Bindings[k]; !ok {
+		s.users[b.User]++
+	}
+	s.Bindings[k] = b
+}
+
+func (s *snapshot) deleteBinding(user, host string) {
+	k := resourcegroup.AccountKey(user, host)
+	if _, ok := s.Bindings[k]; ok {
+		delete(s.Bindings, k)
+		if s.users[user]--; s.users[user] <= 0 {
+			delete(s.users, user)
+		}
+	}
 }
 
 // watchLoop keeps a Watch stream open to any server, resuming from the last
@@ -192,13 +223,15 @@ func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string
 				snap.Groups[name] = g
 			}
 		case ev.GetBinding() != nil:
-			user := ev.GetBinding().GetUser()
+			b := tokenpb.BindingFromPB(ev.GetBinding())
+			if b.Host == "" {
+				b.Host = "%"
+			}
 			if del {
-				delete(snap.Bindings, user)
+				snap.deleteBinding(b.User, b.Host)
 			} else {
-				b := tokenpb.BindingFromPB(ev.GetBinding())
 				b.Group = resourcegroup.NormalizeName(b.Group)
-				snap.Bindings[user] = b
+				snap.putBinding(b)
 			}
 		case ev.GetWatch() != nil:
 			watches = true
@@ -372,8 +405,13 @@ func decodeSnapshot(data []byte) (snapshot, error) {
 		if b.User == "" {
 			continue
 		}
+		if b.Host == "" {
+			b.Host = "%"
+		}
+		// A file of an earlier version is keyed by user name: the record
+		// holds the host its ALTER USER named, which makes the account.
 		b.Group = resourcegroup.NormalizeName(b.Group)
-		snap.Bindings[b.User] = b
+		snap.putBinding(b)
 	}
 	for _, w := range raw.Watches {
 		if w.ID == 0 {

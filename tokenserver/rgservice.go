@@ -122,7 +122,11 @@ func (s *Server) BindUser(ctx context.Context, req *pb.BindUserRequest) (*pb.Bin
 func (s *Server) UnbindUser(ctx context.Context, req *pb.UnbindUserRequest) (*pb.UnbindUserResponse, error) {
 	ctx, cancel := etcdCall(ctx)
 	defer cancel()
-	if err := s.store.UnbindUser(ctx, req.GetUser()); err != nil {
+	host := req.GetHost()
+	if host == "" {
+		host = "%"
+	}
+	if err := s.store.UnbindUser(ctx, req.GetUser(), host); err != nil {
 		return nil, toStatus(err)
 	}
 	return &pb.UnbindUserResponse{}, nil
@@ -132,7 +136,11 @@ func (s *Server) UnbindUser(ctx context.Context, req *pb.UnbindUserRequest) (*pb
 func (s *Server) GetBinding(ctx context.Context, req *pb.GetBindingRequest) (*pb.GetBindingResponse, error) {
 	ctx, cancel := etcdCall(ctx)
 	defer cancel()
-	b, err := s.store.GetBinding(ctx, req.GetUser())
+	host := req.GetHost()
+	if host == "" {
+		host = "%"
+	}
+	b, err := s.store.GetBinding(ctx, req.GetUser(), host)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -293,12 +301,13 @@ func watchEvent(ev *clientv3.Event) (*pb.WatchEvent, error) {
 			return nil, err
 		}
 		return &pb.WatchEvent{Type: typ, Group: pb.GroupToPB(g)}, nil
-	case strings.HasPrefix(key, keyUsers):
-		user := strings.TrimPrefix(key, keyUsers)
+	case strings.HasPrefix(key, keyAccounts):
+		account := strings.TrimPrefix(key, keyAccounts)
 		if typ == pb.WatchEvent_DELETE {
-			return &pb.WatchEvent{Type: typ, Binding: &pb.Binding{User: user}}, nil
+			user, host := resourcegroup.SplitAccount(account)
+			return &pb.WatchEvent{Type: typ, Binding: &pb.Binding{User: user, Host: host}}, nil
 		}
-		b, err := decodeBinding(user, ev.Kv.Value)
+		b, err := decodeBinding(account, ev.Kv.Value)
 		if err != nil {
 			return nil, err
 		}

@@ -192,8 +192,8 @@ func TestEtcdStoreSemantics(t *testing.T) {
 		{"bind", func() error { return st.BindUser(ctx, resourcegroup.Binding{User: "app", Host: "%", Group: "RG1"}) }, nil},
 		{"drop default", func() error { return st.DropGroup(ctx, "default") }, resourcegroup.ErrInvalid},
 		{"drop unknown", func() error { return st.DropGroup(ctx, "nope") }, resourcegroup.ErrNotFound},
-		{"unbind none", func() error { return st.UnbindUser(ctx, "ghost") }, nil},
-		{"get no binding", func() error { _, err := st.GetBinding(ctx, "ghost"); return err }, resourcegroup.ErrNotFound},
+		{"unbind none", func() error { return st.UnbindUser(ctx, "ghost", "%") }, nil},
+		{"get no binding", func() error { _, err := st.GetBinding(ctx, "ghost", "%"); return err }, resourcegroup.ErrNotFound},
 	}
 	for _, tc := range tests {
 		err := tc.op()
@@ -211,7 +211,7 @@ func TestEtcdStoreSemantics(t *testing.T) {
 			t.Fatalf("rg1 = %+v (limit %+v)", g, g.QueryLimit)
 		}
 	}
-	b, err := st.GetBinding(ctx, "app")
+	b, err := st.GetBinding(ctx, "app", "%")
 	if err != nil || b != (resourcegroup.Binding{User: "app", Host: "%", Group: "rg1"}) {
 		t.Fatalf("binding = %+v, %v", b, err)
 	}
@@ -631,5 +631,59 @@ func TestWatchAfterCompactionSendsSnapshot(t *testing.T) {
 	}
 	if !r.Snapshot || len(r.Events) != 3 || r.Revision < resp.Header.Revision {
 		t.Fatalf("after compaction got %v, want a snapshot of a, b, default", r)
+	}
+}
+
+// Bindings an earlier version kept per user name (/rg/users/<user>) move
+// to their account when a leader takes office; one already set for the
+// account wins. Accounts of one user name are bound apart.
+func TestBindingsPerAccountAndMigration(t *testing.T) {
+	cli := startEtcd(t)
+	ctx := context.Background()
+	st := NewEtcdStore(cli)
+	for _, g := range []string{"rg1", "rg2"} {
+		if err := st.CreateGroup(ctx, resourcegroup.Group{Name: g, RUPerSec: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What an earlier rgserver wrote.
+	for user, rec := range map[string]string{
+		"old": `{"host":"%","group":"rg1"}`, "ip": `{"host":"10.%","group":"rg1"}`, "both": `{"host":"%","group":"rg1"}`,
+	} {
+		if _, err := cli.Put(ctx, keyUsers+user, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.BindUser(ctx, resourcegroup.Binding{User: "both", Host: "%", Group: "rg2"}); err != nil {
+		t.Fatal(err)
+	}
+	ts := startServer(t, cli, "")
+	waitFor(t, "leadership", ts.srv.IsLeader)
+	waitFor(t, "the migration", func() bool {
+		resp, err := cli.Get(ctx, keyUsers, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count == 0
+	})
+	for _, tc := range []struct{ user, host, group string }{{"old", "%", "rg1"}, {"ip", "10.%", "rg1"}, {"both", "%", "rg2"}} {
+		if b, err := st.GetBinding(ctx, tc.user, tc.host); err != nil || b.Group != tc.group {
+			t.Errorf("'%s'@'%s' after migration: %+v %v, want %s", tc.user, tc.host, b, err, tc.group)
+		}
+	}
+	if _, err := st.GetBinding(ctx, "ip", "%"); !errors.Is(err, resourcegroup.ErrNotFound) {
+		t.Errorf("'ip'@'%%' is another account than 'ip'@'10.%%': %v", err)
+	}
+	// Two accounts of one user name, two bindings.
+	if err := st.BindUser(ctx, resourcegroup.Binding{User: "ip", Host: "%", Group: "rg2"}); err != nil {
+		t.Fatal(err)
+	}
+	bs, err := st.ListBindings(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, b := range bs {
+		got = append(got, b.Account()+"="+b.Group)
+	}
+	if want := "both@%=rg2 ip@%=rg2 ip@10.%=rg1 old@%=rg1"; strings.Join(got, " ") != want {
+		t.Fatalf("bindings %q, want %q", strings.Join(got, " "), want)
 	}
 }

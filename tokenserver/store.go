@@ -18,13 +18,18 @@ import (
 const (
 	keyRoot     = "/rg/"
 	keySettings = "/rg/settings/"
-	keyUsers    = "/rg/users/"
+	keyAccounts = "/rg/accounts/"
 	keyStates   = "/rg/states/"
+	// keyUsers is where bindings were kept per user name before they were
+	// per account; a new leader moves what it finds there (migrateBindings).
+	keyUsers = "/rg/users/"
 	keyElection = "/rg/election"
 )
 
 func settingsKey(name string) string { return keySettings + name }
-func userKey(user string) string     { return keyUsers + user }
+func accountKey(user, host string) string {
+	return keyAccounts + resourcegroup.AccountKey(user, host)
+}
 func stateKey(name string) string    { return keyStates + name }
 
 // groupRecord is a group as stored in etcd (JSON). It has its own shape so
@@ -85,12 +90,14 @@ func decodeGroup(name string, data []byte, version int64) (resourcegroup.Group, 
 	return g, nil
 }
 
-func decodeBinding(user string, data []byte) (resourcegroup.Binding, error) {
+// decodeBinding decodes the binding stored under /rg/accounts/<account>.
+func decodeBinding(account string, data []byte) (resourcegroup.Binding, error) {
 	var r bindingRecord
 	if err := json.Unmarshal(data, &r); err != nil {
-		return resourcegroup.Binding{}, fmt.Errorf("%w: binding %q: bad stored value: %w", ErrEtcd, user, err)
+		return resourcegroup.Binding{}, fmt.Errorf("%w: binding %q: bad stored value: %w", ErrEtcd, account, err)
 	}
-	return resourcegroup.Binding{User: user, Host: r.Host, Group: r.Group}, nil
+	user, host := resourcegroup.SplitAccount(account)
+	return resourcegroup.Binding{User: user, Host: host, Group: r.Group}, nil
 }
 
 // EtcdStore is the resourcegroup.Store of rgserver: groups under
@@ -301,8 +308,12 @@ func (s *EtcdStore) BindUser(ctx context.Context, b resourcegroup.Binding) error
 	if err := resourcegroup.ValidateName(b.Group); err != nil {
 		return err
 	}
+	b.Host = strings.ToLower(b.Host)
+	if b.Host == "" {
+		b.Host = "%"
+	}
 	if b.Group == resourcegroup.DefaultGroup {
-		return s.UnbindUser(ctx, b.User)
+		return s.UnbindUser(ctx, b.User, b.Host)
 	}
 	val, err := json.Marshal(bindingRecord{Host: b.Host, Group: b.Group})
 	if err != nil {
@@ -310,7 +321,7 @@ func (s *EtcdStore) BindUser(ctx context.Context, b resourcegroup.Binding) error
 	}
 	gk := settingsKey(b.Group)
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(gk), ">", 0)).
-		Then(clientv3.OpPut(userKey(b.User), string(val))).Commit()
+		Then(clientv3.OpPut(accountKey(b.User, b.Host), string(val))).Commit()
 	if err != nil {
 		return fmt.Errorf("%w: bind user %q: %w", ErrEtcd, b.User, err)
 	}
@@ -321,29 +332,29 @@ func (s *EtcdStore) BindUser(ctx context.Context, b resourcegroup.Binding) error
 }
 
 // UnbindUser implements resourcegroup.Store.
-func (s *EtcdStore) UnbindUser(ctx context.Context, user string) error {
+func (s *EtcdStore) UnbindUser(ctx context.Context, user, host string) error {
 	if user == "" {
 		return resourcegroup.NewInvalid("invalid binding: empty user name")
 	}
-	if _, err := s.cli.Delete(ctx, userKey(user)); err != nil {
+	if _, err := s.cli.Delete(ctx, accountKey(user, host)); err != nil {
 		return fmt.Errorf("%w: unbind user %q: %w", ErrEtcd, user, err)
 	}
 	return nil
 }
 
 // GetBinding implements resourcegroup.Store.
-func (s *EtcdStore) GetBinding(ctx context.Context, user string) (resourcegroup.Binding, error) {
+func (s *EtcdStore) GetBinding(ctx context.Context, user, host string) (resourcegroup.Binding, error) {
 	if user == "" {
 		return resourcegroup.Binding{}, resourcegroup.NewInvalid("invalid binding: empty user name")
 	}
-	resp, err := s.cli.Get(ctx, userKey(user))
+	resp, err := s.cli.Get(ctx, accountKey(user, host))
 	if err != nil {
 		return resourcegroup.Binding{}, fmt.Errorf("%w: get binding %q: %w", ErrEtcd, user, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return resourcegroup.Binding{}, resourcegroup.NewNoBinding(user)
+		return resourcegroup.Binding{}, resourcegroup.NewNoBinding(user, host)
 	}
-	return decodeBinding(user, resp.Kvs[0].Value)
+	return decodeBinding(resourcegroup.AccountKey(user, host), resp.Kvs[0].Value)
 }
 
 // ListBindings implements resourcegroup.Store.
@@ -357,18 +368,58 @@ func (s *EtcdStore) listBindings(ctx context.Context, rev int64) ([]resourcegrou
 	if rev > 0 {
 		opts = append(opts, clientv3.WithRev(rev))
 	}
-	resp, err := s.cli.Get(ctx, keyUsers, opts...)
+	resp, err := s.cli.Get(ctx, keyAccounts, opts...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: list bindings: %w", ErrEtcd, err)
 	}
 	out := make([]resourcegroup.Binding, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		b, err := decodeBinding(strings.TrimPrefix(string(kv.Key), keyUsers), kv.Value)
+		b, err := decodeBinding(strings.TrimPrefix(string(kv.Key), keyAccounts), kv.Value)
 		if err != nil {
 			return nil, 0, err
 		}
 		out = append(out, b)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].User < out[j].User })
+	sort.Slice(out, func(i, j int) bool { return out[i].Account() < out[j].Account() })
 	return out, resp.Header.Revision, nil
+}
+
+// migrateBindings moves the bindings an earlier rgserver kept per user
+// name (/rg/users/<user>, whose record held the host given in ALTER USER)
+// to their account (/rg/accounts/<user>@<host>), each in one transaction
+// fenced on the election key (key, rev): an old binding of 'app'@'%'
+// becomes the binding of that account, as ALTER USER named it. A binding
+// already present for the account wins. It returns how many moved.
+func (s *EtcdStore) migrateBindings(ctx context.Context, key string, rev int64) (int, error) {
+	resp, err := s.cli.Get(ctx, keyUsers, clientv3.WithPrefix())
+	if err != nil {
+		return 0, fmt.Errorf("%w: list old bindings: %w", ErrEtcd, err)
+	}
+	moved := 0
+	for _, kv := range resp.Kvs {
+		var r bindingRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			return moved, fmt.Errorf("%w: old binding %q: bad stored value: %w", ErrEtcd, kv.Key, err)
+		}
+		host := r.Host
+		if host == "" {
+			host = "%"
+		}
+		user := strings.TrimPrefix(string(kv.Key), keyUsers)
+		nk := accountKey(user, host)
+		r.Host = strings.ToLower(host)
+		val, err := json.Marshal(r)
+		if err != nil {
+			return moved, err
+		}
+		_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+			Then(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(nk), "=", 0)},
+				[]clientv3.Op{clientv3.OpPut(nk, string(val))}, nil),
+				clientv3.OpDelete(string(kv.Key))).Commit()
+		if err != nil {
+			return moved, fmt.Errorf("%w: migrate binding %q: %w", ErrEtcd, kv.Key, err)
+		}
+		moved++
+	}
+	return moved, nil
 }

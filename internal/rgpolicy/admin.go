@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +57,21 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 	if err := s.checkKillRule(stmt); err != nil {
 		return errReply(err)
 	}
+	if a, ok := stmt.(*resourcegroup.AlterUserGroup); ok {
+		// Bindings are per account, which must exist on the backend.
+		exists, err := s.accountExists(ctx, be, a.User, a.Host, st.NoBackslashEscapes)
+		if err != nil {
+			return errReply(err)
+		}
+		if !exists {
+			e := errNoAccount(a.User, a.Host)
+			if a.IfExists {
+				s.notes = []*resourcegroup.Error{{Code: e.Code, State: e.State, Message: e.Message}}
+				return mysqlproto.Verdict{Reply: &mysqlproto.Reply{Warnings: 1}}
+			}
+			return mysqlproto.Verdict{Reply: &mysqlproto.Reply{Err: e}}
+		}
+	}
 	if a, ok := stmt.(*resourcegroup.QueryWatchAdd); ok {
 		// What resourcegroup cannot know: the session's group, and the
 		// digest of a SIMILAR text.
@@ -108,6 +124,29 @@ func (s *session) showNotes(st *mysqlproto.Statement) (mysqlproto.Verdict, bool)
 		return resultReply([]string{"@@session.warning_count"}, [][]string{{strconv.Itoa(len(notes))}}), true
 	}
 	return mysqlproto.Verdict{}, false
+}
+
+// errNoAccount is MySQL's 1396 for ALTER USER of an account the backend
+// does not have.
+func errNoAccount(user, host string) *mysqlproto.Error {
+	return &mysqlproto.Error{Code: 1396, State: "HY000",
+		Message: fmt.Sprintf("Operation ALTER USER failed for '%s'@'%s'", user, host)}
+}
+
+// accountExists asks the backend, on the session's own connection (whose
+// user has SUPER: it runs DDL), whether the account user@host exists.
+func (s *session) accountExists(ctx context.Context, be mysqlproto.Backend, user, host string, nbe bool) (bool, error) {
+	s.cpu.stale()
+	_, _, err := be.Query(ctx, "SHOW GRANTS FOR "+sqlString(user, nbe)+"@"+sqlString(host, nbe))
+	var me *mysqlproto.Error
+	switch {
+	case err == nil:
+		return true, nil
+	case asMySQLError(err, &me) && (me.Code == 1141 || me.Code == 1133):
+		// ER_NONEXISTING_GRANT, ER_PASSWORD_NO_MATCH: no such account.
+		return false, nil
+	}
+	return false, err
 }
 
 // showLast answers SHOW LAST STATEMENT RU: the session's previous

@@ -45,7 +45,8 @@ type Tokens interface {
 	CountThrottled(group string)
 	Share(group string) tokenclient.Share
 	Group(name string) (resourcegroup.Group, bool)
-	Binding(user string) (resourcegroup.Binding, bool)
+	Binding(user, host string) (resourcegroup.Binding, bool)
+	HasBindings(user string) bool
 	Store() resourcegroup.Store
 	Usage(now time.Time) []tokenclient.GroupUsage
 	// The runaway watch list, cached from rgserver.
@@ -231,7 +232,7 @@ func (p *Policy) CPUSourceInForce() string { return p.cpu.inForce().String() }
 // second look at its text.
 func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
-		"runaway_watches", "statements_summary"}
+		"runaway_watches", "statements_summary", "resource_group_bindings"}
 }
 
 // Open implements mysqlproto.Policy.
@@ -244,6 +245,11 @@ func (p *Policy) Open(info mysqlproto.SessionInfo) mysqlproto.SessionPolicy {
 type session struct {
 	p    *Policy
 	user string
+	// host is the host pattern of the account the backend matched at login
+	// (CURRENT_USER()), asked once per login and only when some account of
+	// the user name is bound; hostKnown says it was asked.
+	host      string
+	hostKnown bool
 	// connID is the backend's id of this session's connection (KILL QUERY).
 	connID uint32
 	// setGroup is the group named by SET RESOURCE GROUP, "" = none.
@@ -300,6 +306,9 @@ type lastStatement struct {
 
 // Before implements mysqlproto.SessionPolicy.
 func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
+	if !s.hostKnown && s.p.tokens.HasBindings(s.user) {
+		s.learnAccount(ctx, be)
+	}
 	if s.notes != nil {
 		if v, ok := s.showNotes(st); ok {
 			return v
@@ -440,6 +449,7 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		s.user = info.User
 		s.setGroup = ""
 		s.super = nil
+		s.host, s.hostKnown = "", false
 	case mysqlproto.EventClose:
 		s.cpu.close()
 	}

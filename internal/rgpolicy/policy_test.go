@@ -72,9 +72,18 @@ func (r *recordingTokens) Group(name string) (resourcegroup.Group, bool) {
 	return g, ok
 }
 
-func (r *recordingTokens) Binding(user string) (resourcegroup.Binding, bool) {
-	b, ok := r.bindings[user]
+func (r *recordingTokens) Binding(user, host string) (resourcegroup.Binding, bool) {
+	b, ok := r.bindings[resourcegroup.AccountKey(user, host)]
 	return b, ok
+}
+
+func (r *recordingTokens) HasBindings(user string) bool {
+	for _, b := range r.bindings {
+		if b.User == user {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *recordingTokens) HasWatches() (bool, bool) { return len(r.watches) > 0, len(r.watches) > 0 }
@@ -101,6 +110,10 @@ func (r *recordingTokens) Usage(time.Time) []tokenclient.GroupUsage { return nil
 type grants []string
 
 func (g grants) Query(_ context.Context, sql string) ([]string, [][]*string, error) {
+	if sql == "SELECT CURRENT_USER()" {
+		account := "app@%"
+		return []string{"CURRENT_USER()"}, [][]*string{{&account}}, nil
+	}
 	if sql != "SHOW GRANTS" {
 		return nil, nil, errors.New("unexpected query " + sql)
 	}
@@ -132,7 +145,7 @@ func testGroups() *recordingTokens {
 			"bound":   {Name: "bound", RUPerSec: 100},
 			"other":   {Name: "other", RUPerSec: 100},
 		},
-		bindings: map[string]resourcegroup.Binding{"app": {User: "app", Group: "bound"}},
+		bindings: map[string]resourcegroup.Binding{"app@%": {User: "app", Host: "%", Group: "bound"}},
 	}
 }
 

@@ -2,6 +2,7 @@ package rgpolicy
 
 import (
 	"context"
+	"strings"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 
@@ -55,14 +56,33 @@ func (s *session) currentGroup() string {
 	return s.bound()
 }
 
-// bound is the user's bound group if it exists, else default.
+// bound is the group of the session's account binding if it exists, else
+// default.
 func (s *session) bound() string {
-	if b, ok := s.p.tokens.Binding(s.user); ok {
+	if !s.hostKnown {
+		return resourcegroup.DefaultGroup // no account of the user name is bound
+	}
+	if b, ok := s.p.tokens.Binding(s.user, s.host); ok {
 		if _, ok := s.p.tokens.Group(b.Group); ok {
 			return b.Group
 		}
 	}
 	return resourcegroup.DefaultGroup
+}
+
+// learnAccount asks the backend which account it matched at login: the
+// host pattern of CURRENT_USER(), which a binding must name. If it
+// cannot tell, the session is taken for the user@'%' account.
+func (s *session) learnAccount(ctx context.Context, be mysqlproto.Backend) {
+	s.cpu.stale()
+	s.host, s.hostKnown = "%", true
+	_, rows, err := be.Query(ctx, "SELECT CURRENT_USER()")
+	if err != nil || len(rows) != 1 || len(rows[0]) != 1 || rows[0][0] == nil {
+		s.p.logger.Warn("CURRENT_USER() failed: taking the session for user@'%'", "err", err)
+		return
+	}
+	_, host := resourcegroup.SplitAccount(*rows[0][0])
+	s.host = strings.ToLower(host)
 }
 
 // mayUse applies strict mode: without SUPER a session may name only the

@@ -24,12 +24,13 @@ const (
 	vtResourceGroups    = "resource_groups"
 	vtRunawayWatches    = "runaway_watches"
 	vtStatementsSummary = "statements_summary"
+	vtBindings          = "resource_group_bindings"
 )
 
 // isVirtualTable reports whether name (any case) is a virtual table.
 func isVirtualTable(name string) bool {
 	switch strings.ToLower(name) {
-	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary:
+	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings:
 		return true
 	}
 	return false
@@ -309,6 +310,8 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 		return t, err
 	case vtStatementsSummary:
 		return s.summaryTable(ctx, be), nil
+	case vtBindings:
+		return s.bindingsTable(ctx, be)
 	}
 	return nil, resourcegroup.NewUnsupported("information_schema." + name)
 }
@@ -320,6 +323,25 @@ func resultTable(res *resourcegroup.Result, err error) (*vtable, error) {
 	t := &vtable{rows: res.Rows}
 	for _, c := range res.Columns {
 		t.cols = append(t.cols, vcol{name: c})
+	}
+	return t, nil
+}
+
+// bindingsTable is information_schema.resource_group_bindings: every
+// account binding with SUPER, else only the session's own account's.
+func (s *session) bindingsTable(ctx context.Context, be mysqlproto.Backend) (*vtable, error) {
+	bs, err := s.p.tokens.Store().ListBindings(ctx)
+	if err != nil {
+		return nil, err
+	}
+	super := s.hasSuper(ctx, be)
+	t := &vtable{cols: []vcol{{name: "USER"}, {name: "HOST"}, {name: "RESOURCE_GROUP"}}}
+	for _, b := range bs {
+		if !super && (b.User != s.user || !s.hostKnown || b.Host != s.host) {
+			continue
+		}
+		row := []string{b.User, b.Host, b.Group}
+		t.rows = append(t.rows, []*string{&row[0], &row[1], &row[2]})
 	}
 	return t, nil
 }
@@ -371,7 +393,7 @@ var virtualMentions = func() uint64 {
 	var m uint64
 	for i, w := range ScanWords() {
 		switch w {
-		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary:
+		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings:
 			m |= 1 << i
 		}
 	}

@@ -1103,8 +1103,10 @@ func (*BindUserResponse) Descriptor() ([]byte, []int) {
 }
 
 type UnbindUserRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	User  string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	// The account's host pattern; "" means '%'.
+	Host          string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1146,6 +1148,13 @@ func (x *UnbindUserRequest) GetUser() string {
 	return ""
 }
 
+func (x *UnbindUserRequest) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
 type UnbindUserResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1183,8 +1192,10 @@ func (*UnbindUserResponse) Descriptor() ([]byte, []int) {
 }
 
 type GetBindingRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	User          string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	User  string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	// The account's host pattern; "" means '%'.
+	Host          string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1222,6 +1233,13 @@ func (*GetBindingRequest) Descriptor() ([]byte, []int) {
 func (x *GetBindingRequest) GetUser() string {
 	if x != nil {
 		return x.User
+	}
+	return ""
+}
+
+func (x *GetBindingRequest) GetHost() string {
+	if x != nil {
+		return x.Host
 	}
 	return ""
 }
@@ -2484,12 +2502,14 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\"F\n" +
 	"\x0fBindUserRequest\x123\n" +
 	"\abinding\x18\x01 \x01(\v2\x19.rgproxy.token.v1.BindingR\abinding\"\x12\n" +
-	"\x10BindUserResponse\"'\n" +
+	"\x10BindUserResponse\";\n" +
 	"\x11UnbindUserRequest\x12\x12\n" +
-	"\x04user\x18\x01 \x01(\tR\x04user\"\x14\n" +
-	"\x12UnbindUserResponse\"'\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\"\x14\n" +
+	"\x12UnbindUserResponse\";\n" +
 	"\x11GetBindingRequest\x12\x12\n" +
-	"\x04user\x18\x01 \x01(\tR\x04user\"I\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\"I\n" +
 	"\x12GetBindingResponse\x123\n" +
 	"\abinding\x18\x01 \x01(\v2\x19.rgproxy.token.v1.BindingR\abinding\"\x15\n" +
 	"\x13ListBindingsRequest\"i\n" +
