@@ -22,7 +22,7 @@ const (
 	keyStates   = "/rg/states/"
 	// keyUsers is where bindings were kept per user name before they were
 	// per account; a new leader moves what it finds there (migrateBindings).
-	keyUsers = "/rg/users/"
+	keyUsers    = "/rg/users/"
 	keyElection = "/rg/election"
 )
 
@@ -30,7 +30,7 @@ func settingsKey(name string) string { return keySettings + name }
 func accountKey(user, host string) string {
 	return keyAccounts + resourcegroup.AccountKey(user, host)
 }
-func stateKey(name string) string    { return keyStates + name }
+func stateKey(name string) string { return keyStates + name }
 
 // groupRecord is a group as stored in etcd (JSON). It has its own shape so
 // that renaming a Go field never breaks stored data.
