@@ -63,6 +63,22 @@ const (
 	WatchSimilar
 )
 
+// Mode is how a group's limits apply (an rgproxy extension of TiDB's SQL).
+type Mode uint8
+
+const (
+	// ModeEnforce throttles: statements wait for tokens and are refused
+	// with 8252, as in TiDB. The default.
+	ModeEnforce Mode = iota
+	// ModeWarn meters and charges like ENFORCE but never makes a statement
+	// wait or refuses it: where ENFORCE would have, it records what would
+	// have happened (rgproxy_would_wait_total, rgproxy_would_throttle_total).
+	ModeWarn
+	// ModeOff meters and never throttles, like BURSTABLE=UNLIMITED, but
+	// keeps RU_PER_SEC for the dashboards.
+	ModeOff
+)
+
 // QueryLimit is a group's runaway-query rule. Exactly one of ExecElapsed and
 // RU is set.
 type QueryLimit struct {
@@ -92,6 +108,12 @@ type Group struct {
 	Burst BurstMode
 	// QueryLimit is the runaway rule; nil = none.
 	QueryLimit *QueryLimit
+	// Mode is ENFORCE (the zero value), WARN or OFF.
+	Mode Mode
+	// MaxConcurrency caps the group's statements running on the backend
+	// at once across all proxies (each proxy lets ceil(n ÷ proxies) run);
+	// 0 = no cap.
+	MaxConcurrency uint64
 	// Version is the store's revision of this definition (etcd ModRevision);
 	// 0 when not stored yet. It is not part of the definition's identity.
 	Version int64

@@ -16,7 +16,8 @@ import (
 
 // infoSchemaColumns are the columns of information_schema.resource_groups,
 // in TiDB's order.
-var infoSchemaColumns = [...]string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND"}
+var infoSchemaColumns = [...]string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND",
+	"MODE", "MAX_CONCURRENCY"} // the last two are rgproxy's
 
 // InfoSchemaColumns returns the columns of information_schema.resource_groups.
 func InfoSchemaColumns() []string {
@@ -543,6 +544,50 @@ func (p *parser) options() (Group, Field, error) {
 				return g, 0, err
 			}
 			g.QueryLimit = q
+		case p.isWord("MODE"):
+			f = FieldMode
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return g, 0, err
+			}
+			switch {
+			case p.isWord("ENFORCE"):
+				g.Mode = ModeEnforce
+			case p.isWord("WARN"):
+				g.Mode = ModeWarn
+			case p.isWord("OFF"):
+				g.Mode = ModeOff
+			default:
+				return g, 0, p.fail()
+			}
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+		case p.isWord("MAX_CONCURRENCY"):
+			f = FieldMaxConcurrency
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return g, 0, err
+			}
+			switch {
+			case p.isWord("NULL"), p.isWord("UNLIMITED"):
+				g.MaxConcurrency = 0
+			case p.tok.kind == tkNumber:
+				v, err := strconv.ParseUint(p.tok.text, 10, 32)
+				if err != nil {
+					return g, 0, NewInvalid(fmt.Sprintf("%s: MAX_CONCURRENCY %s is out of range", msgInvalidSetting, p.tok.text))
+				}
+				g.MaxConcurrency = v // 0 = no cap
+			default:
+				return g, 0, p.fail()
+			}
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
 		case p.isWord("BACKGROUND"):
 			return g, 0, NewUnsupported("BACKGROUND")
 		case p.isWord("CPU"), p.isWord("IO_READ_BANDWIDTH"), p.isWord("IO_WRITE_BANDWIDTH"):

@@ -31,6 +31,19 @@ func (b BurstMode) String() string {
 	return "BurstMode(" + strconv.Itoa(int(b)) + ")"
 }
 
+// String names a mode as SQL does.
+func (m Mode) String() string {
+	switch m {
+	case ModeEnforce:
+		return "ENFORCE"
+	case ModeWarn:
+		return "WARN"
+	case ModeOff:
+		return "OFF"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
 // String names an action as SQL does (without SWITCH_GROUP's target).
 func (a Action) String() string {
 	switch a {
@@ -113,6 +126,14 @@ func (g Group) SQL() string {
 		}
 		b.WriteString(")")
 	}
+	// rgproxy's extensions, when set, after TiDB's options.
+	if g.Mode != ModeEnforce {
+		b.WriteString(" MODE=")
+		b.WriteString(g.Mode.String())
+	}
+	if g.MaxConcurrency > 0 {
+		b.WriteString(" MAX_CONCURRENCY=" + strconv.FormatUint(g.MaxConcurrency, 10))
+	}
 	return b.String()
 }
 
@@ -154,6 +175,11 @@ func InfoSchemaRow(g Group) []*string {
 		str(g.Burst.String()),
 		nil,
 		nil, // BACKGROUND: rgproxy has no background tasks.
+		str(g.Mode.String()),
+		nil, // MAX_CONCURRENCY: NULL when there is no cap
+	}
+	if g.MaxConcurrency > 0 {
+		row[7] = str(strconv.FormatUint(g.MaxConcurrency, 10))
 	}
 	if q := g.QueryLimit; q != nil {
 		var parts []string

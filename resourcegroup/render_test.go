@@ -27,6 +27,9 @@ func TestSQL(t *testing.T) {
 			"CREATE RESOURCE GROUP `x` RU_PER_SEC=1 PRIORITY=MEDIUM QUERY_LIMIT=(RU=30 ACTION=SWITCH_GROUP(`my group`))"},
 		{Group{Name: "x", RUPerSec: 1, QueryLimit: &QueryLimit{RU: 30, Action: ActionSwitchGroup, SwitchGroup: "123"}},
 			"CREATE RESOURCE GROUP `x` RU_PER_SEC=1 PRIORITY=MEDIUM QUERY_LIMIT=(RU=30 ACTION=SWITCH_GROUP(`123`))"},
+		{Group{Name: "w", RUPerSec: 10, Mode: ModeWarn, MaxConcurrency: 4},
+			"CREATE RESOURCE GROUP `w` RU_PER_SEC=10 PRIORITY=MEDIUM MODE=WARN MAX_CONCURRENCY=4"},
+		{Group{Name: "o", RUPerSec: 10, Mode: ModeOff}, "CREATE RESOURCE GROUP `o` RU_PER_SEC=10 PRIORITY=MEDIUM MODE=OFF"},
 	}
 	for _, tt := range tests {
 		if got := tt.g.SQL(); got != tt.want {
@@ -40,13 +43,15 @@ func TestInfoSchemaRow(t *testing.T) {
 		g    Group
 		want []*string
 	}{
-		{DefaultGroupDefinition(), []*string{strp("default"), strp("UNLIMITED"), strp("MEDIUM"), strp("UNLIMITED"), nil, nil}},
+		{DefaultGroupDefinition(), []*string{strp("default"), strp("UNLIMITED"), strp("MEDIUM"), strp("UNLIMITED"), nil, nil, strp("ENFORCE"), nil}},
 		{Group{Name: "x", RUPerSec: 2000, Priority: PriorityLow, Burst: BurstOff, QueryLimit: &QueryLimit{ExecElapsed: 15 * time.Second, Action: ActionKill}},
-			[]*string{strp("x"), strp("2000"), strp("LOW"), strp("OFF"), strp("EXEC_ELAPSED='15s', ACTION=KILL"), nil}},
+			[]*string{strp("x"), strp("2000"), strp("LOW"), strp("OFF"), strp("EXEC_ELAPSED='15s', ACTION=KILL"), nil, strp("ENFORCE"), nil}},
 		{Group{Name: "y", RUPerSec: 1, Burst: BurstModerated, QueryLimit: &QueryLimit{ExecElapsed: time.Second, Action: ActionCooldown, Watch: WatchExact, WatchDuration: time.Hour}},
-			[]*string{strp("y"), strp("1"), strp("MEDIUM"), strp("MODERATED"), strp("EXEC_ELAPSED='1s', ACTION=COOLDOWN, WATCH=EXACT DURATION='1h0m0s'"), nil}},
+			[]*string{strp("y"), strp("1"), strp("MEDIUM"), strp("MODERATED"), strp("EXEC_ELAPSED='1s', ACTION=COOLDOWN, WATCH=EXACT DURATION='1h0m0s'"), nil, strp("ENFORCE"), nil}},
 		{Group{Name: "z", RUPerSec: 1, QueryLimit: &QueryLimit{RU: 9, Action: ActionSwitchGroup, SwitchGroup: "q", Watch: WatchSimilar}},
-			[]*string{strp("z"), strp("1"), strp("MEDIUM"), strp("OFF"), strp("RU=9, ACTION=SWITCH_GROUP(q), WATCH=SIMILAR DURATION=UNLIMITED"), nil}},
+			[]*string{strp("z"), strp("1"), strp("MEDIUM"), strp("OFF"), strp("RU=9, ACTION=SWITCH_GROUP(q), WATCH=SIMILAR DURATION=UNLIMITED"), nil, strp("ENFORCE"), nil}},
+		{Group{Name: "w", RUPerSec: 10, Mode: ModeWarn, MaxConcurrency: 4},
+			[]*string{strp("w"), strp("10"), strp("MEDIUM"), strp("OFF"), nil, nil, strp("WARN"), strp("4")}},
 	}
 	for _, tt := range tests {
 		if got := InfoSchemaRow(tt.g); !reflect.DeepEqual(got, tt.want) {
@@ -92,7 +97,10 @@ func randomGroup(r *rand.Rand) Group {
 		}
 		return b.String()
 	}
-	g := Group{Name: name(), Priority: Priority(r.IntN(3)), Burst: BurstMode(r.IntN(3))}
+	g := Group{Name: name(), Priority: Priority(r.IntN(3)), Burst: BurstMode(r.IntN(3)), Mode: Mode(r.IntN(3))}
+	if r.IntN(2) == 0 {
+		g.MaxConcurrency = 1 + r.Uint64N(1000)
+	}
 	if r.IntN(5) == 0 {
 		g.RUPerSec = Unlimited
 	} else {

@@ -13,6 +13,8 @@ const (
 	FieldPriority
 	FieldBurst
 	FieldQueryLimit
+	FieldMode
+	FieldMaxConcurrency
 )
 
 // CreateGroup is CREATE RESOURCE GROUP [IF NOT EXISTS] name options.
@@ -44,6 +46,12 @@ func (a *AlterGroup) Apply(g Group) Group {
 	}
 	if a.Fields&FieldBurst != 0 {
 		g.Burst = a.Options.Burst
+	}
+	if a.Fields&FieldMode != 0 {
+		g.Mode = a.Options.Mode
+	}
+	if a.Fields&FieldMaxConcurrency != 0 {
+		g.MaxConcurrency = a.Options.MaxConcurrency
 	}
 	if a.Fields&FieldQueryLimit != 0 {
 		g.QueryLimit = nil

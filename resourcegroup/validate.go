@@ -47,6 +47,12 @@ func (g *Group) Validate() error {
 	if g.Burst > BurstUnlimited {
 		return NewInvalid(fmt.Sprintf("%s: unknown BURSTABLE mode %d", msgInvalidSetting, g.Burst))
 	}
+	if g.Mode > ModeOff {
+		return NewInvalid(fmt.Sprintf("%s: unknown MODE %d", msgInvalidSetting, g.Mode))
+	}
+	if g.MaxConcurrency > 1<<31 {
+		return NewInvalid(fmt.Sprintf("%s: MAX_CONCURRENCY %d is out of range", msgInvalidSetting, g.MaxConcurrency))
+	}
 	if g.QueryLimit != nil {
 		return g.QueryLimit.validate(g.Name)
 	}

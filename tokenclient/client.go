@@ -118,6 +118,11 @@ type groupState struct {
 
 	usage     usageRing
 	throttled uint64
+
+	// shadow is MODE WARN's bucket of what ENFORCE would have done
+	// (WouldAcquire); shadowOn says it is set up.
+	shadow   Bucket
+	shadowOn bool
 }
 
 // sentRequest is a TokenRequest awaiting its answer.
@@ -428,8 +433,13 @@ type Share struct {
 	// Proxies is how many proxies use the group (from the last grant; 1
 	// before the first).
 	Proxies uint32
-	// Unlimited: the group is never throttled.
+	// Unlimited: the group is never throttled (also in MODE WARN or OFF).
 	Unlimited bool
+	// Mode is the group's MODE.
+	Mode resourcegroup.Mode
+	// MaxConcurrency is this proxy's part of the group's MAX_CONCURRENCY,
+	// ceil(n ÷ Proxies); 0 = no cap.
+	MaxConcurrency int
 }
 
 // Share returns this proxy's share of group, from its settings and the
@@ -439,22 +449,72 @@ func (c *Client) Share(group string) Share {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	g, ok := c.settingsLocked(group)
-	if !ok || isUnlimited(g) {
+	if !ok {
 		return Share{Unlimited: true, Proxies: 1}
 	}
-	sh := Share{BurstSeconds: 1, Proxies: 1}
+	sh := Share{BurstSeconds: 1, Proxies: 1, Mode: g.Mode, Unlimited: isUnlimited(g)}
 	if g.Burst == resourcegroup.BurstModerated {
 		sh.BurstSeconds = 10
 	}
-	if gs, ok := c.groups[group]; ok {
-		if gs.bucket.Unlimited() {
-			return Share{Unlimited: true, Proxies: max(gs.proxies, 1)}
-		}
+	gs, used := c.groups[group]
+	if used {
 		sh.Proxies = max(gs.proxies, 1)
+		sh.Unlimited = sh.Unlimited || gs.bucket.Unlimited()
+	}
+	if g.MaxConcurrency > 0 {
+		n := uint64(sh.Proxies)
+		sh.MaxConcurrency = int(min((g.MaxConcurrency+n-1)/n, 1<<31))
+	}
+	if sh.Unlimited {
+		return sh
+	}
+	if used {
 		sh.Rate = gs.shareRate
 	}
 	sh.Rate = max(sh.Rate, float64(g.RUPerSec)/float64(sh.Proxies))
 	return sh
+}
+
+// WouldAcquire tells, for a group in MODE WARN (which never waits), what
+// Acquire(Estimate) would have done in ENFORCE: run at once, wait (for
+// how long) or refuse. It keeps, per group, a shadow bucket filled at
+// this proxy's fair share of RU_PER_SEC, capped as BURSTABLE says, which
+// takes what ENFORCE would have taken (nothing for a refused statement),
+// so the counts follow the same load in ENFORCE.
+func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (wait time.Duration, refused bool) {
+	group = resourcegroup.NormalizeName(group)
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g, ok := c.settingsLocked(group)
+	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {
+		return 0, false
+	}
+	gs := c.stateLocked(group, now)
+	rate := float64(g.RUPerSec) / float64(max(gs.proxies, 1))
+	burst := rate
+	if g.Burst == resourcegroup.BurstModerated {
+		burst = rate * 10
+	}
+	sb := &gs.shadow
+	if !gs.shadowOn || sb.FillRate(now) != rate {
+		if !gs.shadowOn {
+			sb.Reconfigure(now, burst, rate, burst, 0) // starts full, as a fresh bucket would
+		} else {
+			sb.Reconfigure(now, 0, rate, burst, 0)
+		}
+		gs.shadowOn = true
+	}
+	n := max(cons.RU(), 0)
+	required = min(max(required, 0), n)
+	if w, ok := sb.Reserve(now, n, maxWait); ok {
+		return w, false
+	}
+	if required < n && sb.CanReserve(now, required, maxWait) {
+		sb.Take(now, n)
+		return min(durationOf(-sb.Tokens(now)/rate), maxWait), false
+	}
+	return 0, true
 }
 
 // CountThrottled counts a statement of group refused by the caller (for
@@ -610,7 +670,7 @@ func (c *Client) localRefillLocked(now time.Time, gs *groupState) {
 
 // isUnlimited reports whether g is never throttled.
 func isUnlimited(g resourcegroup.Group) bool {
-	return g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited
+	return g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited || g.Mode != resourcegroup.ModeEnforce
 }
 
 // repayTime is how long the group's fill needs to pay its bucket's debt

@@ -717,3 +717,49 @@ func TestBucketCanReserve(t *testing.T) {
 		t.Fatal("unlimited bucket refused")
 	}
 }
+
+// MODE WARN: the group is never throttled, and WouldAcquire tells what
+// ENFORCE would have done, from a shadow bucket at the group's fair share.
+func TestWouldAcquireShadowsEnforce(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	c.mu.Lock()
+	c.cache.Groups["w"] = resourcegroup.Group{Name: "w", RUPerSec: 10, Mode: resourcegroup.ModeWarn}
+	c.mu.Unlock()
+	if sh := c.Share("w"); !sh.Unlimited || sh.Mode != resourcegroup.ModeWarn {
+		t.Fatalf("a WARN group's share %+v: want unlimited, mode WARN", sh)
+	}
+	// Never waits for real.
+	if w, err := c.Acquire(context.Background(), "w", rruOf(1000), time.Millisecond); err != nil || w != 0 {
+		t.Fatalf("Acquire in WARN: %v %v", w, err)
+	}
+	steps := []struct {
+		n, required float64
+		maxWait     time.Duration
+		wait        time.Duration
+		refused     bool
+	}{
+		{4, 4, time.Second, 0, false},                      // a full bucket of 10: 6 left
+		{4, 4, time.Second, 0, false},                      // 2 left
+		{4, 4, time.Second, 200 * time.Millisecond, false}, // 2 short at 10 RU/s
+		{30, 30, time.Second, 0, true},                     // 32 short: more than a second
+		{30, 1, time.Second, time.Second, false},           // the estimate beyond the wait: waits it all
+		{1, 1, 100 * time.Millisecond, 0, true},            // 31 in debt now
+	}
+	for i, st := range steps {
+		w, refused := c.WouldAcquire("w", rruOf(st.n), st.required, st.maxWait)
+		if w != st.wait || refused != st.refused {
+			t.Fatalf("step %d: would wait %v refused %v, want %v %v", i, w, refused, st.wait, st.refused)
+		}
+	}
+	clk.Advance(10 * time.Second) // the shadow refills: 100 RU of fill pay the debt, capped at 10
+	if w, refused := c.WouldAcquire("w", rruOf(10), 10, 0); w != 0 || refused {
+		t.Fatalf("after refill: %v %v", w, refused)
+	}
+	// An ENFORCE group is not shadowed.
+	c.mu.Lock()
+	c.cache.Groups["e"] = resourcegroup.Group{Name: "e", RUPerSec: resourcegroup.Unlimited}
+	c.mu.Unlock()
+	if w, refused := c.WouldAcquire("e", rruOf(1e6), 1e6, 0); w != 0 || refused {
+		t.Fatalf("an unlimited group would wait %v refused %v", w, refused)
+	}
+}

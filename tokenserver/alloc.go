@@ -63,16 +63,20 @@ type Settings struct {
 	Burst resourcegroup.BurstMode
 	// Version is the definition's etcd ModRevision, echoed in grants.
 	Version int64
+	// Mode: a WARN or OFF group is granted what it asks, as an unlimited
+	// one (its proxies meter it and, in WARN, record what ENFORCE would
+	// have done).
+	Mode resourcegroup.Mode
 }
 
 // SettingsOf extracts the allocator's settings from a definition.
 func SettingsOf(g resourcegroup.Group) Settings {
-	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version}
+	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version, Mode: g.Mode}
 }
 
 // Unlimited reports whether the group is never throttled.
 func (s Settings) Unlimited() bool {
-	return s.RUPerSec == resourcegroup.Unlimited || s.Burst == resourcegroup.BurstUnlimited
+	return s.RUPerSec == resourcegroup.Unlimited || s.Burst == resourcegroup.BurstUnlimited || s.Mode != resourcegroup.ModeEnforce
 }
 
 // Capacity is the most the global bucket holds: 1 s of RU_PER_SEC, or 10 s

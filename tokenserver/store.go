@@ -40,6 +40,9 @@ type groupRecord struct {
 	Priority   uint8        `json:"priority"`
 	Burst      uint8        `json:"burst"`
 	QueryLimit *limitRecord `json:"query_limit,omitempty"`
+	// rgproxy's extensions (zero: ENFORCE, no cap).
+	Mode           uint8  `json:"mode,omitempty"`
+	MaxConcurrency uint64 `json:"max_concurrency,omitempty"`
 }
 
 type limitRecord struct {
@@ -57,7 +60,8 @@ type bindingRecord struct {
 }
 
 func encodeGroup(g resourcegroup.Group) ([]byte, error) {
-	r := groupRecord{RUPerSec: g.RUPerSec, Priority: uint8(g.Priority), Burst: uint8(g.Burst)}
+	r := groupRecord{RUPerSec: g.RUPerSec, Priority: uint8(g.Priority), Burst: uint8(g.Burst),
+		Mode: uint8(g.Mode), MaxConcurrency: g.MaxConcurrency}
 	if g.RUPerSec == resourcegroup.Unlimited {
 		r.RUPerSec, r.Unlimited = 0, true
 	}
@@ -76,7 +80,8 @@ func decodeGroup(name string, data []byte, version int64) (resourcegroup.Group, 
 		return resourcegroup.Group{}, fmt.Errorf("%w: group %q: bad stored value: %w", ErrEtcd, name, err)
 	}
 	g := resourcegroup.Group{Name: name, RUPerSec: r.RUPerSec, Priority: resourcegroup.Priority(r.Priority),
-		Burst: resourcegroup.BurstMode(r.Burst), Version: version}
+		Burst: resourcegroup.BurstMode(r.Burst), Version: version,
+		Mode: resourcegroup.Mode(r.Mode), MaxConcurrency: r.MaxConcurrency}
 	if r.Unlimited {
 		g.RUPerSec = resourcegroup.Unlimited
 	}

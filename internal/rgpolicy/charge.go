@@ -29,6 +29,7 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	if cur.before.IsZero() {
 		return nil // free
 	}
+	cur.share = s.p.tokens.Share(cur.group)
 	cur.shape = shapeKey{group: cur.group, hash: st.Scan.DigestHash}
 	// A shape's executions: not COM_STMT_PREPARE (its EXECUTEs are) nor
 	// COM_STMT_FETCH (part of the EXECUTE that opened the cursor).
@@ -42,11 +43,15 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	if st.InTransaction {
 		maxWait = set.MaxWaitInTxn
 	}
+	if cur.share.Mode == resourcegroup.ModeWarn {
+		s.wouldCharge(st, maxWait)
+	}
 	waited, err := s.p.tokens.AcquireEstimate(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
 	if errors.Is(err, tokenclient.ErrUnknownGroup) && cur.group != resourcegroup.DefaultGroup {
 		// Dropped under us: the session falls back to default.
 		cur.group = resourcegroup.DefaultGroup
 		cur.shape.group = cur.group
+		cur.share = s.p.tokens.Share(cur.group)
 		s.estimate()
 		waited, err = s.p.tokens.AcquireEstimate(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
 	}
@@ -72,6 +77,25 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	}
 	s.p.logger.Warn("acquiring tokens failed", "resource_group", cur.group, "err", err)
 	return &mysqlproto.Reply{Err: errInterrupted}
+}
+
+// wouldCharge records, for a group in MODE WARN, what ENFORCE would have
+// done with the statement's tokens: made it wait, or refused it (inside a
+// transaction: made it wait its wait, then run on debt).
+func (s *session) wouldCharge(st *mysqlproto.Statement, maxWait time.Duration) {
+	cur := &s.cur
+	wait, refused := s.p.tokens.WouldAcquire(cur.group, cur.prepaid, cur.before.RU(), maxWait)
+	switch {
+	case refused && !st.InTransaction:
+		cur.would = "8252"
+		s.p.metrics.wouldThrottle(cur.group)
+	case refused:
+		wait = maxWait
+		fallthrough
+	case wait > 0:
+		cur.would = "wait " + formatFloat(float64(wait)/float64(time.Millisecond)) + "ms"
+		s.p.metrics.wouldWait(cur.group, wait)
+	}
 }
 
 // estimate raises the statement's prepaid cost to what its shape cost

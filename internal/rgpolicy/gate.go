@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -17,13 +18,15 @@ import (
 // proxy: the estimated RU of its statements in flight never exceeds a
 // bound (what the group's share of RU_PER_SEC pays within its bucket's
 // capacity), except that a statement estimated above the whole bound may
-// run alone. Waiting statements are admitted first come, first served, so
-// a heavy one is not starved by light ones behind it.
+// run alone; and their number never exceeds this proxy's part of the
+// group's MAX_CONCURRENCY. Waiting statements are admitted first come,
+// first served, so a heavy one is not starved by light ones behind it.
 //
 // Safe for concurrent use.
 type gate struct {
 	mu       sync.Mutex
 	bound    float64 // RU; the latest one a statement brought
+	maxConc  int     // statements; 0 = no cap; the latest one a statement brought
 	inflight float64 // estimated RU of the statements running
 	running  int
 	waiters  []*gateWaiter
@@ -39,14 +42,14 @@ var errGateTimeout = errors.New("rgpolicy: resource group's in-flight bound reac
 
 // fits reports whether a statement of n RU may start now.
 func (g *gate) fitsLocked(n float64) bool {
-	return g.running == 0 || g.inflight+n <= g.bound
+	return g.running == 0 || g.inflight+n <= g.bound && (g.maxConc == 0 || g.running < g.maxConc)
 }
 
-// acquire waits until a statement estimated at n RU may run under bound,
-// at most maxWait (on clk), or until ctx ends.
-func (g *gate) acquire(ctx context.Context, clk clock.Clock, n, bound float64, maxWait time.Duration) error {
+// acquire waits until a statement estimated at n RU may run under bound
+// and maxConc (0: no cap), at most maxWait (on clk), or until ctx ends.
+func (g *gate) acquire(ctx context.Context, clk clock.Clock, n, bound float64, maxConc int, maxWait time.Duration) error {
 	g.mu.Lock()
-	g.bound = bound
+	g.bound, g.maxConc = bound, maxConc
 	if len(g.waiters) == 0 && g.fitsLocked(n) {
 		g.admitLocked(n)
 		g.mu.Unlock()
@@ -85,11 +88,14 @@ func (g *gate) acquire(ctx context.Context, clk clock.Clock, n, bound float64, m
 }
 
 // force admits a statement at once, over the bound if need be (inside a
-// transaction, once its wait is over).
-func (g *gate) force(n float64) {
+// transaction once its wait is over, or a group in MODE WARN). It reports
+// whether the statement would have had to wait under maxConc.
+func (g *gate) force(n float64, maxConc int) (wouldWait bool) {
 	g.mu.Lock()
+	wouldWait = maxConc > 0 && g.running >= maxConc
 	g.admitLocked(n)
 	g.mu.Unlock()
+	return wouldWait
 }
 
 func (g *gate) admitLocked(n float64) {
@@ -128,7 +134,7 @@ func (g *gate) wakeLocked() {
 func (g *gate) String() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return fmt.Sprintf("bound=%g inflight=%g running=%d waiting=%d", g.bound, g.inflight, g.running, len(g.waiters))
+	return fmt.Sprintf("bound=%g max=%d inflight=%g running=%d waiting=%d", g.bound, g.maxConc, g.inflight, g.running, len(g.waiters))
 }
 
 // gates holds one gate per group used on this proxy.
@@ -150,38 +156,50 @@ func (gs *gates) get(group string) *gate {
 	return g
 }
 
-// admit is Before's last step: the group's in-flight bound on this proxy,
-// the proxy's COOLDOWN slot for a watched statement, and the backend
-// concurrency limit by PRIORITY. The in-flight wait shares the statement's
-// wait budget: outside a transaction a statement that cannot enter within
-// it is refused (8252, counted as throttled); inside one it then runs
-// anyway; COMMIT and ROLLBACK are never held.
+// admit is Before's last step: the group's in-flight bound and
+// MAX_CONCURRENCY on this proxy, the proxy's COOLDOWN slot for a watched
+// statement, and the backend concurrency limit by PRIORITY. The in-flight
+// wait shares the statement's wait budget: outside a transaction a
+// statement that cannot enter within it is refused (8252, counted as
+// throttled); inside one it then runs anyway; COMMIT and ROLLBACK are
+// never held. A group in MODE WARN is never held either: it only records
+// that it would have waited; MODE OFF is not bounded at all.
 func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Settings, cooldown bool) *mysqlproto.Reply {
 	cur := &s.cur
 	g, _ := s.p.tokens.Group(cur.group)
-	if cur.req.Class != ru.ClassFree && !st.Scan.EndsTxn {
-		if sh := s.p.tokens.Share(cur.group); !sh.Unlimited {
-			maxWait := set.MaxWait
-			if st.InTransaction {
-				maxWait = set.MaxWaitInTxn
+	if sh := cur.share; cur.req.Class != ru.ClassFree && !st.Scan.EndsTxn && sh.Mode != resourcegroup.ModeOff &&
+		(!sh.Unlimited || sh.MaxConcurrency > 0) {
+		bound := math.Inf(1)
+		if !sh.Unlimited {
+			bound = sh.Rate * sh.BurstSeconds
+		}
+		maxWait := set.MaxWait
+		if st.InTransaction {
+			maxWait = set.MaxWaitInTxn
+		}
+		n := cur.prepaid.RU()
+		gt := s.p.gates.get(cur.group)
+		if sh.Mode == resourcegroup.ModeWarn {
+			if gt.force(n, sh.MaxConcurrency) && cur.would == "" {
+				cur.would = "wait (MAX_CONCURRENCY)"
+				s.p.metrics.wouldWait(cur.group, 0)
 			}
-			n := cur.prepaid.RU()
-			gt := s.p.gates.get(cur.group)
+		} else {
 			start := s.p.clk.Now()
-			err := gt.acquire(ctx, s.p.clk, n, sh.Rate*sh.BurstSeconds, maxWait-cur.waited)
+			err := gt.acquire(ctx, s.p.clk, n, bound, sh.MaxConcurrency, maxWait-cur.waited)
 			cur.waited += s.p.clk.Now().Sub(start)
 			switch {
 			case err == nil:
 			case ctx.Err() != nil:
 				return &mysqlproto.Reply{Err: errInterrupted}
 			case st.InTransaction:
-				gt.force(n)
+				gt.force(n, 0)
 			default:
 				s.p.tokens.CountThrottled(cur.group)
 				return s.refused(cur.waited)
 			}
-			cur.gate, cur.gateRU = gt, n
 		}
+		cur.gate, cur.gateRU = gt, n
 	}
 	prio := g.Priority
 	if cooldown {

@@ -17,6 +17,10 @@ type metrics struct {
 	groupStatements *prometheus.CounterVec
 	runaway         *prometheus.CounterVec
 	cpu             *prometheus.GaugeVec
+	// MODE WARN: what ENFORCE would have done.
+	wouldWaitN   *prometheus.CounterVec
+	wouldWaitSec *prometheus.CounterVec
+	wouldRefuse  *prometheus.CounterVec
 
 	mu   sync.Mutex
 	seen map[string]time.Time // groups whose series exist → last statement
@@ -43,10 +47,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rgproxy_cpu_source",
 			Help: "Where the CPU part of a statement's RU comes from for new sessions: 1 for the source in force (proc: the backend thread's CPU time; wall: backend wall time), 0 for the other.",
 		}, []string{"source"}),
+		wouldWaitN: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_would_wait_total",
+			Help: "Statements of a group in MODE WARN that ENFORCE would have made wait (for tokens or for MAX_CONCURRENCY); they ran at once.",
+		}, []string{"resource_group"}),
+		wouldWaitSec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_would_wait_seconds_total",
+			Help: "The total wait for tokens that ENFORCE would have imposed on the statements of a group in MODE WARN.",
+		}, []string{"resource_group"}),
+		wouldRefuse: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_would_throttle_total",
+			Help: "Statements of a group in MODE WARN that ENFORCE would have refused with 8252; they ran.",
+		}, []string{"resource_group"}),
 		seen: map[string]time.Time{},
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.ruConsumed, m.groupStatements, m.runaway, m.cpu} {
+		for _, c := range []prometheus.Collector{m.ruConsumed, m.groupStatements, m.runaway, m.cpu,
+			m.wouldWaitN, m.wouldWaitSec, m.wouldRefuse} {
 			if err := reg.Register(c); err != nil {
 				return nil, errors.Join(errors.New("rgpolicy: registering metrics"), err)
 			}
@@ -70,6 +87,9 @@ func (m *metrics) seeGroup(group string, now time.Time) {
 	for _, c := range statementClasses {
 		m.groupStatements.WithLabelValues(group, c)
 	}
+	m.wouldWaitN.WithLabelValues(group)
+	m.wouldWaitSec.WithLabelValues(group)
+	m.wouldRefuse.WithLabelValues(group)
 }
 
 // idleGroups returns the groups whose last statement is older than
@@ -94,7 +114,17 @@ func (m *metrics) forgetGroup(group string) {
 	m.ruConsumed.DeletePartialMatch(prometheus.Labels{"resource_group": group})
 	m.groupStatements.DeletePartialMatch(prometheus.Labels{"resource_group": group})
 	m.runaway.DeletePartialMatch(prometheus.Labels{"resource_group": group})
+	for _, v := range []*prometheus.CounterVec{m.wouldWaitN, m.wouldWaitSec, m.wouldRefuse} {
+		v.DeleteLabelValues(group)
+	}
 }
+
+func (m *metrics) wouldWait(group string, d time.Duration) {
+	m.wouldWaitN.WithLabelValues(group).Inc()
+	m.wouldWaitSec.WithLabelValues(group).Add(d.Seconds())
+}
+
+func (m *metrics) wouldThrottle(group string) { m.wouldRefuse.WithLabelValues(group).Inc() }
 
 func (m *metrics) cpuSource(src CPUSource) {
 	for _, s := range []CPUSource{CPUWall, CPUProc} {

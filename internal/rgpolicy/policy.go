@@ -43,6 +43,7 @@ type Tokens interface {
 	AcquireEstimate(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error)
 	Charge(group string, cons ru.Consumption)
 	CountThrottled(group string)
+	WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, bool)
 	Share(group string) tokenclient.Share
 	Group(name string) (resourcegroup.Group, bool)
 	Binding(user, host string) (resourcegroup.Binding, bool)
@@ -293,6 +294,11 @@ type statement struct {
 	// The shape's estimated backend time, when its shape is known.
 	estBackend time.Duration
 	estKnown   bool
+	// share is this proxy's share of the group (tokenclient.Share).
+	share tokenclient.Share
+	// would is what ENFORCE would have done to a statement of a group in
+	// MODE WARN ("" = nothing: it would have run at once).
+	would string
 }
 
 // lastStatement is what SHOW LAST STATEMENT RU reports.
@@ -302,6 +308,7 @@ type lastStatement struct {
 	cost    ru.Consumption
 	waited  time.Duration
 	errCode uint16 // the error rgproxy answered with (8252), 0 if it ran
+	would   string // MODE WARN: what ENFORCE would have done
 }
 
 // Before implements mysqlproto.SessionPolicy.
@@ -416,7 +423,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		}
 		s.p.tokens.Charge(chargeTo, after)
 	}
-	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited}
+	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would}
 	if cur.hasShape {
 		s.p.shapes.observe(cur.shape, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, s.p.clk.Now())
 	}

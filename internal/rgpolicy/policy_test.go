@@ -31,6 +31,9 @@ type recordingTokens struct {
 	required  []float64
 	amounts   []float64 // RU of each Charge
 	store     resourcegroup.Store
+	// What WouldAcquire answers.
+	wouldWait   time.Duration
+	wouldRefuse bool
 	throttled []string
 	ru        float64
 }
@@ -53,12 +56,19 @@ func (r *recordingTokens) AcquireEstimate(ctx context.Context, group string, c r
 
 func (r *recordingTokens) CountThrottled(group string) { r.throttled = append(r.throttled, group) }
 
+func (r *recordingTokens) WouldAcquire(string, ru.Consumption, float64, time.Duration) (time.Duration, bool) {
+	return r.wouldWait, r.wouldRefuse
+}
+
 func (r *recordingTokens) Share(group string) tokenclient.Share {
 	g, ok := r.groups[group]
-	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {
-		return tokenclient.Share{Unlimited: true, Proxies: 1}
+	sh := tokenclient.Share{Proxies: 1, Mode: g.Mode, MaxConcurrency: int(g.MaxConcurrency)}
+	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited || g.Mode != resourcegroup.ModeEnforce {
+		sh.Unlimited = true
+		return sh
 	}
-	return tokenclient.Share{Rate: float64(g.RUPerSec), BurstSeconds: 1, Proxies: 1}
+	sh.Rate, sh.BurstSeconds = float64(g.RUPerSec), 1
+	return sh
 }
 
 func (r *recordingTokens) Charge(group string, c ru.Consumption) {
@@ -511,9 +521,9 @@ func TestPolicySeriesFromBirthAndIdleExpiry(t *testing.T) {
 		}
 		return n
 	}
-	// rru, wru and four classes.
-	if n := series("default"); n != 6 {
-		t.Fatalf("default has %d series at start, want 6 at 0", n)
+	// rru, wru, four classes and the three of MODE WARN.
+	if n := series("default"); n != 9 {
+		t.Fatalf("default has %d series at start, want 9 at 0", n)
 	}
 	if v := testutil.ToFloat64(p.metrics.groupStatements.WithLabelValues("default", "read")); v != 0 {
 		t.Fatalf("default's statements %v", v)
@@ -527,8 +537,8 @@ func TestPolicySeriesFromBirthAndIdleExpiry(t *testing.T) {
 	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
 		t.Fatal(v.Reply.Err)
 	}
-	if n := series("bound"); n != 6 {
-		t.Fatalf("bound has %d series after its first statement, want 6", n)
+	if n := series("bound"); n != 9 {
+		t.Fatalf("bound has %d series after its first statement, want 9", n)
 	}
 	s.After(st, &mysqlproto.Outcome{})
 	for range 5 {
@@ -543,9 +553,53 @@ func TestPolicySeriesFromBirthAndIdleExpiry(t *testing.T) {
 	if n := series("bound"); n != 0 {
 		t.Fatalf("bound keeps %d series after an idle hour", n)
 	}
-	if n := series("default"); n != 6 {
+	if n := series("default"); n != 9 {
 		t.Fatalf("default lost its series: %d", n)
 	}
 	cancel()
 	<-done
+}
+
+// MODE WARN: nothing waits or is refused, what ENFORCE would have done is
+// counted and shown by SHOW LAST STATEMENT RU.
+func TestPolicyWarnMode(t *testing.T) {
+	ctx := context.Background()
+	tok := testGroups()
+	tok.groups["bound"] = resourcegroup.Group{Name: "bound", RUPerSec: 10, Mode: resourcegroup.ModeWarn}
+	p := newTestPolicy(tok)
+	s := p.Open(mysqlproto.SessionInfo{User: "app"})
+	last := func() string {
+		v := s.Before(ctx, query("SHOW LAST STATEMENT RU"), plainGrants)
+		return *v.Reply.Rows[0][8]
+	}
+	run := func() {
+		st := query("SELECT 1")
+		if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+			t.Fatalf("a WARN group's statement was answered: %+v", v.Reply.Err)
+		}
+		s.After(st, &mysqlproto.Outcome{})
+	}
+	run()
+	if w := last(); w != "" {
+		t.Fatalf("nothing would have happened, got %q", w)
+	}
+	tok.wouldWait = 50 * time.Millisecond
+	run()
+	if w := last(); w != "wait 50.000ms" {
+		t.Fatalf("would wait: %q", w)
+	}
+	tok.wouldWait, tok.wouldRefuse = 0, true
+	run()
+	if w := last(); w != "8252" {
+		t.Fatalf("would refuse: %q", w)
+	}
+	if n := testutil.ToFloat64(p.metrics.wouldWaitN.WithLabelValues("bound")); n != 1 {
+		t.Fatalf("would-wait count %v", n)
+	}
+	if v := testutil.ToFloat64(p.metrics.wouldWaitSec.WithLabelValues("bound")); v != 0.05 {
+		t.Fatalf("would-wait seconds %v", v)
+	}
+	if n := testutil.ToFloat64(p.metrics.wouldRefuse.WithLabelValues("bound")); n != 1 {
+		t.Fatalf("would-throttle count %v", n)
+	}
 }

@@ -21,6 +21,9 @@ func GroupToPB(g resourcegroup.Group) *ResourceGroup {
 		Priority: Priority(g.Priority),
 		Burst:    BurstMode(g.Burst),
 		Version:  g.Version,
+		Mode:     uint32(g.Mode),
+
+		MaxConcurrency: g.MaxConcurrency,
 	}
 	if g.RUPerSec == resourcegroup.Unlimited {
 		out.RuPerSec, out.Unlimited = 0, true
@@ -49,6 +52,9 @@ func GroupFromPB(p *ResourceGroup) resourcegroup.Group {
 		Priority: resourcegroup.Priority(p.GetPriority()),
 		Burst:    resourcegroup.BurstMode(p.GetBurst()),
 		Version:  p.GetVersion(),
+		Mode:     resourcegroup.Mode(min(p.GetMode(), 255)),
+
+		MaxConcurrency: p.GetMaxConcurrency(),
 	}
 	if p.GetUnlimited() {
 		g.RUPerSec = resourcegroup.Unlimited

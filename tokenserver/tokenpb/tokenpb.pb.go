@@ -443,9 +443,14 @@ type ResourceGroup struct {
 	QueryLimit *QueryLimit `protobuf:"bytes,6,opt,name=query_limit,json=queryLimit,proto3" json:"query_limit,omitempty"`
 	// The store's revision of this definition (etcd ModRevision); 0 when not
 	// stored yet. On Alter, a non-zero version must match the stored one.
-	Version       int64 `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version int64 `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
+	// rgproxy's MODE: 0 ENFORCE, 1 WARN (metered, never throttled, what
+	// would have happened is recorded), 2 OFF (metered, never throttled).
+	Mode uint32 `protobuf:"varint,8,opt,name=mode,proto3" json:"mode,omitempty"`
+	// MAX_CONCURRENCY across all proxies; 0 = no cap.
+	MaxConcurrency uint64 `protobuf:"varint,9,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ResourceGroup) Reset() {
@@ -523,6 +528,20 @@ func (x *ResourceGroup) GetQueryLimit() *QueryLimit {
 func (x *ResourceGroup) GetVersion() int64 {
 	if x != nil {
 		return x.Version
+	}
+	return 0
+}
+
+func (x *ResourceGroup) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *ResourceGroup) GetMaxConcurrency() uint64 {
+	if x != nil {
+		return x.MaxConcurrency
 	}
 	return 0
 }
@@ -2466,7 +2485,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x06action\x18\x03 \x01(\x0e2\x18.rgproxy.token.v1.ActionR\x06action\x12!\n" +
 	"\fswitch_group\x18\x04 \x01(\tR\vswitchGroup\x121\n" +
 	"\x05watch\x18\x05 \x01(\x0e2\x1b.rgproxy.token.v1.WatchTypeR\x05watch\x12*\n" +
-	"\x11watch_duration_ms\x18\x06 \x01(\x03R\x0fwatchDurationMs\"\xa3\x02\n" +
+	"\x11watch_duration_ms\x18\x06 \x01(\x03R\x0fwatchDurationMs\"\xe0\x02\n" +
 	"\rResourceGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\n" +
@@ -2476,7 +2495,9 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x05burst\x18\x05 \x01(\x0e2\x1b.rgproxy.token.v1.BurstModeR\x05burst\x12=\n" +
 	"\vquery_limit\x18\x06 \x01(\v2\x1c.rgproxy.token.v1.QueryLimitR\n" +
 	"queryLimit\x12\x18\n" +
-	"\aversion\x18\a \x01(\x03R\aversion\"G\n" +
+	"\aversion\x18\a \x01(\x03R\aversion\x12\x12\n" +
+	"\x04mode\x18\b \x01(\rR\x04mode\x12'\n" +
+	"\x0fmax_concurrency\x18\t \x01(\x04R\x0emaxConcurrency\"G\n" +
 	"\aBinding\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x14\n" +
