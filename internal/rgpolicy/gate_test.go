@@ -2,8 +2,8 @@ package rgpolicy
 
 import (
 	"context"
-	"math"
 	"errors"
+	"math"
 	"testing"
 	"time"
 

@@ -22,20 +22,20 @@ import (
 // recordingTokens is the policy's view of tokenclient for unit tests: it
 // records what is acquired and charged and refuses when told to.
 type recordingTokens struct {
-	groups    map[string]resourcegroup.Group
-	bindings  map[string]resourcegroup.Binding
-	refuse    bool
-	watches   []resourcegroup.Watch
-	acquired  []string // group:maxWait
-	charged   []string // group
-	required  []float64
-	amounts   []float64 // RU of each Charge
-	store     resourcegroup.Store
+	groups   map[string]resourcegroup.Group
+	bindings map[string]resourcegroup.Binding
+	refuse   bool
+	watches  []resourcegroup.Watch
+	acquired []string // group:maxWait
+	charged  []string // group
+	required []float64
+	amounts  []float64 // RU of each Charge
+	store    resourcegroup.Store
 	// What WouldAcquire answers.
 	wouldWait   time.Duration
 	wouldRefuse bool
-	throttled []string
-	ru        float64
+	throttled   []string
+	ru          float64
 }
 
 func (r *recordingTokens) AcquireEstimate(ctx context.Context, group string, c ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error) {
