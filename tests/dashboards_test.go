@@ -588,6 +588,7 @@ func dashThrottledLoad(t testing.TB, addr, user, query string, clients int, d ti
 func TestDashboardsAgainstPrometheus(t *testing.T) {
 	const (
 		slow, fast   = "dash_slow", "dash_fast"
+		warn         = "dash_warn" // MODE WARN at 10 RU/s under far more
 		slowRate     = 40.0
 		loadFor      = 32 * time.Second
 		rateInterval = "20s" // ends 1 s before the load does, so it lies inside it
@@ -605,9 +606,13 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 
 	appUser(t, "dashslow")
 	appUser(t, "dashfast")
+	appUser(t, "dashwarn")
 	adminExec(t, px.Addr,
 		"DROP RESOURCE GROUP IF EXISTS "+slow,
 		"DROP RESOURCE GROUP IF EXISTS "+fast,
+		"DROP RESOURCE GROUP IF EXISTS "+warn,
+		"CREATE RESOURCE GROUP "+warn+" RU_PER_SEC = 10 MODE = WARN",
+		"ALTER USER 'dashwarn'@'%' RESOURCE GROUP "+warn,
 		fmt.Sprintf("CREATE RESOURCE GROUP %s RU_PER_SEC = %d", slow, int(slowRate)),
 		// Every statement of the fast group outlives EXEC_ELAPSED: the
 		// Runaway row has DRYRUN events to show.
@@ -616,6 +621,9 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 		"ALTER USER 'dashfast'@'%' RESOURCE GROUP "+fast)
 	dashWaitGroup(t, px.Addr, "dashslow", slow)
 	dashWaitGroup(t, px.Addr, "dashfast", fast)
+	dashWaitGroup(t, px.Addr, "dashwarn", warn)
+	warnDone := make(chan *loadResult, 1)
+	go func() { warnDone <- runLoad(t, []*proxy{px}, []int{1}, "dashwarn", "SELECT SLEEP(0.02)", loadFor) }()
 
 	// Demand in the slow group is several times its RU_PER_SEC (each
 	// statement's backend time is charged after it, as debt); the fast
@@ -624,10 +632,14 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 	go func() { slowDone <- dashThrottledLoad(t, px.Addr, "dashslow", "SELECT SLEEP(0.01)", 6, loadFor) }()
 	fastRes := runLoad(t, []*proxy{px}, []int{2}, "dashfast", "SELECT SLEEP(0.005)", loadFor)
 	slowRes := <-slowDone
+	warnRes := <-warnDone
+	if n := warnRes.errors.Load(); n > 0 {
+		t.Errorf("group %s in MODE WARN: %d errors, first: %v", warn, n, warnRes.firstErr.Load())
+	}
 	for _, r := range []struct {
 		name string
 		res  *loadResult
-	}{{slow, slowRes}, {fast, fastRes}} {
+	}{{slow, slowRes}, {fast, fastRes}, {warn, warnRes}} {
 		first, _ := r.res.firstErr.Load().(string)
 		t.Logf("%s: %d statements, %d errors (first: %s)", r.name, r.res.statements.Load(), r.res.errors.Load(), first)
 	}
@@ -670,7 +682,7 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 		}
 	}
 
-	groupsRe := slow + "|" + fast
+	groupsRe := slow + "|" + fast + "|" + warn
 	for _, f := range dashFiles() {
 		m := dashRead(t, f)
 		// The variables' own queries list both groups and the instance.
@@ -735,8 +747,16 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 					if !(byGroup[slow] > 0) {
 						t.Errorf("%s: %s throttled %v/s, want > 0", where, slow, byGroup[slow])
 					}
-					if byGroup[fast] > 0 {
-						t.Errorf("%s: %s throttled %v/s, want 0", where, fast, byGroup[fast])
+					if byGroup[fast] > 0 || byGroup[warn] > 0 {
+						t.Errorf("%s: %s throttled %v/s and %s (MODE WARN) %v/s, want 0", where, fast, byGroup[fast], warn, byGroup[warn])
+					}
+				case p.Title == "Would have been throttled (MODE WARN) by group":
+					t.Logf("would have been throttled (%s): %v", tg.RefID, byGroup)
+					if !(byGroup[warn] > 0) {
+						t.Errorf("%s: %s in MODE WARN: %v/s, want > 0", where, warn, byGroup[warn])
+					}
+					if byGroup[slow] > 0 {
+						t.Errorf("%s: %s is enforced: %v/s, want 0", where, slow, byGroup[slow])
 					}
 				case p.Title == "Consumed RU/s by group" && tg.RefID == "A":
 					got := byGroup[slow]
