@@ -45,7 +45,7 @@ type config struct {
 	// Clients is the number of sessions per user; default 4.
 	Clients int
 	// Query is the statement every session runs in a loop; default
-	// "SELECT SLEEP(0.01)" (about 4 RU: 0.625 base + 10 ms of backend time).
+	// "SELECT BENCHMARK(150000, SHA1('rgproxy'))" (about 4 RU: 0.625 base + about 10 ms of CPU).
 	Query string
 	// Duration is how long the load runs; 0 = until Ctrl-C. Default 0.
 	Duration time.Duration
@@ -93,7 +93,7 @@ func parseArgs(args []string, stderr io.Writer) (config, error) {
 	users := fs.String("users", "app_a,app_b", "users to log in as, comma-separated, each `name[:password]`")
 	password := fs.String("password", "apppw", "password of the users given without one")
 	fs.IntVar(&cfg.Clients, "clients", 4, "sessions per user")
-	fs.StringVar(&cfg.Query, "query", "SELECT SLEEP(0.01)", "statement every session runs in a loop")
+	fs.StringVar(&cfg.Query, "query", "SELECT BENCHMARK(150000, SHA1('rgproxy'))", "statement every session runs in a loop")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "how long to run; 0 = until Ctrl-C")
 	fs.DurationVar(&cfg.Interval, "interval", time.Second, "how often to print rates")
 	fs.DurationVar(&cfg.Backoff, "backoff", 20*time.Millisecond, "pause after a failed statement")

@@ -77,7 +77,7 @@ func TestParseArgs(t *testing.T) {
 	}{
 		{nil, func(c config) bool {
 			return c.Addr == "127.0.0.1:4000" && len(c.Accounts) == 2 && c.Accounts[0] == (account{"app_a", "apppw"}) &&
-				c.Clients == 4 && c.Query == "SELECT SLEEP(0.01)" && c.Duration == 0 && c.Interval == time.Second && c.Backoff == 20*time.Millisecond
+				c.Clients == 4 && c.Query == "SELECT BENCHMARK(150000, SHA1('rgproxy'))" && c.Duration == 0 && c.Interval == time.Second && c.Backoff == 20*time.Millisecond
 		}, false},
 		{[]string{"--users", "x", "--password", "p", "--clients", "2", "--duration", "3s"}, func(c config) bool {
 			return len(c.Accounts) == 1 && c.Accounts[0] == (account{"x", "p"}) && c.Clients == 2 && c.Duration == 3*time.Second
