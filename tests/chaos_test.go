@@ -394,11 +394,7 @@ func TestChaosStalledClient(t *testing.T) {
 	if total != 256*65536 {
 		t.Fatalf("the stalled client read %d bytes", total)
 	}
-	var grp string
-	var rru, wru, rb, wb, backendMS, waitMS float64
-	if err := conn.QueryRowContext(ctx, "SHOW LAST STATEMENT RU").Scan(&grp, &rru, &wru, &rb, &wb, &backendMS, &waitMS); err != nil {
-		t.Fatal(err)
-	}
+	backendMS := num(t, lastStatementRU(t, conn)["BACKEND_MS"])
 	t.Logf("other sessions: %d statements, %d errors, slowest %v; stalled statement's backend time %.0f ms",
 		stmts.Load(), errs.Load(), time.Duration(worst.Load())*time.Microsecond, backendMS)
 	if errs.Load() != 0 {

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -287,4 +288,44 @@ func requireTool(t testing.TB, name, pkg string) string {
 	}
 	t.Skip(msg)
 	return ""
+}
+
+// lastStatementRU reads SHOW LAST STATEMENT RU on conn by column name, so
+// that a column rgproxy adds later does not break the callers.
+func lastStatementRU(t testing.TB, conn interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}) map[string]string {
+	t.Helper()
+	rows, err := conn.QueryContext(context.Background(), "SHOW LAST STATEMENT RU")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	out := map[string]string{}
+	if !rows.Next() {
+		t.Fatalf("SHOW LAST STATEMENT RU: no row (%v)", rows.Err())
+	}
+	vals := make([]sql.NullString, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	if err := rows.Scan(ptrs...); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cols {
+		out[c] = vals[i].String
+	}
+	return out
+}
+
+// num parses a numeric column of lastStatementRU.
+func num(t testing.TB, s string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		t.Fatalf("%q is not a number", s)
+	}
+	return v
 }

@@ -406,11 +406,9 @@ func TestAdminStatementsThroughProxies(t *testing.T) {
 	conn, _ := root.Conn(context.Background())
 	defer conn.Close()
 	conn.ExecContext(context.Background(), "SELECT REPEAT('x', 100000)")
-	var grp, errCode string
-	var rru, wru, rb, wb, bms, wait float64
-	if err := conn.QueryRowContext(context.Background(), "SHOW LAST STATEMENT RU").Scan(&grp, &rru, &wru, &rb, &wb, &bms, &wait, &errCode); err != nil {
-		t.Fatal(err)
-	}
+	last := lastStatementRU(t, conn)
+	grp, errCode := last["RESOURCE_GROUP"], last["ERROR"]
+	rru, wru, rb := num(t, last["RRU"]), num(t, last["WRU"]), num(t, last["READ_BYTES"])
 	if grp != "default" || rru < 0.625+100000.0/65536 || wru != 0 || rb < 100000 || errCode != "" {
 		t.Fatalf("SHOW LAST STATEMENT RU: %s rru=%v wru=%v read=%v", grp, rru, wru, rb)
 	}

@@ -45,12 +45,15 @@ type config struct {
 	// Rows is the size of the heavy table. Default 200,000.
 	Rows int
 	// Phase is how long the victim runs alone, and beside the aggressor
-	// directly. Default 10 s.
+	// directly, in each round. Default 10 s.
 	Phase time.Duration
 	// Throttled is how long the victim runs beside the aggressor through
-	// rgproxy, the window over which the aggressor's RU is checked.
-	// Default 60 s.
+	// rgproxy, in one phase: the window over which the aggressor's RU is
+	// checked. Default 60 s.
 	Throttled time.Duration
+	// Rounds of the victim alone (and, directly, beside the aggressor);
+	// figures are medians over rounds. Default 3.
+	Rounds int
 	// VictimRate is the victim's statements per second; VictimThreads the
 	// sessions that share them. Defaults 300 and 2.
 	VictimRate    int
@@ -137,7 +140,8 @@ func parseArgs(args []string) (config, error) {
 	fs.StringVar(&cfg.BinDir, "bin-dir", "bin", "`directory` holding rgproxy and rgserver")
 	fs.IntVar(&cfg.Rows, "rows", 200000, "rows of the heavy table")
 	fs.DurationVar(&cfg.Phase, "phase", 10*time.Second, "victim alone, and beside the aggressor directly")
-	fs.DurationVar(&cfg.Throttled, "throttled", 60*time.Second, "victim beside the aggressor through rgproxy")
+	fs.DurationVar(&cfg.Throttled, "throttled", 60*time.Second, "victim beside the aggressor through rgproxy, in one phase")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "rounds of the victim alone (and beside the aggressor directly); figures are medians over rounds")
 	fs.IntVar(&cfg.VictimRate, "victim-rate", 300, "victim statements per second")
 	fs.IntVar(&cfg.VictimThreads, "victim-threads", 2, "victim sessions")
 	fs.IntVar(&cfg.Aggressors, "aggressors", 8, "aggressor sessions")
@@ -154,7 +158,7 @@ func parseArgs(args []string) (config, error) {
 		}
 		cfg.Kinds = append(cfg.Kinds, k)
 	}
-	if cfg.VictimRate <= 0 || cfg.VictimThreads <= 0 || cfg.Aggressors <= 0 || cfg.RUPerSec <= 0 || cfg.Rows <= 0 {
+	if cfg.VictimRate <= 0 || cfg.VictimThreads <= 0 || cfg.Aggressors <= 0 || cfg.RUPerSec <= 0 || cfg.Rows <= 0 || cfg.Rounds <= 0 {
 		return cfg, errors.New("rates, sessions and rows must be > 0")
 	}
 	return cfg, nil
@@ -202,16 +206,29 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 	for _, kind := range cfg.Kinds {
 		q := aggressorQueries[kind]
 		r := Result{Kind: kind}
-		logf("%s: victim alone, direct", kind)
-		v := victim(ctx, cfg, cfg.Backend, cfg.Phase)
-		r.DirectAloneP99 = v.p99()
-		logf("%s: victim beside the aggressor, direct", kind)
-		v, _ = besideAggressor(ctx, cfg, cfg.Backend, cfg.Backend, q, cfg.Phase)
-		r.DirectBesideP99 = v.p99()
-		logf("%s: victim alone, through rgproxy", kind)
-		v = victim(ctx, cfg, sys.proxy, cfg.Phase)
-		r.ProxyAloneP99 = v.p99()
-		r.VictimErrors = v.errors.Load()
+		// Direct, rounds alternate alone and beside, so that a slow spell
+		// of the machine lands on both sides; each figure is the median of
+		// the rounds' p99. Through rgproxy the aggressor runs one
+		// continuous phase (the window its RU is checked over), with the
+		// victim's alone phases around it.
+		var dAlone, dBeside, pAlone []float64
+		for round := 1; round <= cfg.Rounds; round++ {
+			logf("%s, round %d/%d: victim alone, direct", kind, round, cfg.Rounds)
+			v := victim(ctx, cfg, cfg.Backend, cfg.Phase)
+			dAlone = append(dAlone, v.p99())
+			logf("%s, round %d/%d: victim beside the aggressor, direct", kind, round, cfg.Rounds)
+			v, _ = besideAggressor(ctx, cfg, cfg.Backend, cfg.Backend, q, cfg.Phase)
+			dBeside = append(dBeside, v.p99())
+		}
+		aloneProxy := func(round int) {
+			logf("%s, round %d/%d: victim alone, through rgproxy", kind, round, cfg.Rounds)
+			v := victim(ctx, cfg, sys.proxy, cfg.Phase)
+			pAlone = append(pAlone, v.p99())
+			r.VictimErrors += v.errors.Load()
+		}
+		for round := 1; round < cfg.Rounds; round++ {
+			aloneProxy(round)
+		}
 		logf("%s: victim beside the aggressor, through rgproxy (%v)", kind, cfg.Throttled)
 		// Let the group's bucket fill as after any idle spell: the capacity
 		// counts in the limit.
@@ -225,7 +242,9 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.ProxyBesideP99 = v.p99()
+		aloneProxy(cfg.Rounds)
+		r.DirectAloneP99, r.DirectBesideP99 = median(dAlone), median(dBeside)
+		r.ProxyAloneP99, r.ProxyBesideP99 = median(pAlone), v.p99()
 		r.VictimErrors += v.errors.Load()
 		r.AggressorStatements, r.AggressorErrors = a.statements.Load(), a.errors.Load()
 		r.AggressorRU = after - before
@@ -308,6 +327,19 @@ func openDB(addr, user, pass string) (*sql.DB, error) {
 		return nil, fmt.Errorf("connect %s as %s: %w", addr, user, err)
 	}
 	return db, nil
+}
+
+// median of xs (the mean of the two middle ones for an even count).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // latencies collects a load's statement latencies.
@@ -469,12 +501,34 @@ func oneStatementRU(ctx context.Context, addr, user, q string) (float64, error) 
 	if _, err := conn.ExecContext(ctx, q); err != nil {
 		return 0, fmt.Errorf("%s: %w", q, err)
 	}
-	var group, errCode string
-	var rru, wru, rb, wb, ms, wait float64
-	if err := conn.QueryRowContext(ctx, "SHOW LAST STATEMENT RU").Scan(&group, &rru, &wru, &rb, &wb, &ms, &wait, &errCode); err != nil {
+	rows, err := conn.QueryContext(ctx, "SHOW LAST STATEMENT RU")
+	if err != nil {
 		return 0, err
 	}
-	return rru + wru, nil
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil || !rows.Next() {
+		return 0, fmt.Errorf("SHOW LAST STATEMENT RU: no row (%v)", err)
+	}
+	vals := make([]sql.NullString, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	if err := rows.Scan(ptrs...); err != nil {
+		return 0, err
+	}
+	total := 0.0
+	for i, c := range cols {
+		if c == "RRU" || c == "WRU" {
+			v, err := strconv.ParseFloat(vals[i].String, 64)
+			if err != nil {
+				return 0, fmt.Errorf("SHOW LAST STATEMENT RU: %s = %q", c, vals[i].String)
+			}
+			total += v
+		}
+	}
+	return total, nil
 }
 
 // system is the rgserver and rgproxy this run started.
@@ -523,6 +577,7 @@ func startSystem(ctx context.Context, cfg config) (*system, error) {
 		return nil, err
 	}
 	if err := waitListening(addrs[0]); err != nil {
+		err = fmt.Errorf("rgserver: %w\n%s", err, s.log("rgserver"))
 		s.stop()
 		return nil, err
 	}
@@ -534,6 +589,7 @@ func startSystem(ctx context.Context, cfg config) (*system, error) {
 		return nil, err
 	}
 	if err := waitListening(s.proxy); err != nil {
+		err = fmt.Errorf("rgproxy: %w\n%s", err, s.log("rgproxy"))
 		s.stop()
 		return nil, err
 	}
@@ -549,6 +605,12 @@ func waitListening(addr string) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("nothing listens on %s", addr)
+}
+
+// log returns what a process of the system logged.
+func (s *system) log(name string) string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, name+".log"))
+	return string(b)
 }
 
 func (s *system) stop() {

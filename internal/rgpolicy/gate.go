@@ -137,6 +137,14 @@ func (g *gate) String() string {
 	return fmt.Sprintf("bound=%g max=%d inflight=%g running=%d waiting=%d", g.bound, g.maxConc, g.inflight, g.running, len(g.waiters))
 }
 
+// inflightHorizon is the share of a group's bucket capacity that its
+// statements may have in flight on a proxy: with BURSTABLE OFF, what a
+// quarter of a second of its rate pays. Heavy statements then enter one
+// (or a few) at a time, at the pace the rate pays for them, instead of as
+// many as a full bucket holds at once — which would be a burst of heavy
+// statements on the backend, felt by every neighbour.
+const inflightHorizon = 0.25
+
 // gates holds one gate per group used on this proxy.
 type gates struct {
 	mu sync.Mutex
@@ -171,7 +179,7 @@ func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Sett
 		(!sh.Unlimited || sh.MaxConcurrency > 0) {
 		bound := math.Inf(1)
 		if !sh.Unlimited {
-			bound = sh.Rate * sh.BurstSeconds
+			bound = sh.Rate * sh.BurstSeconds * inflightHorizon
 		}
 		maxWait := set.MaxWait
 		if st.InTransaction {
