@@ -19,7 +19,7 @@ import (
 // beside 8 copies of itself as alone.
 func TestNoisyNeighbourIsolation(t *testing.T) {
 	out, err := exec.Command(filepath.Join(binDir, "bench-isolation"), "--bin-dir", binDir, "--backend", backendAddr,
-		"--phase", "8s", "--throttled", "30s", "--kinds", "scan", "--json").Output()
+		"--phase", "8s", "--rounds", "1", "--throttled", "30s", "--kinds", "scan", "--json").Output()
 	if err != nil {
 		var stderr string
 		if ee, ok := err.(*exec.ExitError); ok {
