@@ -156,6 +156,7 @@ func (c *Client) applyWatch(resp *tokenpb.WatchResponse) bool {
 		c.installSnapshot(snap)
 		return true
 	}
+	defer c.notifyForgotten() // after the unlock
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	touched, watches := applyEvents(&c.cache, resp.GetEvents())
@@ -171,6 +172,7 @@ func (c *Client) applyWatch(resp *tokenpb.WatchResponse) bool {
 			c.refreshGroupLocked(now, gs)
 		}
 	}
+	c.droppedFromCacheLocked(touched)
 	c.cacheWokeLocked()
 	return len(resp.GetEvents()) > 0
 }
@@ -215,6 +217,7 @@ func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string
 
 // installSnapshot replaces the cache with a whole snapshot from rgserver.
 func (c *Client) installSnapshot(snap snapshot) {
+	defer c.notifyForgotten() // after the unlock
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.watchSynced = true
@@ -231,6 +234,7 @@ func (c *Client) setCacheLocked(snap snapshot) {
 	for _, gs := range c.groups {
 		c.refreshGroupLocked(now, gs)
 	}
+	c.droppedFromCacheLocked(nil)
 	c.cacheWokeLocked()
 }
 
