@@ -79,6 +79,17 @@ func (t *tally) success(group string, worker int) {
 	t.mu.Unlock()
 }
 
+// sessions returns the successes of each of group's sessions, by worker id.
+func (t *tally) sessions(group string) map[int]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[int]int64{}
+	for id, n := range t.perSession[group] {
+		out[id] = n
+	}
+	return out
+}
+
 // sessionSpread is the fewest and most statements one session of group
 // ran: how evenly throttling treated its sessions.
 func (t *tally) sessionSpread(group string) (lo, hi int64) {

@@ -32,6 +32,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -224,6 +225,7 @@ type consRow struct {
 	longestRefusal   time.Duration
 	sessionMin       int64
 	sessionMax       int64
+	spread           string // sessions' statements by proxy, when uneven
 	serverPct, pxPct float64
 }
 
@@ -616,6 +618,19 @@ func judge(rep *report, sys *system, mon *monitor, ddl *ddlLoop, t *tally) {
 			proxies: mon.proxyRU[g.name]}
 		row.refused, row.longestRefusal = t.refused[g.name], t.longestRefusal[g.name]
 		row.sessionMin, row.sessionMax = t.sessionSpread(g.name)
+		if row.sessionMin*4 < row.sessionMax {
+			// Uneven: which proxy each session used, and what it ran.
+			byProxy := map[int][]string{}
+			for id, n := range t.sessions(g.name) {
+				byProxy[id%len(sys.pxAddr)] = append(byProxy[id%len(sys.pxAddr)], strconv.FormatInt(n, 10))
+			}
+			var parts []string
+			for i, px := range sys.pxs {
+				sort.Strings(byProxy[i])
+				parts = append(parts, fmt.Sprintf("%s [%s]", px.name, strings.Join(byProxy[i], " ")))
+			}
+			row.spread = strings.Join(parts, ", ")
+		}
 		row.serverPct, row.pxPct = 100*row.server/limit, 100*row.proxies/limit
 		rep.consumption = append(rep.consumption, row)
 		for _, v := range []struct {
@@ -730,6 +745,11 @@ func printReport(w io.Writer, rep *report) {
 	for _, c := range rep.consumption {
 		p("  %-11s %10.1f %12.1f %6.1f%% %12.1f %6.1f%% %10d %8d %6d-%-6d %6.1fs", c.group, c.limit, c.server, c.serverPct, c.proxies, c.pxPct,
 			c.statements, c.refused, c.sessionMin, c.sessionMax, c.longestRefusal.Seconds())
+	}
+	for _, c := range rep.consumption {
+		if c.spread != "" {
+			p("  %s: statements of each session, by proxy: %s", c.group, c.spread)
+		}
 	}
 	p("dropped groups' series left on any /metrics: %d", len(rep.leftSeries))
 	p("")
