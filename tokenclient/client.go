@@ -69,6 +69,11 @@ type Client struct {
 	// droppedTokens counts granted tokens a dropGrant failpoint discarded.
 	droppedTokens float64
 
+	// forgotten are groups forgotten (dropped or expired) whose hook has
+	// not run yet; notifyForgotten runs it outside the lock.
+	forgotten   []string
+	onForgotten atomic.Pointer[func(group string)]
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -123,6 +128,10 @@ type groupState struct {
 	// (WouldAcquire); shadowOn says it is set up.
 	shadow   Bucket
 	shadowOn bool
+
+	// lastUsed is the last Acquire, Charge or throttled count (or the
+	// state's creation): the idle expiry's clock.
+	lastUsed time.Time
 }
 
 // sentRequest is a TokenRequest awaiting its answer.
@@ -193,12 +202,14 @@ func (c *Client) Start(ctx context.Context) error {
 		return fmt.Errorf("tokenclient: start: %w", ErrClosed)
 	}
 	c.cancel = cancel
+	c.stateLocked(resourcegroup.DefaultGroup, c.clk.Now()) // default's series from start
 	c.mu.Unlock()
 
 	first := make(chan error, 1)
-	c.wg.Add(2)
+	c.wg.Add(3)
 	go func() { defer c.wg.Done(); c.watchLoop(runCtx, first) }()
 	go func() { defer c.wg.Done(); c.tokenLoop(runCtx) }()
+	go func() { defer c.wg.Done(); c.expireLoop(runCtx) }()
 	if c.cfg.CacheDir != "" {
 		c.wg.Add(1)
 		go func() { defer c.wg.Done(); c.saveLoop(runCtx) }()
@@ -298,7 +309,7 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 	required = min(max(required, 0), n)
 	start := c.clk.Now()
 	c.mu.Lock()
-	gs := c.stateLocked(group, start)
+	gs := c.useLocked(group, start)
 	registered := false
 	unregister := func() {
 		if registered {
@@ -347,9 +358,12 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 			c.mu.Lock()
 			now = c.clk.Now()
 			gs.record(now, cons)
-			c.mu.Unlock()
+			gs.lastUsed = now
 			waited = now.Sub(start)
-			c.met.wait.WithLabelValues(group).Observe(waited.Seconds())
+			if c.groups[group] == gs { // a forgotten group's series stay deleted
+				c.met.wait.WithLabelValues(group).Observe(waited.Seconds())
+			}
+			c.mu.Unlock()
 			return waited, nil
 		}
 		// Fail fast only when even the best case cannot pay in time: the
@@ -415,7 +429,7 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked(now)
-	gs := c.stateLocked(group, now)
+	gs := c.useLocked(group, now)
 	gs.bucket.Take(now, cons.RU())
 	gs.record(now, cons)
 	c.pollLowLocked(gs)
@@ -524,7 +538,7 @@ func (c *Client) CountThrottled(group string) {
 	now := c.clk.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.throttledLocked(c.stateLocked(group, now))
+	c.throttledLocked(c.useLocked(group, now))
 }
 
 // Degraded reports whether the client refills buckets locally because
@@ -565,16 +579,18 @@ func (c *Client) Usage(now time.Time) []GroupUsage {
 	return out
 }
 
-// stateLocked returns group's state, making it on first use.
+// stateLocked returns group's state, making it on first use, with its
+// series at 0.
 func (c *Client) stateLocked(group string, now time.Time) *groupState {
 	if gs, ok := c.groups[group]; ok {
 		return gs
 	}
-	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now}
+	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now, lastUsed: now}
 	if g, ok := c.settingsLocked(group); ok && isUnlimited(g) {
 		gs.bucket.SetUnlimited(true)
 	}
 	c.groups[group] = gs
+	c.met.born(group)
 	if c.degraded {
 		c.localRefillLocked(now, gs)
 	}

@@ -103,6 +103,11 @@ type Config struct {
 	// Registerer is where the client's metrics are registered; nil = not
 	// registered.
 	Registerer prometheus.Registerer
+	// IdleExpiry: a group with no Acquire or Charge on this proxy for this
+	// long is forgotten here — its local state and its per-group series —
+	// once nothing about it is still owed (see Client.expireIdle); its next
+	// use starts it again at 0. `default` is never forgotten. Default 1 h.
+	IdleExpiry time.Duration
 }
 
 // withDefaults validates cfg and fills in its defaults.
@@ -117,7 +122,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("%w: no token server address", ErrConfig)
 	}
 	cfg.Servers = servers
-	if cfg.TargetPeriod < 0 || cfg.DegradedAfter < 0 || cfg.ReportPeriod < 0 {
+	if cfg.TargetPeriod < 0 || cfg.DegradedAfter < 0 || cfg.ReportPeriod < 0 || cfg.IdleExpiry < 0 {
 		return cfg, fmt.Errorf("%w: negative period", ErrConfig)
 	}
 	if cfg.TargetPeriod == 0 {
@@ -128,6 +133,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.ReportPeriod == 0 {
 		cfg.ReportPeriod = cfg.TargetPeriod
+	}
+	if cfg.IdleExpiry == 0 {
+		cfg.IdleExpiry = time.Hour
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}

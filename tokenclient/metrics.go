@@ -22,6 +22,8 @@ type metrics struct {
 	// wait is the time successful Acquires waited, by group.
 	wait *prometheus.HistogramVec
 	// state reads tokens, RU_PER_SEC and degraded mode under the lock.
+	// Every per-group series exists exactly while the group has a
+	// groupState (born, forget).
 	state *stateCollector
 }
 
@@ -91,21 +93,41 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked(now)
+	// Only the groups this proxy serves: with 100,000 groups in the Watch
+	// cache, one series each on every proxy would be too many.
 	for name, gs := range c.groups {
 		if !gs.bucket.Unlimited() {
 			ch <- prometheus.MustNewConstMetric(s.tokens, prometheus.GaugeValue, gs.bucket.Tokens(now), name)
 		}
-	}
-	for name, g := range c.cache.Groups {
-		v := float64(g.RUPerSec)
-		if isUnlimited(g) {
-			v = math.Inf(1)
+		if g, ok := c.settingsLocked(name); ok {
+			v := float64(g.RUPerSec)
+			if isUnlimited(g) {
+				v = math.Inf(1)
+			}
+			ch <- prometheus.MustNewConstMetric(s.rate, prometheus.GaugeValue, v, name)
 		}
-		ch <- prometheus.MustNewConstMetric(s.rate, prometheus.GaugeValue, v, name)
 	}
 	d := 0.0
 	if c.degraded {
 		d = 1
 	}
 	ch <- prometheus.MustNewConstMetric(s.degraded, prometheus.GaugeValue, d)
+}
+
+// born makes a group's series exist at 0 from the moment the proxy serves
+// it, so that rate() counts its first event. The gauges come with its
+// state (stateCollector).
+func (m *metrics) born(group string) {
+	m.requests.WithLabelValues(group)
+	m.throttled.WithLabelValues(group)
+	m.granted.WithLabelValues(group)
+	m.wait.WithLabelValues(group)
+}
+
+// forget deletes a group's series: it was dropped, or idle here for long.
+func (m *metrics) forget(group string) {
+	m.requests.DeleteLabelValues(group)
+	m.throttled.DeleteLabelValues(group)
+	m.granted.DeleteLabelValues(group)
+	m.wait.DeleteLabelValues(group)
 }

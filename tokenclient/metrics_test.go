@@ -37,7 +37,8 @@ func label(m *dto.Metric) string {
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c, clk := newTestClient(t, func(cfg *Config) { cfg.Registerer = reg })
-	setGroups(c, resourcegroup.Group{Name: "a", RUPerSec: 10}, resourcegroup.DefaultGroupDefinition())
+	setGroups(c, resourcegroup.Group{Name: "a", RUPerSec: 10}, resourcegroup.Group{Name: "unused", RUPerSec: 10},
+		resourcegroup.DefaultGroupDefinition())
 	c.Charge("a", rruOf(0))
 	c.mu.Lock()
 	c.groups["a"].want = true
@@ -71,7 +72,15 @@ func TestMetrics(t *testing.T) {
 	counter := func(x *dto.Metric) float64 { return x.GetCounter().GetValue() }
 	check("rgproxy_group_tokens", 5, gauge, "a")
 	check("rgproxy_group_ru_per_sec", 10, gauge, "a")
-	check("rgproxy_group_ru_per_sec", math.Inf(1), gauge, "default")
+	// Only the groups this proxy serves have series: not started, it
+	// serves neither default nor a group it never used.
+	for name, ms := range m {
+		for _, x := range ms {
+			if g := label(x); g == "default" || g == "unused" {
+				t.Errorf("%s{%s} exported for a group this proxy does not serve", name, g)
+			}
+		}
+	}
 	check("rgproxy_degraded", 0, gauge, "")
 	check("rgproxy_token_requests_total", 1, counter, "a")
 	check("rgproxy_throttled_total", 1, counter, "a")

@@ -409,6 +409,7 @@ func consumptionToPB(c ru.Consumption) *tokenpb.Consumption {
 // did not record it).
 func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	now := c.clk.Now()
+	defer c.notifyForgotten() // after the unlock
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	sent := c.outstanding[resp.GetRequestId()]
@@ -463,9 +464,15 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 		}
 		if g.GetError() != "" {
 			c.log.Warn("rgserver refused a group", "resource_group", gs.name, "err", g.GetError())
-			gs.dead = true
-			gs.wake()
-			delete(c.groups, gs.name)
+			if gs.name == resourcegroup.DefaultGroup {
+				// default cannot be dropped: its state starts again at
+				// its next use, its series stay.
+				gs.dead = true
+				gs.wake()
+				delete(c.groups, gs.name)
+				continue
+			}
+			c.dropLocked(gs)
 			continue
 		}
 		if gs.unavailable && !c.degraded {

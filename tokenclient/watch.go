@@ -187,6 +187,7 @@ func (c *Client) applyWatch(resp *tokenpb.WatchResponse) bool {
 		c.installSnapshot(snap)
 		return true
 	}
+	defer c.notifyForgotten() // after the unlock
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	touched, watches := applyEvents(&c.cache, resp.GetEvents())
@@ -202,6 +203,7 @@ func (c *Client) applyWatch(resp *tokenpb.WatchResponse) bool {
 			c.refreshGroupLocked(now, gs)
 		}
 	}
+	c.droppedFromCacheLocked(touched)
 	c.cacheWokeLocked()
 	return len(resp.GetEvents()) > 0
 }
@@ -248,6 +250,7 @@ func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string
 
 // installSnapshot replaces the cache with a whole snapshot from rgserver.
 func (c *Client) installSnapshot(snap snapshot) {
+	defer c.notifyForgotten() // after the unlock
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.watchSynced = true
@@ -264,6 +267,7 @@ func (c *Client) setCacheLocked(snap snapshot) {
 	for _, gs := range c.groups {
 		c.refreshGroupLocked(now, gs)
 	}
+	c.droppedFromCacheLocked(nil)
 	c.cacheWokeLocked()
 }
 

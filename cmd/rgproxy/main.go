@@ -115,6 +115,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		if err != nil {
 			return err
 		}
+		// A group dropped, or idle here for --group-idle-expiry, leaves
+		// the policy's series too.
+		tc.OnGroupForgotten(rp.ForgetGroup)
 		policy = rp
 		pcfg.ScanWords = rgpolicy.ScanWords()
 		go rp.Run(ctx)
@@ -194,6 +197,7 @@ func startTokenClient(ctx context.Context, cfg config, m *metrics, logger *slog.
 		ProxyID:       cfg.ProxyID,
 		DegradedAfter: cfg.DegradedAfter,
 		CacheDir:      cfg.CacheDir,
+		IdleExpiry:    cfg.GroupIdleExpiry,
 		Logger:        logger,
 		Registerer:    m.reg,
 	}

@@ -1,0 +1,150 @@
+package tokenclient
+
+import (
+	"context"
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
+
+// A group's local state (groupState) and its per-group series live
+// together: both are born when the proxy first serves the group (default's
+// when the client starts) and both go when the group is dropped — it
+// leaves the Watch cache, or rgserver answers NOT_FOUND — or when it has
+// been idle here for Config.IdleExpiry. Either way the hook registered
+// with OnGroupForgotten is told, so that the caller forgets the group too.
+
+// OnGroupForgotten registers fn, called with a group's name (outside the
+// client's lock, on one of its goroutines) after the group was dropped or
+// expired here and its series deleted. It replaces any earlier fn; nil
+// removes it. Safe to call at any time, also after Start.
+func (c *Client) OnGroupForgotten(fn func(group string)) {
+	if fn == nil {
+		c.onForgotten.Store(nil)
+		return
+	}
+	c.onForgotten.Store(&fn)
+}
+
+// useLocked returns group's state (made on first use) and notes that it
+// was used at now.
+func (c *Client) useLocked(group string, now time.Time) *groupState {
+	gs := c.stateLocked(group, now)
+	if now.After(gs.lastUsed) {
+		gs.lastUsed = now
+	}
+	return gs
+}
+
+// dropLocked forgets a group that no longer exists: statements waiting on
+// it wake and get ErrUnknownGroup (their caller falls back to default,
+// as it would a moment later from rgserver's NOT_FOUND), and what it still
+// owed is moot: rgserver drops whatever is reported for an unknown group.
+// `default` cannot be dropped.
+func (c *Client) dropLocked(gs *groupState) {
+	if gs.name == resourcegroup.DefaultGroup || c.groups[gs.name] != gs {
+		return
+	}
+	gs.dead = true
+	gs.wake()
+	c.forgetLocked(gs)
+}
+
+// forgetLocked deletes gs and its series and queues the hook.
+func (c *Client) forgetLocked(gs *groupState) {
+	delete(c.groups, gs.name)
+	c.met.forget(gs.name)
+	c.forgotten = append(c.forgotten, gs.name)
+}
+
+// droppedFromCacheLocked drops the groups in use here that the Watch
+// cache no longer holds, among names (all groups in use when names is
+// nil: a whole snapshot was installed).
+func (c *Client) droppedFromCacheLocked(names []string) {
+	check := func(name string) {
+		if gs, ok := c.groups[name]; ok {
+			if _, known := c.cache.Groups[name]; !known {
+				c.dropLocked(gs)
+			}
+		}
+	}
+	if names != nil {
+		for _, n := range names {
+			check(n)
+		}
+		return
+	}
+	for name := range c.groups {
+		check(name)
+	}
+}
+
+// notifyForgotten runs the OnGroupForgotten hook for the groups forgotten
+// since its last call, outside the lock. A group used again meanwhile
+// (its state born again) is not reported: its caller may already count it.
+func (c *Client) notifyForgotten() {
+	c.mu.Lock()
+	names := c.forgotten
+	c.forgotten = nil
+	live := names[:0:0]
+	for _, n := range names {
+		if _, again := c.groups[n]; !again {
+			live = append(live, n)
+		}
+	}
+	c.mu.Unlock()
+	fn := c.onForgotten.Load()
+	if fn == nil {
+		return
+	}
+	for _, n := range live {
+		(*fn)(n)
+	}
+}
+
+// owedEpsilon is the rounding noise below which RU waiting or in debt
+// count as none.
+const owedEpsilon = 1e-6
+
+// expireIdle forgets, at now, the groups with no use for IdleExpiry whose
+// state no longer matters. A state is kept, however idle, while anything
+// about it is still owed or pending, so that forgetting it loses nothing:
+//   - a statement waits on it, or sleeps on a reservation;
+//   - a request is in flight (its answer settles the bucket);
+//   - consumption is still to be reported (rgserver unreachable): it is
+//     reported first, at the next message;
+//   - its bucket is in debt: forgetting would forgive the debt, so it
+//     stays until the fill or a grant repaid it.
+//
+// What is dropped with an idle state is at most unspent tokens (the group
+// can only spend less for it) and a net refund that could not be reported
+// yet (rgserver keeps counting a little more consumption than there was).
+// `default` never expires: its series exist from start.
+func (c *Client) expireIdle(now time.Time) {
+	c.mu.Lock()
+	before := now.Add(-c.cfg.IdleExpiry)
+	for name, gs := range c.groups {
+		if name == resourcegroup.DefaultGroup || gs.lastUsed.After(before) {
+			continue
+		}
+		if gs.waiters > 0 || gs.waiting > owedEpsilon || gs.inFlight || gs.hasReport() ||
+			(!gs.bucket.Unlimited() && gs.bucket.Tokens(now) < -owedEpsilon) {
+			continue
+		}
+		c.forgetLocked(gs)
+	}
+	c.mu.Unlock()
+	c.notifyForgotten()
+}
+
+// expireLoop runs expireIdle every quarter of IdleExpiry (at most every
+// minute) until ctx ends.
+func (c *Client) expireLoop(ctx context.Context) {
+	every := min(c.cfg.IdleExpiry/4, time.Minute)
+	for {
+		if err := c.sleep(ctx, every); err != nil {
+			return
+		}
+		c.expireIdle(c.clk.Now())
+	}
+}
