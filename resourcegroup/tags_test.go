@@ -187,3 +187,18 @@ func FuzzParseTags(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkParseTags(b *testing.B) {
+	for _, c := range []string{
+		"controller='index',framework='django%3A4.2',route='%2Freport'",
+		"controller='index',framework='django',route='report'",
+		" a developer's note, not tags ",
+	} {
+		b.Run(c, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				ParseTags(c, func(k, v string) bool { return true })
+			}
+		})
+	}
+}
