@@ -144,4 +144,5 @@ const (
 	msgInvalidSetting   = "invalid group settings"
 	msgDropSwitchTarget = "can't drop resource group"
 	msgNoWatch          = "no runaway watch with the specific ID"
+	msgInvalidTag       = "invalid tag binding"
 )

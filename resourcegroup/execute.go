@@ -56,6 +56,10 @@ func Execute(ctx context.Context, st Statement, store Store) (*Result, error) {
 		return &Result{}, nil
 	case *AlterUserGroup:
 		return alterUser(ctx, s, store)
+	case *CreateTagBinding:
+		return createTagBinding(ctx, s, store)
+	case *DropTagBinding:
+		return dropTagBinding(ctx, s, store)
 	case *ShowCreateGroup:
 		g, err := store.GetGroup(ctx, s.Name)
 		if err != nil {
@@ -161,6 +165,53 @@ func alterUser(ctx context.Context, s *AlterUserGroup, store Store) (*Result, er
 		return &Result{}, nil
 	}
 	if err := store.BindUser(ctx, Binding{User: s.User, Host: s.Host, Group: group}); err != nil {
+		return nil, err
+	}
+	return &Result{}, nil
+}
+
+// createTagBinding binds a tag to an existing group, replacing the tag's
+// binding if it has one. Storing a binding to `default` removes it, so
+// binding a tag to `default` is refused rather than silently dropped: a
+// tag bound to no group leaves statements to the account's binding, which
+// is not `default`.
+func createTagBinding(ctx context.Context, s *CreateTagBinding, store Store) (*Result, error) {
+	if err := ValidateTag(s.Key, s.Value); err != nil {
+		return nil, err
+	}
+	group := NormalizeName(s.Group)
+	if group == DefaultGroup {
+		return nil, NewInvalid(msgInvalidTag + ": a tag cannot be bound to resource group 'default'; " +
+			"DROP RESOURCE GROUP BINDING FOR TAG removes a tag's binding")
+	}
+	if err := store.BindUser(ctx, Binding{TagKey: s.Key, TagValue: s.Value, Group: group}); err != nil {
+		return nil, err
+	}
+	return &Result{}, nil
+}
+
+// dropTagBinding removes a tag's binding; a tag with none is an error, or
+// a note with IF EXISTS. (Two DROPs racing may both succeed: a DDL
+// statement, not a lock.)
+func dropTagBinding(ctx context.Context, s *DropTagBinding, store Store) (*Result, error) {
+	bs, err := store.ListBindings(ctx)
+	if err != nil {
+		return nil, err
+	}
+	found := false
+	for _, b := range bs {
+		if b.IsTag() && b.TagKey == s.Key && b.TagValue == s.Value {
+			found = true
+			break
+		}
+	}
+	if !found {
+		if s.IfExists {
+			return &Result{Warnings: []*Error{NewNoTagBinding(s.Key, s.Value)}}, nil
+		}
+		return nil, NewNoTagBinding(s.Key, s.Value)
+	}
+	if err := store.BindUser(ctx, Binding{TagKey: s.Key, TagValue: s.Value, Group: DefaultGroup}); err != nil {
 		return nil, err
 	}
 	return &Result{}, nil

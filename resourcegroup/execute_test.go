@@ -156,6 +156,7 @@ func (failStore) UnbindUser(context.Context, string, string) error { return errB
 func (failStore) GetBinding(context.Context, string, string) (Binding, error) {
 	return Binding{}, errBackend
 }
+func (failStore) ListBindings(context.Context) ([]Binding, error) { return nil, errBackend }
 
 func TestExecuteStoreErrors(t *testing.T) {
 	for _, sql := range []string{
@@ -247,5 +248,73 @@ func TestDropSwitchTargetRefused(t *testing.T) {
 	}
 	if _, err := run(t, s, "DROP RESOURCE GROUP rg2"); err != nil {
 		t.Fatalf("drop once the rule is gone: %v", err)
+	}
+}
+
+func TestExecuteTagBindings(t *testing.T) {
+	s := NewMemStore()
+	ctx := context.Background()
+	mustRun(t, s, "CREATE RESOURCE GROUP rg_reports RU_PER_SEC = 10")
+	mustRun(t, s, "CREATE RESOURCE GROUP rg2 RU_PER_SEC = 10")
+	mustRun(t, s, "ALTER USER app RESOURCE GROUP rg2")
+	code := func(sql string) uint16 {
+		t.Helper()
+		_, err := run(t, s, sql)
+		var e *Error
+		if !errors.As(err, &e) {
+			t.Fatalf("%s: %v, want an *Error", sql, err)
+		}
+		return e.Code
+	}
+	if c := code("CREATE RESOURCE GROUP BINDING FOR TAG route = '/report' TO nope"); c != 8249 {
+		t.Fatalf("binding to a missing group: %d, want 8249", c)
+	}
+	if c := code("CREATE RESOURCE GROUP BINDING FOR TAG route = '/report' TO `default`"); c != 1105 {
+		t.Fatalf("binding to default: %d, want 1105", c)
+	}
+	mustRun(t, s, "CREATE RESOURCE GROUP BINDING FOR TAG route = '/report' TO rg2")
+	// Creating again replaces.
+	mustRun(t, s, "CREATE RESOURCE GROUP BINDING FOR TAG route = '/report' TO RG_Reports")
+	mustRun(t, s, "CREATE RESOURCE GROUP BINDING FOR TAG 'a=b' = 'c=d' TO rg2")
+	bs, err := s.ListBindings(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Binding{
+		{User: "app", Host: "%", Group: "rg2"},
+		{TagKey: "a=b", TagValue: "c=d", Group: "rg2"},
+		{TagKey: "route", TagValue: "/report", Group: "rg_reports"},
+	}
+	if !reflect.DeepEqual(bs, want) {
+		t.Fatalf("bindings:\n got  %+v\n want %+v", bs, want)
+	}
+	// The account binding is not the tag's: DROP of a tag leaves it.
+	mustRun(t, s, "DROP RESOURCE GROUP BINDING FOR TAG route = '/report'")
+	if c := code("DROP RESOURCE GROUP BINDING FOR TAG route = '/report'"); c != 1105 {
+		t.Fatalf("second drop: %d, want 1105", c)
+	}
+	r := mustRun(t, s, "DROP RESOURCE GROUP BINDING IF EXISTS FOR TAG route = '/report'")
+	if len(r.Warnings) != 1 || !errors.Is(r.Warnings[0], ErrNotFound) ||
+		r.Warnings[0].Message != "tag route='/report' has no resource group binding" {
+		t.Fatalf("IF EXISTS of a missing binding: %+v", r.Warnings)
+	}
+	// The value is matched exactly.
+	if c := code("DROP RESOURCE GROUP BINDING FOR TAG 'a=b' = 'C=D'"); c != 1105 {
+		t.Fatalf("drop with another case: %d", c)
+	}
+	mustRun(t, s, "DROP RESOURCE GROUP BINDING FOR TAG `a=b` = 'c=d'")
+	if bs, _ := s.ListBindings(ctx); !reflect.DeepEqual(bs, want[:1]) {
+		t.Fatalf("after the drops: %+v", bs)
+	}
+	for _, sql := range []string{
+		"CREATE RESOURCE GROUP BINDING FOR TAG k = 'v' TO rg2",
+		"DROP RESOURCE GROUP BINDING FOR TAG k = 'v'",
+	} {
+		if _, err := run(t, failStore{}, sql); !errors.Is(err, errBackend) {
+			t.Errorf("%s: %v, want the store's error", sql, err)
+		}
+	}
+	if _, err := Execute(ctx, &CreateTagBinding{Value: "v", Group: "rg2"}, s); !errors.Is(err, ErrInvalid) {
+		t.Errorf("an empty key: %v", err)
 	}
 }

@@ -5,9 +5,13 @@
 package resourcegroup
 
 import (
+	"fmt"
 	"math"
+	"net/url"
+	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Unlimited is the RUPerSec value of RU_PER_SEC = UNLIMITED.
@@ -119,22 +123,96 @@ type Group struct {
 	Version int64
 }
 
-// Binding ties an account — user@host, as MySQL knows accounts — to a
-// group. 'app'@'%' and 'app'@'10.%' are two accounts with two bindings;
-// a session is bound by the account the backend matched at its login
-// (CURRENT_USER()).
+// Binding ties either an account or a tag to a group.
+//
+// An account binding (User, Host set) ties an account — user@host, as
+// MySQL knows accounts: 'app'@'%' and 'app'@'10.%' are two accounts with
+// two bindings — to a group; a session is bound by the account the backend
+// matched at its login (CURRENT_USER()).
+//
+// A tag binding (TagKey set; User and Host empty) ties a SQLCommenter tag
+// key='value' to a group: a statement carrying that tag runs in the group
+// (CREATE RESOURCE GROUP BINDING FOR TAG).
 type Binding struct {
 	// User is the account's user name.
 	User string
 	// Host is the account's host pattern ('%' when ALTER USER gives none),
 	// lower case as MySQL stores it.
 	Host string
+	// TagKey and TagValue are a tag binding's tag, decoded (no URL
+	// encoding) and matched exactly.
+	TagKey, TagValue string
 	// Group is the bound group's name.
 	Group string
 }
 
-// Account returns the binding's account key, AccountKey(User, Host).
+// IsTag reports whether b is a tag binding.
+func (b Binding) IsTag() bool { return b.TagKey != "" }
+
+// Account returns an account binding's key, AccountKey(User, Host).
 func (b Binding) Account() string { return AccountKey(b.User, b.Host) }
+
+// Tag returns a tag binding's key, TagBindingKey(TagKey, TagValue).
+func (b Binding) Tag() string { return TagBindingKey(b.TagKey, b.TagValue) }
+
+// SortBindings sorts bindings as Store.ListBindings returns them: account
+// bindings by account, then tag bindings by key and value.
+func SortBindings(bs []Binding) {
+	sort.Slice(bs, func(i, j int) bool {
+		a, b := bs[i], bs[j]
+		if a.IsTag() != b.IsTag() {
+			return !a.IsTag()
+		}
+		if a.IsTag() {
+			if a.TagKey != b.TagKey {
+				return a.TagKey < b.TagKey
+			}
+			return a.TagValue < b.TagValue
+		}
+		return a.Account() < b.Account()
+	})
+}
+
+// MaxTagLength bounds a bound tag's key and its value, in bytes.
+const MaxTagLength = 256
+
+// ValidateTag checks the tag of a tag binding: a key of 1 to MaxTagLength
+// bytes and a value of at most MaxTagLength, both valid UTF-8 (they travel
+// in protobuf strings and JSON).
+func ValidateTag(key, value string) error {
+	switch {
+	case key == "":
+		return NewInvalid(msgInvalidTag + ": the tag key is empty")
+	case len(key) > MaxTagLength || len(value) > MaxTagLength:
+		return NewInvalid(fmt.Sprintf("%s: a tag key or value is longer than %d bytes", msgInvalidTag, MaxTagLength))
+	case !utf8.ValidString(key) || !utf8.ValidString(value):
+		return NewInvalid(msgInvalidTag + ": a tag key or value is not valid UTF-8")
+	}
+	return nil
+}
+
+// TagBindingKey is the key of the tag binding of key='value': both parts
+// URL-encoded (query encoding, which also encodes '=' and '/') and joined
+// by '=', so that any key and value round-trip through SplitTagBindingKey.
+// rgserver keeps tag bindings under /rg/tags/<TagBindingKey>.
+func TagBindingKey(key, value string) string {
+	return url.QueryEscape(key) + "=" + url.QueryEscape(value)
+}
+
+// SplitTagBindingKey splits a key made by TagBindingKey.
+func SplitTagBindingKey(k string) (key, value string, err error) {
+	ek, ev, ok := strings.Cut(k, "=")
+	if !ok {
+		return "", "", fmt.Errorf("tag binding key %q: no '='", k)
+	}
+	if key, err = url.QueryUnescape(ek); err != nil {
+		return "", "", fmt.Errorf("tag binding key %q: %w", k, err)
+	}
+	if value, err = url.QueryUnescape(ev); err != nil {
+		return "", "", fmt.Errorf("tag binding key %q: %w", k, err)
+	}
+	return key, value, nil
+}
 
 // AccountKey is the key of the account user@host: "user@host", host in
 // lower case. A user name may itself hold '@': SplitAccount splits at the

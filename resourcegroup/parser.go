@@ -176,6 +176,9 @@ func (p *parser) create() (Statement, error) {
 	if err := p.expectWords("CREATE", "RESOURCE", "GROUP"); err != nil {
 		return nil, err
 	}
+	if p.tagBindingAhead(false) {
+		return p.createTagBinding()
+	}
 	st := &CreateGroup{}
 	if p.isWord("IF") {
 		if err := p.advance(); err != nil {
@@ -237,6 +240,9 @@ func (p *parser) drop() (Statement, error) {
 	if err := p.expectWords("DROP", "RESOURCE", "GROUP"); err != nil {
 		return nil, err
 	}
+	if p.tagBindingAhead(true) {
+		return p.dropTagBinding()
+	}
 	st := &DropGroup{}
 	var err error
 	if st.IfExists, err = p.ifExists(); err != nil {
@@ -246,6 +252,84 @@ func (p *parser) drop() (Statement, error) {
 		return nil, err
 	}
 	return st, nil
+}
+
+// tagBindingAhead reports whether the statement goes on with a tag
+// binding: the bare word BINDING followed by FOR (or, for DROP, by IF).
+// Anything else — `CREATE RESOURCE GROUP binding RU_PER_SEC = 1` — names a
+// group. The parser is left where it was.
+func (p *parser) tagBindingAhead(ifExists bool) bool {
+	if !p.isWord("BINDING") {
+		return false
+	}
+	save := *p
+	defer func() { *p = save }()
+	if p.advance() != nil {
+		return false // the group path reports the lexical error
+	}
+	return p.isWord("FOR") || ifExists && p.isWord("IF")
+}
+
+// createTagBinding parses BINDING FOR TAG key = 'value' TO group.
+func (p *parser) createTagBinding() (Statement, error) {
+	if err := p.expectWords("BINDING"); err != nil {
+		return nil, err
+	}
+	key, value, err := p.tag()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.expectWords("TO"); err != nil {
+		return nil, err
+	}
+	group, err := p.groupName()
+	if err != nil {
+		return nil, err
+	}
+	return &CreateTagBinding{Key: key, Value: value, Group: group}, nil
+}
+
+// dropTagBinding parses BINDING [IF EXISTS] FOR TAG key = 'value'.
+func (p *parser) dropTagBinding() (Statement, error) {
+	if err := p.expectWords("BINDING"); err != nil {
+		return nil, err
+	}
+	st := &DropTagBinding{}
+	var err error
+	if st.IfExists, err = p.ifExists(); err != nil {
+		return nil, err
+	}
+	if st.Key, st.Value, err = p.tag(); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// tag parses FOR TAG key = 'value': the key an identifier (bare or
+// backquoted) or a quoted string, the value a quoted string, both as the
+// application sends them once decoded (no URL encoding).
+func (p *parser) tag() (key, value string, err error) {
+	if err := p.expectWords("FOR", "TAG"); err != nil {
+		return "", "", err
+	}
+	if p.tok.kind != tkWord && p.tok.kind != tkQIdent && p.tok.kind != tkString {
+		return "", "", p.fail()
+	}
+	key = p.tok.text
+	if err := p.advance(); err != nil {
+		return "", "", err
+	}
+	if err := p.expectPunct("="); err != nil {
+		return "", "", err
+	}
+	if p.tok.kind != tkString {
+		return "", "", p.fail()
+	}
+	value = p.tok.text
+	if err := ValidateTag(key, value); err != nil {
+		return "", "", err
+	}
+	return key, value, p.advance()
 }
 
 // alterUser parses ALTER USER [IF EXISTS] user[@host] RESOURCE GROUP name.

@@ -79,6 +79,23 @@ type AlterUserGroup struct {
 	Group string
 }
 
+// CreateTagBinding is CREATE RESOURCE GROUP BINDING FOR TAG key = 'value'
+// TO group (an rgproxy extension): statements carrying the SQLCommenter
+// tag key='value' run in group. It creates the binding or replaces the
+// tag's binding to another group.
+type CreateTagBinding struct {
+	// Key and Value are the tag, decoded (no URL encoding).
+	Key, Value string
+	Group      string
+}
+
+// DropTagBinding is DROP RESOURCE GROUP BINDING [IF EXISTS] FOR TAG key =
+// 'value'.
+type DropTagBinding struct {
+	IfExists   bool
+	Key, Value string
+}
+
 // SetGroup is SET RESOURCE GROUP name (executed by the proxy session).
 type SetGroup struct{ Name string }
 
@@ -111,6 +128,8 @@ func (*CreateGroup) statement()         {}
 func (*AlterGroup) statement()          {}
 func (*DropGroup) statement()           {}
 func (*AlterUserGroup) statement()      {}
+func (*CreateTagBinding) statement()    {}
+func (*DropTagBinding) statement()      {}
 func (*SetGroup) statement()            {}
 func (*CurrentGroup) statement()        {}
 func (*ShowCreateGroup) statement()     {}
@@ -133,7 +152,8 @@ func IsSessionBound(st Statement) bool {
 // caller's business.
 func RequiresSuper(st Statement) bool {
 	switch st.(type) {
-	case *CreateGroup, *AlterGroup, *DropGroup, *AlterUserGroup, *QueryWatchAdd, *QueryWatchRemove:
+	case *CreateGroup, *AlterGroup, *DropGroup, *AlterUserGroup, *CreateTagBinding, *DropTagBinding,
+		*QueryWatchAdd, *QueryWatchRemove:
 		return true
 	}
 	return false

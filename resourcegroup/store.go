@@ -25,14 +25,16 @@ type Store interface {
 	GetGroup(ctx context.Context, name string) (Group, error)
 	// ListGroups returns every group sorted by name.
 	ListGroups(ctx context.Context) ([]Group, error)
-	// BindUser binds the account b.User@b.Host to b.Group, which must
+	// BindUser binds the account b.User@b.Host, or for a tag binding
+	// (b.IsTag()) the tag b.TagKey='b.TagValue', to b.Group, which must
 	// exist (ErrNotFound). Binding to `default` is unbinding.
 	BindUser(ctx context.Context, b Binding) error
 	// UnbindUser removes an account's binding; no error when there is none.
 	UnbindUser(ctx context.Context, user, host string) error
 	// GetBinding returns an account's binding; ErrNotFound when none.
 	GetBinding(ctx context.Context, user, host string) (Binding, error)
-	// ListBindings returns every binding sorted by account.
+	// ListBindings returns every binding, account and tag bindings, in
+	// SortBindings' order.
 	ListBindings(ctx context.Context) ([]Binding, error)
 }
 
@@ -40,6 +42,13 @@ type Store interface {
 func NewNoBinding(user, host string) *Error {
 	return &Error{Code: CodeUnknown, State: "HY000",
 		Message: fmt.Sprintf("account '%s'@'%s' has no resource group binding", user, host), Err: ErrNotFound}
+}
+
+// NewNoTagBinding is the ErrNotFound of dropping a tag binding that does
+// not exist.
+func NewNoTagBinding(key, value string) *Error {
+	return &Error{Code: CodeUnknown, State: "HY000",
+		Message: fmt.Sprintf("tag %s='%s' has no resource group binding", key, strings.ReplaceAll(value, "'", "''")), Err: ErrNotFound}
 }
 
 // NewDropReserved is the ErrInvalid of dropping `default`.
@@ -54,6 +63,8 @@ type MemStore struct {
 	rev      int64
 	groups   map[string]Group
 	bindings map[string]Binding
+	// tags are the tag bindings by Binding.Tag().
+	tags map[string]Binding
 	// The runaway watch list (watchstore.go); now is its clock, nil =
 	// time.Now.
 	watches  map[uint64]Watch
@@ -65,7 +76,7 @@ var _ Store = (*MemStore)(nil)
 
 // NewMemStore returns a store holding only the `default` group.
 func NewMemStore() *MemStore {
-	s := &MemStore{groups: map[string]Group{}, bindings: map[string]Binding{}}
+	s := &MemStore{groups: map[string]Group{}, bindings: map[string]Binding{}, tags: map[string]Binding{}}
 	d := DefaultGroupDefinition()
 	s.rev++
 	d.Version = s.rev
@@ -172,10 +183,24 @@ func (s *MemStore) BindUser(ctx context.Context, b Binding) error {
 		return fmt.Errorf("bind user: %w", err)
 	}
 	b.Group = NormalizeName(b.Group)
+	if b.IsTag() {
+		if err := ValidateTag(b.TagKey, b.TagValue); err != nil {
+			return err
+		}
+		b.User, b.Host = "", ""
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.groups[b.Group]; !ok {
 		return NewNotFound(b.Group)
+	}
+	if b.IsTag() {
+		if b.Group == DefaultGroup {
+			delete(s.tags, b.Tag())
+		} else {
+			s.tags[b.Tag()] = b
+		}
+		return nil
 	}
 	b.Host = strings.ToLower(b.Host)
 	if b.Group == DefaultGroup {
@@ -217,12 +242,15 @@ func (s *MemStore) ListBindings(ctx context.Context) ([]Binding, error) {
 		return nil, fmt.Errorf("list bindings: %w", err)
 	}
 	s.mu.Lock()
-	out := make([]Binding, 0, len(s.bindings))
+	out := make([]Binding, 0, len(s.bindings)+len(s.tags))
 	for _, b := range s.bindings {
 		out = append(out, b)
 	}
+	for _, b := range s.tags {
+		out = append(out, b)
+	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Account() < out[j].Account() })
+	SortBindings(out)
 	return out, nil
 }
 

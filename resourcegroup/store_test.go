@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -118,6 +119,47 @@ func TestMemStoreBindings(t *testing.T) {
 	}
 	if bs, _ := s.ListBindings(ctx); len(bs) != 0 {
 		t.Fatalf("bindings left: %+v", bs)
+	}
+}
+
+func TestMemStoreTagBindings(t *testing.T) {
+	ctx := context.Background()
+	s := NewMemStore()
+	if err := s.BindUser(ctx, Binding{TagKey: "route", TagValue: "/r", Group: "rg1"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("bind to missing group = %v", err)
+	}
+	if err := s.BindUser(ctx, Binding{TagKey: "k", TagValue: string([]byte{0xff}), Group: "default"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("invalid UTF-8 = %v", err)
+	}
+	if err := s.CreateGroup(ctx, Group{Name: "rg1", RUPerSec: 10}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []Binding{
+		{TagKey: "route", TagValue: "/r", Group: "RG1"},
+		{TagKey: "app", TagValue: "x", Group: "rg1"},
+		{User: "zed", Host: "%", Group: "rg1"},
+		// User and Host of a tag binding are dropped.
+		{User: "u", Host: "h", TagKey: "app", TagValue: "a", Group: "rg1"},
+	} {
+		if err := s.BindUser(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bs, _ := s.ListBindings(ctx)
+	want := []Binding{{User: "zed", Host: "%", Group: "rg1"}, {TagKey: "app", TagValue: "a", Group: "rg1"},
+		{TagKey: "app", TagValue: "x", Group: "rg1"}, {TagKey: "route", TagValue: "/r", Group: "rg1"}}
+	if !reflect.DeepEqual(bs, want) {
+		t.Fatalf("list:\n got  %+v\n want %+v", bs, want)
+	}
+	// A tag binding is no account's.
+	if _, err := s.GetBinding(ctx, "", ""); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetBinding of the empty account: %v", err)
+	}
+	if err := s.BindUser(ctx, Binding{TagKey: "route", TagValue: "/r", Group: "default"}); err != nil {
+		t.Fatal(err)
+	}
+	if bs, _ := s.ListBindings(ctx); len(bs) != 3 || bs[2].TagKey != "app" {
+		t.Fatalf("after unbinding the tag: %+v", bs)
 	}
 }
 

@@ -194,6 +194,9 @@ func (s rpcStore) BindUser(ctx context.Context, b resourcegroup.Binding) error {
 	}
 	s.c.waitCache(ctx, func(s snapshot) bool {
 		cur, ok := s.Bindings[b.Account()]
+		if b.IsTag() {
+			cur, ok = s.Tags[b.Tag()]
+		}
 		if b.Group == resourcegroup.DefaultGroup {
 			return !ok || cur.Group == b.Group
 		}
@@ -233,11 +236,14 @@ func (s rpcStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, er
 		return nil, fmt.Errorf("list bindings: %w", err)
 	}
 	s.c.mu.Lock()
-	out := make([]resourcegroup.Binding, 0, len(s.c.cache.Bindings))
+	out := make([]resourcegroup.Binding, 0, len(s.c.cache.Bindings)+len(s.c.cache.Tags))
 	for _, b := range s.c.cache.Bindings {
 		out = append(out, b)
 	}
+	for _, b := range s.c.cache.Tags {
+		out = append(out, b)
+	}
 	s.c.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Account() < out[j].Account() })
+	resourcegroup.SortBindings(out)
 	return out, nil
 }

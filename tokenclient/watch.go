@@ -25,6 +25,9 @@ type snapshot struct {
 	// users counts the bindings of each user name, so that a session of a
 	// user with none never asks the backend for its account.
 	users map[string]int
+	// Tags are the tag bindings by resourcegroup.TagBindingKey, apart
+	// from the account bindings (an earlier version's file has none).
+	Tags map[string]resourcegroup.Binding `json:"tags,omitempty"`
 	// Watches is the runaway watch list by id, expired entries included
 	// until rgserver deletes them (readers filter on Expires).
 	Watches map[uint64]resourcegroup.Watch `json:"watches"`
@@ -32,14 +35,14 @@ type snapshot struct {
 
 func newSnapshot() snapshot {
 	return snapshot{Groups: map[string]resourcegroup.Group{}, Bindings: map[string]resourcegroup.Binding{},
-		Watches: map[uint64]resourcegroup.Watch{}, users: map[string]int{}}
+		Watches: map[uint64]resourcegroup.Watch{}, users: map[string]int{}, Tags: map[string]resourcegroup.Binding{}}
 }
 
 // shallow copies the maps, not the values: enough for a reader on another
 // goroutine, since the cache's values are replaced, never changed in place.
 func (s snapshot) shallow() snapshot {
 	return snapshot{Revision: s.Revision, Groups: maps.Clone(s.Groups), Bindings: maps.Clone(s.Bindings),
-		Watches: maps.Clone(s.Watches), users: maps.Clone(s.users)}
+		Watches: maps.Clone(s.Watches), users: maps.Clone(s.users), Tags: maps.Clone(s.Tags)}
 }
 
 // Group returns a group's definition from the Watch cache. `default` is
@@ -66,6 +69,24 @@ func (c *Client) HasBindings(user string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.cache.users[user] > 0
+}
+
+// HasTagBindings reports whether any tag is bound: without one, a
+// statement's SQLCommenter comment is not even parsed.
+func (c *Client) HasTagBindings() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.cache.Tags) > 0
+}
+
+// TagGroup returns the group the tag key='value' is bound to, from the
+// Watch cache. The group may no longer exist.
+func (c *Client) TagGroup(key, value string) (string, bool) {
+	k := resourcegroup.TagBindingKey(key, value)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.cache.Tags[k]
+	return b.Group, ok
 }
 
 // putBinding and deleteBinding change snap's bindings and their count per
@@ -226,6 +247,15 @@ func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string
 			}
 		case ev.GetBinding() != nil:
 			b := tokenpb.BindingFromPB(ev.GetBinding())
+			if b.IsTag() {
+				if del {
+					delete(snap.Tags, b.Tag())
+				} else {
+					b.Group = resourcegroup.NormalizeName(b.Group)
+					snap.Tags[b.Tag()] = b
+				}
+				continue
+			}
 			if b.Host == "" {
 				b.Host = "%"
 			}
@@ -405,8 +435,16 @@ func decodeSnapshot(data []byte) (snapshot, error) {
 		}
 		snap.Groups[g.Name] = g.Clone()
 	}
+	for _, b := range raw.Tags {
+		if resourcegroup.ValidateTag(b.TagKey, b.TagValue) != nil {
+			continue
+		}
+		b.User, b.Host = "", ""
+		b.Group = resourcegroup.NormalizeName(b.Group)
+		snap.Tags[b.Tag()] = b
+	}
 	for _, b := range raw.Bindings {
-		if b.User == "" {
+		if b.User == "" || b.IsTag() {
 			continue
 		}
 		if b.Host == "" {

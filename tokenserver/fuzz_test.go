@@ -133,3 +133,22 @@ func FuzzDecodeWatch(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeTagBinding: a stored tag binding never panics the decoder,
+// and what decodes is stored back under a key that decodes the same.
+func FuzzDecodeTagBinding(f *testing.F) {
+	f.Add("route=%2Freport", []byte(`{"group":"rg"}`))
+	f.Add("a%3Db=c+d", []byte(`{"group":"rg","host":"x"}`))
+	f.Add("noequals", []byte(`{}`))
+	f.Add("%zz=1", []byte(`{"group":1}`))
+	f.Fuzz(func(t *testing.T, tag string, data []byte) {
+		b, err := decodeTagBinding(tag, data)
+		if err != nil {
+			return
+		}
+		again, err := decodeTagBinding(resourcegroup.TagBindingKey(b.TagKey, b.TagValue), data)
+		if err != nil || again != b {
+			t.Fatalf("%q: %+v stored again decodes as %+v, %v", tag, b, again, err)
+		}
+	})
+}

@@ -282,7 +282,7 @@ func (s *Server) watchFrom(ctx context.Context, stream grpc.ServerStreamingServe
 	return 0, status.Error(codes.Unavailable, "watch closed by etcd")
 }
 
-// watchEvent converts an etcd event on a settings, user or watch key; nil
+// watchEvent converts an etcd event on a settings, account, tag or watch key; nil
 // for other keys (bucket states, the watch id counter).
 func watchEvent(ev *clientv3.Event) (*pb.WatchEvent, error) {
 	key := string(ev.Kv.Key)
@@ -308,6 +308,20 @@ func watchEvent(ev *clientv3.Event) (*pb.WatchEvent, error) {
 			return &pb.WatchEvent{Type: typ, Binding: &pb.Binding{User: user, Host: host}}, nil
 		}
 		b, err := decodeBinding(account, ev.Kv.Value)
+		if err != nil {
+			return nil, err
+		}
+		return &pb.WatchEvent{Type: typ, Binding: pb.BindingToPB(b)}, nil
+	case strings.HasPrefix(key, keyTags):
+		tag := strings.TrimPrefix(key, keyTags)
+		if typ == pb.WatchEvent_DELETE {
+			k, v, err := resourcegroup.SplitTagBindingKey(tag)
+			if err != nil {
+				return nil, err
+			}
+			return &pb.WatchEvent{Type: typ, Binding: &pb.Binding{TagKey: k, TagValue: v}}, nil
+		}
+		b, err := decodeTagBinding(tag, ev.Kv.Value)
 		if err != nil {
 			return nil, err
 		}

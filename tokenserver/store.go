@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +20,9 @@ const (
 	keyRoot     = "/rg/"
 	keySettings = "/rg/settings/"
 	keyAccounts = "/rg/accounts/"
-	keyStates   = "/rg/states/"
+	// keyTags holds tag bindings, /rg/tags/<resourcegroup.TagBindingKey>.
+	keyTags   = "/rg/tags/"
+	keyStates = "/rg/states/"
 	// keyUsers is where bindings were kept per user name before they were
 	// per account; a new leader moves what it finds there (migrateBindings).
 	keyUsers    = "/rg/users/"
@@ -31,6 +34,9 @@ func accountKey(user, host string) string {
 	return keyAccounts + resourcegroup.AccountKey(user, host)
 }
 func stateKey(name string) string { return keyStates + name }
+func tagKey(key, value string) string {
+	return keyTags + resourcegroup.TagBindingKey(key, value)
+}
 
 // groupRecord is a group as stored in etcd (JSON). It has its own shape so
 // that renaming a Go field never breaks stored data.
@@ -105,8 +111,23 @@ func decodeBinding(account string, data []byte) (resourcegroup.Binding, error) {
 	return resourcegroup.Binding{User: user, Host: host, Group: r.Group}, nil
 }
 
+// decodeTagBinding decodes the tag binding stored under /rg/tags/<tag>.
+func decodeTagBinding(tag string, data []byte) (resourcegroup.Binding, error) {
+	key, value, err := resourcegroup.SplitTagBindingKey(tag)
+	if err != nil {
+		return resourcegroup.Binding{}, fmt.Errorf("%w: bad tag binding key: %w", ErrEtcd, err)
+	}
+	var r bindingRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		return resourcegroup.Binding{}, fmt.Errorf("%w: tag binding %q: bad stored value: %w", ErrEtcd, tag, err)
+	}
+	return resourcegroup.Binding{TagKey: key, TagValue: value, Group: r.Group}, nil
+}
+
 // EtcdStore is the resourcegroup.Store of rgserver: groups under
-// /rg/settings/<name>, bindings under /rg/users/<user>, JSON values. A
+// /rg/settings/<name>, account bindings under /rg/accounts/<user@host>,
+// tag bindings under /rg/tags/<key>=<value> (both URL-encoded), JSON
+// values. A
 // group's Version is its key's ModRevision. Creates are guarded by
 // CreateRevision = 0 and updates by ModRevision, so concurrent writers on
 // any replica never overwrite each other silently.
@@ -307,6 +328,9 @@ func (s *EtcdStore) listGroups(ctx context.Context, rev int64) ([]resourcegroup.
 // binding is written (checked in the same transaction).
 func (s *EtcdStore) BindUser(ctx context.Context, b resourcegroup.Binding) error {
 	b.Group = resourcegroup.NormalizeName(b.Group)
+	if b.IsTag() {
+		return s.bindTag(ctx, b)
+	}
 	if b.User == "" {
 		return resourcegroup.NewInvalid("invalid binding: empty user name")
 	}
@@ -324,16 +348,44 @@ func (s *EtcdStore) BindUser(ctx context.Context, b resourcegroup.Binding) error
 	if err != nil {
 		return err
 	}
-	gk := settingsKey(b.Group)
+	return s.putBinding(ctx, accountKey(b.User, b.Host), val, b.Group, "bind user "+strconv.Quote(b.User))
+}
+
+// putBinding writes a binding's value under k if its group exists
+// (checked in the same transaction).
+func (s *EtcdStore) putBinding(ctx context.Context, k string, val []byte, group, what string) error {
+	gk := settingsKey(group)
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(gk), ">", 0)).
-		Then(clientv3.OpPut(accountKey(b.User, b.Host), string(val))).Commit()
+		Then(clientv3.OpPut(k, string(val))).Commit()
 	if err != nil {
-		return fmt.Errorf("%w: bind user %q: %w", ErrEtcd, b.User, err)
+		return fmt.Errorf("%w: %s: %w", ErrEtcd, what, err)
 	}
 	if !resp.Succeeded {
-		return resourcegroup.NewNotFound(b.Group)
+		return resourcegroup.NewNotFound(group)
 	}
 	return nil
+}
+
+// bindTag writes or, for `default`, removes a tag binding.
+func (s *EtcdStore) bindTag(ctx context.Context, b resourcegroup.Binding) error {
+	if err := resourcegroup.ValidateTag(b.TagKey, b.TagValue); err != nil {
+		return err
+	}
+	if err := resourcegroup.ValidateName(b.Group); err != nil {
+		return err
+	}
+	k := tagKey(b.TagKey, b.TagValue)
+	if b.Group == resourcegroup.DefaultGroup {
+		if _, err := s.cli.Delete(ctx, k); err != nil {
+			return fmt.Errorf("%w: unbind tag %q: %w", ErrEtcd, b.TagKey, err)
+		}
+		return nil
+	}
+	val, err := json.Marshal(bindingRecord{Group: b.Group})
+	if err != nil {
+		return err
+	}
+	return s.putBinding(ctx, k, val, b.Group, "bind tag "+strconv.Quote(b.TagKey))
 }
 
 // UnbindUser implements resourcegroup.Store.
@@ -368,6 +420,8 @@ func (s *EtcdStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, 
 	return bs, err
 }
 
+// listBindings reads every account and tag binding at revision rev (0 =
+// latest) and returns the revision read.
 func (s *EtcdStore) listBindings(ctx context.Context, rev int64) ([]resourcegroup.Binding, int64, error) {
 	opts := []clientv3.OpOption{clientv3.WithPrefix()}
 	if rev > 0 {
@@ -377,7 +431,13 @@ func (s *EtcdStore) listBindings(ctx context.Context, rev int64) ([]resourcegrou
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: list bindings: %w", ErrEtcd, err)
 	}
-	out := make([]resourcegroup.Binding, 0, len(resp.Kvs))
+	rev = resp.Header.Revision
+	// The tags at the same revision, so that the two make one snapshot.
+	tags, err := s.cli.Get(ctx, keyTags, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: list tag bindings: %w", ErrEtcd, err)
+	}
+	out := make([]resourcegroup.Binding, 0, len(resp.Kvs)+len(tags.Kvs))
 	for _, kv := range resp.Kvs {
 		b, err := decodeBinding(strings.TrimPrefix(string(kv.Key), keyAccounts), kv.Value)
 		if err != nil {
@@ -385,8 +445,15 @@ func (s *EtcdStore) listBindings(ctx context.Context, rev int64) ([]resourcegrou
 		}
 		out = append(out, b)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Account() < out[j].Account() })
-	return out, resp.Header.Revision, nil
+	for _, kv := range tags.Kvs {
+		b, err := decodeTagBinding(strings.TrimPrefix(string(kv.Key), keyTags), kv.Value)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, b)
+	}
+	resourcegroup.SortBindings(out)
+	return out, rev, nil
 }
 
 // migrateBindings moves the bindings an earlier rgserver kept per user

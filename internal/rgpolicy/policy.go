@@ -48,6 +48,9 @@ type Tokens interface {
 	Group(name string) (resourcegroup.Group, bool)
 	Binding(user, host string) (resourcegroup.Binding, bool)
 	HasBindings(user string) bool
+	// Tag bindings: HasTagBindings is asked before any comment is parsed.
+	HasTagBindings() bool
+	TagGroup(key, value string) (string, bool)
 	Store() resourcegroup.Store
 	Usage(now time.Time) []tokenclient.GroupUsage
 	// The runaway watch list, cached from rgserver.

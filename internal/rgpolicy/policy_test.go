@@ -36,6 +36,10 @@ type recordingTokens struct {
 	wouldRefuse bool
 	throttled   []string
 	ru          float64
+	// tags are the tag bindings by resourcegroup.TagBindingKey;
+	// tagLookups counts TagGroup calls.
+	tags       map[string]string
+	tagLookups int
 }
 
 func (r *recordingTokens) AcquireEstimate(ctx context.Context, group string, c ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error) {
@@ -94,6 +98,14 @@ func (r *recordingTokens) HasBindings(user string) bool {
 		}
 	}
 	return false
+}
+
+func (r *recordingTokens) HasTagBindings() bool { return len(r.tags) > 0 }
+
+func (r *recordingTokens) TagGroup(key, value string) (string, bool) {
+	r.tagLookups++
+	g, ok := r.tags[resourcegroup.TagBindingKey(key, value)]
+	return g, ok
 }
 
 func (r *recordingTokens) HasWatches() (bool, bool) { return len(r.watches) > 0, len(r.watches) > 0 }

@@ -11,9 +11,9 @@ import (
 )
 
 // resolve is Before's first step: it sets the statement's group — the
-// hint, else SET RESOURCE GROUP, else the user's binding, else default —
-// and answers 1227 when strict mode refuses the hint. A group that no
-// longer exists falls back to default.
+// hint, else SET RESOURCE GROUP, else a bound SQLCommenter tag, else the
+// account's binding, else default — and answers 1227 when strict mode
+// refuses the hint. A group that no longer exists is skipped.
 func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) *mysqlproto.Reply {
 	s.cur.group = s.resolveGroup(ctx, st, be, set)
 	if s.cur.group == "" {
@@ -42,7 +42,40 @@ func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be
 			return s.setGroup
 		}
 	}
+	if g, ok := s.tagGroup(&st.Scan); ok {
+		return g
+	}
 	return s.bound()
+}
+
+// tagGroup is the group of the first bound tag of the statement's
+// SQLCommenter comment: the trailing comment's tags, in order, then the
+// leading comment's. Strict mode trusts tag bindings: only SUPER creates
+// them, so they are the administrator's explicit routing. A statement
+// without such a comment costs two string tests, and no comment is
+// parsed while no tag is bound.
+func (s *session) tagGroup(sc *mysqlproto.Scan) (string, bool) {
+	if sc.TrailingComment == "" && sc.LeadingComment == "" || !s.p.tokens.HasTagBindings() {
+		return "", false
+	}
+	group := ""
+	match := func(key, value string) bool {
+		g, ok := s.p.tokens.TagGroup(key, value)
+		if !ok {
+			return true
+		}
+		if _, ok := s.p.tokens.Group(g); !ok {
+			return true // bound to a group since dropped: ignored
+		}
+		group = g
+		return false
+	}
+	for _, c := range [2]string{sc.TrailingComment, sc.LeadingComment} {
+		if c != "" && resourcegroup.ParseTags(c, match) && group != "" {
+			return group, true
+		}
+	}
+	return "", false
 }
 
 // currentGroup is the session's group: SET RESOURCE GROUP, else the

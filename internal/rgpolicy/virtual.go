@@ -327,21 +327,29 @@ func resultTable(res *resourcegroup.Result, err error) (*vtable, error) {
 	return t, nil
 }
 
-// bindingsTable is information_schema.resource_group_bindings: every
-// account binding with SUPER, else only the session's own account's.
+// bindingsTable is information_schema.resource_group_bindings: account
+// bindings (USER, HOST; TAG_KEY, TAG_VALUE NULL) and tag bindings (TAG_KEY,
+// TAG_VALUE; USER, HOST NULL). With SUPER every one, else the session's
+// own account's and every tag binding: whoever sends a tag gets its
+// group, so tag bindings are no secret.
 func (s *session) bindingsTable(ctx context.Context, be mysqlproto.Backend) (*vtable, error) {
 	bs, err := s.p.tokens.Store().ListBindings(ctx)
 	if err != nil {
 		return nil, err
 	}
 	super := s.hasSuper(ctx, be)
-	t := &vtable{cols: []vcol{{name: "USER"}, {name: "HOST"}, {name: "RESOURCE_GROUP"}}}
+	t := &vtable{cols: []vcol{{name: "USER"}, {name: "HOST"}, {name: "RESOURCE_GROUP"}, {name: "TAG_KEY"}, {name: "TAG_VALUE"}}}
 	for _, b := range bs {
+		if b.IsTag() {
+			row := []string{b.Group, b.TagKey, b.TagValue}
+			t.rows = append(t.rows, []*string{nil, nil, &row[0], &row[1], &row[2]})
+			continue
+		}
 		if !super && (b.User != s.user || !s.hostKnown || b.Host != s.host) {
 			continue
 		}
 		row := []string{b.User, b.Host, b.Group}
-		t.rows = append(t.rows, []*string{&row[0], &row[1], &row[2]})
+		t.rows = append(t.rows, []*string{&row[0], &row[1], &row[2], nil, nil})
 	}
 	return t, nil
 }

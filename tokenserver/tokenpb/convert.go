@@ -74,12 +74,13 @@ func GroupFromPB(p *ResourceGroup) resourcegroup.Group {
 
 // BindingToPB converts a binding to its wire form.
 func BindingToPB(b resourcegroup.Binding) *Binding {
-	return &Binding{User: b.User, Host: b.Host, Group: b.Group}
+	return &Binding{User: b.User, Host: b.Host, Group: b.Group, TagKey: b.TagKey, TagValue: b.TagValue}
 }
 
 // BindingFromPB converts the wire form to a binding.
 func BindingFromPB(p *Binding) resourcegroup.Binding {
-	return resourcegroup.Binding{User: p.GetUser(), Host: p.GetHost(), Group: p.GetGroup()}
+	return resourcegroup.Binding{User: p.GetUser(), Host: p.GetHost(), Group: p.GetGroup(),
+		TagKey: p.GetTagKey(), TagValue: p.GetTagValue()}
 }
 
 // WatchToPB converts a runaway watch entry to its wire form. Times travel

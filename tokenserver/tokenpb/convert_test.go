@@ -30,9 +30,13 @@ func TestGroupRoundTrip(t *testing.T) {
 	if g := GroupFromPB(nil); !reflect.DeepEqual(g, resourcegroup.Group{}) {
 		t.Errorf("nil: %+v", g)
 	}
-	b := resourcegroup.Binding{User: "app", Host: "10.%", Group: "rg1"}
-	if back := BindingFromPB(BindingToPB(b)); back != b {
-		t.Errorf("binding round trip: %+v", back)
+	for _, b := range []resourcegroup.Binding{
+		{User: "app", Host: "10.%", Group: "rg1"},
+		{TagKey: "route", TagValue: "/report", Group: "rg1"},
+	} {
+		if back := BindingFromPB(BindingToPB(b)); back != b {
+			t.Errorf("binding round trip: %+v became %+v", b, back)
+		}
 	}
 }
 

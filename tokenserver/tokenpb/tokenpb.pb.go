@@ -546,13 +546,18 @@ func (x *ResourceGroup) GetMaxConcurrency() uint64 {
 	return 0
 }
 
-// Binding ties a user name to a group.
+// Binding ties an account (user, host) or a SQLCommenter tag (tag_key,
+// tag_value; user and host empty) to a group.
 type Binding struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	User  string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
-	// Host part given in ALTER USER, for display only.
-	Host          string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
-	Group         string `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
+	// The account's host pattern, as ALTER USER named it.
+	Host  string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	Group string `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
+	// A tag binding's tag, decoded (no URL encoding); empty tag_key = an
+	// account binding.
+	TagKey        string `protobuf:"bytes,4,opt,name=tag_key,json=tagKey,proto3" json:"tag_key,omitempty"`
+	TagValue      string `protobuf:"bytes,5,opt,name=tag_value,json=tagValue,proto3" json:"tag_value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -604,6 +609,20 @@ func (x *Binding) GetHost() string {
 func (x *Binding) GetGroup() string {
 	if x != nil {
 		return x.Group
+	}
+	return ""
+}
+
+func (x *Binding) GetTagKey() string {
+	if x != nil {
+		return x.TagKey
+	}
+	return ""
+}
+
+func (x *Binding) GetTagValue() string {
+	if x != nil {
+		return x.TagValue
 	}
 	return ""
 }
@@ -2497,11 +2516,13 @@ const file_tokenpb_proto_rawDesc = "" +
 	"queryLimit\x12\x18\n" +
 	"\aversion\x18\a \x01(\x03R\aversion\x12\x12\n" +
 	"\x04mode\x18\b \x01(\rR\x04mode\x12'\n" +
-	"\x0fmax_concurrency\x18\t \x01(\x04R\x0emaxConcurrency\"G\n" +
+	"\x0fmax_concurrency\x18\t \x01(\x04R\x0emaxConcurrency\"}\n" +
 	"\aBinding\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x14\n" +
-	"\x05group\x18\x03 \x01(\tR\x05group\"K\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\x12\x17\n" +
+	"\atag_key\x18\x04 \x01(\tR\x06tagKey\x12\x1b\n" +
+	"\ttag_value\x18\x05 \x01(\tR\btagValue\"K\n" +
 	"\x12CreateGroupRequest\x125\n" +
 	"\x05group\x18\x01 \x01(\v2\x1f.rgproxy.token.v1.ResourceGroupR\x05group\"L\n" +
 	"\x13CreateGroupResponse\x125\n" +

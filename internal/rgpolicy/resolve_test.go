@@ -1,0 +1,166 @@
+package rgpolicy
+
+import (
+	"context"
+	"reflect"
+	"testing"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
+
+// tagGroups is testGroups with a group for reports and three bound tags,
+// one of them to a group that no longer exists.
+func tagGroups() *recordingTokens {
+	tok := testGroups()
+	tok.groups["reports"] = resourcegroup.Group{Name: "reports", RUPerSec: 100}
+	tok.tags = map[string]string{
+		resourcegroup.TagBindingKey("route", "/report"): "reports",
+		resourcegroup.TagBindingKey("app", "billing"):   "other",
+		resourcegroup.TagBindingKey("gone", "x"):        "dropped",
+	}
+	return tok
+}
+
+// groupOf runs set (if any) and then q through a session of user and
+// returns the group the statement was charged to, or "1227".
+func groupOf(t *testing.T, tok *recordingTokens, user string, g grants, set, q string) string {
+	t.Helper()
+	s := newTestPolicy(tok).Open(mysqlproto.SessionInfo{User: user})
+	ctx := context.Background()
+	if set != "" {
+		if v := s.Before(ctx, query(set), g); v.Reply == nil || v.Reply.Err != nil {
+			t.Fatalf("%s: %+v", set, v.Reply)
+		}
+	}
+	tok.acquired = nil
+	v := s.Before(ctx, query(q), g)
+	if v.Reply != nil {
+		if v.Reply.Err != nil && v.Reply.Err.Code == 1227 {
+			return "1227"
+		}
+		t.Fatalf("%s: answered locally: %+v", q, v.Reply)
+	}
+	if len(tok.acquired) != 1 {
+		t.Fatalf("%s: acquired %v", q, tok.acquired)
+	}
+	return s.(*session).cur.group
+}
+
+// Precedence: hint, then SET RESOURCE GROUP, then a bound tag (trailing
+// comment before leading, in the comment's order), then the account's
+// binding, then default. Strict mode trusts tag bindings.
+func TestPolicyResolvesTags(t *testing.T) {
+	tests := []struct {
+		name   string
+		user   string
+		grants grants
+		set    string
+		query  string
+		want   string
+	}{
+		{"untagged: the binding", "app", plainGrants, "", "SELECT 1", "bound"},
+		{"trailing tag", "app", plainGrants, "", "SELECT 1 /*controller='r',route='%2Freport'*/", "reports"},
+		{"trailing tag after ;", "app", plainGrants, "", "SELECT 1 /*route='%2Freport'*/;", "reports"},
+		{"leading tag", "app", plainGrants, "", "/*route='%2Freport'*/ SELECT 1", "reports"},
+		{"trailing before leading", "app", plainGrants, "", "/*app='billing'*/ SELECT 1 /*route='%2Freport'*/", "reports"},
+		{"leading when the trailing has no bound tag", "app", plainGrants, "", "/*app='billing'*/ SELECT 1 /*route='%2Fother'*/", "other"},
+		{"the comment's order", "app", plainGrants, "", "SELECT 1 /*app='billing',route='%2Freport'*/", "other"},
+		{"first bound tag", "app", plainGrants, "", "SELECT 1 /*x='y',route='%2Freport'*/", "reports"},
+		{"a tag of a dropped group is ignored", "app", plainGrants, "", "SELECT 1 /*gone='x',app='billing'*/", "other"},
+		{"only a dropped group's tag", "app", plainGrants, "", "SELECT 1 /*gone='x'*/", "bound"},
+		{"unbound tag", "app", plainGrants, "", "SELECT 1 /*route='%2Fother'*/", "bound"},
+		{"exact value", "app", plainGrants, "", "SELECT 1 /*route='%2FReport'*/", "bound"},
+		{"free-text comment", "app", plainGrants, "", "SELECT 1 /* route='/report' by hand */", "bound"},
+		{"a hint is not a tag", "app", plainGrants, "", "SELECT /*+ route='/report' */ 1", "bound"},
+		{"a comment inside is not a tag", "app", plainGrants, "", "SELECT /*route='%2Freport'*/ 1", "bound"},
+		{"unbound user", "nobody", plainGrants, "", "SELECT 1 /*route='%2Freport'*/", "reports"},
+		{"strict mode trusts tags", "app", plainGrants, "", "UPDATE t SET a = 1 /*route='%2Freport'*/", "reports"},
+		{"the hint wins", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(bound) */ 1 /*route='%2Freport'*/", "bound"},
+		{"strict: a tag does not let the hint name its group", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(reports) */ 1 /*route='%2Freport'*/", "1227"},
+		{"SET wins", "app", superGrants, "SET RESOURCE GROUP other", "SELECT 1 /*route='%2Freport'*/", "other"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := groupOf(t, tagGroups(), tc.user, tc.grants, tc.set, tc.query); got != tc.want {
+				t.Errorf("group %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// No tag is looked up for a statement without a comment, nor while no tag
+// is bound.
+func TestPolicyTagsCostNothingUnused(t *testing.T) {
+	tok := tagGroups()
+	groupOf(t, tok, "app", plainGrants, "", "SELECT 1")
+	if tok.tagLookups != 0 {
+		t.Fatalf("an untagged statement looked up %d tags", tok.tagLookups)
+	}
+	groupOf(t, tok, "app", plainGrants, "", "SELECT 1 /*a='1',route='%2Freport'*/")
+	if tok.tagLookups != 2 {
+		t.Fatalf("a tagged statement looked up %d tags, want 2", tok.tagLookups)
+	}
+	none := testGroups()
+	if got := groupOf(t, none, "app", plainGrants, "", "SELECT 1 /*route='%2Freport'*/"); got != "bound" || none.tagLookups != 0 {
+		t.Fatalf("no tag bound: group %s after %d lookups", got, none.tagLookups)
+	}
+}
+
+// resource_group_bindings: account rows carry NULL tags, tag rows NULL
+// accounts; without SUPER a session sees its own account's row and every
+// tag's.
+func TestBindingsTableWithTags(t *testing.T) {
+	ctx := context.Background()
+	tok := testGroups()
+	st := resourcegroup.NewMemStore()
+	tok.store = st
+	if err := st.CreateGroup(ctx, resourcegroup.Group{Name: "bound", RUPerSec: 100}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []resourcegroup.Binding{
+		{User: "app", Host: "%", Group: "bound"},
+		{User: "zed", Host: "%", Group: "bound"},
+		{TagKey: "route", TagValue: "/report", Group: "bound"},
+	} {
+		if err := st.BindUser(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := func(g grants) [][]string {
+		s := newTestPolicy(tok).Open(mysqlproto.SessionInfo{User: "app"}).(*session)
+		s.learnAccount(ctx, g)
+		vt, err := s.bindingsTable(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cols []string
+		for _, c := range vt.cols {
+			cols = append(cols, c.name)
+		}
+		if want := []string{"USER", "HOST", "RESOURCE_GROUP", "TAG_KEY", "TAG_VALUE"}; !reflect.DeepEqual(cols, want) {
+			t.Fatalf("columns %v", cols)
+		}
+		var out [][]string
+		for _, r := range vt.rows {
+			var row []string
+			for _, v := range r {
+				if v == nil {
+					row = append(row, "NULL")
+				} else {
+					row = append(row, *v)
+				}
+			}
+			out = append(out, row)
+		}
+		return out
+	}
+	acct := func(u string) []string { return []string{u, "%", "bound", "NULL", "NULL"} }
+	tag := []string{"NULL", "NULL", "bound", "route", "/report"}
+	if got, want := rows(superGrants), [][]string{acct("app"), acct("zed"), tag}; !reflect.DeepEqual(got, want) {
+		t.Errorf("with SUPER:\n got  %q\n want %q", got, want)
+	}
+	if got, want := rows(plainGrants), [][]string{acct("app"), tag}; !reflect.DeepEqual(got, want) {
+		t.Errorf("without SUPER:\n got  %q\n want %q", got, want)
+	}
+}
