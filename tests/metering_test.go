@@ -397,9 +397,8 @@ func TestAdminStatementsThroughProxies(t *testing.T) {
 	if cur != "rg_a" {
 		t.Fatalf("bound user's group through proxy b: %q", cur)
 	}
-	if _, err := app2.Exec("SET RESOURCE GROUP `default`"); err != nil {
-		t.Fatalf("SET RESOURCE GROUP default: %v", err)
-	}
+	// Strict mode: a bound user without SUPER may not leave for default.
+	mustErr(app2, 1227, "SET RESOURCE GROUP `default`")
 	mustErr(app2, 8249, "SET RESOURCE GROUP rg_nope")
 
 	// SHOW LAST STATEMENT RU reports the previous statement.

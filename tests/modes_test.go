@@ -236,3 +236,66 @@ func TestMaxConcurrencyAcrossProxies(t *testing.T) {
 		t.Fatalf("12 statements of 0.5 s took %v: more than 2 ran at once", elapsed)
 	}
 }
+
+// TestRefusedSessionsShareFairly: 8 sessions of one over-subscribed group
+// on 3 proxies (2, 3 and 3 sessions), refused far more often than they
+// run: a refused session still wants its statement, so every session —
+// whichever proxy it is on — gets a similar share of the group's rate.
+func TestRefusedSessionsShareFairly(t *testing.T) {
+	ts := startTokenServer(t)
+	args := []string{"--max-wait", "1s", "--cpu-source", "wall"}
+	pxs := []*proxy{startMeteredProxy(t, ts, args...), startMeteredProxy(t, ts, args...), startMeteredProxy(t, ts, args...)}
+	appUser(t, "fairu")
+	adminExec(t, pxs[0].Addr, "DROP RESOURCE GROUP IF EXISTS rg_fair",
+		"CREATE RESOURCE GROUP rg_fair RU_PER_SEC = 20", "ALTER USER 'fairu'@'%' RESOURCE GROUP rg_fair")
+	time.Sleep(300 * time.Millisecond)
+	sessions := []int{2, 3, 3}
+	var counts []*atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(30 * time.Second)
+	for i, px := range pxs {
+		db := openDB(t, px.Addr, "user=fairu", "password=apppw")
+		db.SetMaxOpenConns(sessions[i])
+		for range sessions[i] {
+			n := &atomic.Int64{}
+			counts = append(counts, n)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				conn, err := db.Conn(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer conn.Close()
+				for time.Now().Before(deadline) {
+					// ~10.6 RU each: 0.625 + 30 ms of wall time, charged
+					// up front once the shape is known, so a proxy's bucket
+					// runs into debt and refuses at once for a while.
+					if _, err := conn.ExecContext(context.Background(), "SELECT SLEEP(0.03)"); err == nil {
+						n.Add(1)
+					} else if mysqlErrNo(err) != 8252 {
+						t.Error(err)
+						return
+					} else {
+						time.Sleep(5 * time.Millisecond) // a client's retry
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	var got []int64
+	total, lo, hi := int64(0), int64(1<<62), int64(0)
+	for _, n := range counts {
+		v := n.Load()
+		got = append(got, v)
+		total += v
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	t.Logf("statements run per session (proxies with 2, 3, 3 sessions): %v, total %d", got, total)
+	mean := float64(total) / float64(len(got))
+	if float64(lo) < 0.4*mean || float64(hi) > 2*mean {
+		t.Fatalf("sessions of one group ran %d to %d statements (mean %.0f): not throttled alike", lo, hi, mean)
+	}
+}

@@ -531,6 +531,25 @@ func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float6
 	return 0, true
 }
 
+// HoldDemand adds d RU (negative: removes it) to the group's waiting
+// demand, as a statement waiting for tokens does, without waiting. The
+// policy holds the RU of a session's refused statement until the
+// session's next statement: a client refused and retrying still wants
+// its statement, so the fill rate keeps being split by the clients that
+// want it, not by those that happened to get in.
+func (c *Client) HoldDemand(group string, d float64) {
+	group = resourcegroup.NormalizeName(group)
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	gs := c.stateLocked(group, now)
+	gs.addWaiting(now, d)
+	if d > 0 {
+		gs.want = true
+		c.kickLocked()
+	}
+}
+
 // CountThrottled counts a statement of group refused by the caller (for
 // instance at its concurrency limit) as throttled, like one Acquire refused.
 func (c *Client) CountThrottled(group string) {

@@ -6,6 +6,8 @@ import (
 	"math"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
 )
 
 // metrics are the client's Prometheus metrics (label resource_group).
@@ -100,8 +102,9 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(s.tokens, prometheus.GaugeValue, gs.bucket.Tokens(now), name)
 		}
 		if g, ok := c.settingsLocked(name); ok {
+			// MODE WARN and OFF keep their rate for the dashboards.
 			v := float64(g.RUPerSec)
-			if isUnlimited(g) {
+			if g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {
 				v = math.Inf(1)
 			}
 			ch <- prometheus.MustNewConstMetric(s.rate, prometheus.GaugeValue, v, name)

@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,9 @@ type metrics struct {
 
 	mu   sync.Mutex
 	seen map[string]time.Time // groups whose series exist → last statement
+	// forgets counts forgetGroup calls: a session that noted a group as
+	// seen before the latest one notes it again, to bring its series back.
+	forgets atomic.Uint64
 }
 
 // statementClasses are the class label values of a group's statements.
@@ -110,6 +114,7 @@ func (m *metrics) idleGroups(before time.Time) []string {
 func (m *metrics) forgetGroup(group string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.forgets.Add(1)
 	delete(m.seen, group)
 	m.ruConsumed.DeletePartialMatch(prometheus.Labels{"resource_group": group})
 	m.groupStatements.DeletePartialMatch(prometheus.Labels{"resource_group": group})

@@ -43,6 +43,7 @@ type Tokens interface {
 	AcquireEstimate(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error)
 	Charge(group string, cons ru.Consumption)
 	CountThrottled(group string)
+	HoldDemand(group string, d float64)
 	WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, bool)
 	Share(group string) tokenclient.Share
 	Group(name string) (resourcegroup.Group, bool)
@@ -274,8 +275,13 @@ type session struct {
 	notes []*resourcegroup.Error
 	// seenGroup was last reported to the metrics as used, at seenAt: the
 	// session tells them again only when the group changes or now and then.
-	seenGroup string
-	seenAt    time.Time
+	// heldGroup and held: the RU of the session's last refused statement,
+	// held as waiting demand of its group until the next statement.
+	heldGroup   string
+	held        float64
+	seenGroup   string
+	seenAt      time.Time
+	seenForgets uint64
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -316,6 +322,10 @@ type lastStatement struct {
 
 // Before implements mysqlproto.SessionPolicy.
 func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
+	if s.held != 0 {
+		s.p.tokens.HoldDemand(s.heldGroup, -s.held)
+		s.held = 0
+	}
 	if !s.hostKnown && s.p.tokens.HasBindings(s.user) {
 		s.learnAccount(ctx, be)
 	}
@@ -325,8 +335,12 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		}
 	}
 	var refs []virtualRef
-	if st.Command == mysql.COM_QUERY && st.Scan.Mentions&virtualMentions != 0 {
+	if (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) && st.Scan.Mentions&virtualMentions != 0 {
 		refs = findVirtual(st.Query, st.NoBackslashEscapes, func() bool { s.cpu.stale(); return inInformationSchema(ctx, be) })
+		if refs != nil && st.Command == mysql.COM_STMT_PREPARE {
+			// A prepared statement would keep a stale copy of the rows.
+			return errReply(resourcegroup.NewNotAllowedInPrepare())
+		}
 	}
 	var rewrite string
 	if refs == nil && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) {
@@ -348,9 +362,9 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	if r := s.resolve(ctx, st, be, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
 	}
-	if s.cur.group != s.seenGroup || s.cur.start.Sub(s.seenAt) > 10*time.Second {
+	if f := s.p.metrics.forgets.Load(); s.cur.group != s.seenGroup || s.cur.start.Sub(s.seenAt) > 10*time.Second || f != s.seenForgets {
 		s.p.metrics.seeGroup(s.cur.group, s.cur.start)
-		s.seenGroup, s.seenAt = s.cur.group, s.cur.start
+		s.seenGroup, s.seenAt, s.seenForgets = s.cur.group, s.cur.start, f
 	}
 	if refs != nil {
 		var err error
@@ -462,6 +476,10 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		s.host, s.hostKnown = "", false
 	case mysqlproto.EventClose:
 		s.cpu.close()
+		if s.held != 0 {
+			s.p.tokens.HoldDemand(s.heldGroup, -s.held)
+			s.held = 0
+		}
 	}
 }
 
@@ -480,6 +498,10 @@ func throttledError(group string) *mysqlproto.Error {
 // session's last statement: it cost nothing and waited waited.
 func (s *session) refused(waited time.Duration) *mysqlproto.Reply {
 	s.last = lastStatement{valid: true, group: s.cur.group, waited: waited, errCode: codeThrottled}
+	if n := s.cur.prepaid.RU(); n > 0 {
+		s.heldGroup, s.held = s.cur.group, n
+		s.p.tokens.HoldDemand(s.heldGroup, n)
+	}
 	return &mysqlproto.Reply{Err: throttledError(s.cur.group)}
 }
 

@@ -31,6 +31,7 @@ type recordingTokens struct {
 	required []float64
 	amounts  []float64 // RU of each Charge
 	store    resourcegroup.Store
+	held     float64 // demand held by refused statements
 	// What WouldAcquire answers.
 	wouldWait   time.Duration
 	wouldRefuse bool
@@ -59,6 +60,8 @@ func (r *recordingTokens) AcquireEstimate(ctx context.Context, group string, c r
 }
 
 func (r *recordingTokens) CountThrottled(group string) { r.throttled = append(r.throttled, group) }
+
+func (r *recordingTokens) HoldDemand(group string, d float64) { r.held += d }
 
 func (r *recordingTokens) WouldAcquire(string, ru.Consumption, float64, time.Duration) (time.Duration, bool) {
 	return r.wouldWait, r.wouldRefuse
@@ -454,7 +457,15 @@ func TestPolicyRefusedAndCancelled(t *testing.T) {
 	if v := s.Before(ctx, query("SELECT 1"), plainGrants); v.Reply == nil || v.Reply.Err.Code != 8252 {
 		t.Fatalf("want 8252: %+v", v.Reply)
 	}
+	// The refused statement is still wanted: its RU stays in the group's
+	// demand until the session's next statement.
+	if tok.held != 0.625 {
+		t.Fatalf("demand held after a refusal: %v, want 0.625", tok.held)
+	}
 	v := s.Before(ctx, query("SHOW LAST STATEMENT RU"), plainGrants)
+	if tok.held != 0 {
+		t.Fatalf("demand still held at the next statement: %v", tok.held)
+	}
 	if v.Reply == nil || len(v.Reply.Rows) != 1 {
 		t.Fatalf("SHOW LAST STATEMENT RU: %+v", v.Reply)
 	}

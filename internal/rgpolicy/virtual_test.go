@@ -1,7 +1,12 @@
 package rgpolicy
 
 import (
+	"context"
 	"testing"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
 )
 
 func TestRewriteVirtual(t *testing.T) {
@@ -95,4 +100,19 @@ func FuzzFindVirtual(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// Every virtual table refuses COM_STMT_PREPARE (1295): a prepared
+// statement would keep a stale copy of its rows.
+func TestVirtualTablesRefusePrepare(t *testing.T) {
+	s := newTestPolicy(testGroups()).Open(mysqlproto.SessionInfo{User: "root"})
+	for _, q := range []string{"SELECT * FROM information_schema.statements_summary",
+		"SELECT * FROM information_schema.resource_group_bindings WHERE USER = ?",
+		"SELECT COUNT(*) FROM information_schema.resource_groups WHERE NAME LIKE ?"} {
+		st := query(q)
+		st.Command = mysql.COM_STMT_PREPARE
+		if v := s.Before(context.Background(), st, superGrants); v.Reply == nil || v.Reply.Err == nil || v.Reply.Err.Code != 1295 {
+			t.Errorf("PREPARE %s: %+v, want 1295", q, v.Reply)
+		}
+	}
 }
