@@ -229,7 +229,10 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 		}); err != nil {
 			return err
 		}
-		return ss.cwr.Flush()
+		if err := ss.cwr.Flush(); err != nil {
+			return err
+		}
+		return ss.keepBackendAlive()
 	}
 	if err := ss.ctx.Err(); err != nil {
 		return err
@@ -292,6 +295,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 // returns the payload bytes sent. A backend failure has already been
 // reported.
 func (ss *session) forward(n int) (int64, error) {
+	ss.lastBackend = ss.srv.now()
 	if err := writeHeader(ss.bwr, n, 0); err != nil {
 		return 0, ss.backendFailed(1, err)
 	}
@@ -336,6 +340,39 @@ func (ss *session) forward(n int) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// keepAliveAfter: a session whose commands the policy answers itself (a
+// client refused again and again, or sending only rgproxy's own
+// statements) pings its backend when it has not used it for this long, so
+// that the backend's wait_timeout does not close the connection of a
+// client that is busy all along.
+const keepAliveAfter = time.Second
+
+// keepBackendAlive pings the backend after a locally answered command if
+// the backend has been left alone for keepAliveAfter. A backend that does
+// not answer ends the session, as a lost backend does.
+func (ss *session) keepBackendAlive() error {
+	now := ss.srv.now()
+	if now.Sub(ss.lastBackend) < keepAliveAfter {
+		return nil
+	}
+	ss.lastBackend = now
+	if _, err := writeMessage(ss.bwr, 0, []byte{mysql.COM_PING}); err != nil {
+		return fmt.Errorf("%w: keep-alive ping: %w", ErrBackendLost, err)
+	}
+	if err := ss.bwr.Flush(); err != nil {
+		return fmt.Errorf("%w: keep-alive ping: %w", ErrBackendLost, err)
+	}
+	p, _, err := readMessage(ss.brd, nil, authLimit)
+	if err != nil || len(p) == 0 || p[0] != mysql.OK_HEADER {
+		return fmt.Errorf("%w: keep-alive ping: %v", ErrBackendLost, err)
+	}
+	var m respMachine
+	if err := m.parseOK(p); err == nil {
+		ss.status = m.Status
+	}
+	return nil
 }
 
 // forwardRewritten sends the policy's text instead of the client's
@@ -576,6 +613,7 @@ type sessionBackend struct{ ss *session }
 // returned as *Error; an I/O failure breaks the session.
 func (b sessionBackend) Query(ctx context.Context, sql string) ([]string, [][]*string, error) {
 	ss := b.ss
+	ss.lastBackend = ss.srv.now()
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}

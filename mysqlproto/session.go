@@ -85,6 +85,9 @@ type session struct {
 	rw       replyWriter
 	buf      []byte
 	digest   []byte // the current statement's digest (Statement.Scan.Digest)
+	// lastBackend is when the session last sent the backend a command:
+	// see keepBackendAlive.
+	lastBackend time.Time
 	// prepClass is the class of the text of the COM_STMT_PREPARE in flight.
 	prepClass Class
 	stmts     map[uint32]*prepared
@@ -437,6 +440,7 @@ func (ss *session) login() error {
 	}
 	ss.log = ss.log.With("user", ss.info.User, "backend_conn", ss.info.BackendConnID)
 	ss.log.Debug("session logged in")
+	ss.lastBackend = ss.srv.now()
 	return nil
 }
 

@@ -423,3 +423,67 @@ c.query(sql, (err, rows) => {
 	}
 	return script
 }
+
+// TestRefusedSessionOutlivesWaitTimeout: a session whose statements are
+// refused (8252) for longer than the backend's wait_timeout keeps its
+// backend connection — rgproxy pings it while it answers the client
+// itself — so the statement finally admitted runs, with the session's
+// state intact.
+func TestRefusedSessionOutlivesWaitTimeout(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts, "--max-wait", "10ms", "--cpu-source", "wall")
+	appUser(t, "wtu")
+	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS rg_wt",
+		"CREATE RESOURCE GROUP rg_wt RU_PER_SEC = 5", "ALTER USER 'wtu'@'%' RESOURCE GROUP rg_wt")
+	time.Sleep(300 * time.Millisecond)
+	db := openDB(t, px.Addr, "user=wtu", "password=apppw")
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+	// Session state that a reconnect would lose (retried past refusals of
+	// the group's first statements, before its first grant).
+	for {
+		_, err := conn.ExecContext(ctx, "SET @marker = 42, SESSION wait_timeout = 2")
+		if mysqlErrNo(err) == 8252 {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		break
+	}
+	// 30 ms of wall time is about 10 RU: 2 s of the group's rate in debt.
+	conn.ExecContext(ctx, "SELECT SLEEP(0.03)")
+	refused, start := 0, time.Now()
+	for time.Since(start) < 6*time.Second {
+		_, err := conn.ExecContext(ctx, "SELECT SLEEP(0.03)")
+		if mysqlErrNo(err) == 8252 {
+			refused++
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("after %d refusals over %v: %v", refused, time.Since(start), err)
+		}
+	}
+	if refused == 0 {
+		t.Fatal("no statement was refused: the test proves nothing")
+	}
+	var marker int
+	for {
+		err := conn.QueryRowContext(ctx, "SELECT @marker").Scan(&marker)
+		if mysqlErrNo(err) == 8252 {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if err != nil || marker != 42 {
+			t.Fatalf("the session after %d refusals in %v, past a 2 s wait_timeout: %d, %v", refused, time.Since(start), marker, err)
+		}
+		break
+	}
+	t.Logf("%d refusals over %v past wait_timeout 2s; the session kept its state", refused, time.Since(start).Round(time.Millisecond))
+}
