@@ -421,18 +421,21 @@ func checkClassifyInvariants(t *testing.T, q []byte, nbe bool) {
 func TestSplitStatements(t *testing.T) {
 	cases := []struct {
 		q    string
+		nbe  bool // NO_BACKSLASH_ESCAPES
 		want []string
 	}{
-		{"SELECT 1", []string{"SELECT 1"}},
-		{"SELECT 1;", []string{"SELECT 1"}},
-		{"SELECT 1; SELECT ';' ; ;  INSERT INTO t VALUES (1) ", []string{"SELECT 1", "SELECT ';'", "INSERT INTO t VALUES (1)"}},
-		{"SELECT 1; CREATE RESOURCE GROUP rg RU_PER_SEC = 1", []string{"SELECT 1", "CREATE RESOURCE GROUP rg RU_PER_SEC = 1"}},
-		{"SELECT 'a;b' /* ; */; -- x;\nSELECT 2", []string{"SELECT 'a;b' /* ; */", "-- x;\nSELECT 2"}},
-		{"", nil},
+		{"SELECT 'a\\'; DROP RESOURCE GROUP g", true, []string{"SELECT 'a\\'", "DROP RESOURCE GROUP g"}},
+		{"SELECT 'a\\'; DROP RESOURCE GROUP g", false, []string{"SELECT 'a\\'; DROP RESOURCE GROUP g"}},
+		{"SELECT 1", false, []string{"SELECT 1"}},
+		{"SELECT 1;", false, []string{"SELECT 1"}},
+		{"SELECT 1; SELECT ';' ; ;  INSERT INTO t VALUES (1) ", false, []string{"SELECT 1", "SELECT ';'", "INSERT INTO t VALUES (1)"}},
+		{"SELECT 1; CREATE RESOURCE GROUP rg RU_PER_SEC = 1", false, []string{"SELECT 1", "CREATE RESOURCE GROUP rg RU_PER_SEC = 1"}},
+		{"SELECT 'a;b' /* ; */; -- x;\nSELECT 2", false, []string{"SELECT 'a;b' /* ; */", "-- x;\nSELECT 2"}},
+		{"", false, nil},
 	}
 	for _, c := range cases {
 		var got []string
-		for _, p := range SplitStatements([]byte(c.q)) {
+		for _, p := range SplitStatements([]byte(c.q), c.nbe) {
 			got = append(got, string(p))
 		}
 		if !reflect.DeepEqual(got, c.want) {

@@ -235,6 +235,10 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 		return ss.keepBackendAlive()
 	}
 	if err := ss.ctx.Err(); err != nil {
+		// The session ended while the policy let the statement through:
+		// it never runs, but After must still release what Before holds.
+		ss.out = Outcome{ErrCode: mysql.ER_QUERY_INTERRUPTED}
+		ss.pol.After(st, &ss.out)
 		return err
 	}
 	ss.out = Outcome{}
@@ -358,6 +362,10 @@ func (ss *session) keepBackendAlive() error {
 		return nil
 	}
 	ss.lastBackend = now
+	// A backend that hangs must not hang the session: the ping gets the
+	// dial's bound.
+	_ = ss.backend.SetDeadline(time.Now().Add(ss.srv.cfg.DialTimeout))
+	defer ss.backend.SetDeadline(time.Time{})
 	if _, err := writeMessage(ss.bwr, 0, []byte{mysql.COM_PING}); err != nil {
 		return fmt.Errorf("%w: keep-alive ping: %w", ErrBackendLost, err)
 	}
@@ -365,8 +373,13 @@ func (ss *session) keepBackendAlive() error {
 		return fmt.Errorf("%w: keep-alive ping: %w", ErrBackendLost, err)
 	}
 	p, _, err := readMessage(ss.brd, nil, authLimit)
-	if err != nil || len(p) == 0 || p[0] != mysql.OK_HEADER {
-		return fmt.Errorf("%w: keep-alive ping: %v", ErrBackendLost, err)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: keep-alive ping: %w", ErrBackendLost, err)
+	case len(p) > 0 && p[0] == mysql.ERR_HEADER:
+		return fmt.Errorf("%w: keep-alive ping: %w", ErrBackendLost, parseErrPacket(p))
+	case len(p) == 0 || p[0] != mysql.OK_HEADER:
+		return fmt.Errorf("%w: keep-alive ping: unexpected answer %q", ErrBackendLost, p[:min(len(p), 8)])
 	}
 	var m respMachine
 	if err := m.parseOK(p); err == nil {

@@ -39,6 +39,36 @@ func TestBackendUnreachable(t *testing.T) {
 	}
 }
 
+// A backend that accepts and closes at once (a load balancer with no
+// healthy server behind it): the client still hears 9001 and why, though
+// the backend watch saw the close while the login was "idle".
+func TestBackendAcceptsThenCloses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond) // the proxy is waiting for the greeting
+			c.Close()
+		}
+	}()
+	_, addr := startProxy(t, Config{BackendAddr: ln.Addr().String(), DialTimeout: time.Second})
+	db := openDB(t, addr)
+	for range 5 {
+		err := db.Ping()
+		var me *sqldriver.MySQLError
+		if !errors.As(err, &me) || me.Number != errCodeBackendUnreachable || !strings.Contains(me.Message, "greeting") {
+			t.Fatalf("got %v, want 9001 naming the greeting", err)
+		}
+	}
+}
+
 // cutProxy is a TCP relay in front of the backend whose connections the
 // test can cut, to lose the backend mid-session.
 type cutProxy struct {

@@ -158,7 +158,8 @@ type Backend interface {
 }
 
 // Policy decides what happens to each statement. It is implemented by the
-// caller (cmd/rgproxy); mysqlproto knows nothing of what it does.
+// caller (internal/rgpolicy, wired by cmd/rgproxy); mysqlproto knows
+// nothing of what it does.
 //
 // Concurrency: Open is called concurrently from many session goroutines.
 // Each SessionPolicy it returns is used by one session goroutine only, so
@@ -204,6 +205,24 @@ type ProgressObserver interface {
 
 // PassThrough is a Policy that forwards everything: a pure proxy.
 type PassThrough struct{}
+
+// PassThroughWrapper is implemented by a Policy that wraps another (to
+// count or log) and never blocks when what it wraps is PassThrough: the
+// server then skips, as for PassThrough itself, the client watch during
+// Before and the digest of every statement.
+type PassThroughWrapper interface {
+	Policy
+	WrapsPassThrough() bool
+}
+
+// passesThrough reports whether p is PassThrough, or wraps it.
+func passesThrough(p Policy) bool {
+	if _, ok := p.(PassThrough); ok {
+		return true
+	}
+	w, ok := p.(PassThroughWrapper)
+	return ok && w.WrapsPassThrough()
+}
 
 // Open implements Policy.
 func (PassThrough) Open(SessionInfo) SessionPolicy { return passThroughSession{} }

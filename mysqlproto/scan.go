@@ -433,10 +433,12 @@ func (s *scanner) blockDelta(t sqlToken) (delta int, ifParen bool) {
 
 // SplitStatements returns the non-empty statements of a query, each
 // without its terminating ";", by the same lexical rules as ClassifyQuery.
+// A backslash is an ordinary character in strings when
+// noBackslashEscapes (the session's sql_mode says NO_BACKSLASH_ESCAPES).
 // It allocates, so it is for the rare multi-statement (st.Multi), never
 // for every query.
-func SplitStatements(q []byte) [][]byte {
-	s := scanner{d: digester{l: sqlLexer{q: q}}}
+func SplitStatements(q []byte, noBackslashEscapes bool) [][]byte {
+	s := scanner{d: digester{l: sqlLexer{q: q, noBackslash: noBackslashEscapes}}}
 	var out [][]byte
 	for {
 		start := s.d.l.pos

@@ -187,7 +187,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.ClientTLS != nil {
 		s.cfg.ClientTLS = s.reloadableTLS(cfg.ClientTLS)
 	}
-	_, s.passThrough = cfg.Policy.(PassThrough)
+	s.passThrough = passesThrough(cfg.Policy)
 	var err error
 	if s.words, err = newWordSet(cfg.ScanWords); err != nil {
 		return nil, err

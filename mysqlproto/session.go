@@ -515,6 +515,12 @@ func (ss *session) dialBackend(deadline time.Time) ([]byte, greeting, error) {
 // ... the authenticity of the following error cannot be verified".
 func (ss *session) backendUnreachable(cause error, deadline time.Time) error {
 	cfg := &ss.srv.cfg
+	// The backend is out of the picture: its close must no longer wake
+	// the client's reads (a backend that accepted, then closed, would
+	// otherwise cut the client off before it hears why).
+	ss.leaveIdle()
+	ss.srv.bwatch.Load().remove(ss.info.ID)
+	_ = ss.rawClient.SetDeadline(deadline)
 	ss.srv.backendErrors.Add(1)
 	err := fmt.Errorf("%w: cannot connect to %s: %w", ErrBackendLost, cfg.BackendAddr, cause)
 	caps := supportedCaps

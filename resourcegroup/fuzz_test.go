@@ -76,26 +76,27 @@ func FuzzIsAdmin(f *testing.F) {
 	})
 }
 
-// FuzzExtractHint: ExtractHint never panics, returns a normalized name that
-// occurs in the query, and only for a query that has a hint comment.
-func FuzzExtractHint(f *testing.F) {
+// FuzzHint: the single pass and HintGroup never panic, and return a
+// normalized name that occurs in the query, only for a query that has a
+// hint comment.
+func FuzzHint(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add(s)
 	}
 	f.Add("UPDATE /*+ a() RESOURCE_GROUP(`X y`) */ t SET a=1")
 	f.Fuzz(func(t *testing.T, q string) {
-		name, ok := ExtractHint(q)
+		name, ok := hintOf(t, q)
 		if !ok {
 			if name != "" {
-				t.Fatalf("ExtractHint(%q) = %q without ok", q, name)
+				t.Fatalf("hint of %q = %q without ok", q, name)
 			}
 			return
 		}
 		if name == "" || name != NormalizeName(name) {
-			t.Fatalf("ExtractHint(%q) = %q, not a normalized name", q, name)
+			t.Fatalf("hint of %q = %q, not a normalized name", q, name)
 		}
 		if !strings.Contains(q, "/*+") || !strings.Contains(strings.ToLower(q), strings.ToLower(name)) && !strings.Contains(NormalizeName(q), name) {
-			t.Fatalf("ExtractHint(%q) = %q, not from a hint in the query", q, name)
+			t.Fatalf("hint of %q = %q, not from a hint in the query", q, name)
 		}
 	})
 }

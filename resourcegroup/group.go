@@ -45,6 +45,18 @@ const (
 	BurstUnlimited
 )
 
+// CapacitySeconds is how many seconds of RU_PER_SEC a group's bucket holds
+// in mode m: 1 with BURSTABLE OFF, 10 with MODERATED, +Inf with UNLIMITED.
+func (m BurstMode) CapacitySeconds() float64 {
+	switch m {
+	case BurstModerated:
+		return 10
+	case BurstUnlimited:
+		return math.Inf(1)
+	}
+	return 1
+}
+
 // Action is what a QUERY_LIMIT does to a runaway statement.
 type Action uint8
 

@@ -1,9 +1,9 @@
 package resourcegroup
 
-import "strings"
-
-// This file holds what runs on every statement: IsAdmin and ExtractHint.
-// Neither allocates unless it finds something (a hint's upper-case name).
+// This file holds what runs on statements the single pass in mysqlproto
+// flagged: IsAdmin (on a statement that mentions a resource-control word)
+// and HintGroup (on the body of an optimizer-hint comment). Neither
+// allocates unless it finds something (a hint's upper-case name).
 
 // scanner walks tokens of a statement without allocating. It follows the
 // lexer's rules for comments and quotes, so that IsAdmin agrees with Parse.
@@ -180,31 +180,6 @@ func IsAdmin(query string) bool {
 		}
 	}
 	return false
-}
-
-// ExtractHint returns the group named by a /*+ RESOURCE_GROUP(name) */ hint
-// placed right after the statement's first keyword (SELECT, INSERT, UPDATE,
-// DELETE or REPLACE), as TiDB allows. With several, the last one wins, as
-// in TiDB. The name is normalized. It allocates only for a name that is not
-// already lower case.
-func ExtractHint(query string) (string, bool) {
-	sc := scanner{s: query}
-	first := sc.next()
-	if !(first.isKw("SELECT") || first.isKw("INSERT") || first.isKw("UPDATE") || first.isKw("DELETE") || first.isKw("REPLACE")) {
-		return "", false
-	}
-	i := sc.i
-	for i < len(query) && (query[i] == ' ' || query[i] == '\t' || query[i] == '\n' || query[i] == '\r') {
-		i++
-	}
-	if !strings.HasPrefix(query[i:], "/*+") {
-		return "", false
-	}
-	end := strings.Index(query[i+3:], "*/")
-	if end < 0 {
-		return "", false
-	}
-	return HintGroup(query[i+3 : i+3+end])
 }
 
 // HintGroup returns the group named by RESOURCE_GROUP(name) in the body of

@@ -1,6 +1,25 @@
 package resourcegroup
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
+
+	"github.com/rgproxy/rgproxy/mysqlproto"
+)
+
+// hintOf is what the proxy does with a COM_QUERY: mysqlproto's single pass
+// finds the hint comment's body, HintGroup reads the group from it.
+func hintOf(t testing.TB, q string) (string, bool) {
+	st := mysqlproto.Statement{Command: mysql.COM_QUERY, Query: q}
+	if err := mysqlproto.ScanStatement(&st, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st.Scan.Hint == "" {
+		return "", false
+	}
+	return HintGroup(st.Scan.Hint)
+}
 
 func TestIsAdmin(t *testing.T) {
 	tests := []struct {
@@ -58,7 +77,9 @@ func TestIsAdmin(t *testing.T) {
 	}
 }
 
-func TestExtractHint(t *testing.T) {
+// The hint as TiDB reads it: right after the first keyword of SELECT,
+// INSERT, UPDATE, DELETE or REPLACE; the last RESOURCE_GROUP wins.
+func TestHint(t *testing.T) {
 	tests := []struct {
 		q    string
 		want string
@@ -85,9 +106,9 @@ func TestExtractHint(t *testing.T) {
 		{"", "", false},
 	}
 	for _, tt := range tests {
-		got, ok := ExtractHint(tt.q)
+		got, ok := hintOf(t, tt.q)
 		if got != tt.want || ok != tt.ok {
-			t.Errorf("ExtractHint(%q) = %q, %v; want %q, %v", tt.q, got, ok, tt.want, tt.ok)
+			t.Errorf("hint of %q = %q, %v; want %q, %v", tt.q, got, ok, tt.want, tt.ok)
 		}
 	}
 }
@@ -105,8 +126,10 @@ func TestHotPathAllocations(t *testing.T) {
 		if n := testing.AllocsPerRun(100, func() { IsAdmin(q) }); n != 0 {
 			t.Errorf("IsAdmin(%q) allocates %v times", q, n)
 		}
-		if n := testing.AllocsPerRun(100, func() { ExtractHint(q) }); n != 0 {
-			t.Errorf("ExtractHint(%q) allocates %v times", q, n)
+	}
+	for _, body := range []string{" resource_group(rg1) ", " MAX_EXECUTION_TIME(10) ", ""} {
+		if n := testing.AllocsPerRun(100, func() { HintGroup(body) }); n != 0 {
+			t.Errorf("HintGroup(%q) allocates %v times", body, n)
 		}
 	}
 }
@@ -119,10 +142,10 @@ func BenchmarkIsAdmin(b *testing.B) {
 	}
 }
 
-func BenchmarkExtractHint(b *testing.B) {
-	q := "SELECT /*+ RESOURCE_GROUP(rg1) */ id, name FROM users WHERE id = 42"
+func BenchmarkHintGroup(b *testing.B) {
+	body := " RESOURCE_GROUP(rg1) "
 	b.ReportAllocs()
 	for b.Loop() {
-		ExtractHint(q)
+		HintGroup(body)
 	}
 }

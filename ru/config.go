@@ -38,13 +38,15 @@ type Config struct {
 	// WriteCostPerByte is the WRU per byte of a write statement's payload.
 	// Unit: RU per byte. Default 1/1024 (1 RU per KiB).
 	WriteCostPerByte float64 `toml:"write_cost_per_byte"`
-	// CPUMsCost is the RRU per millisecond of backend time, the stand-in for
-	// CPU since MariaDB reports no per-statement CPU.
+	// CPUMsCost is the RRU per millisecond of CPU: the CPU time of the
+	// backend thread serving the session where rgproxy can read it
+	// (--cpu-source proc), else the statement's backend time (wall).
 	// Unit: RU per millisecond. Default 1/3 (1 RU per 3 ms).
 	CPUMsCost float64 `toml:"cpu_ms_cost"`
 }
 
-// DefaultConfig returns the coefficients of DESIGN.md's "Request Units" table.
+// DefaultConfig returns TiDB's coefficients: README's RU table and
+// docs/design.md §5.
 func DefaultConfig() Config {
 	return Config{
 		ReadBaseCost:            0.125,

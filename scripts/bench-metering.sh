@@ -46,16 +46,18 @@ rgs=$(freeport); rgss=$(freeport)
 bin/rgserver --addr 127.0.0.1:$rgs --status-addr 127.0.0.1:$rgss --data-dir "$tmp/rgs" --log-level warn >"$tmp/rgserver.log" 2>&1 &
 pids+=($!)
 waitport "$rgs"
+# start_proxy sets port and status; it runs in this shell (not in $(...))
+# so that cleanup knows the proxy's pid.
 start_proxy() { # name extra-flags...
-	local port=$(freeport) status=$(freeport) name=$1; shift
+	local name=$1; shift
+	port=$(freeport); status=$(freeport)
 	bin/rgproxy --listen 127.0.0.1:$port --status-addr 127.0.0.1:$status --token-server 127.0.0.1:$rgs \
 		--cache-dir "$tmp/cache-$name" --proxy-id "$name" --log-level warn "$@" >"$tmp/$name.log" 2>&1 &
 	pids+=($!)
 	waitport "$port"
-	echo "$port $status"
 }
-read -r mport mstatus < <(start_proxy metered)
-read -r pport pstatus < <(start_proxy pure --metering=false)
+start_proxy metered; mport=$port; mstatus=$status
+start_proxy pure --metering=false; pport=$port; pstatus=$status
 
 sb() { # port threads seconds user
 	sysbench oltp_point_select --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$1" --mysql-user="$4" \
@@ -91,9 +93,9 @@ ratio=$(awk -v a="$mon" -v b="$moff" 'BEGIN { printf "%.3f", a / b }')
 per1000=$(awk -v m="$((${msgs1%.*} - ${msgs0%.*}))" -v s="$stm1" -v s0="$stm0" 'BEGIN { printf "%.3f", m / (s - s0) * 1000 }')
 
 # Saturation accuracy: three proxies, one group at SAT_RATE, 30 s.
-read -r a1 s1 < <(start_proxy sat1)
-read -r a2 s2 < <(start_proxy sat2)
-read -r a3 s3 < <(start_proxy sat3)
+start_proxy sat1; a1=$port
+start_proxy sat2; a2=$port
+start_proxy sat3; a3=$port
 sql "$a1" "DROP RESOURCE GROUP IF EXISTS bench_sat; CREATE RESOURCE GROUP bench_sat RU_PER_SEC = $SAT_RATE; ALTER USER 'sbmeter'@'%' RESOURCE GROUP bench_sat"
 sleep 1
 ru0=$(metric "$rgss" rgserver_ru_consumed_total 'resource_group="bench_sat"')

@@ -23,11 +23,13 @@ const maxAmount = 1e15
 // reservations that must wait; it is paid back by the fill and by grants
 // before later reservations run.
 //
-// Fill: tokens grow at FillRate per second up to the burst. Grants
-// (Reconfigure's tokens), trickles and refunds are delivered whole, even past
-// the burst: they are tokens already paid for (granted by rgserver, or given
-// back by a statement), while the burst only stops a standing fill from
-// accumulating idle capacity.
+// Fill: tokens grow at FillRate per second up to the burst, a standing
+// fill and a trickle alike: a proxy that does not spend what it is sent
+// must not pile up more than the group's capacity, or a burst after an
+// idle spell would spend several capacities at once. Grants
+// (Reconfigure's tokens) and refunds are delivered whole, even past the
+// burst: a grant is sized by what the proxy asked for, and a refund gives
+// back what a statement took.
 //
 // Low-tokens signal: after Take or Reserve leaves fewer tokens than the
 // notify threshold, or a reservation has to wait or is refused, NeedsTokens
@@ -60,15 +62,17 @@ func (b *Bucket) Reconfigure(now time.Time, tokens, fillRate, burst, notifyThres
 }
 
 // Trickle applies a trickle grant at now: n tokens delivered evenly over d,
-// that is a fill of n/d per second that stops after d. The burst does not
-// cap a trickle, but is kept for the next Reconfigure; a d of 0 or less adds
-// the n tokens at once.
-func (b *Bucket) Trickle(now time.Time, n float64, d time.Duration, notifyThreshold float64) {
+// that is a fill of n/d per second that stops after d, and that stops
+// adding tokens while the bucket holds burst or more (0 or less: no cap).
+// What the cap holds back is lost, as a standing fill's would be: it is
+// capacity the proxy did not use. A d of 0 or less adds the n tokens at
+// once.
+func (b *Bucket) Trickle(now time.Time, n float64, d time.Duration, burst, notifyThreshold float64) {
 	if d <= 0 {
-		b.reconfigure(now, n, 0, b.burst, notifyThreshold, time.Time{})
+		b.reconfigure(now, n, 0, burst, notifyThreshold, time.Time{})
 		return
 	}
-	b.reconfigure(now, 0, sane(n)/d.Seconds(), b.burst, notifyThreshold, now.Add(d))
+	b.reconfigure(now, 0, sane(n)/d.Seconds(), burst, notifyThreshold, now.Add(d))
 }
 
 func (b *Bucket) reconfigure(now time.Time, tokens, fillRate, burst, threshold float64, until time.Time) {
@@ -209,7 +213,7 @@ func (b *Bucket) tokensAt(now time.Time) float64 {
 	if b.fillRate <= 0 || !end.After(b.last) {
 		return b.tokens
 	}
-	capped := b.burst > 0 && b.fillUntil.IsZero()
+	capped := b.burst > 0
 	if capped && b.tokens >= b.burst {
 		return b.tokens // above the burst through a grant: no fill, but no loss
 	}

@@ -125,30 +125,36 @@ func TestBucketDebtDelaysEvenFreeReservations(t *testing.T) {
 func TestBucketTrickle(t *testing.T) {
 	var b Bucket
 	b.Reconfigure(t0, 0, 0, 30, 5)
-	b.Trickle(t0, 100, 10*time.Second, 5)
+	b.Trickle(t0, 100, 10*time.Second, 30, 5)
 	wantState(t, &b, t0, "tokens=0.00 rate=10.0/s burst=30 threshold=5 debt=0 trickle=10s")
 	wantState(t, &b, at(2), "tokens=20.00 rate=10.0/s burst=30 threshold=5 debt=0 trickle=8s")
 	// 40 with 20 in hand: 2 s more, well inside the trickle.
 	wantReserve(t, &b, at(2), 40, time.Minute, 2*time.Second, true)
 	// 70 more would need 9 s: past the trickle's end, so it cannot be promised.
 	wantReserve(t, &b, at(2), 70, time.Minute, 9*time.Second, false)
-	// The trickle stops at 10 s: 100 delivered (the burst of 30 does not cap
-	// granted tokens), 40 spent.
-	wantState(t, &b, at(60), "tokens=60.00 rate=0.0/s burst=30 threshold=5 debt=0")
+	// The trickle stops at 10 s, and its fill stopped at the burst: of the
+	// 80 it sent after the reservation, 20 paid the debt, 30 are in hand,
+	// and 30 were capacity nobody used.
+	wantState(t, &b, at(60), "tokens=30.00 rate=0.0/s burst=30 threshold=5 debt=0")
 	if r := b.FillRate(at(60)); r != 0 {
 		t.Fatalf("FillRate after the trickle = %v, want 0", r)
 	}
 	if r := b.FillRate(at(5)); r != 10 {
 		t.Fatalf("FillRate during the trickle = %v, want 10", r)
 	}
-	// A trickle of no duration is a plain grant without fill.
-	b.Trickle(at(60), 12, 0, 5)
-	wantState(t, &b, at(70), "tokens=72.00 rate=0.0/s burst=30 threshold=5 debt=0")
-	b.Trickle(at(70), 100, 100*time.Second, 0)
-	wantState(t, &b, at(71), "tokens=73.00 rate=1.0/s burst=30 threshold=0 debt=0 trickle=1m39s")
-	// Reconfigure ends a trickle; from there the burst caps the fill again.
-	b.Reconfigure(at(71), 0, 1, 100, 0)
-	wantState(t, &b, at(271), "tokens=100.00 rate=1.0/s burst=100 threshold=0 debt=0")
+	// A trickle of no duration is a plain grant without fill: whole, past
+	// the burst.
+	b.Trickle(at(60), 12, 0, 30, 5)
+	wantState(t, &b, at(70), "tokens=42.00 rate=0.0/s burst=30 threshold=5 debt=0")
+	// Above the burst a capped trickle adds nothing, and loses nothing.
+	b.Trickle(at(70), 100, 100*time.Second, 30, 0)
+	wantState(t, &b, at(71), "tokens=42.00 rate=1.0/s burst=30 threshold=0 debt=0 trickle=1m39s")
+	// Without a burst a trickle fills on.
+	b.Trickle(at(71), 100, 100*time.Second, 0, 0)
+	wantState(t, &b, at(72), "tokens=43.00 rate=1.0/s burst=none threshold=0 debt=0 trickle=1m39s")
+	// Reconfigure ends a trickle; the burst caps the fill.
+	b.Reconfigure(at(72), 0, 1, 100, 0)
+	wantState(t, &b, at(272), "tokens=100.00 rate=1.0/s burst=100 threshold=0 debt=0")
 }
 
 func TestBucketUnlimitedOnlyMeters(t *testing.T) {
@@ -197,7 +203,7 @@ func TestBucketSanitizesArguments(t *testing.T) {
 // limiter is what the property checker drives: *Bucket, or a broken one.
 type limiter interface {
 	Reconfigure(now time.Time, tokens, fillRate, burst, notifyThreshold float64)
-	Trickle(now time.Time, n float64, d time.Duration, notifyThreshold float64)
+	Trickle(now time.Time, n float64, d time.Duration, burst, notifyThreshold float64)
 	Take(now time.Time, n float64)
 	Reserve(now time.Time, n float64, maxWait time.Duration) (time.Duration, bool)
 	Tokens(now time.Time) float64
@@ -305,7 +311,7 @@ func runSequence(seed uint64, saturate bool, l limiter) error {
 			} else {
 				sup.rate, sup.until = n/d.Seconds(), now.Add(d)
 			}
-			l.Trickle(now, n, d, rng.Float64()*50)
+			l.Trickle(now, n, d, 0, rng.Float64()*50) // uncapped: the checker counts every token sent
 		case p < 30:
 			n := rng.Float64() * 20
 			l.Take(now, n)
@@ -390,8 +396,8 @@ func (b *neverFills) Reconfigure(now time.Time, tokens, _, burst, threshold floa
 	b.Bucket.Reconfigure(now, tokens, 0, burst, threshold)
 }
 
-func (b *neverFills) Trickle(now time.Time, _ float64, d time.Duration, threshold float64) {
-	b.Bucket.Trickle(now, 0, d, threshold)
+func (b *neverFills) Trickle(now time.Time, _ float64, d time.Duration, burst, threshold float64) {
+	b.Bucket.Trickle(now, 0, d, burst, threshold)
 }
 
 // paysTooEarly waits only half as long as the debt needs.
@@ -451,7 +457,7 @@ func FuzzBucket(f *testing.F) {
 				b.Reconfigure(now, next(), next(), next(), next())
 				fired = false
 			case 1:
-				b.Trickle(now, next(), time.Duration(next()), next())
+				b.Trickle(now, next(), time.Duration(next()), next(), next())
 				fired = false
 			case 2:
 				b.Take(now, next())

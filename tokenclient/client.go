@@ -20,17 +20,18 @@ import (
 // (bounded by its maxWait and ctx), Charge never blocks, and Store's writes
 // block on one RPC plus at most 1 s for the Watch cache.
 //
-// The protocol choices (DESIGN.md, "Token protocol"): a group asks when
-// its bucket falls below the notify threshold, demand × 1 s (demand =
+// The protocol choices (docs/design.md §7, "Token protocol"): a group asks
+// when its bucket falls below the notify threshold, demand × 1 s (demand =
 // EWMA of consumed RU/s, sampled every second, plus the RU of waiting
-// statements per second), for demand × TargetPeriod × 1.1 − tokens left;
+// statements per second) but at most the proxy's share of the group's
+// capacity, for demand × TargetPeriod × 1.1 − tokens left;
 // a group has at most one request in flight; the groups that need tokens
 // at one moment, and every group with unreported consumption, go in one
 // TokenRequest; a group that consumes reports at least every ReportPeriod
 // (report_only when it needs no tokens). A grant with trickle_ms = 0 is
 // added at once and the bucket does not fill by itself; a trickle fills
-// it at tokens ÷ trickle_ms, and the group asks again only near the
-// trickle's end.
+// it at tokens ÷ trickle_ms, up to that share of the capacity, and the
+// group asks again only near the trickle's end.
 type Client struct {
 	cfg Config
 	clk Clock
@@ -71,7 +72,11 @@ type Client struct {
 
 	// forgotten are groups forgotten (dropped or expired) whose hook has
 	// not run yet; notifyForgotten runs it outside the lock.
-	forgotten   []string
+	forgotten []string
+	// droppedAt: groups dropped lately (a Watch DELETE or a NOT_FOUND
+	// grant), so that a statement settling after the DROP does not bring
+	// their state and series back; kept for droppedMemory.
+	droppedAt   map[string]time.Time
 	onForgotten atomic.Pointer[func(group string)]
 
 	cancel context.CancelFunc
@@ -85,8 +90,13 @@ type groupState struct {
 	notify chan struct{} // closed and replaced when tokens arrive
 
 	// From the last grant.
-	granted      bool
-	shareRate    float64 // this proxy's share of the fill rate, RU/s
+	granted   bool
+	shareRate float64 // this proxy's share of the fill rate, RU/s
+	// holdCap is the most tokens the proxy holds for the group while
+	// nothing waits: its share of the group's capacity (RU; 0 = unknown,
+	// no cap). Trickles stop filling there and the low-tokens threshold
+	// never exceeds it, so an idle proxy neither asks nor piles up tokens.
+	holdCap      float64
 	proxies      uint32
 	ruPerSec     uint64
 	trickleUntil time.Time // zero: no trickle
@@ -174,6 +184,7 @@ func New(cfg Config) (*Client, error) {
 		saveKick:     make(chan struct{}, 1),
 		conns:        map[string]*grpc.ClientConn{},
 		groups:       map[string]*groupState{},
+		droppedAt:    map[string]time.Time{},
 		outstanding:  map[uint64]*sentRequest{},
 		cache:        newSnapshot(),
 		cacheChanged: make(chan struct{}),
@@ -429,6 +440,9 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked(now)
+	if !c.servesLocked(group) {
+		return // dropped meanwhile: nothing to charge, no state to revive
+	}
 	gs := c.useLocked(group, now)
 	gs.bucket.Take(now, cons.RU())
 	gs.record(now, cons)
@@ -441,8 +455,9 @@ type Share struct {
 	// larger of its last granted share of the fill and RU_PER_SEC divided
 	// by the proxies using the group.
 	Rate float64
-	// BurstSeconds is the group's bucket capacity in seconds of its rate:
-	// 1 with BURSTABLE OFF, 10 with MODERATED.
+	// BurstSeconds is the group's bucket capacity in seconds of its rate
+	// (BurstMode.CapacitySeconds): 1 with BURSTABLE OFF, 10 with
+	// MODERATED, +Inf with UNLIMITED (then Unlimited is set too).
 	BurstSeconds float64
 	// Proxies is how many proxies use the group (from the last grant; 1
 	// before the first).
@@ -466,10 +481,7 @@ func (c *Client) Share(group string) Share {
 	if !ok {
 		return Share{Unlimited: true, Proxies: 1}
 	}
-	sh := Share{BurstSeconds: 1, Proxies: 1, Mode: g.Mode, Unlimited: isUnlimited(g)}
-	if g.Burst == resourcegroup.BurstModerated {
-		sh.BurstSeconds = 10
-	}
+	sh := Share{BurstSeconds: g.Burst.CapacitySeconds(), Proxies: 1, Mode: g.Mode, Unlimited: isUnlimited(g)}
 	gs, used := c.groups[group]
 	if used {
 		sh.Proxies = max(gs.proxies, 1)
@@ -506,10 +518,7 @@ func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float6
 	}
 	gs := c.stateLocked(group, now)
 	rate := float64(g.RUPerSec) / float64(max(gs.proxies, 1))
-	burst := rate
-	if g.Burst == resourcegroup.BurstModerated {
-		burst = rate * 10
-	}
+	burst := rate * g.Burst.CapacitySeconds()
 	sb := &gs.shadow
 	if !gs.shadowOn || sb.FillRate(now) != rate {
 		if !gs.shadowOn {
@@ -542,6 +551,9 @@ func (c *Client) HoldDemand(group string, d float64) {
 	now := c.clk.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.servesLocked(group) {
+		return
+	}
 	gs := c.stateLocked(group, now)
 	gs.addWaiting(now, d)
 	if d > 0 {
@@ -557,8 +569,34 @@ func (c *Client) CountThrottled(group string) {
 	now := c.clk.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.servesLocked(group) {
+		return
+	}
 	c.throttledLocked(c.useLocked(group, now))
 }
+
+// servesLocked reports whether a charge, a held demand or a refusal may
+// (re)create group's state: not for a group dropped lately and not back
+// in the Watch cache (a statement that settles after the DROP must not
+// bring back its state and series for --group-idle-expiry).
+func (c *Client) servesLocked(group string) bool {
+	if _, ok := c.groups[group]; ok {
+		return true
+	}
+	at, ok := c.droppedAt[group]
+	if !ok {
+		return true
+	}
+	if _, known := c.cache.Groups[group]; known || c.clk.Now().Sub(at) >= droppedMemory {
+		delete(c.droppedAt, group)
+		return true
+	}
+	return false
+}
+
+// droppedMemory is how long a dropped group is remembered: longer than
+// any statement's settling after the DROP reached this proxy.
+const droppedMemory = 10 * time.Minute
 
 // Degraded reports whether the client refills buckets locally because
 // rgserver has not granted tokens for Config.DegradedAfter.
@@ -694,8 +732,8 @@ func (c *Client) localRefillLocked(now time.Time, gs *groupState) {
 	proxies := max(gs.proxies, 1)
 	rate := float64(perSec) / float64(proxies)
 	burst := rate // BURSTABLE OFF: 1 s of rate
-	if known && g.Burst == resourcegroup.BurstModerated {
-		burst = rate * 10
+	if known {
+		burst = rate * g.Burst.CapacitySeconds()
 	}
 	gs.bucket.SetUnlimited(false)
 	gs.bucket.Reconfigure(now, 0, rate, burst, gs.threshold(now))
@@ -735,9 +773,27 @@ func (gs *groupState) wake() {
 	gs.notify = make(chan struct{})
 }
 
-// threshold is the notify threshold at now: demand × notifyLead.
+// threshold is the notify threshold at now: demand × notifyLead, at most
+// holdCap (a bucket that holds its capacity does not ask, however busy the
+// group was a moment ago).
 func (gs *groupState) threshold(now time.Time) float64 {
-	return gs.demand(now) * notifyLead.Seconds()
+	t := gs.demand(now) * notifyLead.Seconds()
+	if gs.holdCap > 0 {
+		t = min(t, gs.holdCap)
+	}
+	return t
+}
+
+// holdCapLocked is gs's share of its group's capacity: this proxy's rate
+// (as Share reports it) × the BURSTABLE seconds; 0 for a group whose
+// settings are unknown or that is never throttled.
+func (c *Client) holdCapLocked(gs *groupState) float64 {
+	g, ok := c.settingsLocked(gs.name)
+	if !ok || isUnlimited(g) {
+		return 0
+	}
+	rate := max(gs.shareRate, float64(g.RUPerSec)/float64(max(gs.proxies, 1)))
+	return rate * g.Burst.CapacitySeconds()
 }
 
 // demand is what the proxy wants for the group at now, in RU/s: the

@@ -367,6 +367,53 @@ func TestTrickle(t *testing.T) {
 	}
 }
 
+// After a burst, a proxy whose group goes idle holds at most its share of
+// the group's capacity: trickles stop filling there, and a bucket at its
+// capacity does not ask again however busy the group just was. (Without
+// the cap, a 100 RU/s group once held 314 RU here after 40 s idle, plus
+// rgserver's own 100: four capacities spent at the next burst.)
+func TestIdleProxyHoldsAtMostItsCapacity(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 100})
+	grant := func(req *tokenpb.TokenRequest, n float64) {
+		t.Helper()
+		if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+			{Group: "g", Tokens: n, TrickleMs: 2000, FillRate: 100, RuPerSec: 100, Proxies: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A burst: 8 heavy statements charged at once, 200 RU of debt.
+	for range 8 {
+		c.Charge("g", rruOf(25))
+	}
+	asks := 0
+	for range 40 { // 20 s in steps of 500 ms, answering every ask with a 2 s trickle of 400 RU
+		if req := build(c, false); req != nil {
+			if g := groupEntry(req, "g"); g != nil && !g.GetReportOnly() {
+				asks++
+				grant(req, 400)
+			}
+		}
+		clk.Advance(500 * time.Millisecond)
+		if got := tokensOf(c, "g"); got > 100+1e-9 {
+			t.Fatalf("after %d asks the idle proxy holds %.1f RU, more than the group's capacity (100)", asks, got)
+		}
+	}
+	if asks == 0 {
+		t.Fatal("never asked to pay the burst's debt")
+	}
+	if got := tokensOf(c, "g"); !near(got, 100) {
+		t.Fatalf("tokens after 20 s idle: %.1f, want the capacity, 100", got)
+	}
+	// At its capacity, the bucket asks no more.
+	clk.Advance(5 * time.Second)
+	if req := build(c, false); req != nil {
+		if g := groupEntry(req, "g"); g != nil && !g.GetReportOnly() {
+			t.Fatalf("asked for tokens with a full bucket: %v", g)
+		}
+	}
+}
+
 func TestNotLeaderRestoresConsumption(t *testing.T) {
 	c, _ := newTestClient(t, nil)
 	c.Charge("a", rruOf(7))
@@ -708,7 +755,7 @@ func TestBucketCanReserve(t *testing.T) {
 		t.Fatalf("CanReserve took tokens: %v", got)
 	}
 	// A trickle that ends before the wait would pay cannot reserve.
-	b.Trickle(now, 10, time.Second, 0)
+	b.Trickle(now, 10, time.Second, 0, 0)
 	if b.CanReserve(now, 20, 5*time.Second) {
 		t.Fatal("reserved past the end of the trickle")
 	}

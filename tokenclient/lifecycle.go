@@ -48,6 +48,15 @@ func (c *Client) dropLocked(gs *groupState) {
 	gs.dead = true
 	gs.wake()
 	c.forgetLocked(gs)
+	now := c.clk.Now()
+	if len(c.droppedAt) >= 1024 {
+		for name, at := range c.droppedAt {
+			if now.Sub(at) >= droppedMemory {
+				delete(c.droppedAt, name)
+			}
+		}
+	}
+	c.droppedAt[gs.name] = now
 }
 
 // forgetLocked deletes gs and its series and queues the hook.

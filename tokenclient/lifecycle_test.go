@@ -164,6 +164,14 @@ func TestDroppedGroupForgotten(t *testing.T) {
 	if hasState(c, "gone") || len(seriesOf(t, reg, "gone")) != 0 {
 		t.Fatalf("dropped group kept state %v or series %v", hasState(c, "gone"), seriesOf(t, reg, "gone"))
 	}
+	// A statement that settles after the DROP does not bring them back.
+	c.Charge("gone", rruOf(3))
+	c.HoldDemand("gone", 5)
+	c.HoldDemand("gone", -5)
+	c.CountThrottled("gone")
+	if hasState(c, "gone") || len(seriesOf(t, reg, "gone")) != 0 {
+		t.Fatalf("a late settlement revived the dropped group: state %v, series %v", hasState(c, "gone"), seriesOf(t, reg, "gone"))
+	}
 
 	// NOT_FOUND from rgserver (the Watch has not told yet).
 	c.Charge("notfound", rruOf(1))

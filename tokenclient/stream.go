@@ -489,6 +489,7 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 		gs.proxies = g.GetProxies()
 		gs.ruPerSec = g.GetRuPerSec()
 		gs.shareRate = g.GetFillRate()
+		gs.holdCap = c.holdCapLocked(gs)
 		if g.GetUnlimited() {
 			gs.bucket.SetUnlimited(true)
 			gs.wake()
@@ -519,7 +520,7 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 		c.met.granted.WithLabelValues(gs.name).Add(g.GetTokens())
 		if ms := g.GetTrickleMs(); ms > 0 {
 			d := time.Duration(ms) * time.Millisecond
-			gs.bucket.Trickle(now, g.GetTokens(), d, gs.threshold(now))
+			gs.bucket.Trickle(now, g.GetTokens(), d, gs.holdCap, gs.threshold(now))
 			gs.trickleUntil = now.Add(d)
 			gs.trickleRate = g.GetTokens() / d.Seconds()
 		} else {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -85,10 +86,8 @@ func (s Settings) Capacity() float64 {
 	switch {
 	case s.Unlimited():
 		return math.Inf(1)
-	case s.Burst == resourcegroup.BurstModerated:
-		return 10 * float64(s.RUPerSec)
 	default:
-		return float64(s.RUPerSec)
+		return float64(s.RUPerSec) * s.Burst.CapacitySeconds()
 	}
 }
 
@@ -432,16 +431,6 @@ func (a *Allocator) Len() int { return len(a.groups) }
 // Group returns a group's bucket, or nil.
 func (a *Allocator) Group(name string) *Bucket { return a.groups[name] }
 
-// Groups returns the names of every group held, sorted.
-func (a *Allocator) Groups() []string {
-	out := make([]string, 0, len(a.groups))
-	for n := range a.groups {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
 // Acquire serves one group's request from one proxy.
 func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, error) {
 	b := a.groups[group]
@@ -465,11 +454,17 @@ func (a *Allocator) Report(group string, u ru.Consumption) bool {
 	return true
 }
 
-// markDirty puts b on the dirty list once.
+// markDirty puts b on the dirty list once. Only the leader takes the
+// list (TakeDirty); on a follower, whose buckets change with every ALTER,
+// the list would keep every bucket since dropped, so it is cut back to
+// the buckets still held once it outgrows them.
 func (a *Allocator) markDirty(b *Bucket) {
 	if !b.dirty {
 		b.dirty = true
 		a.dirty = append(a.dirty, b)
+		if len(a.dirty) > 2*len(a.groups)+64 {
+			a.dirty = slices.DeleteFunc(a.dirty, func(d *Bucket) bool { return !a.Held(d) })
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -489,5 +490,26 @@ func TestAllocatorSavesOnlyMeaningfulChanges(t *testing.T) {
 	a.SetGroup("idle1", Settings{RUPerSec: 10}, at(62))
 	if dirty, saved := saveRound(a, at(62), false); fmt.Sprint(dirty) != "[idle1]" || len(saved) != 0 {
 		t.Fatalf("after ALTER: dirty %v saved %v", dirty, saved)
+	}
+}
+
+// On a follower nobody takes the dirty list: group churn must not grow it
+// for ever (it keeps only the buckets still held once it outgrows them).
+func TestDirtyListBoundedWithoutPersist(t *testing.T) {
+	a := NewAllocator(AllocConfig{TricklePeriod: 5 * time.Second})
+	now := time.Unix(1000, 0)
+	a.SetGroup("kept", Settings{RUPerSec: 100}, now)
+	a.SetGroup("kept", Settings{RUPerSec: 150}, now)
+	for i := range 10000 {
+		name := fmt.Sprintf("g%d", i)
+		a.SetGroup(name, Settings{RUPerSec: 100, Version: 1}, now)
+		a.SetGroup(name, Settings{RUPerSec: 200, Version: 2}, now)
+		a.RemoveGroup(name)
+	}
+	if n := len(a.dirty); n > 2*a.Len()+64+1 {
+		t.Fatalf("dirty list holds %d buckets for %d groups", n, a.Len())
+	}
+	if d := a.TakeDirty(); !slices.ContainsFunc(d, func(b *Bucket) bool { return b.Name() == "kept" }) {
+		t.Fatal("the held group's bucket left the dirty list")
 	}
 }

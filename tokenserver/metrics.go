@@ -122,9 +122,10 @@ func (s *Server) groupRows() []groupRow {
 // groupFamily is one per-group metric family.
 type groupFamily struct {
 	name, help, typ string
-	// label is an extra label pair (`type="rru"`) or "".
+	// labels are the values of an extra label (`type`: "rru", "wru"), one
+	// series each, or none.
 	labels []string
-	// values returns the series' values for a row (one per labels entry,
+	// value returns a series' value for a row (one per labels entry,
 	// or one), ok = false for none.
 	value func(r *groupRow, i int) (float64, bool)
 }
@@ -152,7 +153,7 @@ var groupFamilies = []groupFamily{
 		value: func(r *groupRow, _ int) (float64, bool) { return r.granted, true }},
 	{name: "rgserver_group_ru_per_sec", typ: "gauge", help: "The group's configured RU_PER_SEC; +Inf when RU_PER_SEC = UNLIMITED.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.rate, true }},
-	{name: "rgserver_group_tokens", typ: "gauge", help: "Tokens in the group's global bucket (negative: promised to running trickles). Absent for unlimited groups.",
+	{name: "rgserver_group_tokens", typ: "gauge", help: "Tokens in the group's global bucket (negative: promised to running trickles). Absent for groups that are never throttled (UNLIMITED, or MODE WARN or OFF).",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.tokens, r.limited }},
 	{name: "rgserver_group_clients", typ: "gauge", help: "Proxies holding a live slot in the group.",
 		value: func(r *groupRow, _ int) (float64, bool) { return float64(r.clients), true }},

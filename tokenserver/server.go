@@ -355,7 +355,12 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 	s.leader.Store(true)
 	s.log.Info("became leader", "addr", addr, "election_rev", rev, "states", len(states))
 	// Bindings an earlier version kept per user name move to their account.
-	if n, err := s.store.migrateBindings(ctx, key, rev); err != nil {
+	// Bounded, so a stalled etcd does not keep the new leader from its
+	// chores; the next leader (or this one's next term) tries again.
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	n, err := s.store.migrateBindings(clientv3.WithRequireLeader(mctx), key, rev)
+	cancel()
+	if err != nil {
 		s.log.Warn("moving per-user bindings to per-account keys", "moved", n, "err", err)
 	} else if n > 0 {
 		s.log.Info("moved per-user bindings to per-account keys", "bindings", n)

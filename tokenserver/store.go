@@ -15,7 +15,7 @@ import (
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
 
-// etcd key layout (DESIGN.md, "rgserver").
+// etcd key layout (docs/design.md §8.1).
 const (
 	keyRoot     = "/rg/"
 	keySettings = "/rg/settings/"
@@ -126,8 +126,8 @@ func decodeTagBinding(tag string, data []byte) (resourcegroup.Binding, error) {
 
 // EtcdStore is the resourcegroup.Store of rgserver: groups under
 // /rg/settings/<name>, account bindings under /rg/accounts/<user@host>,
-// tag bindings under /rg/tags/<key>=<value> (both URL-encoded), JSON
-// values. A
+// tag bindings under /rg/tags/<key>=<value> (key and value
+// query-escaped), JSON values. A
 // group's Version is its key's ModRevision. Creates are guarded by
 // CreateRevision = 0 and updates by ModRevision, so concurrent writers on
 // any replica never overwrite each other silently.
@@ -431,7 +431,11 @@ func (s *EtcdStore) listBindings(ctx context.Context, rev int64) ([]resourcegrou
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: list bindings: %w", ErrEtcd, err)
 	}
-	rev = resp.Header.Revision
+	if rev == 0 {
+		// The header is the store's revision whatever was read; with
+		// WithRev the read is at rev already.
+		rev = resp.Header.Revision
+	}
 	// The tags at the same revision, so that the two make one snapshot.
 	tags, err := s.cli.Get(ctx, keyTags, clientv3.WithPrefix(), clientv3.WithRev(rev))
 	if err != nil {
@@ -484,12 +488,15 @@ func (s *EtcdStore) migrateBindings(ctx context.Context, key string, rev int64) 
 		if err != nil {
 			return moved, err
 		}
-		_, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+		tr, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
 			Then(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(nk), "=", 0)},
 				[]clientv3.Op{clientv3.OpPut(nk, string(val))}, nil),
 				clientv3.OpDelete(string(kv.Key))).Commit()
 		if err != nil {
 			return moved, fmt.Errorf("%w: migrate binding %q: %w", ErrEtcd, kv.Key, err)
+		}
+		if !tr.Succeeded {
+			return moved, fmt.Errorf("migrate binding %q: %w", kv.Key, ErrNotLeader)
 		}
 		moved++
 	}

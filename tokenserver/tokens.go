@@ -138,7 +138,11 @@ func (s *Server) serveTokens(ctx context.Context, req *pb.TokenRequest) *pb.Toke
 // take for a dropped group (that would lift its limit).
 func (s *Server) serveMissing(ctx context.Context, proxyID string, gr *pb.GroupTokenRequest, now time.Time) *pb.GroupGrant {
 	name := resourcegroup.NormalizeName(gr.GetGroup())
-	g, err := s.store.GetGroup(ctx, name)
+	// Bounded: while etcd is away this read must not hold up the proxy's
+	// whole stream (its other groups' grants wait behind it).
+	rctx, cancel := etcdCall(ctx)
+	g, err := s.store.GetGroup(rctx, name)
+	cancel()
 	if err != nil {
 		if errors.Is(err, resourcegroup.ErrNotFound) {
 			return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}

@@ -4,9 +4,12 @@
 // (a CPU-bound scan, or a sort) in a group with a small RU_PER_SEC. It
 // measures, side by side in one run, the victim's p99 alone and beside the
 // aggressor, directly and through rgproxy; the aggressor group's RU
-// against RU_PER_SEC × T + its bucket's capacity; and the RU of one heavy
+// against RU_PER_SEC × T + its bucket's capacity; the RU of one heavy
 // statement alone and beside copies of it running directly on the backend
-// (which CPU-true metering keeps close, and wall-time metering does not).
+// (which CPU-true metering keeps close, and wall-time metering does not);
+// and, last, a control: the victim through rgproxy beside the heavy
+// statement run directly, one at a time, at the pace RU_PER_SEC pays for
+// (what an ideal admission would leave the victim).
 //
 // It starts its own rgserver and rgproxy from --bin-dir and uses the
 // MariaDB at --backend as root.
@@ -78,6 +81,13 @@ var aggressorQueries = map[string]string{
 	"sort": "SELECT id FROM rgproxy_bench.heavy ORDER BY CRC32(c) DESC LIMIT 5",
 }
 
+// oneRuns is how many times the one-statement RU is measured, alone and
+// beside; the figure is the median.
+const oneRuns = 5
+
+// sleepQuery checks that waiting is not charged as CPU.
+const sleepQuery = "SELECT SLEEP(1)"
+
 // victimQuery is a primary-key point select.
 const victimQuery = "SELECT k FROM rgproxy_bench.heavy WHERE id = ?"
 
@@ -85,12 +95,19 @@ const victimQuery = "SELECT k FROM rgproxy_bench.heavy WHERE id = ?"
 type Result struct {
 	Kind string `json:"kind"`
 	// Victim p99 latencies in milliseconds.
-	DirectAloneP99      float64 `json:"direct_alone_p99_ms"`
-	DirectBesideP99     float64 `json:"direct_beside_p99_ms"`
-	ProxyAloneP99       float64 `json:"proxy_alone_p99_ms"`
-	ProxyBesideP99      float64 `json:"proxy_beside_p99_ms"`
-	DirectRatio         float64 `json:"direct_ratio"`
-	ProxyRatio          float64 `json:"proxy_ratio"`
+	DirectAloneP99  float64 `json:"direct_alone_p99_ms"`
+	DirectBesideP99 float64 `json:"direct_beside_p99_ms"`
+	ProxyAloneP99   float64 `json:"proxy_alone_p99_ms"`
+	ProxyBesideP99  float64 `json:"proxy_beside_p99_ms"`
+	DirectRatio     float64 `json:"direct_ratio"`
+	ProxyRatio      float64 `json:"proxy_ratio"`
+	// The throttled phase's victim p99 as the median of its Phase-long
+	// windows' p99 (ProxyBesideP99 is over all its statements).
+	ProxyBesideWindowP99 float64 `json:"proxy_beside_window_p99_ms"`
+	// The control (see the package doc): the victim's p99 through rgproxy
+	// beside the heavy statement paced directly at RU_PER_SEC.
+	PacedBesideP99      float64 `json:"paced_beside_p99_ms"`
+	PacedRatio          float64 `json:"paced_ratio"`
 	VictimErrors        int64   `json:"victim_errors"`
 	AggressorStatements int64   `json:"aggressor_statements"`
 	AggressorErrors     int64   `json:"aggressor_errors"`
@@ -99,7 +116,8 @@ type Result struct {
 	AggressorRU    float64 `json:"aggressor_ru"`
 	AggressorLimit float64 `json:"aggressor_limit"`
 	AggressorOver  float64 `json:"aggressor_over"`
-	// One heavy statement's RU alone and beside copies running directly.
+	// One heavy statement's RU alone and beside copies running directly
+	// (each the median of oneRuns runs).
 	OneAloneRU  float64 `json:"one_alone_ru"`
 	OneBesideRU float64 `json:"one_beside_ru"`
 	OneRatio    float64 `json:"one_ratio"`
@@ -199,7 +217,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 	if rep.CPUSource, err = sys.cpuSource(); err != nil {
 		return nil, err
 	}
-	if rep.SleepCPU, err = oneStatementRU(ctx, sys.proxy, "root", "SELECT SLEEP(1)"); err != nil {
+	if rep.SleepCPU, err = oneStatementRU(ctx, sys.proxy, "root", sleepQuery); err != nil {
 		return nil, err
 	}
 	rep.SleepCPU -= 0.625 // the base cost; what is left is CPU
@@ -217,7 +235,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 			v := victim(ctx, cfg, cfg.Backend, cfg.Phase)
 			dAlone = append(dAlone, v.p99())
 			logf("%s, round %d/%d: victim beside the aggressor, direct", kind, round, cfg.Rounds)
-			v, _ = besideAggressor(ctx, cfg, cfg.Backend, cfg.Backend, q, cfg.Phase)
+			v, _ = besideAggressor(ctx, cfg, cfg.Backend, cfg.Backend, q, cfg.Phase, cfg.Aggressors, 0)
 			dBeside = append(dBeside, v.p99())
 		}
 		aloneProxy := func(round int) {
@@ -237,7 +255,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		v, a := besideAggressor(ctx, cfg, sys.proxy, sys.proxy, q, cfg.Throttled)
+		v, a := besideAggressor(ctx, cfg, sys.proxy, sys.proxy, q, cfg.Throttled, cfg.Aggressors, 0)
 		after, err := sys.groupRU("rg_aggressor")
 		if err != nil {
 			return nil, err
@@ -245,6 +263,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 		aloneProxy(cfg.Rounds)
 		r.DirectAloneP99, r.DirectBesideP99 = median(dAlone), median(dBeside)
 		r.ProxyAloneP99, r.ProxyBesideP99 = median(pAlone), v.p99()
+		r.ProxyBesideWindowP99 = v.windowP99(cfg.Phase)
 		r.VictimErrors += v.errors.Load()
 		r.AggressorStatements, r.AggressorErrors = a.statements.Load(), a.errors.Load()
 		r.AggressorRU = after - before
@@ -268,6 +287,19 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 			return nil, err
 		}
 		r.OneRatio = r.OneBesideRU / r.OneAloneRU
+
+		logf("%s: victim through rgproxy beside the statement paced directly at %d RU/s (control)", kind, cfg.RUPerSec)
+		var paced []float64
+		for range cfg.Rounds {
+			// One session straight on the backend, a statement every
+			// stmtRU ÷ RU_PER_SEC seconds: the pace the group's rate pays
+			// for, with none of the proxy's admission in the way.
+			every := time.Duration(r.OneAloneRU / float64(cfg.RUPerSec) * float64(time.Second))
+			v, _ := besideAggressor(ctx, cfg, sys.proxy, cfg.Backend, q, cfg.Phase, 1, every)
+			paced = append(paced, v.p99())
+		}
+		r.PacedBesideP99 = median(paced)
+		r.PacedRatio = r.PacedBesideP99 / r.ProxyAloneP99
 		rep.Results = append(rep.Results, r)
 	}
 	return rep, nil
@@ -346,15 +378,45 @@ func median(xs []float64) float64 {
 type latencies struct {
 	mu         sync.Mutex
 	d          []time.Duration
+	at         []time.Time // when each statement of d started
 	errors     atomic.Int64
 	statements atomic.Int64
 	elapsed    time.Duration
 }
 
-func (l *latencies) add(d time.Duration) {
+func (l *latencies) add(start time.Time, d time.Duration) {
 	l.mu.Lock()
 	l.d = append(l.d, d)
+	l.at = append(l.at, start)
 	l.mu.Unlock()
+}
+
+// windowP99 is the median over consecutive windows of length w of each
+// window's p99, in milliseconds: a steady-state figure that one spell (the
+// first seconds of a throttled phase, when the group spends the capacity
+// it saved while idle; a hiccup of the machine) does not decide. Windows
+// with fewer than 100 statements are left out.
+func (l *latencies) windowP99(w time.Duration) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.d) == 0 {
+		return 0
+	}
+	first := slices.MinFunc(l.at, func(a, b time.Time) int { return a.Compare(b) })
+	byWindow := map[int][]time.Duration{}
+	for i, d := range l.d {
+		k := int(l.at[i].Sub(first) / w)
+		byWindow[k] = append(byWindow[k], d)
+	}
+	var p99s []float64
+	for _, ds := range byWindow {
+		if len(ds) < 100 {
+			continue
+		}
+		slices.Sort(ds)
+		p99s = append(p99s, float64(ds[len(ds)*99/100])/float64(time.Millisecond))
+	}
+	return median(p99s)
 }
 
 // p99 is the 99th percentile in milliseconds.
@@ -405,7 +467,7 @@ func victim(ctx context.Context, cfg config, addr string, d time.Duration) *late
 				if err := conn.QueryRowContext(ctx, victimQuery, 1+(i*7919+th*104729)%cfg.Rows).Scan(&k); err != nil {
 					res.errors.Add(1)
 				} else {
-					res.add(time.Since(t0))
+					res.add(t0, time.Since(t0))
 				}
 				next = next.Add(every)
 			}
@@ -416,9 +478,11 @@ func victim(ctx context.Context, cfg config, addr string, d time.Duration) *late
 	return res
 }
 
-// besideAggressor runs the victim against victimAddr while the aggressor
-// sessions (as bench_aggr) repeat q against aggrAddr; both for d.
-func besideAggressor(ctx context.Context, cfg config, victimAddr, aggrAddr, q string, d time.Duration) (*latencies, *latencies) {
+// besideAggressor runs the victim against victimAddr while sessions
+// aggressor sessions (as bench_aggr) repeat q against aggrAddr, back to
+// back or, with every > 0, each starting one statement every every; both
+// for d.
+func besideAggressor(ctx context.Context, cfg config, victimAddr, aggrAddr, q string, d time.Duration, sessions int, every time.Duration) (*latencies, *latencies) {
 	aggr := &latencies{}
 	db, err := openDB(aggrAddr, "bench_aggr", "benchpw")
 	if err != nil {
@@ -426,11 +490,11 @@ func besideAggressor(ctx context.Context, cfg config, victimAddr, aggrAddr, q st
 		return victim(ctx, cfg, victimAddr, d), aggr
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(cfg.Aggressors)
+	db.SetMaxOpenConns(sessions)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	start := time.Now()
-	for range cfg.Aggressors {
+	for range sessions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -440,11 +504,21 @@ func besideAggressor(ctx context.Context, cfg config, victimAddr, aggrAddr, q st
 				return
 			}
 			defer conn.Close()
+			next := time.Now()
 			for {
-				select {
-				case <-stop:
-					return
-				default:
+				if every > 0 {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Until(next)):
+					}
+					next = next.Add(every)
+				} else {
+					select {
+					case <-stop:
+						return
+					default:
+					}
 				}
 				if _, err := conn.ExecContext(ctx, q); err != nil {
 					aggr.errors.Add(1)
@@ -485,8 +559,9 @@ func loadDirect(addr, q string, n int, stop chan struct{}, wg *sync.WaitGroup) {
 	}
 }
 
-// oneStatementRU runs q once through rgproxy and returns its RU (SHOW
-// LAST STATEMENT RU on the same session).
+// oneStatementRU runs q through rgproxy, oneRuns times (SLEEP once), and
+// returns the median of its RU (SHOW LAST STATEMENT RU on the same
+// session).
 func oneStatementRU(ctx context.Context, addr, user, q string) (float64, error) {
 	db, err := openDB(addr, user, "")
 	if err != nil {
@@ -498,9 +573,26 @@ func oneStatementRU(ctx context.Context, addr, user, q string) (float64, error) 
 		return 0, err
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, q); err != nil {
-		return 0, fmt.Errorf("%s: %w", q, err)
+	runs := 1
+	if q != sleepQuery {
+		runs = oneRuns
 	}
+	var rus []float64
+	for range runs {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			return 0, fmt.Errorf("%s: %w", q, err)
+		}
+		v, err := lastStatementRU(ctx, conn)
+		if err != nil {
+			return 0, err
+		}
+		rus = append(rus, v)
+	}
+	return median(rus), nil
+}
+
+// lastStatementRU is SHOW LAST STATEMENT RU's RRU + WRU on conn.
+func lastStatementRU(ctx context.Context, conn *sql.Conn) (float64, error) {
 	rows, err := conn.QueryContext(ctx, "SHOW LAST STATEMENT RU")
 	if err != nil {
 		return 0, err
@@ -673,5 +765,9 @@ func printReport(w io.Writer, cfg config, rep *Report) {
 			r.AggressorRU, r.AggressorLimit, 100*r.AggressorOver, r.OneAloneRU, r.OneBesideRU, r.OneRatio)
 		fmt.Fprintf(w, "       aggressor through rgproxy: %d statements, %d errors; victim errors %d\n",
 			r.AggressorStatements, r.AggressorErrors, r.VictimErrors)
+		fmt.Fprintf(w, "       victim p99 beside the aggressor through rgproxy, median of the %v windows of the throttled phase: %.2f ms, %.2fx alone\n",
+			cfg.Phase, r.ProxyBesideWindowP99, r.ProxyBesideWindowP99/r.ProxyAloneP99)
+		fmt.Fprintf(w, "       control: victim through rgproxy beside the statement paced directly at %d RU/s, one at a time: p99 %.2f ms, %.2fx alone\n",
+			cfg.RUPerSec, r.PacedBesideP99, r.PacedRatio)
 	}
 }

@@ -79,6 +79,14 @@ type meteredPolicy struct {
 	next mysqlproto.Policy
 }
 
+// WrapsPassThrough implements mysqlproto.PassThroughWrapper: with
+// --metering=false the wire metrics must not cost the server its pass-
+// through shortcuts.
+func (p meteredPolicy) WrapsPassThrough() bool {
+	_, ok := p.next.(mysqlproto.PassThrough)
+	return ok
+}
+
 func (p meteredPolicy) Open(info mysqlproto.SessionInfo) mysqlproto.SessionPolicy {
 	return &meteredSession{m: p.m, next: p.next.Open(info)}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// serviceConn is rgproxy's one credential (DESIGN.md): a connection as
+// serviceConn is rgproxy's one credential (docs/design.md): a connection as
 // --admin-user for what a session's own backend connection cannot do while
 // it is busy — KILL QUERY of a runaway statement. It is safe for
 // concurrent use; database/sql keeps at most one connection open and

@@ -216,8 +216,8 @@ var errAdminInMulti = &mysqlproto.Error{Code: resourcegroup.CodeNotAllowedPrepar
 
 // multiHasAdmin reports whether any part of a multi-statement is one of
 // rgproxy's admin statements.
-func multiHasAdmin(q string) bool {
-	for _, part := range mysqlproto.SplitStatements([]byte(q)) {
+func multiHasAdmin(q string, noBackslashEscapes bool) bool {
+	for _, part := range mysqlproto.SplitStatements([]byte(q), noBackslashEscapes) {
 		if resourcegroup.IsAdmin(string(part)) {
 			return true
 		}

@@ -2,8 +2,11 @@ package rgpolicy
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"time"
 
+	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
 
@@ -42,9 +45,13 @@ func (a *admission) setLimit(limit int) {
 	}
 }
 
-// acquire blocks until the statement may run or ctx ends. held reports
-// whether it took a slot, which must then be given back with release.
-func (a *admission) acquire(ctx context.Context, p resourcegroup.Priority) (held bool, err error) {
+// errAdmissionWait: the statement waited maxWait for a slot.
+var errAdmissionWait = errors.New("rgpolicy: backend concurrency cap: waited too long")
+
+// acquire blocks until the statement may run, ctx ends, or maxWait (> 0)
+// passes on clk (errAdmissionWait). held reports whether it took a slot,
+// which must then be given back with release.
+func (a *admission) acquire(ctx context.Context, clk clock.Clock, p resourcegroup.Priority, maxWait time.Duration) (held bool, err error) {
 	a.mu.Lock()
 	if a.limit == 0 && a.queuedLocked() == 0 {
 		a.mu.Unlock()
@@ -59,21 +66,32 @@ func (a *admission) acquire(ctx context.Context, p resourcegroup.Priority) (held
 	r := rank(p)
 	a.queues[r] = append(a.queues[r], ch)
 	a.mu.Unlock()
-	select {
-	case <-ch:
-		return true, nil
-	case <-ctx.Done():
+	var timeout <-chan time.Time
+	if maxWait > 0 {
+		t := clk.NewTimer(maxWait)
+		defer t.Stop()
+		timeout = t.C()
+	}
+	giveUp := func(err error) (bool, error) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		for i, c := range a.queues[r] {
 			if c == ch {
 				a.queues[r] = append(a.queues[r][:i], a.queues[r][i+1:]...)
-				return false, ctx.Err()
+				return false, err
 			}
 		}
 		// Admitted while we gave up: hand the slot on.
 		a.releaseLocked()
-		return false, ctx.Err()
+		return false, err
+	}
+	select {
+	case <-ch:
+		return true, nil
+	case <-ctx.Done():
+		return giveUp(ctx.Err())
+	case <-timeout:
+		return giveUp(errAdmissionWait)
 	}
 }
 

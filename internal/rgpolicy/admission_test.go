@@ -6,20 +6,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
 
 func TestAdmissionOrdersWaitersByPriority(t *testing.T) {
 	a := newAdmission(1)
 	ctx := context.Background()
-	if held, err := a.acquire(ctx, resourcegroup.PriorityLow); err != nil || !held {
+	if held, err := a.acquire(ctx, clock.Real{}, resourcegroup.PriorityLow, 0); err != nil || !held {
 		t.Fatal(held, err)
 	}
 	order := make(chan string, 3)
 	var wg sync.WaitGroup
 	wait := func(name string, p resourcegroup.Priority) {
 		defer wg.Done()
-		if _, err := a.acquire(ctx, p); err != nil {
+		if _, err := a.acquire(ctx, clock.Real{}, p, 0); err != nil {
 			t.Error(err)
 		}
 		order <- name
@@ -63,11 +64,11 @@ func queued(a *admission) int {
 
 func TestAdmissionCancelledWaiterLeavesNoSlot(t *testing.T) {
 	a := newAdmission(1)
-	a.acquire(context.Background(), resourcegroup.PriorityMedium)
+	a.acquire(context.Background(), clock.Real{}, resourcegroup.PriorityMedium, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() {
-		_, err := a.acquire(ctx, resourcegroup.PriorityHigh)
+		_, err := a.acquire(ctx, clock.Real{}, resourcegroup.PriorityHigh, 0)
 		done <- err
 	}()
 	for queued(a) == 0 {
@@ -81,7 +82,7 @@ func TestAdmissionCancelledWaiterLeavesNoSlot(t *testing.T) {
 	if running(a) != 0 || queued(a) != 0 {
 		t.Fatalf("running=%d queued=%d", running(a), queued(a))
 	}
-	if held, err := a.acquire(context.Background(), resourcegroup.PriorityLow); err != nil || !held {
+	if held, err := a.acquire(context.Background(), clock.Real{}, resourcegroup.PriorityLow, 0); err != nil || !held {
 		t.Fatal(held, err)
 	}
 }
@@ -91,12 +92,12 @@ func TestAdmissionCancelledWaiterLeavesNoSlot(t *testing.T) {
 func TestAdmissionSetLimit(t *testing.T) {
 	a := newAdmission(1)
 	ctx := context.Background()
-	if held, _ := a.acquire(ctx, resourcegroup.PriorityMedium); !held {
+	if held, _ := a.acquire(ctx, clock.Real{}, resourcegroup.PriorityMedium, 0); !held {
 		t.Fatal("no slot")
 	}
 	done := make(chan bool)
 	go func() {
-		held, _ := a.acquire(ctx, resourcegroup.PriorityMedium)
+		held, _ := a.acquire(ctx, clock.Real{}, resourcegroup.PriorityMedium, 0)
 		done <- held
 	}()
 	for queued(a) == 0 {
@@ -111,18 +112,18 @@ func TestAdmissionSetLimit(t *testing.T) {
 	if running(a) != 0 {
 		t.Fatalf("running %d", running(a))
 	}
-	if held, _ := a.acquire(ctx, resourcegroup.PriorityMedium); held {
+	if held, _ := a.acquire(ctx, clock.Real{}, resourcegroup.PriorityMedium, 0); held {
 		t.Fatal("no cap: nothing to hold")
 	}
 	a.setLimit(2)
 	for range 2 {
-		if held, _ := a.acquire(ctx, resourcegroup.PriorityMedium); !held {
+		if held, _ := a.acquire(ctx, clock.Real{}, resourcegroup.PriorityMedium, 0); !held {
 			t.Fatal("no slot under the new cap")
 		}
 	}
 	a.setLimit(1)
 	go func() {
-		held, _ := a.acquire(ctx, resourcegroup.PriorityMedium)
+		held, _ := a.acquire(ctx, clock.Real{}, resourcegroup.PriorityMedium, 0)
 		done <- held
 	}()
 	for queued(a) == 0 {
@@ -141,7 +142,7 @@ func TestAdmissionSetLimit(t *testing.T) {
 func TestAdmissionUnlimited(t *testing.T) {
 	a := newAdmission(0)
 	for i := 0; i < 100; i++ {
-		if held, err := a.acquire(context.Background(), resourcegroup.PriorityLow); err != nil || held {
+		if held, err := a.acquire(context.Background(), clock.Real{}, resourcegroup.PriorityLow, 0); err != nil || held {
 			t.Fatal(held, err)
 		}
 	}

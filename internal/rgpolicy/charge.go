@@ -35,7 +35,7 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	// COM_STMT_FETCH (part of the EXECUTE that opened the cursor).
 	cur.hasShape = st.Scan.Digest != nil && cur.req.Class != ru.ClassFetch && st.Command != mysql.COM_STMT_PREPARE
 	s.estimate()
-	if st.Command == mysql.COM_QUERY && st.Scan.EndsTxn {
+	if endsTxn(st) {
 		s.p.tokens.Charge(cur.group, cur.prepaid)
 		return nil
 	}
@@ -112,6 +112,14 @@ func (s *session) estimate() {
 		cur.estBackend = time.Duration(est.BackendSeconds * float64(time.Second))
 		cur.estKnown = true
 	}
+}
+
+// endsTxn: the statement is COMMIT or ROLLBACK (XA COMMIT/ROLLBACK too),
+// as text or as the execute of a prepared one. Such a statement never
+// waits: not for tokens, the group's gate, the backend concurrency cap nor
+// COOLDOWN, so throttling never holds a transaction's locks longer.
+func endsTxn(st *mysqlproto.Statement) bool {
+	return st.Scan.EndsTxn && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE)
 }
 
 // costClass maps the wire class (and command) to the cost model's class.

@@ -40,7 +40,7 @@ type gateWaiter struct {
 // errGateTimeout: the statement could not enter within its wait.
 var errGateTimeout = errors.New("rgpolicy: resource group's in-flight bound reached")
 
-// fits reports whether a statement of n RU may start now.
+// fitsLocked reports whether a statement of n RU may start now.
 func (g *gate) fitsLocked(n float64) bool {
 	return g.running == 0 || g.inflight+n <= g.bound && (g.maxConc == 0 || g.running < g.maxConc)
 }
@@ -130,7 +130,7 @@ func (g *gate) wakeLocked() {
 }
 
 // String shows the gate's state on one line, e.g.
-// "bound=100 inflight=45.5 running=1 waiting=2".
+// "bound=25 max=0 inflight=24.5 running=1 waiting=2".
 func (g *gate) String() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -169,13 +169,17 @@ func (gs *gates) get(group string) *gate {
 // statement, and the backend concurrency limit by PRIORITY. The in-flight
 // wait shares the statement's wait budget: outside a transaction a
 // statement that cannot enter within it is refused (8252, counted as
-// throttled); inside one it then runs anyway; COMMIT and ROLLBACK are
+// throttled); inside one it then runs anyway, and so it does at the
+// backend concurrency cap after --max-wait-in-txn; COMMIT and ROLLBACK are
 // never held. A group in MODE WARN is never held either: it only records
 // that it would have waited; MODE OFF is not bounded at all.
 func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Settings, cooldown bool) *mysqlproto.Reply {
 	cur := &s.cur
 	g, _ := s.p.tokens.Group(cur.group)
-	if sh := cur.share; cur.req.Class != ru.ClassFree && !st.Scan.EndsTxn && sh.Mode != resourcegroup.ModeOff &&
+	if endsTxn(st) {
+		return nil
+	}
+	if sh := cur.share; cur.req.Class != ru.ClassFree && sh.Mode != resourcegroup.ModeOff &&
 		(!sh.Unlimited || sh.MaxConcurrency > 0) {
 		bound := math.Inf(1)
 		if !sh.Unlimited {
@@ -220,8 +224,19 @@ func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Sett
 			return &mysqlproto.Reply{Err: errInterrupted}
 		}
 	}
-	held, err := s.p.admission.acquire(ctx, prio)
-	if err != nil {
+	// Inside a transaction the backend concurrency cap holds a statement
+	// at most --max-wait-in-txn, then lets it run over the cap: the
+	// statements that fill the cap may be waiting on this transaction's
+	// locks.
+	var capWait time.Duration
+	if st.InTransaction {
+		capWait = max(set.MaxWaitInTxn-cur.waited, time.Millisecond)
+	}
+	held, err := s.p.admission.acquire(ctx, s.p.clk, prio, capWait)
+	switch {
+	case errors.Is(err, errAdmissionWait):
+		held = false
+	case err != nil:
 		s.release()
 		return &mysqlproto.Reply{Err: errInterrupted}
 	}

@@ -10,7 +10,8 @@
 //
 //	resolve → watch → charge → admit
 //
-// resolve picks the group (hint, SET RESOURCE GROUP, binding, default);
+// resolve picks the group (hint, SET RESOURCE GROUP, tag binding, account
+// binding, default);
 // watch applies the runaway watch list; charge takes max(before-cost,
 // the shape's estimate) from the group's bucket, waiting under the
 // --max-wait rules; admit bounds what the group has in flight on this proxy
@@ -353,7 +354,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 			// USAGE WHERE): metered and forwarded as a rewrite.
 			rewrite = v.Rewrite
 		}
-		if st.Multi && st.Scan.Mentions != 0 && multiHasAdmin(st.Query) {
+		if st.Multi && st.Scan.Mentions != 0 && multiHasAdmin(st.Query, st.NoBackslashEscapes) {
 			return errReply(errAdminInMulti)
 		}
 	}
@@ -475,6 +476,13 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		s.super = nil
 		s.host, s.hostKnown = "", false
 	case mysqlproto.EventClose:
+		// After runs for every statement Before let through; in case a
+		// path ever misses it, what a statement holds goes with its
+		// session rather than wedge its group (a leaked gate slot would
+		// keep the group's heavy statements waiting for ever).
+		s.release()
+		s.guard.disarm()
+		s.guard = nil
 		s.cpu.close()
 		if s.held != 0 {
 			s.p.tokens.HoldDemand(s.heldGroup, -s.held)

@@ -287,6 +287,62 @@ func TestPolicyTransactionsAndThrottling(t *testing.T) {
 
 }
 
+// COMMIT and ROLLBACK are not held by the backend concurrency cap either
+// (a transaction's locks would be held while the cap is full), and a
+// session that closes gives back what its statement in flight held even
+// if After never ran.
+func TestPolicyCommitSkipsConcurrencyCapAndCloseReleases(t *testing.T) {
+	ctx := context.Background()
+	tok := testGroups()
+	p := newTestPolicy(tok)
+	set := p.CurrentSettings()
+	set.MaxBackendConcurrency = 1
+	p.Reload(set)
+	a := p.Open(mysqlproto.SessionInfo{User: "app"})
+	b := p.Open(mysqlproto.SessionInfo{User: "app"})
+	if v := a.Before(ctx, query("SELECT 1"), plainGrants); v.Reply != nil {
+		t.Fatalf("first statement: %+v", v.Reply.Err)
+	}
+	// a holds the only slot: b's COMMIT runs at once all the same.
+	for _, q := range []string{"COMMIT", "ROLLBACK"} {
+		st := query(q)
+		st.InTransaction = true
+		done := make(chan mysqlproto.Verdict, 1)
+		go func() { done <- b.Before(ctx, st, plainGrants) }()
+		select {
+		case v := <-done:
+			if v.Reply != nil {
+				t.Fatalf("%s: %+v", q, v.Reply.Err)
+			}
+			b.After(st, &mysqlproto.Outcome{})
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s waited for the backend concurrency cap", q)
+		}
+	}
+	// Inside a transaction a statement waits for the cap at most
+	// --max-wait-in-txn (100 ms here), then runs over it.
+	st := query("UPDATE t SET a = 1")
+	st.Class, st.InTransaction = mysqlproto.ClassWrite, true
+	done := make(chan mysqlproto.Verdict, 1)
+	go func() { done <- b.Before(ctx, st, plainGrants) }()
+	select {
+	case v := <-done:
+		if v.Reply != nil {
+			t.Fatalf("in-transaction statement at the cap: %+v", v.Reply.Err)
+		}
+		b.After(st, &mysqlproto.Outcome{})
+	case <-time.After(5 * time.Second):
+		t.Fatal("an in-transaction statement waited for the cap past --max-wait-in-txn")
+	}
+	// a's session ends without After: its slot comes back.
+	a.Event(mysqlproto.EventClose, mysqlproto.SessionInfo{})
+	shortCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if v := b.Before(shortCtx, query("SELECT 2"), plainGrants); v.Reply != nil {
+		t.Fatalf("after the holder closed: %+v", v.Reply.Err)
+	}
+}
+
 func TestPolicyAdminStatements(t *testing.T) {
 	ctx := context.Background()
 	tok := testGroups()
