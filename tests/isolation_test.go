@@ -2,22 +2,67 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
+// isolationReport is what `bench-isolation --json` prints for one kind.
+type isolationReport struct {
+	CPUSource string  `json:"cpu_source"`
+	SleepCPU  float64 `json:"sleep_1s_cpu_ru"`
+	Results   []struct {
+		DirectAlone    float64 `json:"direct_alone_p99_ms"`
+		DirectBeside   float64 `json:"direct_beside_p99_ms"`
+		ProxyAlone     float64 `json:"proxy_alone_p99_ms"`
+		ProxyBeside    float64 `json:"proxy_beside_p99_ms"`
+		ProxyWindow    float64 `json:"proxy_beside_window_p99_ms"`
+		VictimErrors   int64   `json:"victim_errors"`
+		AggressorRU    float64 `json:"aggressor_ru"`
+		AggressorLimit float64 `json:"aggressor_limit"`
+		AggressorOver  float64 `json:"aggressor_over"`
+		OneAlone       float64 `json:"one_alone_ru"`
+		OneBeside      float64 `json:"one_beside_ru"`
+	} `json:"results"`
+}
+
 // TestNoisyNeighbourIsolation runs the noisy-neighbour experiment of `make
 // bench-isolation` (cmd/bench-isolation) briefly: 8 sessions repeating a
 // CPU-bound full scan in a group of 100 RU/s beside a victim's paced point
 // selects. Through rgproxy the aggressor's group stays within ±10% of
-// RU_PER_SEC × T + capacity over 30 s, the victim keeps at most a quarter
-// of the slowdown the unthrottled aggressor causes it (a bound a noisy CI
-// can hold; the benchmark carries the tight target), rgproxy runs in CPU-true mode beside this MariaDB, where
-// SELECT SLEEP(1) costs almost no CPU and a scan costs about the same
-// beside 8 copies of itself as alone.
+// RU_PER_SEC × T + capacity over 30 s; the victim's p99 stays within 2× of
+// its p99 alone (a loose bound for a noisy CI; the benchmark carries the
+// tight target) and keeps at most a quarter of the slowdown the unthrottled
+// aggressor causes it; rgproxy runs in CPU-true mode beside this MariaDB,
+// where SELECT SLEEP(1) costs almost no CPU and a scan costs about the
+// same beside 8 copies of itself as alone.
+//
+// The latency bounds compare p99s of 0.3–0.7 ms on a shared 2-core
+// machine, where one CI run read 2.05× while the share of the unthrottled
+// slowdown was 17%: when only they fail, the experiment runs once more and
+// the second run must hold them. Metering and CPU checks get one run.
 func TestNoisyNeighbourIsolation(t *testing.T) {
+	for attempt := 1; ; attempt++ {
+		latency := isolationOnce(t)
+		if t.Failed() || len(latency) == 0 {
+			return
+		}
+		if attempt == 2 {
+			for _, msg := range latency {
+				t.Error(msg)
+			}
+			return
+		}
+		t.Logf("latency bound missed, running the experiment once more: %s", strings.Join(latency, "; "))
+	}
+}
+
+// isolationOnce runs bench-isolation once, fails t on what one run must
+// show, and returns the latency bounds it missed.
+func isolationOnce(t *testing.T) (latency []string) {
+	t.Helper()
 	out, err := exec.Command(filepath.Join(binDir, "bench-isolation"), "--bin-dir", binDir, "--backend", backendAddr,
 		"--phase", "8s", "--rounds", "1", "--throttled", "30s", "--kinds", "scan", "--json").Output()
 	if err != nil {
@@ -27,23 +72,7 @@ func TestNoisyNeighbourIsolation(t *testing.T) {
 		}
 		t.Fatalf("bench-isolation: %v\n%s", err, stderr)
 	}
-	var rep struct {
-		CPUSource string  `json:"cpu_source"`
-		SleepCPU  float64 `json:"sleep_1s_cpu_ru"`
-		Results   []struct {
-			DirectAlone    float64 `json:"direct_alone_p99_ms"`
-			DirectBeside   float64 `json:"direct_beside_p99_ms"`
-			ProxyAlone     float64 `json:"proxy_alone_p99_ms"`
-			ProxyBeside    float64 `json:"proxy_beside_p99_ms"`
-			ProxyWindow    float64 `json:"proxy_beside_window_p99_ms"`
-			VictimErrors   int64   `json:"victim_errors"`
-			AggressorRU    float64 `json:"aggressor_ru"`
-			AggressorLimit float64 `json:"aggressor_limit"`
-			AggressorOver  float64 `json:"aggressor_over"`
-			OneAlone       float64 `json:"one_alone_ru"`
-			OneBeside      float64 `json:"one_beside_ru"`
-		} `json:"results"`
-	}
+	var rep isolationReport
 	if err := json.Unmarshal(out, &rep); err != nil || len(rep.Results) != 1 {
 		t.Fatalf("bench-isolation output %q: %v", out, err)
 	}
@@ -63,32 +92,29 @@ func TestNoisyNeighbourIsolation(t *testing.T) {
 		t.Errorf("the heavy group consumed %.0f RU for a limit of %.0f (%+.1f%%), want within ±10%%",
 			r.AggressorRU, r.AggressorLimit, 100*r.AggressorOver)
 	}
-	// The CI bound (the tight ≤1.5× target lives in make bench-isolation)
-	// on the steady state: the median of the throttled phase's 8 s
-	// windows, so that its first seconds (the group spends the capacity it
-	// saved while idle) or one hiccup of a shared CI machine do not decide.
-	// A ratio to the victim's p99 alone is at the mercy of a 0.3 ms
-	// baseline on a 2-core VM (one CI run measured 2.05× here), so the
-	// test asks what the quota is for: the throttled aggressor may cost
-	// the victim at most a quarter of the slowdown the same aggressor
-	// causes unthrottled, measured in the same run, and never 3×.
-	unprotected := r.DirectBeside - r.DirectAlone
-	protected := r.ProxyWindow - r.ProxyAlone
-	if unprotected <= 0 {
-		t.Errorf("the unthrottled aggressor did not slow the victim (direct p99 %.2f → %.2f ms): the experiment measures nothing", r.DirectAlone, r.DirectBeside)
-	} else if protected > unprotected/4 {
-		t.Errorf("victim p99 through rgproxy %.2f → %.2f ms (median of 8 s windows): +%.2f ms, more than a quarter of the +%.2f ms the unthrottled aggressor causes directly",
-			r.ProxyAlone, r.ProxyWindow, protected, unprotected)
-	}
-	if r.ProxyWindow > 3*r.ProxyAlone {
-		t.Errorf("victim p99 through rgproxy %.2f ms beside the aggressor (median of 8 s windows), %.2f ms alone: more than 3×", r.ProxyWindow, r.ProxyAlone)
-	}
 	if r.VictimErrors != 0 {
 		t.Errorf("victim errors: %d", r.VictimErrors)
 	}
 	if r.OneBeside > 1.3*r.OneAlone {
 		t.Errorf("one scan cost %.1f RU beside 8 copies, %.1f alone: CPU-true RU must not follow the backend's load", r.OneBeside, r.OneAlone)
 	}
+	unprotected := r.DirectBeside - r.DirectAlone
+	if unprotected <= 0 {
+		t.Errorf("the unthrottled aggressor did not slow the victim (direct p99 %.2f → %.2f ms): the experiment measures nothing", r.DirectAlone, r.DirectBeside)
+		return nil
+	}
+	// The steady state decides: the median of the throttled phase's 8 s
+	// windows, so that its first seconds (the group spends the capacity it
+	// saved while idle) do not.
+	if r.ProxyWindow > 2*r.ProxyAlone {
+		latency = append(latency, fmt.Sprintf("victim p99 through rgproxy %.2f ms beside the aggressor (median of 8 s windows), %.2f ms alone: more than 2×",
+			r.ProxyWindow, r.ProxyAlone))
+	}
+	if protected := r.ProxyWindow - r.ProxyAlone; protected > unprotected/4 {
+		latency = append(latency, fmt.Sprintf("victim p99 through rgproxy +%.2f ms beside the throttled aggressor, more than a quarter of the +%.2f ms the unthrottled one causes directly",
+			protected, unprotected))
+	}
+	return latency
 }
 
 // TestStatementsSummary: information_schema.statements_summary lists the
