@@ -237,7 +237,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	if err := ss.ctx.Err(); err != nil {
 		// The session ended while the policy let the statement through:
 		// it never runs, but After must still release what Before holds.
-		ss.out = Outcome{ErrCode: mysql.ER_QUERY_INTERRUPTED}
+		ss.out = Outcome{ErrCode: mysql.ER_QUERY_INTERRUPTED, NotForwarded: true}
 		ss.pol.After(st, &ss.out)
 		return err
 	}

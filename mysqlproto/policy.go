@@ -86,6 +86,10 @@ type Outcome struct {
 	ErrCode uint16
 	// InTransaction is true when, after the response, a transaction is open.
 	InTransaction bool
+	// NotForwarded is true when the statement never reached the backend:
+	// the session ended after Before let it through (ErrCode is then
+	// 1317). It cost the backend nothing and says nothing about its shape.
+	NotForwarded bool
 }
 
 // Reply is a response that mysqlproto writes to the client instead of

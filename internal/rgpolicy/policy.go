@@ -442,7 +442,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		s.p.tokens.Charge(chargeTo, after)
 	}
 	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would}
-	if cur.hasShape {
+	if cur.hasShape && !out.NotForwarded { // a statement that never ran teaches nothing
 		s.p.shapes.observe(cur.shape, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, s.p.clk.Now())
 	}
 	s.p.metrics.charged(cur.group, st.Class.String(), total)

@@ -500,6 +500,20 @@ func TestPolicyChargesTheEstimateAndSettles(t *testing.T) {
 	if got := p.shapes.String(shapeKey{group: "bound", hash: st.Scan.DigestHash}); got != "rru=38.625 wru=0.000 backend=0.1140s" {
 		t.Fatalf("estimate after two: %s", got)
 	}
+	// A third whose session ends before it is forwarded: it never ran, so
+	// it pays only the before-cost and leaves the estimate alone.
+	before := tok.ru
+	st = scan()
+	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatal(v.Reply.Err)
+	}
+	s.After(st, &mysqlproto.Outcome{ErrCode: 1317, NotForwarded: true})
+	if got := tok.ru - before; !near(got, 0.625) {
+		t.Fatalf("a statement never forwarded cost %v, want the base 0.625", got)
+	}
+	if got := p.shapes.String(shapeKey{group: "bound", hash: st.Scan.DigestHash}); got != "rru=38.625 wru=0.000 backend=0.1140s" {
+		t.Fatalf("estimate after one never forwarded: %s", got)
+	}
 }
 
 // A refused statement is the session's last statement; a client that
