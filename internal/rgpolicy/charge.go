@@ -102,15 +102,14 @@ func (s *session) wouldCharge(st *mysqlproto.Statement, maxWait time.Duration) {
 // lately, part by part.
 func (s *session) estimate() {
 	cur := &s.cur
-	cur.prepaid = cur.before
+	cur.prepaid, cur.short = cur.before, false
 	if !cur.hasShape {
 		return
 	}
 	if est, ok := s.p.shapes.estimate(cur.shape); ok {
 		cur.prepaid.RRU = max(cur.prepaid.RRU, est.RRU)
 		cur.prepaid.WRU = max(cur.prepaid.WRU, est.WRU)
-		cur.estBackend = time.Duration(est.BackendSeconds * float64(time.Second))
-		cur.estKnown = true
+		cur.short = est.Short
 	}
 }
 

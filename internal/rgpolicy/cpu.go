@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
@@ -140,6 +141,7 @@ func isLocalAddr(addr string) bool {
 type cpuReader struct {
 	tried bool
 	f     *os.File
+	fd    int // f's descriptor, read with pread while f is open
 	buf   [64]byte
 	// last is the reading at the end of the previous statement; lastOK
 	// says nothing has run on the thread since (the backend thread is idle
@@ -148,11 +150,12 @@ type cpuReader struct {
 	lastOK bool
 }
 
-// cpuMinEstimate: a statement whose shape ran shorter than this on the
-// backend is charged its backend wall time instead of reading its CPU
-// time: two reads of schedstat would cost more than the statement (about
-// 10 µs each), and a statement this short costs at most a third of an RU
-// of CPU either way. Heavy statements, new shapes and anything that waits
+// cpuMinEstimate: a statement whose shape nearly always answers within
+// this wall time on the backend (shapeEstimate.Short) is charged its
+// backend wall time instead of reading its CPU time: reading schedstat
+// costs a system call, more than such a statement's CPU is worth to
+// measure, and a statement this short costs at most a third of an RU of
+// CPU either way. Heavy statements, new shapes and anything that waits
 // (SLEEP, locks) are read.
 const cpuMinEstimate = time.Millisecond
 
@@ -192,7 +195,7 @@ func (r *cpuReader) open(ctx context.Context, src *cpuSource, be mysqlproto.Back
 	}
 	tid, err := src.threadID(ctx, be)
 	if err == nil {
-		r.f, err = openSchedstat(src.procRoot, tid)
+		err = r.use(openSchedstat(src.procRoot, tid))
 	}
 	if err != nil {
 		src.log.Debug("backend thread CPU not readable: charging wall time", "err", err)
@@ -278,8 +281,10 @@ func (r *cpuReader) read() (time.Duration, bool) {
 	if r.f == nil {
 		return 0, false
 	}
-	n, err := r.f.ReadAt(r.buf[:], 0)
-	if n == 0 && err != nil {
+	// One pread: os.File.ReadAt would read again until the buffer is full,
+	// a second system call that only finds the end of the file.
+	n, err := syscall.Pread(r.fd, r.buf[:], 0)
+	if n <= 0 || err != nil {
 		return 0, false
 	}
 	return parseSchedstat(r.buf[:n])
@@ -299,6 +304,15 @@ func parseSchedstat(b []byte) (time.Duration, bool) {
 		ns = ns*10 + uint64(c-'0')
 	}
 	return time.Duration(ns), len(b) > 0
+}
+
+// use makes f, as openSchedstat returned it, the file r reads.
+func (r *cpuReader) use(f *os.File, err error) error {
+	if err != nil {
+		return err
+	}
+	r.f, r.fd = f, int(f.Fd())
+	return nil
 }
 
 func (r *cpuReader) close() {

@@ -168,11 +168,10 @@ func (brokenBackend) Query(context.Context, string) ([]string, [][]*string, erro
 // the thread: one read of schedstat per statement, not two.
 func TestCPUReaderReusesTheLastEnd(t *testing.T) {
 	root := fakeProc(t)
-	f, err := openSchedstat(root, 123)
-	if err != nil {
+	r := cpuReader{tried: true}
+	if err := r.use(openSchedstat(root, 123)); err != nil {
 		t.Fatal(err)
 	}
-	r := cpuReader{tried: true, f: f}
 	defer r.close()
 	set := func(ns string) {
 		if err := os.WriteFile(filepath.Join(root, "123", "schedstat"), []byte(ns+" 0 0\n"), 0o644); err != nil {

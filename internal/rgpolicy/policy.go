@@ -301,9 +301,9 @@ type statement struct {
 	cpuStart time.Duration
 	cpuOK    bool
 	start    time.Time
-	// The shape's estimated backend time, when its shape is known.
-	estBackend time.Duration
-	estKnown   bool
+	// short: the statement's shape is known to answer within
+	// cpuMinEstimate; it is charged wall time, its CPU goes unread.
+	short bool
 	// share is this proxy's share of the group (tokenclient.Share).
 	share tokenclient.Share
 	// would is what ENFORCE would have done to a statement of a group in
@@ -387,7 +387,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		s.p.tokens.Charge(s.cur.group, negate(s.cur.prepaid))
 		return mysqlproto.Verdict{Reply: r}
 	}
-	if s.cur.req.Class != ru.ClassFree && (s.cur.estBackend >= cpuMinEstimate || !s.cur.estKnown) {
+	if s.cur.req.Class != ru.ClassFree && !s.cur.short {
 		s.cur.cpuStart, s.cur.cpuOK = s.cpu.start()
 	} else {
 		s.cpu.stale() // charged wall time: the thread's CPU goes unread

@@ -29,6 +29,9 @@ type shape struct {
 	// The estimate: decaying averages per execution.
 	estRRU, estWRU float64
 	estBackend     float64 // seconds
+	// fast is a decaying average of "its backend latency was under
+	// cpuMinEstimate": 1 for a shape that always answers at once.
+	fast float64
 
 	execCount            uint64
 	sumLatency, maxLat   time.Duration
@@ -74,18 +77,38 @@ func (t *shapes) shard(k shapeKey) *shapeShard {
 	return &t.shards[(k.hash^k.hash>>32)%shapeShards]
 }
 
-// estimate returns the RU a shape is expected to cost: its decaying
-// averages of RRU and WRU. ok is false for a shape never seen.
-func (t *shapes) estimate(k shapeKey) (ru.Consumption, bool) {
+// shapeEstimate is what a shape is expected to cost.
+type shapeEstimate struct {
+	// The decaying averages of RRU, WRU and backend time charged.
+	ru.Consumption
+	// Short: nearly all of its recent executions answered within
+	// cpuMinEstimate of wall time (see fastShare).
+	Short bool
+}
+
+// fastShare is the share of a shape's recent executions that must have
+// answered within cpuMinEstimate for the next one to count as short. A
+// latency spike of the machine (tens of ms for a point select on a busy
+// VM) then costs the shape's next two executions a CPU reading instead of
+// the dozen an average of latencies would take to forget it; a shape that
+// waits (SLEEP, locks) is never short, whatever CPU it used.
+const fastShare = 0.8
+
+// estimate returns what a shape is expected to cost. ok is false for a
+// shape never seen.
+func (t *shapes) estimate(k shapeKey) (shapeEstimate, bool) {
 	sh := t.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	s, ok := sh.m[k]
 	if !ok {
-		return ru.Consumption{}, false
+		return shapeEstimate{}, false
 	}
 	sh.touch(s)
-	return ru.Consumption{RRU: s.estRRU, WRU: s.estWRU, BackendSeconds: s.estBackend}, true
+	return shapeEstimate{
+		Consumption: ru.Consumption{RRU: s.estRRU, WRU: s.estWRU, BackendSeconds: s.estBackend},
+		Short:       s.fast >= fastShare,
+	}, true
 }
 
 // observe records one execution of a shape: its measured cost, backend
@@ -96,15 +119,20 @@ func (t *shapes) observe(k shapeKey, digest []byte, cost ru.Consumption, latency
 	sh := t.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	fast := 0.0
+	if latency < cpuMinEstimate {
+		fast = 1
+	}
 	s, ok := sh.m[k]
 	if ok {
 		sh.touch(s)
 		s.estRRU += estimateWeight * (cost.RRU - s.estRRU)
 		s.estWRU += estimateWeight * (cost.WRU - s.estWRU)
 		s.estBackend += estimateWeight * (cost.BackendSeconds - s.estBackend)
+		s.fast += estimateWeight * (fast - s.fast)
 	} else {
 		s = sh.add(k, string(digest), now)
-		s.estRRU, s.estWRU, s.estBackend = cost.RRU, cost.WRU, cost.BackendSeconds
+		s.estRRU, s.estWRU, s.estBackend, s.fast = cost.RRU, cost.WRU, cost.BackendSeconds, fast
 	}
 	s.execCount++
 	s.lastSeen = now

@@ -42,6 +42,42 @@ func TestShapesEstimate(t *testing.T) {
 	}
 }
 
+// A shape is short — charged wall time, its CPU unread — while nearly all
+// its recent executions answered within cpuMinEstimate: one latency spike
+// costs the next two executions a reading, not a dozen; a shape that waits
+// is never short, however little CPU it was charged.
+func TestShapesShortForgetsASpike(t *testing.T) {
+	now := time.Unix(1000, 0)
+	tab := newShapes(100)
+	point := shapeKey{group: "rg", hash: 1}
+	short := func(k shapeKey) bool { est, _ := tab.estimate(k); return est.Short }
+	steps := []struct {
+		latency time.Duration
+		want    bool
+	}{
+		{100 * time.Microsecond, true},
+		{90 * time.Microsecond, true},
+		{45 * time.Millisecond, false}, // the VM stalled this one
+		{100 * time.Microsecond, false},
+		{100 * time.Microsecond, true},
+		{100 * time.Microsecond, true},
+	}
+	for i, st := range steps {
+		tab.observe(point, []byte("SELECT c FROM t WHERE id = ?"), ru.Consumption{RRU: 0.6, BackendSeconds: st.latency.Seconds()}, st.latency, 0, false, now)
+		if got := short(point); got != st.want {
+			t.Fatalf("after execution %d (%v): short %v, want %v", i+1, st.latency, got, st.want)
+		}
+	}
+	// SELECT SLEEP(1): 1 s of wall time, little CPU. It is read every time.
+	sleep := shapeKey{group: "rg", hash: 2}
+	for i := range 5 {
+		tab.observe(sleep, []byte("SELECT SLEEP(?)"), ru.Consumption{RRU: 0.7, BackendSeconds: 1}, time.Second, 0, false, now)
+		if short(sleep) {
+			t.Fatalf("SLEEP(1) counted short after %d executions", i+1)
+		}
+	}
+}
+
 func TestShapesEvictLeastRecentlyUsed(t *testing.T) {
 	now := time.Unix(1000, 0)
 	tab := newShapes(shapeShards) // one per shard
