@@ -107,6 +107,18 @@ func (b *Bucket) Take(now time.Time, n float64) {
 	b.checkLow()
 }
 
+// Release gives up the tokens the bucket holds at now (debt stays) and
+// lowers its notify threshold to 0: an idle group that gave its saved
+// tokens back asks again when a statement needs some, not at once.
+func (b *Bucket) Release(now time.Time) {
+	b.advance(now)
+	if b.unlimited {
+		return
+	}
+	b.tokens = min(b.tokens, 0)
+	b.threshold = 0
+}
+
 // Refund gives back n tokens at now, e.g. those of a reservation whose
 // statement never ran. It is Take(now, -n).
 func (b *Bucket) Refund(now time.Time, n float64) { b.Take(now, -n) }

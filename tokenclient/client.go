@@ -130,6 +130,8 @@ type groupState struct {
 	// Reporting.
 	pending    ru.Consumption
 	lastReport time.Time
+	// heldSent is the held_tokens of the last message for the group.
+	heldSent float64
 
 	usage     usageRing
 	throttled uint64

@@ -414,6 +414,73 @@ func TestIdleProxyHoldsAtMostItsCapacity(t *testing.T) {
 	}
 }
 
+// An idle proxy tells rgserver what its bucket saved, once its trickle is
+// over, so that rgserver's bucket saves only the rest of the group's
+// capacity; after releaseAfter without a statement it gives the tokens
+// back (rgserver forgets a silent proxy's slot after a minute) and asks
+// again only when a statement needs tokens.
+func TestIdleProxyTellsWhatItHoldsAndGivesItBack(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 100})
+	answer := func(req *tokenpb.TokenRequest) {
+		t.Helper()
+		resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId()}
+		for _, g := range req.GetGroups() {
+			gr := &tokenpb.GroupGrant{Group: g.GetGroup(), FillRate: 100, RuPerSec: 100, Proxies: 1}
+			if !g.GetReportOnly() {
+				gr.Tokens, gr.TrickleMs = 250, 2000
+			}
+			resp.Grants = append(resp.Grants, gr)
+		}
+		if err := c.applyResponse(resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Charge("g", rruOf(25))
+	var held []float64 // held_tokens of every report-only message
+	asks := 0
+	step := func(n int) {
+		for range n {
+			if req := build(c, false); req != nil {
+				if g := groupEntry(req, "g"); g != nil {
+					if g.GetReportOnly() {
+						held = append(held, g.GetHeldTokens())
+					} else {
+						asks++
+					}
+				}
+				answer(req)
+			}
+			clk.Advance(500 * time.Millisecond)
+		}
+	}
+	step(10) // 5 s: one ask, a 2 s trickle that fills the bucket to its cap
+	if asks != 1 || !near(tokensOf(c, "g"), 100) {
+		t.Fatalf("%d asks, %.1f tokens; want 1 ask and the capacity, 100", asks, tokensOf(c, "g"))
+	}
+	if len(held) == 0 || !near(held[len(held)-1], 100) {
+		t.Fatalf("reports said it holds %v, want a last report of 100", held)
+	}
+	n := len(held)
+	step(20) // 10 s more idle: nothing changed, nothing sent
+	if len(held) != n || asks != 1 {
+		t.Fatalf("an idle proxy sent %v more reports and %d asks", held[n:], asks-1)
+	}
+	step(20) // past releaseAfter: the tokens go back, said once
+	if got := tokensOf(c, "g"); got != 0 || asks != 1 {
+		t.Fatalf("after 25 s idle: %.1f tokens, %d asks; want 0 and no new ask", got, asks)
+	}
+	if len(held) != n+1 || held[n] != 0 {
+		t.Fatalf("reports after the release: %v, want one saying 0", held[n:])
+	}
+	// A statement that needs tokens asks for them.
+	c.Charge("g", rruOf(1))
+	step(1)
+	if asks != 2 {
+		t.Fatalf("a statement after the release: %d asks, want a new one", asks-1)
+	}
+}
+
 func TestNotLeaderRestoresConsumption(t *testing.T) {
 	c, _ := newTestClient(t, nil)
 	c.Charge("a", rruOf(7))

@@ -50,6 +50,12 @@ const (
 	// trickleLead: a group fed by a trickle asks again only when the
 	// trickle has at most this much time left.
 	trickleLead = time.Second
+	// releaseAfter: a group with no statement for this long gives back
+	// the tokens its bucket saved (rgserver's bucket saves the group's
+	// capacity from then on). Well within rgserver's slot expiry (60 s by
+	// default), after which rgserver no longer counts what this proxy
+	// said it holds.
+	releaseAfter = 20 * time.Second
 	// tick is the period of the stream loop's housekeeping (periodic
 	// reports, low-token polling, degraded-mode checks).
 	tick = 100 * time.Millisecond

@@ -296,6 +296,16 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			continue
 		}
 		due := gs.hasReport() && now.Sub(gs.lastReport) >= c.cfg.ReportPeriod
+		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !c.degraded && gs.waiters == 0 && !gs.hasReport() {
+			// Idle, its trickle over: what the bucket holds no longer
+			// changes. After releaseAfter it is given back; either way
+			// rgserver hears once what this proxy holds, so its own bucket
+			// saves only the rest of the group's capacity.
+			if now.Sub(gs.lastUsed) >= releaseAfter {
+				gs.bucket.Release(now)
+			}
+			due = due || math.Abs(gs.held(now)-gs.heldSent) > heldSlack
+		}
 		if force || due || (final && gs.hasReport()) {
 			reports = append(reports, gs)
 		}
@@ -322,7 +332,9 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			WaitingTokens:  max(gs.waiting, 0),
 			Consumption:    consumptionToPB(cons),
 			ReportOnly:     !ask,
+			HeldTokens:     gs.held(now),
 		}
+		gs.heldSent = gr.HeldTokens
 		if ask {
 			gr.TokensWanted = gs.wanted(now, c.cfg.TargetPeriod)
 			gs.want = false
@@ -367,6 +379,19 @@ func (gs *groupState) wanted(now time.Time, period time.Duration) float64 {
 		return minRequest
 	}
 	return w
+}
+
+// heldSlack: an idle group reports what it holds when that moved by more
+// than this (RU) since its last message.
+const heldSlack = 0.5
+
+// held is what gs's bucket holds at now for held_tokens: its tokens, 0
+// in debt or when the group is never throttled.
+func (gs *groupState) held(now time.Time) float64 {
+	if gs.bucket.Unlimited() {
+		return 0
+	}
+	return max(gs.bucket.Tokens(now), 0)
 }
 
 // hasReport: some consumption can be reported (positive; see takeReport).

@@ -102,6 +102,9 @@ type Request struct {
 	Demand float64
 	// ReportOnly keeps the slot alive and updates its demand, granting nothing.
 	ReportOnly bool
+	// Held is what the proxy's local bucket holds now (RU, ≥ 0): saved
+	// capacity that the global bucket must not save again.
+	Held float64
 }
 
 // Grant is the allocator's answer to one Request.
@@ -134,6 +137,9 @@ type slot struct {
 	trickleEnd time.Time
 	// granted is every token granted to this proxy, for metrics and tests.
 	granted float64
+	// held is what the proxy said its bucket held at its last request,
+	// plus what it was granted at once then.
+	held float64
 }
 
 // String describes the slot at now, for logs and test failures.
@@ -142,8 +148,8 @@ func (s *slot) String(now time.Time) string {
 	if s.rate > 0 && s.trickleEnd.After(now) {
 		tr = fmt.Sprintf("trickle %.1f RU/s for %v", s.rate, s.trickleEnd.Sub(now))
 	}
-	return fmt.Sprintf("proxy %s: demand %.1f RU/s, %s, seen %v ago, granted %.1f",
-		s.id, s.demand, tr, now.Sub(s.lastSeen), s.granted)
+	return fmt.Sprintf("proxy %s: demand %.1f RU/s, %s, seen %v ago, granted %.1f, holds %.1f",
+		s.id, s.demand, tr, now.Sub(s.lastSeen), s.granted, s.held)
 }
 
 // Bucket is one group's global token bucket and its proxies' slots. Tokens
@@ -151,7 +157,10 @@ func (s *slot) String(now time.Time) string {
 // rate, so the bucket fills at RU_PER_SEC minus the trickles' rates (and
 // drains when, after a change of shares, they add up to more). Every token a
 // proxy can spend therefore came out of the bucket's fill, and the total
-// spendable by time T never exceeds RU_PER_SEC × T + capacity.
+// spendable by time T never exceeds RU_PER_SEC × T + capacity. Tokens a
+// proxy saved in its own bucket count against the capacity: the bucket
+// fills only to the capacity less what its proxies hold, so that a burst
+// after an idle spell spends the capacity once.
 type Bucket struct {
 	name     string
 	settings Settings
@@ -163,6 +172,8 @@ type Bucket struct {
 	// demand is the sum of the slots' demands, kept up to date so a grant
 	// costs O(1) however many proxies share the group.
 	demand float64
+	// held is the sum of the slots' held, kept up to date the same way.
+	held float64
 	// nextEnd is the earliest trickleEnd among running trickles (zero if none).
 	nextEnd time.Time
 	// granted counts every token granted, for metrics.
@@ -185,8 +196,8 @@ func (b *Bucket) String(now time.Time) string {
 	if b.settings.Unlimited() {
 		fmt.Fprintf(&sb, "group %s: unlimited, %d proxies", b.name, len(b.slots))
 	} else {
-		fmt.Fprintf(&sb, "group %s: %.1f/%.0f tokens, fill %d RU/s, trickles reserve %.1f RU/s, %d proxies",
-			b.name, b.tokens, b.settings.Capacity(), b.settings.RUPerSec, b.reserved, len(b.slots))
+		fmt.Fprintf(&sb, "group %s: %.1f/%.0f tokens, fill %d RU/s, trickles reserve %.1f RU/s, proxies hold %.1f, %d proxies",
+			b.name, b.tokens, b.settings.Capacity(), b.settings.RUPerSec, b.reserved, b.held, len(b.slots))
 	}
 	ids := make([]string, 0, len(b.slots))
 	for id := range b.slots {
@@ -228,7 +239,7 @@ func (b *Bucket) fill(t time.Time) {
 	b.last = t
 	rate := float64(b.settings.RUPerSec) - b.reserved
 	b.tokens += rate * dt
-	if c := b.settings.Capacity(); b.tokens > c {
+	if c := max(b.settings.Capacity()-b.held, 0); b.tokens > c {
 		b.tokens = c
 	}
 }
@@ -270,9 +281,10 @@ func (b *Bucket) expire(now time.Time, expiry time.Duration) int {
 		b.endTrickles(now)
 	}
 	// Recomputed rather than adjusted, so float rounding never accumulates.
-	b.demand = 0
+	b.demand, b.held = 0, 0
 	for _, s := range b.slots {
 		b.demand += s.demand
+		b.held += s.held
 	}
 	return n
 }
@@ -295,6 +307,10 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	d = math.Max(d, 0)
 	b.demand += d - s.demand
 	s.demand = d
+	if h := math.Max(req.Held, 0); !b.settings.Unlimited() {
+		b.held += h - s.held
+		s.held = h
+	}
 
 	g := Grant{Proxies: len(b.slots), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version}
 	if b.settings.Unlimited() {
@@ -338,6 +354,8 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	if total <= rate && b.tokens >= req.Wanted {
 		g.Tokens = req.Wanted
 		b.tokens -= req.Wanted
+		s.held += g.Tokens // the proxy holds them now
+		b.held += g.Tokens
 	} else {
 		// Short, or oversubscribed: a trickle of the proxy's share of the
 		// fill rate, plus its share of what the bucket holds (or minus its

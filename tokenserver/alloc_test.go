@@ -44,6 +44,7 @@ type step struct {
 	trickle time.Duration
 	rate    float64 // expected FillRate
 	proxies int
+	held    float64 // what the proxy says it holds
 }
 
 func TestAllocatorStories(t *testing.T) {
@@ -137,6 +138,33 @@ func TestAllocatorStories(t *testing.T) {
 			},
 		},
 		{
+			// A proxy that saved its capacity while the group was idle
+			// holds the burst: the bucket saves only the rest, so the
+			// group never has more than its capacity saved in all.
+			name:     "tokens a proxy holds count against the capacity",
+			settings: Settings{RUPerSec: 100}, // capacity 100
+			steps: []step{
+				{at: 0, proxy: "a", report: true, held: 100, rate: 100, proxies: 1},
+				// 10 s idle: the bucket stayed empty. a spent its 100 and
+				// asks for 100 more: no burst on top, a trickle of the fill.
+				{at: 10, proxy: "a", wanted: 100, demand: 20, tokens: 100, trickle: 5 * time.Second, rate: 100, proxies: 1},
+			},
+		},
+		{
+			name:     "the bucket saves what a proxy does not hold",
+			settings: Settings{RUPerSec: 100},
+			steps: []step{
+				{at: 0, proxy: "a", report: true, held: 40, rate: 100, proxies: 1},
+				// 60 saved: 60 at once, then the proxy holds them.
+				{at: 10, proxy: "a", wanted: 60, demand: 5, tokens: 60, rate: 100, proxies: 1},
+				// It said it holds none (it spent them); 1 s refilled 100,
+				// but the 60 granted at once count until its next report.
+				{at: 11, proxy: "a", report: true, rate: 100, proxies: 1},
+				{at: 11, proxy: "a", wanted: 40, demand: 5, tokens: 40, rate: 100, proxies: 1},
+				{at: 11, proxy: "a", wanted: 1, demand: 5, tokens: 1, trickle: 5 * time.Second, rate: 100, proxies: 1},
+			},
+		},
+		{
 			name:     "vanished proxy's slot expires and its share returns",
 			settings: Settings{RUPerSec: 100},
 			steps: []step{
@@ -153,7 +181,7 @@ func TestAllocatorStories(t *testing.T) {
 			for i, st := range tc.steps {
 				now := at(st.at)
 				a.Expire(now)
-				g, err := a.Acquire("g", Request{ProxyID: st.proxy, Wanted: st.wanted, Demand: st.demand, ReportOnly: st.report}, now)
+				g, err := a.Acquire("g", Request{ProxyID: st.proxy, Wanted: st.wanted, Demand: st.demand, ReportOnly: st.report, Held: st.held}, now)
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}
@@ -449,6 +477,11 @@ func TestAllocatorSavesOnlyMeaningfulChanges(t *testing.T) {
 	for _, r := range tests {
 		if r.take > 0 {
 			if _, err := a.Acquire("busy", Request{ProxyID: "p", Wanted: r.take, Demand: 1}, at(r.at)); err != nil {
+				t.Fatal(err)
+			}
+			// The proxy spends them at once and says so: it holds none
+			// (what it holds would count against the bucket's capacity).
+			if _, err := a.Acquire("busy", Request{ProxyID: "p", ReportOnly: true, Demand: 1}, at(r.at)); err != nil {
 				t.Fatal(err)
 			}
 		}

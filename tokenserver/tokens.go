@@ -59,6 +59,7 @@ func checkNumbers(g *pb.GroupTokenRequest) error {
 		{"tokens_wanted", g.GetTokensWanted()},
 		{"demand_ru_per_sec", g.GetDemandRuPerSec()},
 		{"waiting_tokens", g.GetWaitingTokens()},
+		{"held_tokens", g.GetHeldTokens()},
 		{"consumption.rru", g.GetConsumption().GetRru()},
 		{"consumption.wru", g.GetConsumption().GetWru()},
 		{"consumption.backend_seconds", g.GetConsumption().GetBackendSeconds()},
@@ -175,6 +176,7 @@ func allocRequest(proxyID string, gr *pb.GroupTokenRequest) Request {
 		Wanted:     gr.GetTokensWanted(),
 		Demand:     gr.GetDemandRuPerSec(),
 		ReportOnly: gr.GetReportOnly(),
+		Held:       gr.GetHeldTokens(),
 	}
 }
 

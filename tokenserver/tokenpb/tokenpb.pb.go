@@ -2110,7 +2110,15 @@ type GroupTokenRequest struct {
 	// Only reporting consumption (and keeping the slot alive): no grant wanted.
 	// The server still answers with a GroupGrant of 0 tokens carrying the
 	// settings version and proxy count.
-	ReportOnly    bool `protobuf:"varint,6,opt,name=report_only,json=reportOnly,proto3" json:"report_only,omitempty"`
+	ReportOnly bool `protobuf:"varint,6,opt,name=report_only,json=reportOnly,proto3" json:"report_only,omitempty"`
+	// The tokens the proxy's local bucket holds for the group now (0 when
+	// it is in debt). The server's bucket saves at most the group's
+	// capacity minus what its proxies said they hold (and minus what it
+	// granted them at once since), so that a group idle for a while has its
+	// capacity saved once, not once in rgserver and again in a proxy. A
+	// proxy sends it in every message, and in a report of its own when a
+	// group falls idle with tokens left. 0 from a proxy that does not say.
+	HeldTokens    float64 `protobuf:"fixed64,7,opt,name=held_tokens,json=heldTokens,proto3" json:"held_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2185,6 +2193,13 @@ func (x *GroupTokenRequest) GetReportOnly() bool {
 		return x.ReportOnly
 	}
 	return false
+}
+
+func (x *GroupTokenRequest) GetHeldTokens() float64 {
+	if x != nil {
+		return x.HeldTokens
+	}
+	return 0
 }
 
 type TokenRequest struct {
@@ -2608,7 +2623,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x0fbackend_seconds\x18\x05 \x01(\x01R\x0ebackendSeconds\x12\x1e\n" +
 	"\n" +
 	"statements\x18\x06 \x01(\x04R\n" +
-	"statements\"\x82\x02\n" +
+	"statements\"\xa3\x02\n" +
 	"\x11GroupTokenRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12#\n" +
 	"\rtokens_wanted\x18\x02 \x01(\x01R\ftokensWanted\x12)\n" +
@@ -2616,7 +2631,9 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x0ewaiting_tokens\x18\x04 \x01(\x01R\rwaitingTokens\x12?\n" +
 	"\vconsumption\x18\x05 \x01(\v2\x1d.rgproxy.token.v1.ConsumptionR\vconsumption\x12\x1f\n" +
 	"\vreport_only\x18\x06 \x01(\bR\n" +
-	"reportOnly\"\x85\x01\n" +
+	"reportOnly\x12\x1f\n" +
+	"\vheld_tokens\x18\a \x01(\x01R\n" +
+	"heldTokens\"\x85\x01\n" +
 	"\fTokenRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
 	"\n" +
