@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -126,6 +127,9 @@ type groupState struct {
 	waitAt    time.Time
 	waitSince time.Time
 	waiters   int
+	// queue orders the statements waiting for tokens (AcquireEstimate):
+	// only the first may take them, so they are served in arrival order.
+	queue []*queued
 
 	// Reporting.
 	pending    ru.Consumption
@@ -324,11 +328,19 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 	c.mu.Lock()
 	gs := c.useLocked(group, start)
 	registered := false
+	// me is this statement's place in gs.queue once it had to wait: the
+	// group's waiting statements take their tokens in arrival order, so
+	// that one session's retries cannot keep getting ahead of another's.
+	var me *queued
 	unregister := func() {
 		if registered {
 			gs.addWaiting(c.clk.Now(), -n)
 			gs.waiters--
 			registered = false
+		}
+		if me != nil {
+			gs.dequeue(me)
+			me = nil
 		}
 	}
 	for {
@@ -341,12 +353,16 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 			return waited, fmt.Errorf("%w: %q", ErrUnknownGroup, group)
 		}
 		remaining := max(maxWait-waited, 0)
-		wait, ok := gs.bucket.Reserve(now, n, remaining)
-		if !ok && required < n && gs.bucket.CanReserve(now, required, remaining) {
-			// More than the wait can pay, but the required part fits: pay
-			// what the wait can, the rest is debt.
-			gs.bucket.Take(now, n)
-			wait, ok = min(gs.repayTime(now), remaining), true
+		var wait time.Duration
+		ok := false
+		if len(gs.queue) == 0 || gs.queue[0] == me {
+			wait, ok = gs.bucket.Reserve(now, n, remaining)
+			if !ok && required < n && gs.bucket.CanReserve(now, required, remaining) {
+				// More than the wait can pay, but the required part fits:
+				// pay what the wait can, the rest is debt.
+				gs.bucket.Take(now, n)
+				wait, ok = min(gs.repayTime(now), remaining), true
+			}
 		}
 		c.pollLowLocked(gs)
 		if ok {
@@ -398,6 +414,8 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 			gs.addWaiting(now, n)
 			gs.waiters++
 			gs.want = true
+			me = &queued{}
+			gs.queue = append(gs.queue, me)
 			c.kickLocked()
 		}
 		retry := remaining
@@ -767,6 +785,24 @@ func (gs *groupState) repayTime(now time.Time) time.Duration {
 		return maxDuration
 	}
 	return durationOf(debt / rate)
+}
+
+// queued is a statement's place in its group's queue of waiting
+// statements; only its identity matters.
+type queued struct{ _ byte }
+
+// dequeue removes q from gs's queue; when q was first, the statements
+// behind it retry at once (the next one may take its tokens now).
+func (gs *groupState) dequeue(q *queued) {
+	for i, x := range gs.queue {
+		if x == q {
+			gs.queue = slices.Delete(gs.queue, i, i+1)
+			if i == 0 && len(gs.queue) > 0 {
+				gs.wake()
+			}
+			return
+		}
+	}
 }
 
 // wake lets the statements waiting on gs retry.

@@ -224,6 +224,48 @@ func TestAcquireFailFastTimeoutAndRefund(t *testing.T) {
 	}
 }
 
+// Statements waiting for a group's tokens take them in arrival order: a
+// statement that arrives while another waits does not take the tokens
+// the first one waits for, even when they would pay for it.
+func TestAcquireServesWaitersInArrivalOrder(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	ctx := context.Background()
+	c.Charge("a", rruOf(0))
+	c.mu.Lock()
+	c.groups["a"].want = true
+	c.mu.Unlock()
+	grant := func(n float64) {
+		t.Helper()
+		req := build(c, false)
+		rid := uint64(0)
+		if req != nil {
+			rid = req.GetRequestId()
+		}
+		if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: rid, Grants: []*tokenpb.GroupGrant{
+			{Group: "a", Tokens: n, FillRate: 10, Proxies: 1, RuPerSec: 10}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grant(0)
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, "a", rruOf(5), 10*time.Second)
+		first <- err
+	}()
+	waitFor(t, "the first statement to wait", func() bool { return clk.Pending() == 1 }, nil)
+	grant(4) // not enough for the first
+	if _, err := c.Acquire(ctx, "a", rruOf(3), 0); !errors.Is(err, ErrThrottled) {
+		t.Fatalf("a later statement took the tokens a waiting one is owed: %v (tokens left %.1f)", err, tokensOf(c, "a"))
+	}
+	grant(1)
+	if err := <-first; err != nil {
+		t.Fatalf("the first statement: %v", err)
+	}
+	if got := tokensOf(c, "a"); !near(got, 0) {
+		t.Fatalf("tokens %v after the first statement took 5, want 0", got)
+	}
+}
+
 // A reservation that must wait for a trickle is refunded when ctx ends.
 func TestAcquireCancelRefunds(t *testing.T) {
 	c, clk := newTestClient(t, nil)
