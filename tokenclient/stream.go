@@ -275,7 +275,9 @@ func (c *Client) oldestOutstandingLocked(now time.Time) time.Duration {
 // group needs to send anything. A group is in it when it needs tokens (its
 // bucket ran low, or statements wait) and may ask (no request in flight,
 // minAskInterval passed, no trickle with more than trickleLead left), or
-// when its consumption is due (ReportPeriod passed); once a message goes
+// when its consumption is due (ReportPeriod passed), or when it is idle
+// and what its bucket holds moved since its last message (an idle group
+// past releaseAfter gives its tokens back here first); once a message goes
 // out, every group with unreported consumption rides along. force puts
 // every idle group in (as report-only when it needs nothing); final sends
 // every group's consumption report-only.
