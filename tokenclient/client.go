@@ -126,7 +126,6 @@ type groupState struct {
 	waitArea  float64
 	waitAt    time.Time
 	waitSince time.Time
-	waiters   int
 	// queue orders the statements waiting for tokens (AcquireEstimate):
 	// only the first may take them, so they are served in arrival order.
 	queue []*queued
@@ -327,18 +326,13 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 	start := c.clk.Now()
 	c.mu.Lock()
 	gs := c.useLocked(group, start)
-	registered := false
 	// me is this statement's place in gs.queue once it had to wait: the
 	// group's waiting statements take their tokens in arrival order, so
 	// that one session's retries cannot keep getting ahead of another's.
 	var me *queued
 	unregister := func() {
-		if registered {
-			gs.addWaiting(c.clk.Now(), -n)
-			gs.waiters--
-			registered = false
-		}
 		if me != nil {
+			gs.addWaiting(c.clk.Now(), -n)
 			gs.dequeue(me)
 			me = nil
 		}
@@ -409,10 +403,8 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 			c.mu.Unlock()
 			return waited, fmt.Errorf("%w: group %q needs %.2f RU, more than %v can supply", ErrThrottled, group, n, maxWait)
 		}
-		if !registered {
-			registered = true
+		if me == nil {
 			gs.addWaiting(now, n)
-			gs.waiters++
 			gs.want = true
 			me = &queued{}
 			gs.queue = append(gs.queue, me)
@@ -788,7 +780,8 @@ func (gs *groupState) repayTime(now time.Time) time.Duration {
 }
 
 // queued is a statement's place in its group's queue of waiting
-// statements; only its identity matters.
+// statements; only its identity matters (not zero-sized, so that two
+// places never share an address).
 type queued struct{ _ byte }
 
 // dequeue removes q from gs's queue; when q was first, the statements

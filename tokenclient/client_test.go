@@ -34,6 +34,15 @@ func tokensOf(c *Client, group string) float64 {
 	return c.groups[group].bucket.Tokens(c.clk.Now())
 }
 
+// wantTokens puts group in use on c and makes it ask for tokens in the
+// next request.
+func wantTokens(c *Client, group string) {
+	c.Charge(group, rruOf(0))
+	c.mu.Lock()
+	c.groups[group].want = true
+	c.mu.Unlock()
+}
+
 func rruOf(x float64) ru.Consumption { return ru.Consumption{RRU: x, Statements: 1} }
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
@@ -156,7 +165,7 @@ func TestDemandIncludesWaiters(t *testing.T) {
 		t.Fatalf("tokens %v, want 10960", got)
 	}
 	c.mu.Lock()
-	waiting, waiters := c.groups["a"].waiting, c.groups["a"].waiters
+	waiting, waiters := c.groups["a"].waiting, len(c.groups["a"].queue)
 	c.mu.Unlock()
 	if waiting != 0 || waiters != 0 {
 		t.Fatalf("waiters left: %v %v", waiting, waiters)
@@ -167,10 +176,7 @@ func TestAcquireFailFastTimeoutAndRefund(t *testing.T) {
 	c, clk := newTestClient(t, nil)
 	ctx := context.Background()
 	// A grant of 10 tokens; this proxy's share of the rate is 10 RU/s.
-	c.Charge("a", rruOf(0))
-	c.mu.Lock()
-	c.groups["a"].want = true
-	c.mu.Unlock()
+	wantTokens(c, "a")
 	req := build(c, false)
 	resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
 		{Group: "a", Tokens: 10, FillRate: 10, Proxies: 1, RuPerSec: 10}}}
@@ -230,10 +236,7 @@ func TestAcquireFailFastTimeoutAndRefund(t *testing.T) {
 func TestAcquireServesWaitersInArrivalOrder(t *testing.T) {
 	c, clk := newTestClient(t, nil)
 	ctx := context.Background()
-	c.Charge("a", rruOf(0))
-	c.mu.Lock()
-	c.groups["a"].want = true
-	c.mu.Unlock()
+	wantTokens(c, "a")
 	grant := func(n float64) {
 		t.Helper()
 		req := build(c, false)
@@ -269,10 +272,7 @@ func TestAcquireServesWaitersInArrivalOrder(t *testing.T) {
 // A reservation that must wait for a trickle is refunded when ctx ends.
 func TestAcquireCancelRefunds(t *testing.T) {
 	c, clk := newTestClient(t, nil)
-	c.Charge("a", rruOf(0))
-	c.mu.Lock()
-	c.groups["a"].want = true
-	c.mu.Unlock()
+	wantTokens(c, "a")
 	req := build(c, false)
 	// 100 tokens over 10 s: 10 RU/s.
 	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
@@ -363,10 +363,7 @@ func TestReportsEveryPeriod(t *testing.T) {
 // has more than trickleLead left.
 func TestTrickle(t *testing.T) {
 	c, clk := newTestClient(t, nil)
-	c.Charge("a", rruOf(0))
-	c.mu.Lock()
-	c.groups["a"].want = true
-	c.mu.Unlock()
+	wantTokens(c, "a")
 	req := build(c, false)
 	trickle := func(req *tokenpb.TokenRequest, n float64, ms int64) {
 		t.Helper()
@@ -742,10 +739,7 @@ func TestUsageWindow(t *testing.T) {
 // trips do not add up to more than the group's rate.
 func TestRenewalRoundTripNotCountedTwice(t *testing.T) {
 	c, clk := newTestClient(t, nil)
-	c.Charge("a", rruOf(0))
-	c.mu.Lock()
-	c.groups["a"].want = true
-	c.mu.Unlock()
+	wantTokens(c, "a")
 	apply := func(req *tokenpb.TokenRequest, n float64, ms int64) {
 		t.Helper()
 		if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
@@ -782,10 +776,7 @@ func TestRenewalRoundTripNotCountedTwice(t *testing.T) {
 func TestAcquireEstimate(t *testing.T) {
 	setup := func(t *testing.T) (*Client, *fakeClock) {
 		c, clk := newTestClient(t, nil)
-		c.Charge("a", rruOf(0))
-		c.mu.Lock()
-		c.groups["a"].want = true
-		c.mu.Unlock()
+		wantTokens(c, "a")
 		req := build(c, false)
 		// 10 tokens now, then 10 RU/s for 100 s.
 		if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{

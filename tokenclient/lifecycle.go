@@ -136,7 +136,7 @@ func (c *Client) expireIdle(now time.Time) {
 		if name == resourcegroup.DefaultGroup || gs.lastUsed.After(before) {
 			continue
 		}
-		if gs.waiters > 0 || gs.waiting > owedEpsilon || gs.inFlight || gs.hasReport() ||
+		if len(gs.queue) > 0 || gs.waiting > owedEpsilon || gs.inFlight || gs.hasReport() ||
 			(!gs.bucket.Unlimited() && gs.bucket.Tokens(now) < -owedEpsilon) {
 			continue
 		}

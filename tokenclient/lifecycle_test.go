@@ -148,7 +148,7 @@ func TestDroppedGroupForgotten(t *testing.T) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		gs := c.groups["gone"]
-		return gs != nil && gs.waiters == 1
+		return gs != nil && len(gs.queue) == 1
 	}, nil)
 	if len(seriesOf(t, reg, "gone")) == 0 {
 		t.Fatal("gone has no series while used")
@@ -319,7 +319,7 @@ func TestIdleExpiryKeepsWaiters(t *testing.T) {
 	waitFor(t, "the statement to wait", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.groups["w"] != nil && c.groups["w"].waiters == 1
+		return c.groups["w"] != nil && len(c.groups["w"].queue) == 1
 	}, nil)
 	// Its request went and was answered with nothing.
 	req := build(c, false)

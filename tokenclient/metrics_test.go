@@ -39,10 +39,7 @@ func TestMetrics(t *testing.T) {
 	c, clk := newTestClient(t, func(cfg *Config) { cfg.Registerer = reg })
 	setGroups(c, resourcegroup.Group{Name: "a", RUPerSec: 10}, resourcegroup.Group{Name: "unused", RUPerSec: 10},
 		resourcegroup.DefaultGroupDefinition())
-	c.Charge("a", rruOf(0))
-	c.mu.Lock()
-	c.groups["a"].want = true
-	c.mu.Unlock()
+	wantTokens(c, "a")
 	req := build(c, false)
 	clk.Advance(20 * time.Millisecond)
 	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{

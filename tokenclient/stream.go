@@ -293,12 +293,12 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 		gs.updateEWMA(now)
 		trickleLeft, _ := gs.trickleLeft(now)
 		if !final && !gs.bucket.Unlimited() && !now.Before(gs.nextAsk) && trickleLeft <= trickleLead &&
-			(gs.want || gs.unavailable || gs.waiters > 0 || gs.bucket.LowTokens(now)) {
+			(gs.want || gs.unavailable || len(gs.queue) > 0 || gs.bucket.LowTokens(now)) {
 			asks = append(asks, gs)
 			continue
 		}
 		due := gs.hasReport() && now.Sub(gs.lastReport) >= c.cfg.ReportPeriod
-		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !c.degraded && gs.waiters == 0 && !gs.hasReport() {
+		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !c.degraded && len(gs.queue) == 0 && !gs.hasReport() {
 			// Idle, its trickle over: what the bucket holds no longer
 			// changes. After releaseAfter it is given back; either way
 			// rgserver hears once what this proxy holds, so its own bucket
