@@ -43,21 +43,10 @@ func TestBackendUnreachable(t *testing.T) {
 // healthy server behind it): the client still hears 9001 and why, though
 // the backend watch saw the close while the login was "idle".
 func TestBackendAcceptsThenCloses(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			time.Sleep(50 * time.Millisecond) // the proxy is waiting for the greeting
-			c.Close()
-		}
-	}()
+	ln := serveTCP(t, func(c net.Conn) {
+		time.Sleep(50 * time.Millisecond) // the proxy is waiting for the greeting
+		c.Close()
+	})
 	_, addr := startProxy(t, Config{BackendAddr: ln.Addr().String(), DialTimeout: time.Second})
 	db := openDB(t, addr)
 	for range 5 {
@@ -78,30 +67,20 @@ type cutProxy struct {
 }
 
 func newCutProxy(t *testing.T) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cp := &cutProxy{ln: ln}
-	t.Cleanup(func() { ln.Close(); cp.cut() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			b, err := net.Dial("tcp", backendAddr)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			cp.mu.Lock()
-			cp.conns = append(cp.conns, c, b)
-			cp.mu.Unlock()
-			go func() { io.Copy(b, c); b.Close() }()
-			go func() { io.Copy(c, b); c.Close() }()
+	cp := &cutProxy{}
+	t.Cleanup(cp.cut) // after serveTCP's close of the listener: nothing new to relay
+	cp.ln = serveTCP(t, func(c net.Conn) {
+		b, err := net.Dial("tcp", backendAddr)
+		if err != nil {
+			c.Close()
+			return
 		}
-	}()
+		cp.mu.Lock()
+		cp.conns = append(cp.conns, c, b)
+		cp.mu.Unlock()
+		go func() { io.Copy(b, c); b.Close() }()
+		go func() { io.Copy(c, b); c.Close() }()
+	})
 	return cp
 }
 

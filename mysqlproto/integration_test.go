@@ -73,6 +73,27 @@ func startProxy(t *testing.T, cfg Config, tune ...func(*Server)) (*Server, strin
 	return s, ln.Addr().String()
 }
 
+// serveTCP listens on a free loopback port until the test ends, handing
+// each connection it accepts to handle, in the accept loop.
+func serveTCP(tb testing.TB, handle func(net.Conn)) net.Listener {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			handle(c)
+		}
+	}()
+	return ln
+}
+
 func dsn(addr, params string) string {
 	c := sqldriver.NewConfig()
 	c.User = "root"

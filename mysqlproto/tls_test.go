@@ -94,21 +94,8 @@ func (c *scriptConn) recv() ([]byte, bool) {
 }
 
 func newScriptBackend(t *testing.T, plugin string, auth func(*scriptConn, handshakeResponse) bool, proxyProto bool) *scriptBackend {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &scriptBackend{t: t, ln: ln, cert: selfSigned(t), plugin: plugin, auth: auth, seen: make(chan scriptSeen, 4), proxyProto: proxyProto}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go b.serve(c)
-		}
-	}()
+	b := &scriptBackend{t: t, cert: selfSigned(t), plugin: plugin, auth: auth, seen: make(chan scriptSeen, 4), proxyProto: proxyProto}
+	b.ln = serveTCP(t, func(c net.Conn) { go b.serve(c) })
 	return b
 }
 
