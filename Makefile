@@ -8,7 +8,7 @@ FUZZTIME  ?= 60s
 # How long `make soak` loads the system.
 SOAK_DURATION ?= 10m
 
-.PHONY: all build run test test-deps tidy-check test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-proxy bench-server bench-metering bench-isolation soak demo-load generate tools clean
+.PHONY: all build run test test-deps tidy-check test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-deps bench-proxy bench-server bench-metering bench-isolation soak demo-load generate tools clean
 
 all: build
 
@@ -69,8 +69,12 @@ fuzz:
 
 bench: bench-proxy bench-server bench-metering bench-isolation
 
+# What the benchmarks drive (sysbench, HAProxy, Connector/J, MariaDB).
+bench-deps:
+	bash scripts/test-deps.sh bench
+
 # sysbench oltp_point_select direct vs HAProxy vs rgproxy, side by side.
-bench-proxy: build
+bench-proxy: build bench-deps
 	bash scripts/bench-proxy.sh
 
 # 200 simulated proxies x 1,000 groups against one real rgserver, closed
@@ -83,14 +87,14 @@ bench-server: build
 
 # sysbench through rgproxy, metering on (a limited group at >= 2x demand)
 # vs --metering=false; token requests per 1,000 statements; 3-proxy accuracy.
-bench-metering: build
+bench-metering: build bench-deps
 	bash scripts/bench-metering.sh
 
 # The noisy-neighbour experiment: a victim's p99 alone and beside a heavy
 # aggressor (scan, sort), directly and through rgproxy; the aggressor group's
 # RU against RU_PER_SEC x T + capacity; one heavy statement's RU alone and
 # beside 8 direct copies. BENCH_ISOLATION_FLAGS passes flags.
-bench-isolation: build test-deps
+bench-isolation: build bench-deps
 	$(BIN)/bench-isolation --bin-dir $(BIN) $(BENCH_ISOLATION_FLAGS)
 
 # The long-run test, not part of `make test`: rgserver x3 (embedded etcd

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs and starts what `make test` needs, so that `make test` alone
-# passes on a fresh Debian machine: MariaDB answering on 127.0.0.1:3306
+# Installs and starts what `make test` needs (with the argument `bench`,
+# what `make bench` needs too), so that `make test` alone passes on a
+# fresh Debian machine: MariaDB answering on 127.0.0.1:3306
 # (scripts/ensure-mariadb.sh), and the tools the end-to-end tests drive.
 # Debian packages are installed only when their command is absent; without
 # root, a missing one is reported and the tests that need it fail under CI.
@@ -21,6 +22,10 @@ declare -A pkgs=(
   [java]=default-jre-headless
   [script]=bsdutils
 )
+# `test-deps.sh bench` also installs what only `make bench` drives.
+if [ "${1:-}" = bench ]; then
+  pkgs[haproxy]=haproxy
+fi
 need=()
 for cmd in "${!pkgs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("${pkgs[$cmd]}")
