@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
 	"google.golang.org/grpc"
@@ -63,7 +65,10 @@ type Client struct {
 	cacheLoaded  bool
 	watchSynced  bool          // the cache came from a Watch (not only from the file)
 	cacheChanged chan struct{} // closed and replaced on every cache change
-	closed       bool
+	// cacheGen counts the cache's changes (CacheGeneration); written under
+	// mu, read without it.
+	cacheGen atomic.Uint64
+	closed   bool
 	// watchIdx is the runaway watch list indexed for MatchWatch, replaced
 	// with the cache so that matching takes no lock.
 	watchIdx atomic.Pointer[watchIndex]
@@ -138,6 +143,8 @@ type groupState struct {
 
 	usage     usageRing
 	throttled uint64
+	// waitObs is the group's rgproxy_throttle_wait_seconds series.
+	waitObs prometheus.Observer
 
 	// shadow is MODE WARN's bucket of what ENFORCE would have done
 	// (WouldAcquire); shadowOn says it is set up.
@@ -320,6 +327,21 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 // repay: an estimate never refuses a statement that its required cost
 // alone would have run.
 func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error) {
+	return c.acquire(ctx, group, cons, required, maxWait, nil)
+}
+
+// AcquireShare is AcquireEstimate that also returns the group's Share as
+// it stood when the statement got its tokens or was refused (ErrThrottled),
+// read under the same lock: the policy needs both for every statement.
+func (c *Client) AcquireShare(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (Share, time.Duration, error) {
+	var sh Share
+	waited, err := c.acquire(ctx, group, cons, required, maxWait, &sh)
+	return sh, waited, err
+}
+
+// acquire is AcquireEstimate; when share is not nil it is set as
+// AcquireShare returns it.
+func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration, share *Share) (time.Duration, error) {
 	group = resourcegroup.NormalizeName(group)
 	n := max(cons.RU(), 0)
 	required = min(max(required, 0), n)
@@ -337,8 +359,7 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 			me = nil
 		}
 	}
-	for {
-		now := c.clk.Now()
+	for now := start; ; now = c.clk.Now() {
 		waited := now.Sub(start)
 		c.refreshLocked(now)
 		if gs.dead {
@@ -365,26 +386,25 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 				// Sleeping on a reservation is waiting too: it counts in the
 				// demand that splits the fill rate between proxies.
 				gs.addWaiting(now, n)
-			}
-			c.mu.Unlock()
-			if wait > 0 {
+				c.mu.Unlock()
 				err := c.sleep(ctx, wait)
 				c.mu.Lock()
-				gs.addWaiting(c.clk.Now(), -n)
+				now = c.clk.Now()
+				gs.addWaiting(now, -n)
 				if err != nil {
-					gs.bucket.Refund(c.clk.Now(), n)
+					gs.bucket.Refund(now, n)
 					c.mu.Unlock()
-					return c.clk.Now().Sub(start), fmt.Errorf("tokenclient: group %q: %w", group, err)
+					return now.Sub(start), fmt.Errorf("tokenclient: group %q: %w", group, err)
 				}
-				c.mu.Unlock()
+				waited = now.Sub(start)
 			}
-			c.mu.Lock()
-			now = c.clk.Now()
 			gs.record(now, cons)
 			gs.lastUsed = now
-			waited = now.Sub(start)
 			if c.groups[group] == gs { // a forgotten group's series stay deleted
-				c.met.wait.WithLabelValues(group).Observe(waited.Seconds())
+				gs.waitObs.Observe(waited.Seconds())
+			}
+			if share != nil {
+				*share = c.shareLocked(group)
 			}
 			c.mu.Unlock()
 			return waited, nil
@@ -400,6 +420,9 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 		if remaining <= 0 || (rate > 0 && short/rate > remaining.Seconds()) {
 			unregister()
 			c.throttledLocked(gs)
+			if share != nil {
+				*share = c.shareLocked(group)
+			}
 			c.mu.Unlock()
 			return waited, fmt.Errorf("%w: group %q needs %.2f RU, more than %v can supply", ErrThrottled, group, n, maxWait)
 		}
@@ -452,10 +475,16 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked(now)
-	if !c.servesLocked(group) {
-		return // dropped meanwhile: nothing to charge, no state to revive
+	gs, ok := c.groups[group]
+	if !ok {
+		if !c.servesLocked(group) {
+			return // dropped meanwhile: nothing to charge, no state to revive
+		}
+		gs = c.stateLocked(group, now)
 	}
-	gs := c.useLocked(group, now)
+	if now.After(gs.lastUsed) {
+		gs.lastUsed = now
+	}
 	gs.bucket.Take(now, cons.RU())
 	gs.record(now, cons)
 	c.pollLowLocked(gs)
@@ -489,6 +518,10 @@ func (c *Client) Share(group string) Share {
 	group = resourcegroup.NormalizeName(group)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.shareLocked(group)
+}
+
+func (c *Client) shareLocked(group string) Share {
 	g, ok := c.settingsLocked(group)
 	if !ok {
 		return Share{Unlimited: true, Proxies: 1}
@@ -659,7 +692,7 @@ func (c *Client) stateLocked(group string, now time.Time) *groupState {
 		gs.bucket.SetUnlimited(true)
 	}
 	c.groups[group] = gs
-	c.met.born(group)
+	gs.waitObs = c.met.born(group)
 	if c.degraded {
 		c.localRefillLocked(now, gs)
 	}

@@ -910,3 +910,21 @@ func TestWouldAcquireShadowsEnforce(t *testing.T) {
 		t.Fatalf("an unlimited group would wait %v refused %v", w, refused)
 	}
 }
+
+// A statement's two visits to the client — AcquireShare before, Charge
+// after — allocate nothing once its group's state exists.
+func TestAcquireShareAndChargeAllocateNothing(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	ctx := context.Background()
+	cons := ru.Consumption{RRU: 0.7}
+	run := func() {
+		if _, _, err := c.AcquireShare(ctx, resourcegroup.DefaultGroup, cons, 0.625, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		c.Charge(resourcegroup.DefaultGroup, ru.Consumption{RRU: 0.05})
+	}
+	run()
+	if n := testing.AllocsPerRun(1000, run); n != 0 {
+		t.Fatalf("%v allocations per statement, want 0", n)
+	}
+}

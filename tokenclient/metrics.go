@@ -119,12 +119,13 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 // born makes a group's series exist at 0 from the moment the proxy serves
 // it, so that rate() counts its first event. The gauges come with its
-// state (stateCollector).
-func (m *metrics) born(group string) {
+// state (stateCollector). It returns the group's wait histogram, which
+// the group's state keeps so that a statement does not look it up by label.
+func (m *metrics) born(group string) prometheus.Observer {
 	m.requests.WithLabelValues(group)
 	m.throttled.WithLabelValues(group)
 	m.granted.WithLabelValues(group)
-	m.wait.WithLabelValues(group)
+	return m.wait.WithLabelValues(group)
 }
 
 // forget deletes a group's series: it was dropped, or idle here for long.

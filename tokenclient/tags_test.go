@@ -79,13 +79,22 @@ func TestTagBindingsInCache(t *testing.T) {
 	c2.installSnapshot(loaded)
 	check(c2, "cache file")
 
-	// A DELETE carries only the tag.
+	// A DELETE carries only the tag. Every change moves the cache
+	// generation, which sessions follow; a response without events does not.
+	gen := c.CacheGeneration()
+	c.applyWatch(&tokenpb.WatchResponse{Revision: 6})
+	if c.CacheGeneration() != gen {
+		t.Fatal("a Watch response without events moved the cache generation")
+	}
 	c.applyWatch(&tokenpb.WatchResponse{Revision: 6, Events: []*tokenpb.WatchEvent{
 		{Type: tokenpb.WatchEvent_DELETE, Binding: &tokenpb.Binding{TagKey: "route", TagValue: "/report"}},
 		{Type: tokenpb.WatchEvent_DELETE, Binding: &tokenpb.Binding{TagKey: "a=b"}},
 	}})
 	if c.HasTagBindings() {
 		t.Fatal("tag bindings left after their DELETEs")
+	}
+	if c.CacheGeneration() == gen {
+		t.Fatal("the DELETEs left the cache generation as it was")
 	}
 	if _, ok := c.Binding("app", "%"); !ok {
 		t.Fatal("a tag's DELETE removed the account binding")

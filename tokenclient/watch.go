@@ -55,6 +55,12 @@ func (c *Client) Group(name string) (resourcegroup.Group, bool) {
 	return g.Clone(), ok
 }
 
+// CacheGeneration changes whenever the groups, bindings or tag bindings
+// cached from rgserver change: a caller may keep what Group, Binding,
+// HasBindings, HasTagBindings and TagGroup told it while the generation
+// stays the same. It takes no lock.
+func (c *Client) CacheGeneration() uint64 { return c.cacheGen.Load() }
+
 // Binding returns the binding of the account user@host from the Watch
 // cache.
 func (c *Client) Binding(user, host string) (resourcegroup.Binding, bool) {
@@ -213,6 +219,9 @@ func (c *Client) applyWatch(resp *tokenpb.WatchResponse) bool {
 	defer c.mu.Unlock()
 	touched, watches := applyEvents(&c.cache, resp.GetEvents())
 	c.cache.Revision = resp.GetRevision()
+	if len(resp.GetEvents()) > 0 {
+		c.cacheGen.Add(1)
+	}
 	c.watchSynced = true
 	c.cacheLoaded = true
 	if watches {
@@ -291,6 +300,7 @@ func (c *Client) installSnapshot(snap snapshot) {
 // mode and wakes read-your-writes waiters.
 func (c *Client) setCacheLocked(snap snapshot) {
 	c.cache = snap
+	c.cacheGen.Add(1)
 	c.cacheLoaded = true
 	c.watchIdx.Store(newWatchIndex(snap.Watches))
 	now := c.clk.Now()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rgproxy/rgproxy/internal/clock"
@@ -15,13 +16,21 @@ import (
 // are admitted HIGH before MEDIUM before LOW, first come first served
 // within a priority. Safe for concurrent use.
 type admission struct {
+	// open: there is no cap and nobody waits, so a statement enters
+	// without taking mu (the usual case: every session would otherwise
+	// meet on this one lock). Written under mu.
+	open    atomic.Bool
 	mu      sync.Mutex
 	limit   int // 0 = unlimited
 	running int
 	queues  [3][]chan struct{} // by rank: 0 = HIGH, 1 = MEDIUM, 2 = LOW
 }
 
-func newAdmission(limit int) *admission { return &admission{limit: max(limit, 0)} }
+func newAdmission(limit int) *admission {
+	a := &admission{limit: max(limit, 0)}
+	a.open.Store(a.limit == 0)
+	return a
+}
 
 func rank(p resourcegroup.Priority) int {
 	switch p {
@@ -43,6 +52,7 @@ func (a *admission) setLimit(limit int) {
 		a.running++
 		a.wakeFirstLocked()
 	}
+	a.open.Store(a.limit == 0 && a.queuedLocked() == 0)
 }
 
 // errAdmissionWait: the statement waited maxWait for a slot.
@@ -52,6 +62,9 @@ var errAdmissionWait = errors.New("rgpolicy: backend concurrency cap: waited too
 // passes on clk (errAdmissionWait). held reports whether it took a slot,
 // which must then be given back with release.
 func (a *admission) acquire(ctx context.Context, clk clock.Clock, p resourcegroup.Priority, maxWait time.Duration) (held bool, err error) {
+	if a.open.Load() {
+		return false, nil
+	}
 	a.mu.Lock()
 	if a.limit == 0 && a.queuedLocked() == 0 {
 		a.mu.Unlock()
@@ -65,6 +78,7 @@ func (a *admission) acquire(ctx context.Context, clk clock.Clock, p resourcegrou
 	ch := make(chan struct{})
 	r := rank(p)
 	a.queues[r] = append(a.queues[r], ch)
+	a.open.Store(false)
 	a.mu.Unlock()
 	var timeout <-chan time.Time
 	if maxWait > 0 {

@@ -29,7 +29,6 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	if cur.before.IsZero() {
 		return nil // free
 	}
-	cur.share = s.p.tokens.Share(cur.group)
 	cur.shape = shapeKey{group: cur.group, hash: st.Scan.DigestHash}
 	// A shape's executions: not COM_STMT_PREPARE (its EXECUTEs are) nor
 	// COM_STMT_FETCH (part of the EXECUTE that opened the cursor).
@@ -43,19 +42,19 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	if st.InTransaction {
 		maxWait = set.MaxWaitInTxn
 	}
-	if cur.share.Mode == resourcegroup.ModeWarn {
-		s.wouldCharge(st, maxWait)
-	}
-	waited, err := s.p.tokens.AcquireEstimate(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
+	share, waited, err := s.p.tokens.AcquireShare(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
 	if errors.Is(err, tokenclient.ErrUnknownGroup) && cur.group != resourcegroup.DefaultGroup {
 		// Dropped under us: the session falls back to default.
 		cur.group = resourcegroup.DefaultGroup
 		cur.shape.group = cur.group
-		cur.share = s.p.tokens.Share(cur.group)
 		s.estimate()
-		waited, err = s.p.tokens.AcquireEstimate(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
+		share, waited, err = s.p.tokens.AcquireShare(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
 	}
-	cur.waited = waited
+	cur.share, cur.waited = share, waited
+	if share.Mode == resourcegroup.ModeWarn && (err == nil || errors.Is(err, tokenclient.ErrThrottled)) {
+		// A group in MODE WARN is unlimited: its tokens came at once.
+		s.wouldCharge(st, maxWait)
+	}
 	switch {
 	case err == nil:
 		return nil

@@ -152,11 +152,13 @@ type cpuReader struct {
 
 // cpuMinEstimate: a statement whose shape nearly always answers within
 // this wall time on the backend (shapeEstimate.Short) is charged its
-// backend wall time instead of reading its CPU time: reading schedstat
-// costs a system call, more than such a statement's CPU is worth to
-// measure, and a statement this short costs at most a third of an RU of
-// CPU either way. Heavy statements, new shapes and anything that waits
-// (SLEEP, locks) are read.
+// backend wall time, at most cpuMinEstimate, instead of reading its CPU
+// time: reading schedstat costs two system calls, more than such a
+// statement's CPU is worth to measure, and a statement this short costs
+// at most a third of an RU of CPU either way. The cap keeps a stall of
+// the machine (or a row lock) out of a short statement's CPU: its CPU
+// stayed short, its wait did not burn any. Heavy statements, new shapes
+// and anything that waits (SLEEP, locks) more than now and then are read.
 const cpuMinEstimate = time.Millisecond
 
 // start returns the thread's CPU time at the start of a statement: the
@@ -178,6 +180,10 @@ func (r *cpuReader) end() (time.Duration, bool) {
 // stale notes that something ran on the thread outside a measured
 // statement (a policy query, a statement charged wall time).
 func (r *cpuReader) stale() { r.lastOK = false }
+
+// readable says the session's backend thread's CPU can be read: CPU-true
+// RU is in force for it.
+func (r *cpuReader) readable() bool { return r.f != nil }
 
 // open finds the session's backend thread, once per session: its id from
 // the backend, then its schedstat file, which must belong to a local

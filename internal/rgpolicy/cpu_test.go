@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/ru"
 )
 
 // fakeProc builds a proc tree: this process (self/stat), a mariadbd with
@@ -192,5 +194,61 @@ func TestCPUReaderReusesTheLastEnd(t *testing.T) {
 	r.stale() // a policy query ran
 	if s, _ := r.start(); s != 7000 {
 		t.Fatalf("start after stale %v, want a fresh 7000", s)
+	}
+}
+
+// With CPU-true RU in force, a new shape's statements are charged the
+// CPU the backend thread spent; once the shape is short its CPU goes
+// unread and it is charged its wall time, but never more than
+// cpuMinEstimate: a 30 ms stall of a point select is not CPU.
+func TestPolicyChargesShortShapesCappedWallTime(t *testing.T) {
+	root := fakeProc(t)
+	setCPU := func(ns int) {
+		body := strconv.Itoa(ns) + " 0 0\n"
+		if err := os.WriteFile(filepath.Join(root, "123", "schedstat"), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setCPU(1_000_000)
+	tok := testGroups()
+	p, err := New(Config{Tokens: tok, Settings: Settings{MaxWait: time.Second}, CPU: CPUProc, ProcRoot: root,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := &threadBackend{tid: "123", handling: "one-thread-per-connection"}
+	s := p.Open(mysqlproto.SessionInfo{User: "nobody"}).(*session)
+	defer s.Event(mysqlproto.EventClose, mysqlproto.SessionInfo{})
+	cpu := 1_000_000
+	run := func(wall, used time.Duration) float64 {
+		t.Helper()
+		st := query("SELECT c FROM t WHERE id = 7")
+		if v := s.Before(context.Background(), st, be); v.Reply != nil {
+			t.Fatal(v.Reply.Err)
+		}
+		cpu += int(used)
+		setCPU(cpu)
+		s.After(st, &mysqlproto.Outcome{BackendTime: wall})
+		return s.last.cost.RRU
+	}
+	// RRU of a point select: the base cost plus 1/3 RU per CPU ms.
+	base := ru.DefaultConfig().BeforeCost(ru.RequestInfo{Class: ru.ClassRead}).RRU
+	cpuRU := func(d time.Duration) float64 { return base + float64(d)/float64(time.Millisecond)/3 }
+	steps := []struct {
+		name       string
+		wall, used time.Duration
+		want       float64
+	}{
+		{"new shape: its CPU is read", 300 * time.Microsecond, 90 * time.Microsecond, cpuRU(90 * time.Microsecond)},
+		{"short now: wall time", 300 * time.Microsecond, 90 * time.Microsecond, cpuRU(300 * time.Microsecond)},
+		{"a stall: capped", 30 * time.Millisecond, 90 * time.Microsecond, cpuRU(time.Millisecond)},
+	}
+	for _, st := range steps {
+		if got := run(st.wall, st.used); !near(got, st.want) {
+			t.Fatalf("%s: %.4f RRU, want %.4f", st.name, got, st.want)
+		}
+	}
+	if got := p.CPUSourceInForce(); got != "proc" {
+		t.Fatalf("CPU source %s, want proc", got)
 	}
 }

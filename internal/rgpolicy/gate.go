@@ -47,18 +47,21 @@ func (g *gate) fitsLocked(n float64) bool {
 
 // acquire waits until a statement estimated at n RU may run under bound
 // and maxConc (0: no cap), at most maxWait (on clk), or until ctx ends.
-func (g *gate) acquire(ctx context.Context, clk clock.Clock, n, bound float64, maxConc int, maxWait time.Duration) error {
+// It returns how long it waited: 0, without reading the clock, when the
+// statement entered at once.
+func (g *gate) acquire(ctx context.Context, clk clock.Clock, n, bound float64, maxConc int, maxWait time.Duration) (time.Duration, error) {
 	g.mu.Lock()
 	g.bound, g.maxConc = bound, maxConc
 	if len(g.waiters) == 0 && g.fitsLocked(n) {
 		g.admitLocked(n)
 		g.mu.Unlock()
-		return nil
+		return 0, nil
 	}
 	if maxWait <= 0 {
 		g.mu.Unlock()
-		return errGateTimeout
+		return 0, errGateTimeout
 	}
+	start := clk.Now()
 	w := &gateWaiter{ru: n, ready: make(chan struct{})}
 	g.waiters = append(g.waiters, w)
 	g.mu.Unlock()
@@ -67,7 +70,7 @@ func (g *gate) acquire(ctx context.Context, clk clock.Clock, n, bound float64, m
 	var err error
 	select {
 	case <-w.ready:
-		return nil
+		return clk.Now().Sub(start), nil
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-t.C():
@@ -75,16 +78,17 @@ func (g *gate) acquire(ctx context.Context, clk clock.Clock, n, bound float64, m
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	waited := clk.Now().Sub(start)
 	for i, x := range g.waiters {
 		if x == w {
 			g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
 			g.wakeLocked() // the ones behind it may fit now
-			return err
+			return waited, err
 		}
 	}
 	// Admitted as it gave up: give the place back.
 	g.releaseLocked(n)
-	return err
+	return waited, err
 }
 
 // force admits a statement at once, over the bound if need be (inside a
@@ -175,7 +179,7 @@ func (gs *gates) get(group string) *gate {
 // that it would have waited; MODE OFF is not bounded at all.
 func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Settings, cooldown bool) *mysqlproto.Reply {
 	cur := &s.cur
-	g, _ := s.p.tokens.Group(cur.group)
+	g, _ := s.group(cur.group)
 	if endsTxn(st) {
 		return nil
 	}
@@ -190,16 +194,15 @@ func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Sett
 			maxWait = set.MaxWaitInTxn
 		}
 		n := cur.prepaid.RU()
-		gt := s.p.gates.get(cur.group)
+		gt := s.gate(cur.group)
 		if sh.Mode == resourcegroup.ModeWarn {
 			if gt.force(n, sh.MaxConcurrency) && cur.would == "" {
 				cur.would = "wait (MAX_CONCURRENCY)"
 				s.p.metrics.wouldWait(cur.group, 0)
 			}
 		} else {
-			start := s.p.clk.Now()
-			err := gt.acquire(ctx, s.p.clk, n, bound, sh.MaxConcurrency, maxWait-cur.waited)
-			cur.waited += s.p.clk.Now().Sub(start)
+			waited, err := gt.acquire(ctx, s.p.clk, n, bound, sh.MaxConcurrency, maxWait-cur.waited)
+			cur.waited += waited
 			switch {
 			case err == nil:
 			case ctx.Err() != nil:

@@ -34,7 +34,7 @@ func TestGateBoundsWhatIsInFlight(t *testing.T) {
 	g := &gate{}
 	// Bound 100 RU: two 45 RU statements run together, a third waits.
 	for range 2 {
-		if err := g.acquire(ctx, clk, 45, 100, 0, time.Second); err != nil {
+		if err := enter(g, ctx, clk, 45, 100, 0, time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -42,11 +42,11 @@ func TestGateBoundsWhatIsInFlight(t *testing.T) {
 		t.Fatal(got)
 	}
 	done := make(chan error, 1)
-	go func() { done <- g.acquire(ctx, clk, 45, 100, 0, time.Second) }()
+	go func() { done <- enter(g, ctx, clk, 45, 100, 0, time.Second) }()
 	waitGate(t, g, 1)
 	// A light statement queues behind it: first come, first served.
 	light := make(chan error, 1)
-	go func() { light <- g.acquire(ctx, clk, 1, 100, 0, time.Second) }()
+	go func() { light <- enter(g, ctx, clk, 1, 100, 0, time.Second) }()
 	waitGate(t, g, 2)
 	g.release(45)
 	if err := <-done; err != nil {
@@ -70,14 +70,14 @@ func TestGateHeavierThanTheBoundRunsAlone(t *testing.T) {
 	clk := clock.NewFake()
 	ctx := context.Background()
 	g := &gate{}
-	if err := g.acquire(ctx, clk, 500, 100, 0, 0); err != nil {
+	if err := enter(g, ctx, clk, 500, 100, 0, 0); err != nil {
 		t.Fatalf("alone, a statement over the bound must run: %v", err)
 	}
-	if err := g.acquire(ctx, clk, 1, 100, 0, 0); !errors.Is(err, errGateTimeout) {
+	if err := enter(g, ctx, clk, 1, 100, 0, 0); !errors.Is(err, errGateTimeout) {
 		t.Fatalf("beside it nothing runs: %v", err)
 	}
 	g.release(500)
-	if err := g.acquire(ctx, clk, 1, 100, 0, 0); err != nil {
+	if err := enter(g, ctx, clk, 1, 100, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -85,18 +85,18 @@ func TestGateHeavierThanTheBoundRunsAlone(t *testing.T) {
 func TestGateTimeoutAndCancel(t *testing.T) {
 	clk := clock.NewFake()
 	g := &gate{}
-	if err := g.acquire(context.Background(), clk, 80, 100, 0, time.Second); err != nil {
+	if err := enter(g, context.Background(), clk, 80, 100, 0, time.Second); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- g.acquire(context.Background(), clk, 80, 100, 0, time.Second) }()
+	go func() { done <- enter(g, context.Background(), clk, 80, 100, 0, time.Second) }()
 	waitGate(t, g, 1)
 	clk.Advance(time.Second)
 	if err := <-done; !errors.Is(err, errGateTimeout) {
 		t.Fatalf("after its wait: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { done <- g.acquire(ctx, clk, 80, 100, 0, time.Second) }()
+	go func() { done <- enter(g, ctx, clk, 80, 100, 0, time.Second) }()
 	waitGate(t, g, 1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -116,12 +116,12 @@ func TestGateMaxConcurrency(t *testing.T) {
 	g := &gate{}
 	inf := math.Inf(1)
 	for range 2 {
-		if err := g.acquire(ctx, clk, 0.1, inf, 2, time.Second); err != nil {
+		if err := enter(g, ctx, clk, 0.1, inf, 2, time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
 	done := make(chan error, 1)
-	go func() { done <- g.acquire(ctx, clk, 0.1, inf, 2, time.Second) }()
+	go func() { done <- enter(g, ctx, clk, 0.1, inf, 2, time.Second) }()
 	waitGate(t, g, 1)
 	g.release(0.1)
 	if err := <-done; err != nil {
@@ -134,4 +134,10 @@ func TestGateMaxConcurrency(t *testing.T) {
 	if !g.force(0.1, 2) {
 		t.Fatal("a third statement under MAX_CONCURRENCY 2 would not have waited")
 	}
+}
+
+// enter is gate.acquire without the time it waited.
+func enter(g *gate, ctx context.Context, clk clock.Clock, n, bound float64, maxConc int, maxWait time.Duration) error {
+	_, err := g.acquire(ctx, clk, n, bound, maxConc, maxWait)
+	return err
 }

@@ -24,7 +24,7 @@ type metrics struct {
 	wouldRefuse  *prometheus.CounterVec
 
 	mu   sync.Mutex
-	seen map[string]time.Time // groups whose series exist → last statement
+	seen map[string]*groupSeries // groups whose series exist
 	// forgets counts forgetGroup calls: a session that noted a group as
 	// seen before the latest one notes it again, to bring its series back.
 	forgets atomic.Uint64
@@ -32,6 +32,27 @@ type metrics struct {
 
 // statementClasses are the class label values of a group's statements.
 var statementClasses = [...]string{"read", "write", "other", "free"}
+
+// groupSeries are a group's per-statement series, looked up by label once
+// when the group is first seen (or seen again after it was forgotten), so
+// that a statement's charge costs no label hashing. A session keeps the
+// one of its current group. at is guarded by metrics.mu.
+type groupSeries struct {
+	at       time.Time // the group's last statement, as seeGroup was told
+	rru, wru prometheus.Counter
+	stmts    [len(statementClasses)]prometheus.Counter
+}
+
+// classIndex maps a statement class label to its index in
+// statementClasses (free for anything else).
+func classIndex(class string) int {
+	for i, c := range statementClasses {
+		if c == class {
+			return i
+		}
+	}
+	return len(statementClasses) - 1
+}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -63,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rgproxy_would_throttle_total",
 			Help: "Statements of a group in MODE WARN that ENFORCE would have refused with 8252; they ran.",
 		}, []string{"resource_group"}),
-		seen: map[string]time.Time{},
+		seen: map[string]*groupSeries{},
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.ruConsumed, m.groupStatements, m.runaway, m.cpu,
@@ -77,23 +98,28 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 // seeGroup makes a group's series exist at 0, so that rate() counts its
-// first event, and notes that the group was used at now.
-func (m *metrics) seeGroup(group string, now time.Time) {
+// first event, notes that the group was used at now, and returns the
+// group's per-statement series.
+func (m *metrics) seeGroup(group string, now time.Time) *groupSeries {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := m.seen[group]
-	m.seen[group] = now
-	if ok {
-		return
+	if gs, ok := m.seen[group]; ok {
+		gs.at = now
+		return gs
 	}
-	m.ruConsumed.WithLabelValues(group, "rru")
-	m.ruConsumed.WithLabelValues(group, "wru")
-	for _, c := range statementClasses {
-		m.groupStatements.WithLabelValues(group, c)
+	gs := &groupSeries{
+		at:  now,
+		rru: m.ruConsumed.WithLabelValues(group, "rru"),
+		wru: m.ruConsumed.WithLabelValues(group, "wru"),
+	}
+	for i, c := range statementClasses {
+		gs.stmts[i] = m.groupStatements.WithLabelValues(group, c)
 	}
 	m.wouldWaitN.WithLabelValues(group)
 	m.wouldWaitSec.WithLabelValues(group)
 	m.wouldRefuse.WithLabelValues(group)
+	m.seen[group] = gs
+	return gs
 }
 
 // idleGroups returns the groups whose last statement is older than
@@ -102,8 +128,8 @@ func (m *metrics) idleGroups(before time.Time) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
-	for g, at := range m.seen {
-		if at.Before(before) && g != resourcegroup.DefaultGroup {
+	for g, gs := range m.seen {
+		if gs.at.Before(before) && g != resourcegroup.DefaultGroup {
 			out = append(out, g)
 		}
 	}
@@ -141,15 +167,16 @@ func (m *metrics) cpuSource(src CPUSource) {
 	}
 }
 
-// charged records one metered statement's total cost. Counters only go
-// up: a failed write's refund lowers what is charged to the bucket but is
-// not subtracted here (its WRU may be negative in the total).
-func (m *metrics) charged(group, class string, c ru.Consumption) {
+// charged records one metered statement's total cost in its group's
+// series. Counters only go up: a failed write's refund lowers what is
+// charged to the bucket but is not subtracted here (its WRU may be
+// negative in the total). Series forgotten meanwhile are not revived.
+func (gs *groupSeries) charged(class string, c ru.Consumption) {
 	if c.RRU > 0 {
-		m.ruConsumed.WithLabelValues(group, "rru").Add(c.RRU)
+		gs.rru.Add(c.RRU)
 	}
 	if c.WRU > 0 {
-		m.ruConsumed.WithLabelValues(group, "wru").Add(c.WRU)
+		gs.wru.Add(c.WRU)
 	}
-	m.groupStatements.WithLabelValues(group, class).Inc()
+	gs.stmts[classIndex(class)].Inc()
 }

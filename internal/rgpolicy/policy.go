@@ -41,14 +41,19 @@ import (
 // that the policy's decisions are unit-tested without a token server.
 // Implementations must be safe for concurrent use.
 type Tokens interface {
-	AcquireEstimate(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error)
+	// AcquireShare takes cons.RU() of the group's tokens, only the
+	// required part of which can get the statement refused, and returns
+	// the group's share as it stood then (tokenclient.Client.AcquireShare).
+	AcquireShare(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error)
 	Charge(group string, cons ru.Consumption)
 	CountThrottled(group string)
 	HoldDemand(group string, d float64)
 	WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, bool)
-	Share(group string) tokenclient.Share
 	Group(name string) (resourcegroup.Group, bool)
 	Binding(user, host string) (resourcegroup.Binding, bool)
+	// CacheGeneration changes whenever what Group, Binding, HasBindings,
+	// HasTagBindings and TagGroup answer may have changed.
+	CacheGeneration() uint64
 	HasBindings(user string) bool
 	// Tag bindings: HasTagBindings is asked before any comment is parsed.
 	HasTagBindings() bool
@@ -283,6 +288,10 @@ type session struct {
 	seenGroup   string
 	seenAt      time.Time
 	seenForgets uint64
+	// series are seenGroup's per-statement series.
+	series *groupSeries
+	// rt keeps the session's route between statements.
+	rt route
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -302,7 +311,8 @@ type statement struct {
 	cpuOK    bool
 	start    time.Time
 	// short: the statement's shape is known to answer within
-	// cpuMinEstimate; it is charged wall time, its CPU goes unread.
+	// cpuMinEstimate; it is charged wall time up to cpuMinEstimate, its
+	// CPU goes unread.
 	short bool
 	// share is this proxy's share of the group (tokenclient.Share).
 	share tokenclient.Share
@@ -323,6 +333,7 @@ type lastStatement struct {
 
 // Before implements mysqlproto.SessionPolicy.
 func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
+	s.freshRoute()
 	if s.held != 0 {
 		s.p.tokens.HoldDemand(s.heldGroup, -s.held)
 		s.held = 0
@@ -364,7 +375,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		return mysqlproto.Verdict{Reply: r}
 	}
 	if f := s.p.metrics.forgets.Load(); s.cur.group != s.seenGroup || s.cur.start.Sub(s.seenAt) > 10*time.Second || f != s.seenForgets {
-		s.p.metrics.seeGroup(s.cur.group, s.cur.start)
+		s.series = s.p.metrics.seeGroup(s.cur.group, s.cur.start)
 		s.seenGroup, s.seenAt, s.seenForgets = s.cur.group, s.cur.start, f
 	}
 	if refs != nil {
@@ -392,7 +403,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	} else {
 		s.cpu.stale() // charged wall time: the thread's CPU goes unread
 	}
-	g, _ := s.p.tokens.Group(s.cur.group)
+	g, _ := s.group(s.cur.group)
 	s.guard = s.armRunaway(g, st.Query, s.cur.cpuStart, s.cur.cpuOK)
 	return mysqlproto.Verdict{Rewrite: rewrite}
 }
@@ -404,10 +415,15 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	cur := &s.cur
 	var cpu time.Duration
 	cpuOK := false
-	if cur.cpuOK {
+	switch {
+	case cur.cpuOK:
 		if end, ok := s.cpu.end(); ok && end >= cur.cpuStart {
 			cpu, cpuOK = end-cur.cpuStart, true
 		}
+	case cur.short && s.cpu.readable():
+		// Its CPU went unread: wall time, but no more than a short
+		// statement's CPU (cpuMinEstimate).
+		cpu, cpuOK = min(max(out.BackendTime, 0), cpuMinEstimate), true
 	}
 	s.release()
 	res := ru.ResponseInfo{
@@ -443,9 +459,14 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	}
 	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would}
 	if cur.hasShape && !out.NotForwarded { // a statement that never ran teaches nothing
-		s.p.shapes.observe(cur.shape, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, s.p.clk.Now())
+		s.p.shapes.observe(cur.shape, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
 	}
-	s.p.metrics.charged(cur.group, st.Class.String(), total)
+	if s.seenGroup != cur.group { // charge moved the statement to default
+		f := s.p.metrics.forgets.Load()
+		s.series = s.p.metrics.seeGroup(cur.group, cur.start)
+		s.seenGroup, s.seenAt, s.seenForgets = cur.group, cur.start, f
+	}
+	s.series.charged(st.Class.String(), total)
 }
 
 // release frees what the statement in flight holds: its backend
@@ -475,6 +496,7 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		s.setGroup = ""
 		s.super = nil
 		s.host, s.hostKnown = "", false
+		s.rt.boundOK = false
 	case mysqlproto.EventClose:
 		// After runs for every statement Before let through; in case a
 		// path ever misses it, what a statement holds goes with its

@@ -41,22 +41,27 @@ type recordingTokens struct {
 	// tagLookups counts TagGroup calls.
 	tags       map[string]string
 	tagLookups int
+	// gen is CacheGeneration: a test that changes groups, bindings or
+	// tags under a session bumps it, as the Watch does.
+	gen uint64
+	// groupLookups and bindingLookups count Group and Binding calls.
+	groupLookups, bindingLookups int
 }
 
-func (r *recordingTokens) AcquireEstimate(ctx context.Context, group string, c ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error) {
+func (r *recordingTokens) AcquireShare(ctx context.Context, group string, c ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, err
+		return tokenclient.Share{}, 0, err
 	}
 	if _, ok := r.groups[group]; !ok {
-		return 0, tokenclient.ErrUnknownGroup
+		return tokenclient.Share{}, 0, tokenclient.ErrUnknownGroup
 	}
 	r.acquired = append(r.acquired, group+":"+maxWait.String())
 	r.required = append(r.required, required)
 	if r.refuse {
-		return maxWait, tokenclient.ErrThrottled
+		return r.Share(group), maxWait, tokenclient.ErrThrottled
 	}
 	r.ru += c.RU()
-	return 0, nil
+	return r.Share(group), 0, nil
 }
 
 func (r *recordingTokens) CountThrottled(group string) { r.throttled = append(r.throttled, group) }
@@ -84,12 +89,16 @@ func (r *recordingTokens) Charge(group string, c ru.Consumption) {
 	r.ru += c.RU()
 }
 
+func (r *recordingTokens) CacheGeneration() uint64 { return r.gen }
+
 func (r *recordingTokens) Group(name string) (resourcegroup.Group, bool) {
+	r.groupLookups++
 	g, ok := r.groups[name]
 	return g, ok
 }
 
 func (r *recordingTokens) Binding(user, host string) (resourcegroup.Binding, bool) {
+	r.bindingLookups++
 	b, ok := r.bindings[resourcegroup.AccountKey(user, host)]
 	return b, ok
 }

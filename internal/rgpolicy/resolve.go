@@ -28,7 +28,7 @@ func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be
 			// A group that does not exist is ignored, as TiDB does (which
 			// also adds warning 8249; rgproxy cannot add one to the
 			// backend's response).
-			if _, ok := s.p.tokens.Group(h); ok {
+			if _, ok := s.group(h); ok {
 				if !s.mayUse(ctx, h, be, set) {
 					return ""
 				}
@@ -38,7 +38,7 @@ func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be
 		}
 	}
 	if s.setGroup != "" {
-		if _, ok := s.p.tokens.Group(s.setGroup); ok {
+		if _, ok := s.group(s.setGroup); ok {
 			return s.setGroup
 		}
 	}
@@ -82,7 +82,7 @@ func (s *session) tagGroup(sc *mysqlproto.Scan) (string, bool) {
 // binding, else default.
 func (s *session) currentGroup() string {
 	if s.setGroup != "" {
-		if _, ok := s.p.tokens.Group(s.setGroup); ok {
+		if _, ok := s.group(s.setGroup); ok {
 			return s.setGroup
 		}
 	}
@@ -95,12 +95,66 @@ func (s *session) bound() string {
 	if !s.hostKnown {
 		return resourcegroup.DefaultGroup // no account of the user name is bound
 	}
+	if s.rt.boundOK {
+		return s.rt.bound
+	}
+	g := resourcegroup.DefaultGroup
 	if b, ok := s.p.tokens.Binding(s.user, s.host); ok {
-		if _, ok := s.p.tokens.Group(b.Group); ok {
-			return b.Group
+		if _, ok := s.group(b.Group); ok {
+			g = b.Group
 		}
 	}
-	return resourcegroup.DefaultGroup
+	s.rt.bound, s.rt.boundOK = g, true
+	return g
+}
+
+// route is what a session keeps of the token client's cache between
+// statements while its generation (Tokens.CacheGeneration) stays gen:
+// the group its account binding names, and the definition and in-flight
+// gate of the group it last looked up. A statement on the usual route
+// then takes no lock to find its group. The session goroutine alone uses
+// it.
+type route struct {
+	gen     uint64
+	boundOK bool   // bound is known
+	bound   string // the account binding's group, or default
+	name    string // the group def and gate belong to; "" = none yet
+	def     resourcegroup.Group
+	defOK   bool  // the group exists
+	gate    *gate // nil until asked for
+}
+
+// freshRoute forgets the route when the token client's cache changed
+// since the session filled it; Before calls it first.
+func (s *session) freshRoute() {
+	if gen := s.p.tokens.CacheGeneration(); gen != s.rt.gen {
+		s.rt = route{gen: gen}
+	}
+}
+
+// group returns a group's definition: from the route when it names the
+// group, else from the token client, and then the route keeps it. The
+// definition is shared: read it, never change it.
+func (s *session) group(name string) (resourcegroup.Group, bool) {
+	if name != "" && name == s.rt.name {
+		return s.rt.def, s.rt.defOK
+	}
+	g, ok := s.p.tokens.Group(name)
+	s.rt.name, s.rt.def, s.rt.defOK, s.rt.gate = name, g, ok, nil
+	return g, ok
+}
+
+// gate returns the in-flight gate of a group, kept in the route when the
+// route names the group.
+func (s *session) gate(name string) *gate {
+	if name == s.rt.name && s.rt.gate != nil {
+		return s.rt.gate
+	}
+	g := s.p.gates.get(name)
+	if name == s.rt.name {
+		s.rt.gate = g
+	}
+	return g
 }
 
 // learnAccount asks the backend which account it matched at login: the
@@ -109,6 +163,7 @@ func (s *session) bound() string {
 func (s *session) learnAccount(ctx context.Context, be mysqlproto.Backend) {
 	s.cpu.stale()
 	s.host, s.hostKnown = "%", true
+	s.rt.boundOK = false
 	_, rows, err := be.Query(ctx, "SELECT CURRENT_USER()")
 	if err != nil || len(rows) != 1 || len(rows[0]) != 1 || rows[0][0] == nil {
 		s.p.logger.Warn("CURRENT_USER() failed: taking the session for user@'%'", "err", err)

@@ -164,3 +164,49 @@ func TestBindingsTableWithTags(t *testing.T) {
 		t.Errorf("without SUPER:\n got  %q\n want %q", got, want)
 	}
 }
+
+// A session keeps its route — the binding's group, that group's
+// definition — while the token client's cache stays the same generation,
+// so that a statement on the usual route looks nothing up; a change of
+// generation (a Watch event) makes the next statement look again.
+func TestSessionRouteFollowsTheCacheGeneration(t *testing.T) {
+	tok := testGroups()
+	p := newTestPolicy(tok)
+	s := p.Open(mysqlproto.SessionInfo{User: "app"})
+	ctx := context.Background()
+	run := func() string {
+		t.Helper()
+		st := query("SELECT c FROM t WHERE id = 1")
+		if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+			t.Fatalf("answered locally: %+v", v.Reply)
+		}
+		s.After(st, &mysqlproto.Outcome{})
+		return s.(*session).cur.group
+	}
+	for i := range 3 {
+		if g := run(); g != "bound" {
+			t.Fatalf("statement %d charged to %s, want bound", i+1, g)
+		}
+	}
+	if tok.bindingLookups != 1 || tok.groupLookups != 1 {
+		t.Fatalf("3 statements looked up %d bindings and %d groups, want 1 and 1", tok.bindingLookups, tok.groupLookups)
+	}
+	// The binding moves to other: seen once the generation changes.
+	tok.bindings["app@%"] = resourcegroup.Binding{User: "app", Host: "%", Group: "other"}
+	tok.gen++
+	if g := run(); g != "other" {
+		t.Fatalf("after the binding moved: charged to %s, want other", g)
+	}
+	// other is dropped: default.
+	delete(tok.groups, "other")
+	tok.gen++
+	if g := run(); g != "default" {
+		t.Fatalf("after other was dropped: charged to %s, want default", g)
+	}
+	// A new login of another user on the session forgets the route.
+	tok.bindings["ops@%"] = resourcegroup.Binding{User: "ops", Host: "%", Group: "bound"}
+	s.Event(mysqlproto.EventChangeUser, mysqlproto.SessionInfo{User: "ops"})
+	if g := run(); g != "bound" {
+		t.Fatalf("after COM_CHANGE_USER to ops: charged to %s, want bound", g)
+	}
+}

@@ -32,6 +32,9 @@ type shape struct {
 	// fast is a decaying average of "its backend latency was under
 	// cpuMinEstimate": 1 for a shape that always answers at once.
 	fast float64
+	// short: fast rose to fastShare and has not fallen below slowShare
+	// since (shapeEstimate.Short).
+	short bool
 
 	execCount            uint64
 	sumLatency, maxLat   time.Duration
@@ -82,17 +85,22 @@ type shapeEstimate struct {
 	// The decaying averages of RRU, WRU and backend time charged.
 	ru.Consumption
 	// Short: nearly all of its recent executions answered within
-	// cpuMinEstimate of wall time (see fastShare).
+	// cpuMinEstimate of wall time (see fastShare and slowShare).
 	Short bool
 }
 
 // fastShare is the share of a shape's recent executions that must have
-// answered within cpuMinEstimate for the next one to count as short. A
-// latency spike of the machine (tens of ms for a point select on a busy
-// VM) then costs the shape's next two executions a CPU reading instead of
-// the dozen an average of latencies would take to forget it; a shape that
-// waits (SLEEP, locks) is never short, whatever CPU it used.
-const fastShare = 0.8
+// answered within cpuMinEstimate for it to become short; it stays short
+// until that share falls below slowShare. A latency spike of the machine
+// (tens of ms for a point select on a busy VM, now and then under every
+// session at once) then costs a short shape no CPU reading at all, while
+// a shape that turns slow for good (or waits: SLEEP, locks) is read
+// again from its third slow execution; one that was never short is read
+// until four in five of its recent executions were fast.
+const (
+	fastShare = 0.8
+	slowShare = 0.5
+)
 
 // estimate returns what a shape is expected to cost. ok is false for a
 // shape never seen.
@@ -107,7 +115,7 @@ func (t *shapes) estimate(k shapeKey) (shapeEstimate, bool) {
 	sh.touch(s)
 	return shapeEstimate{
 		Consumption: ru.Consumption{RRU: s.estRRU, WRU: s.estWRU, BackendSeconds: s.estBackend},
-		Short:       s.fast >= fastShare,
+		Short:       s.short,
 	}, true
 }
 
@@ -133,6 +141,11 @@ func (t *shapes) observe(k shapeKey, digest []byte, cost ru.Consumption, latency
 	} else {
 		s = sh.add(k, string(digest), now)
 		s.estRRU, s.estWRU, s.estBackend, s.fast = cost.RRU, cost.WRU, cost.BackendSeconds, fast
+	}
+	if s.short {
+		s.short = s.fast >= slowShare
+	} else {
+		s.short = s.fast >= fastShare
 	}
 	s.execCount++
 	s.lastSeen = now

@@ -42,25 +42,37 @@ func TestShapesEstimate(t *testing.T) {
 	}
 }
 
-// A shape is short — charged wall time, its CPU unread — while nearly all
-// its recent executions answered within cpuMinEstimate: one latency spike
-// costs the next two executions a reading, not a dozen; a shape that waits
-// is never short, however little CPU it was charged.
+// A shape is short — charged wall time up to cpuMinEstimate, its CPU
+// unread — once nearly all its recent executions answered within
+// cpuMinEstimate, and it stays short through a spike or two: a busy VM
+// stalls every session's point select now and then, and each such stall
+// must not cost the shape a run of CPU readings. Three slow executions in
+// a row mean it turned slow: it is read again. A shape that waits is
+// never short, however little CPU it was charged.
 func TestShapesShortForgetsASpike(t *testing.T) {
 	now := time.Unix(1000, 0)
 	tab := newShapes(100)
 	point := shapeKey{group: "rg", hash: 1}
 	short := func(k shapeKey) bool { est, _ := tab.estimate(k); return est.Short }
+	const fast, slow = 100 * time.Microsecond, 45 * time.Millisecond
 	steps := []struct {
 		latency time.Duration
 		want    bool
 	}{
-		{100 * time.Microsecond, true},
-		{90 * time.Microsecond, true},
-		{45 * time.Millisecond, false}, // the VM stalled this one
-		{100 * time.Microsecond, false},
-		{100 * time.Microsecond, true},
-		{100 * time.Microsecond, true},
+		{fast, true},
+		{fast, true},
+		{slow, true}, // the VM stalled this one
+		{fast, true},
+		{slow, true}, // and this one
+		{fast, true},
+		{fast, true},
+		{slow, true}, // it turns slow for good:
+		{slow, false},
+		{slow, false},
+		{fast, false}, // and fast again: read until 4 in 5 were fast
+		{fast, false},
+		{fast, false},
+		{fast, true},
 	}
 	for i, st := range steps {
 		tab.observe(point, []byte("SELECT c FROM t WHERE id = ?"), ru.Consumption{RRU: 0.6, BackendSeconds: st.latency.Seconds()}, st.latency, 0, false, now)
