@@ -338,8 +338,12 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		s.p.tokens.HoldDemand(s.heldGroup, -s.held)
 		s.held = 0
 	}
-	if !s.hostKnown && s.p.tokens.HasBindings(s.user) {
-		s.learnAccount(ctx, be)
+	if !s.hostKnown && !s.rt.unbound {
+		if s.p.tokens.HasBindings(s.user) {
+			s.learnAccount(ctx, be)
+		} else {
+			s.rt.unbound = true
+		}
 	}
 	if s.notes != nil {
 		if v, ok := s.showNotes(st); ok {
@@ -496,7 +500,7 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		s.setGroup = ""
 		s.super = nil
 		s.host, s.hostKnown = "", false
-		s.rt.boundOK = false
+		s.rt.boundOK, s.rt.unbound = false, false
 	case mysqlproto.EventClose:
 		// After runs for every statement Before let through; in case a
 		// path ever misses it, what a statement holds goes with its

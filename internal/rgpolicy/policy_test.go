@@ -44,8 +44,9 @@ type recordingTokens struct {
 	// gen is CacheGeneration: a test that changes groups, bindings or
 	// tags under a session bumps it, as the Watch does.
 	gen uint64
-	// groupLookups and bindingLookups count Group and Binding calls.
-	groupLookups, bindingLookups int
+	// groupLookups, bindingLookups and hasBindingsLookups count Group,
+	// Binding and HasBindings calls.
+	groupLookups, bindingLookups, hasBindingsLookups int
 }
 
 func (r *recordingTokens) AcquireShare(ctx context.Context, group string, c ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
@@ -104,6 +105,7 @@ func (r *recordingTokens) Binding(user, host string) (resourcegroup.Binding, boo
 }
 
 func (r *recordingTokens) HasBindings(user string) bool {
+	r.hasBindingsLookups++
 	for _, b := range r.bindings {
 		if b.User == user {
 			return true

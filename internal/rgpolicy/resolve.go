@@ -110,12 +110,16 @@ func (s *session) bound() string {
 
 // route is what a session keeps of the token client's cache between
 // statements while its generation (Tokens.CacheGeneration) stays gen:
-// the group its account binding names, and the definition and in-flight
+// whether its user name has any binding, the group its account binding
+// names, and the definition and in-flight
 // gate of the group it last looked up. A statement on the usual route
 // then takes no lock to find its group. The session goroutine alone uses
 // it.
 type route struct {
-	gen     uint64
+	gen uint64
+	// unbound: no account of the session's user name is bound, so the
+	// session need not ask the backend which account it is.
+	unbound bool
 	boundOK bool   // bound is known
 	bound   string // the account binding's group, or default
 	name    string // the group def and gate belong to; "" = none yet

@@ -209,4 +209,20 @@ func TestSessionRouteFollowsTheCacheGeneration(t *testing.T) {
 	if g := run(); g != "bound" {
 		t.Fatalf("after COM_CHANGE_USER to ops: charged to %s, want bound", g)
 	}
+	// A user with no binding asks whether it has one once per generation.
+	s.Event(mysqlproto.EventChangeUser, mysqlproto.SessionInfo{User: "nobody"})
+	asked := tok.hasBindingsLookups
+	for range 3 {
+		if g := run(); g != "default" {
+			t.Fatalf("unbound user charged to %s, want default", g)
+		}
+	}
+	if n := tok.hasBindingsLookups - asked; n != 1 {
+		t.Fatalf("3 statements of an unbound user asked HasBindings %d times, want 1", n)
+	}
+	tok.bindings["nobody@%"] = resourcegroup.Binding{User: "nobody", Host: "%", Group: "bound"}
+	tok.gen++
+	if g := run(); g != "bound" {
+		t.Fatalf("after nobody was bound: charged to %s, want bound", g)
+	}
 }
