@@ -74,8 +74,10 @@ func (w *backendWatch) add(ss *session) {
 	}
 }
 
-// remove stops routing events to session id. The kernel drops the socket
-// from the epoll set when the socket closes.
+// remove stops routing events to session id: when it returns, the watch
+// is not inside the session's backendClosed and will not call it again
+// (backendUnreachable relies on that to own its client's deadline). The
+// kernel drops the socket from the epoll set when the socket closes.
 func (w *backendWatch) remove(id uint64) {
 	if w == nil {
 		return
@@ -111,12 +113,13 @@ func (w *backendWatch) run() {
 		}
 		for _, ev := range events[:n] {
 			id := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+			// Under mu, so that remove is a barrier: once it returns, the
+			// session's client deadline is its own again.
 			w.mu.Lock()
-			ss := w.sessions[id]
-			w.mu.Unlock()
-			if ss != nil {
+			if ss := w.sessions[id]; ss != nil {
 				ss.backendClosed()
 			}
+			w.mu.Unlock()
 		}
 	}
 }
