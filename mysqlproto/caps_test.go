@@ -191,20 +191,12 @@ func attrBlock(attrs ...attr) []byte {
 
 func lenencStr(s string) []byte { return appendLenencString(nil, s) }
 
-// scriptedBackend serves one connection with greeting, takes the login
-// with an OK, then hands each command to answer until COM_QUIT.
+// scriptedBackend serves each connection (one at a time) with greeting,
+// takes the login with an OK, then hands each command to answer until
+// COM_QUIT.
 func scriptedBackend(tb testing.TB, greeting []byte, answer func(cmd []byte, r *backendReply)) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
+	ln := serveTCP(tb, func(c net.Conn) {
 		defer c.Close()
 		br, bw := bufio.NewReader(c), bufio.NewWriter(c)
 		_, _ = writeMessage(bw, 0, greeting)
@@ -214,6 +206,7 @@ func scriptedBackend(tb testing.TB, greeting []byte, answer func(cmd []byte, r *
 			_ = bw.Flush()
 		}
 		var cmd []byte
+		var err error
 		r := &backendReply{bw: bw}
 		for {
 			if cmd, _, err = readMessage(br, cmd, 1<<24); err != nil || len(cmd) == 0 || cmd[0] == mysql.COM_QUIT {
@@ -222,7 +215,7 @@ func scriptedBackend(tb testing.TB, greeting []byte, answer func(cmd []byte, r *
 			r.seq = 1
 			answer(cmd, r)
 		}
-	}()
+	})
 	return ln.Addr().String()
 }
 
