@@ -379,8 +379,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		return mysqlproto.Verdict{Reply: r}
 	}
 	if f := s.p.metrics.forgets.Load(); s.cur.group != s.seenGroup || s.cur.start.Sub(s.seenAt) > 10*time.Second || f != s.seenForgets {
-		s.series = s.p.metrics.seeGroup(s.cur.group, s.cur.start)
-		s.seenGroup, s.seenAt, s.seenForgets = s.cur.group, s.cur.start, f
+		s.see(s.cur.group, s.cur.start, f)
 	}
 	if refs != nil {
 		var err error
@@ -466,11 +465,16 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		s.p.shapes.observe(cur.shape, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
 	}
 	if s.seenGroup != cur.group { // charge moved the statement to default
-		f := s.p.metrics.forgets.Load()
-		s.series = s.p.metrics.seeGroup(cur.group, cur.start)
-		s.seenGroup, s.seenAt, s.seenForgets = cur.group, cur.start, f
+		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())
 	}
 	s.series.charged(st.Class.String(), total)
+}
+
+// see tells the metrics the session used group at now and keeps its
+// series; forgets is metrics.forgets as read before.
+func (s *session) see(group string, now time.Time, forgets uint64) {
+	s.series = s.p.metrics.seeGroup(group, now)
+	s.seenGroup, s.seenAt, s.seenForgets = group, now, forgets
 }
 
 // release frees what the statement in flight holds: its backend
