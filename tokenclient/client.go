@@ -73,6 +73,10 @@ type Client struct {
 	// with the cache so that matching takes no lock.
 	watchIdx atomic.Pointer[watchIndex]
 
+	// purses are the sessions' purses that hold an advance or unrecorded
+	// consumption (purse.go).
+	purses map[*Purse]struct{}
+
 	// droppedTokens counts granted tokens a dropGrant failpoint discarded.
 	droppedTokens float64
 
@@ -198,6 +202,7 @@ func New(cfg Config) (*Client, error) {
 		groups:       map[string]*groupState{},
 		droppedAt:    map[string]time.Time{},
 		outstanding:  map[uint64]*sentRequest{},
+		purses:       map[*Purse]struct{}{},
 		cache:        newSnapshot(),
 		cacheChanged: make(chan struct{}),
 		lostAt:       cfg.Clock.Now(),
@@ -229,10 +234,11 @@ func (c *Client) Start(ctx context.Context) error {
 	c.mu.Unlock()
 
 	first := make(chan error, 1)
-	c.wg.Add(3)
+	c.wg.Add(4)
 	go func() { defer c.wg.Done(); c.watchLoop(runCtx, first) }()
 	go func() { defer c.wg.Done(); c.tokenLoop(runCtx) }()
 	go func() { defer c.wg.Done(); c.expireLoop(runCtx) }()
+	go func() { defer c.wg.Done(); c.purseLoop(runCtx) }()
 	if c.cfg.CacheDir != "" {
 		c.wg.Add(1)
 		go func() { defer c.wg.Done(); c.saveLoop(runCtx) }()
@@ -275,6 +281,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	cancel := c.cancel
 	connected := c.connected
+	c.sweepPursesLocked(c.clk.Now(), true) // the final report holds what purses spent
 	c.mu.Unlock()
 	if cancel != nil {
 		if connected {
@@ -327,26 +334,28 @@ func (c *Client) Acquire(ctx context.Context, group string, cons ru.Consumption,
 // repay: an estimate never refuses a statement that its required cost
 // alone would have run.
 func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, error) {
-	return c.acquire(ctx, group, cons, required, maxWait, nil)
-}
-
-// AcquireShare is AcquireEstimate that also returns the group's Share as
-// it stood when the statement got its tokens or was refused (ErrThrottled),
-// read under the same lock: the policy needs both for every statement.
-func (c *Client) AcquireShare(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (Share, time.Duration, error) {
-	var sh Share
-	waited, err := c.acquire(ctx, group, cons, required, maxWait, &sh)
-	return sh, waited, err
+	return c.acquire(ctx, group, cons, required, maxWait, nil, nil)
 }
 
 // acquire is AcquireEstimate; when share is not nil it is set as
-// AcquireShare returns it.
-func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration, share *Share) (time.Duration, error) {
+// AcquireShare returns it; p, when not nil, is settled and may be filled
+// (AcquireShare).
+func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration, share *Share, p *Purse) (time.Duration, error) {
+	named := group
 	group = resourcegroup.NormalizeName(group)
 	n := max(cons.RU(), 0)
 	required = min(max(required, 0), n)
 	start := c.clk.Now()
 	c.mu.Lock()
+	if p != nil && p.listed {
+		// The purse could not serve the statement: what it spent is
+		// recorded, what is left goes back, before the bucket is asked.
+		p.mu.Lock()
+		c.settlePurseLocked(p, start, true)
+		p.mu.Unlock()
+		delete(c.purses, p)
+		p.listed = false
+	}
 	gs := c.useLocked(group, start)
 	// me is this statement's place in gs.queue once it had to wait: the
 	// group's waiting statements take their tokens in arrival order, so
@@ -403,8 +412,14 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 			if c.groups[group] == gs { // a forgotten group's series stay deleted
 				gs.waitObs.Observe(waited.Seconds())
 			}
-			if share != nil {
-				*share = c.shareLocked(group)
+			if share != nil || p != nil {
+				sh := c.shareLocked(group)
+				if share != nil {
+					*share = sh
+				}
+				if p != nil && wait == 0 && waited == 0 {
+					c.fillPurseLocked(p, gs, named, now, n, sh)
+				}
 			}
 			c.mu.Unlock()
 			return waited, nil

@@ -918,7 +918,7 @@ func TestAcquireShareAndChargeAllocateNothing(t *testing.T) {
 	ctx := context.Background()
 	cons := ru.Consumption{RRU: 0.7}
 	run := func() {
-		if _, _, err := c.AcquireShare(ctx, resourcegroup.DefaultGroup, cons, 0.625, time.Second); err != nil {
+		if _, _, err := c.AcquireShare(ctx, nil, resourcegroup.DefaultGroup, cons, 0.625, time.Second); err != nil {
 			t.Fatal(err)
 		}
 		c.Charge(resourcegroup.DefaultGroup, ru.Consumption{RRU: 0.05})

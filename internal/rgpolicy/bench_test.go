@@ -19,11 +19,13 @@ type benchTokens struct {
 	recordingTokens
 }
 
-func (b *benchTokens) AcquireShare(context.Context, string, ru.Consumption, float64, time.Duration) (tokenclient.Share, time.Duration, error) {
+func (b *benchTokens) AcquireShare(context.Context, *tokenclient.Purse, string, ru.Consumption, float64, time.Duration) (tokenclient.Share, time.Duration, error) {
 	return tokenclient.Share{Rate: 1e5, BurstSeconds: 1, Proxies: 1}, 0, nil
 }
 
 func (b *benchTokens) Charge(string, ru.Consumption) {}
+
+func (b *benchTokens) ChargePurse(*tokenclient.Purse, string, ru.Consumption) {}
 
 // newPointSelect returns a bound user's session and a point select with
 // its outcome, on benchTokens.

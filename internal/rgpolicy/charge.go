@@ -42,13 +42,13 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	if st.InTransaction {
 		maxWait = set.MaxWaitInTxn
 	}
-	share, waited, err := s.p.tokens.AcquireShare(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
+	share, waited, err := s.p.tokens.AcquireShare(ctx, &s.purse, cur.group, cur.prepaid, cur.before.RU(), maxWait)
 	if errors.Is(err, tokenclient.ErrUnknownGroup) && cur.group != resourcegroup.DefaultGroup {
 		// Dropped under us: the session falls back to default.
 		cur.group = resourcegroup.DefaultGroup
 		cur.shape.group = cur.group
 		s.estimate()
-		share, waited, err = s.p.tokens.AcquireShare(ctx, cur.group, cur.prepaid, cur.before.RU(), maxWait)
+		share, waited, err = s.p.tokens.AcquireShare(ctx, &s.purse, cur.group, cur.prepaid, cur.before.RU(), maxWait)
 	}
 	cur.share, cur.waited = share, waited
 	if share.Mode == resourcegroup.ModeWarn && (err == nil || errors.Is(err, tokenclient.ErrThrottled)) {

@@ -43,9 +43,15 @@ import (
 type Tokens interface {
 	// AcquireShare takes cons.RU() of the group's tokens, only the
 	// required part of which can get the statement refused, and returns
-	// the group's share as it stood then (tokenclient.Client.AcquireShare).
-	AcquireShare(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error)
+	// the group's share as it stood then; from the session's purse when
+	// it can (tokenclient.Client.AcquireShare).
+	AcquireShare(ctx context.Context, p *tokenclient.Purse, group string, cons ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error)
 	Charge(group string, cons ru.Consumption)
+	// ChargePurse is Charge that settles in the session's purse when it
+	// can; ReturnPurse gives what the purse holds back when the session
+	// ends.
+	ChargePurse(p *tokenclient.Purse, group string, cons ru.Consumption)
+	ReturnPurse(p *tokenclient.Purse)
 	CountThrottled(group string)
 	HoldDemand(group string, d float64)
 	WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, bool)
@@ -292,6 +298,9 @@ type session struct {
 	series *groupSeries
 	// rt keeps the session's route between statements.
 	rt route
+	// purse is the session's advance on its group's tokens
+	// (tokenclient.Purse).
+	purse tokenclient.Purse
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -450,7 +459,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		settle := total
 		settle.Sub(cur.prepaid)
 		if !settle.IsZero() {
-			s.p.tokens.Charge(cur.group, settle)
+			s.p.tokens.ChargePurse(&s.purse, cur.group, settle)
 		}
 	} else {
 		extra := cur.prepaid
@@ -514,6 +523,7 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		s.guard.disarm()
 		s.guard = nil
 		s.cpu.close()
+		s.p.tokens.ReturnPurse(&s.purse)
 		if s.held != 0 {
 			s.p.tokens.HoldDemand(s.heldGroup, -s.held)
 			s.held = 0

@@ -47,9 +47,11 @@ type recordingTokens struct {
 	// groupLookups, bindingLookups and hasBindingsLookups count Group,
 	// Binding and HasBindings calls.
 	groupLookups, bindingLookups, hasBindingsLookups int
+	// pursesReturned counts ReturnPurse calls.
+	pursesReturned int
 }
 
-func (r *recordingTokens) AcquireShare(ctx context.Context, group string, c ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
+func (r *recordingTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse, group string, c ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return tokenclient.Share{}, 0, err
 	}
@@ -89,6 +91,13 @@ func (r *recordingTokens) Charge(group string, c ru.Consumption) {
 	r.amounts = append(r.amounts, c.RU())
 	r.ru += c.RU()
 }
+
+// ChargePurse records as Charge does: recordingTokens keeps no purses.
+func (r *recordingTokens) ChargePurse(_ *tokenclient.Purse, group string, c ru.Consumption) {
+	r.Charge(group, c)
+}
+
+func (r *recordingTokens) ReturnPurse(*tokenclient.Purse) { r.pursesReturned++ }
 
 func (r *recordingTokens) CacheGeneration() uint64 { return r.gen }
 
@@ -345,8 +354,12 @@ func TestPolicyCommitSkipsConcurrencyCapAndCloseReleases(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("an in-transaction statement waited for the cap past --max-wait-in-txn")
 	}
-	// a's session ends without After: its slot comes back.
+	// a's session ends without After: its slot comes back, and its purse
+	// goes back to the token client.
 	a.Event(mysqlproto.EventClose, mysqlproto.SessionInfo{})
+	if tok.pursesReturned != 1 {
+		t.Fatalf("%d purses returned at the session's end, want 1", tok.pursesReturned)
+	}
 	shortCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if v := b.Before(shortCtx, query("SELECT 2"), plainGrants); v.Reply != nil {

@@ -1,0 +1,261 @@
+package tokenclient
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
+)
+
+// grantTokens gives group n tokens at once, at a standing fill of rate.
+func grantTokens(t *testing.T, c *Client, group string, n, rate float64) {
+	t.Helper()
+	wantTokens(c, group)
+	req := build(c, false)
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: group, Tokens: n, FillRate: rate, Proxies: 1, RuPerSec: uint64(rate)}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pendingOf is the consumption of group not yet reported to rgserver.
+func pendingOf(c *Client, group string) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.groups[group].pending.RU()
+}
+
+func sweep(c *Client) {
+	c.mu.Lock()
+	c.sweepPursesLocked(c.clk.Now(), false)
+	c.mu.Unlock()
+}
+
+func purses(c *Client) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.purses)
+}
+
+// A session's statements run from an advance while the bucket holds
+// plenty: the bucket is touched once per purseStatements statements, what
+// they spent is recorded at the sweep, and an unused advance goes back,
+// so that the bucket ends where it would have without the purse.
+func TestPurseServesStatementsFromAnAdvance(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	ctx := context.Background()
+	// A standing fill of 0 keeps the bucket's arithmetic exact.
+	grantTokens(t, c, "a", 10000, 0)
+	start, pending0 := tokensOf(c, "a"), pendingOf(c, "a")
+	var p Purse
+	acquire := func(n float64) {
+		t.Helper()
+		if _, waited, err := c.AcquireShare(ctx, &p, "a", rruOf(n), n, time.Second); err != nil || waited != 0 {
+			t.Fatalf("AcquireShare: waited %v, %v", waited, err)
+		}
+	}
+	steps := []struct {
+		do         func()
+		bucket     float64 // tokens in the bucket after the step
+		pending    float64 // RU recorded since the start
+		purse      string
+		purseCount int // purses the client sweeps
+	}{
+		// The first statement takes its tokens and an advance for 31 more.
+		{func() { acquire(1) }, start - 32, 1, "purse a: tokens=31.00 for 31 statements, unrecorded=0.00 RU", 1},
+		// Ten more come from the purse: the bucket does not move.
+		{func() {
+			for range 10 {
+				acquire(1)
+			}
+		}, start - 32, 1, "purse a: tokens=21.00 for 21 statements, unrecorded=10.00 RU", 1},
+		// A small settlement and a refund stay in the purse ...
+		{func() { c.ChargePurse(&p, "a", rruOf(0.5)) }, start - 32, 1, "purse a: tokens=20.50 for 21 statements, unrecorded=10.50 RU", 1},
+		{func() { c.ChargePurse(&p, "a", rruOf(-1)) }, start - 32, 1, "purse a: tokens=21.50 for 21 statements, unrecorded=9.50 RU", 1},
+		// ... a refund past the advance goes to the bucket.
+		{func() { c.ChargePurse(&p, "a", rruOf(-20)) }, start - 12, -19, "purse a: tokens=21.50 for 21 statements, unrecorded=9.50 RU", 1},
+		// The sweep records what the purse spent; it was used, so it keeps
+		// its advance.
+		{func() { sweep(c) }, start - 12, -9.5, "purse a: tokens=21.50 for 21 statements, unrecorded=0.00 RU", 1},
+		// Unused since: the next sweep gives the advance back.
+		{func() { sweep(c) }, start + 9.5, -9.5, "purse: empty", 0},
+		// The next statement, twice as dear, takes an advance of 31 times
+		// its cost.
+		{func() { acquire(2) }, start - 54.5, -7.5, "purse a: tokens=62.00 for 31 statements, unrecorded=0.00 RU", 1},
+		// The advance serves 31 statements; the 32nd records them and
+		// takes the next one.
+		{func() {
+			for range purseStatements - 1 {
+				acquire(2)
+			}
+		}, start - 54.5, -7.5, "purse a: tokens=0.00 for 0 statements, unrecorded=62.00 RU", 1},
+		{func() { acquire(2) }, start - 118.5, 56.5, "purse a: tokens=62.00 for 31 statements, unrecorded=0.00 RU", 1},
+		// The session ends: the bucket is where 56.5 RU of statements leave it.
+		{func() { c.ReturnPurse(&p) }, start - 56.5, 56.5, "purse: empty", 0},
+	}
+	for i, st := range steps {
+		st.do()
+		if got := tokensOf(c, "a"); !near(got, st.bucket) {
+			t.Fatalf("step %d: bucket %v, want %v", i, got, st.bucket)
+		}
+		if got := pendingOf(c, "a") - pending0; !near(got, st.pending) {
+			t.Fatalf("step %d: recorded %v, want %v", i, got, st.pending)
+		}
+		if got := p.String(); got != st.purse {
+			t.Fatalf("step %d: %s, want %s", i, got, st.purse)
+		}
+		if got := purses(c); got != st.purseCount {
+			t.Fatalf("step %d: %d purses, want %d", i, got, st.purseCount)
+		}
+	}
+}
+
+// No advance while the bucket could not spare it: a group near its limit
+// is served statement by statement in arrival order, as without a purse.
+// A change of the cache ends an advance.
+func TestPurseOnlyWhenTheBucketSparesIt(t *testing.T) {
+	ctx := context.Background()
+	t.Run("low bucket", func(t *testing.T) {
+		c, _ := newTestClient(t, nil)
+		grantTokens(t, c, "a", 100, 0) // less than 64 advances of 31 RU
+		var p Purse
+		if _, _, err := c.AcquireShare(ctx, &p, "a", rruOf(1), 1, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.String(); got != "purse: empty" {
+			t.Fatalf("%s, want an empty purse", got)
+		}
+		if got := tokensOf(c, "a"); !near(got, 99) {
+			t.Fatalf("bucket %v, want 99", got)
+		}
+	})
+	t.Run("another group", func(t *testing.T) {
+		c, _ := newTestClient(t, nil)
+		grantTokens(t, c, "a", 10000, 0)
+		grantTokens(t, c, "b", 10000, 0)
+		a, b := tokensOf(c, "a"), tokensOf(c, "b")
+		var p Purse
+		for _, g := range []string{"a", "b"} {
+			if _, _, err := c.AcquireShare(ctx, &p, g, rruOf(1), 1, time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// a's advance went back when b's statement came.
+		if got := tokensOf(c, "a"); !near(got, a-1) {
+			t.Fatalf("a's bucket %v, want %v", got, a-1)
+		}
+		if got := tokensOf(c, "b"); !near(got, b-32) {
+			t.Fatalf("b's bucket %v, want %v", got, b-32)
+		}
+	})
+	t.Run("cache change", func(t *testing.T) {
+		c, _ := newTestClient(t, nil)
+		grantTokens(t, c, "a", 10000, 0)
+		start := tokensOf(c, "a")
+		var p Purse
+		for range 2 {
+			if _, _, err := c.AcquireShare(ctx, &p, "a", rruOf(1), 1, time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.mu.Lock()
+		c.cacheGen.Add(1)
+		c.mu.Unlock()
+		if _, _, err := c.AcquireShare(ctx, &p, "a", rruOf(1), 1, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		// The old advance (30 left) went back, a new one was taken.
+		if got, want := tokensOf(c, "a"), start-3-31; !near(got, want) {
+			t.Fatalf("bucket %v, want %v", got, want)
+		}
+		c.ChargePurse(&p, "a", rruOf(0.5))
+		c.mu.Lock()
+		c.cacheGen.Add(1)
+		c.mu.Unlock()
+		c.ChargePurse(&p, "a", rruOf(0.5)) // goes to the bucket
+		if got, want := tokensOf(c, "a"), start-3-31-0.5; !near(got, want) {
+			t.Fatalf("bucket %v, want %v", got, want)
+		}
+	})
+}
+
+// An unlimited group's purse holds no tokens; it serves its statements
+// and records them at the sweep, waits included in the wait histogram.
+func TestPurseOfAnUnlimitedGroup(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	ctx := context.Background()
+	setGroups(c, resourcegroup.Group{Name: "u", RUPerSec: resourcegroup.Unlimited})
+	var p Purse
+	for range 5 {
+		if _, _, err := c.AcquireShare(ctx, &p, "u", rruOf(3), 3, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := p.String(); got != "purse u: tokens=unlimited for 27 statements, unrecorded=12.00 RU" {
+		t.Fatalf("%s", got)
+	}
+	sweep(c)
+	if got := pendingOf(c, "u"); !near(got, 15) {
+		t.Fatalf("recorded %v, want 15", got)
+	}
+	if got := waitCount(t, c, "u"); got != 5 {
+		t.Fatalf("wait histogram counts %d statements, want 5", got)
+	}
+}
+
+// Close records what the purses spent before its final report.
+func TestCloseSweepsPurses(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	grantTokens(t, c, "a", 10000, 0)
+	pending0 := pendingOf(c, "a")
+	var p Purse
+	for range 3 {
+		if _, _, err := c.AcquireShare(context.Background(), &p, "a", rruOf(1), 1, time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := pendingOf(c, "a") - pending0; !near(got, 3) {
+		t.Fatalf("recorded %v, want 3", got)
+	}
+	if got := p.String(); got != "purse: empty" {
+		t.Fatalf("%s after Close", got)
+	}
+}
+
+// The statements served from a purse allocate nothing.
+func TestPurseAllocatesNothing(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	grantTokens(t, c, "a", 1e9, 0)
+	ctx := context.Background()
+	var p Purse
+	cons := ru.Consumption{RRU: 0.7}
+	run := func() {
+		if _, _, err := c.AcquireShare(ctx, &p, "a", cons, 0.625, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		c.ChargePurse(&p, "a", ru.Consumption{RRU: 0.01})
+	}
+	run()
+	if n := testing.AllocsPerRun(1000, run); n != 0 {
+		t.Fatalf("%v allocations per statement, want 0", n)
+	}
+}
+
+// waitCount is how many statements group's wait histogram counted.
+func waitCount(t *testing.T, c *Client, group string) uint64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.met.wait.WithLabelValues(group).(prometheus.Metric).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
