@@ -102,28 +102,73 @@ const (
 	slowShare = 0.5
 )
 
+// shapeRef is a session's memo of the shape it used last, so that a
+// session repeating a statement finds its shape without hashing the key.
+// The memo is trusted only while the shape still has the key: the table
+// reuses an evicted shape's memory, always in the same shard (the new key
+// falls in the shard that evicted it), so checking under the shard's lock
+// is race-free. The zero value remembers nothing; nil: no memo.
+//
+// The memo also keeps the shape's estimate as the session's last
+// execution of it left it. A short shape is estimated from that copy,
+// without the shard's lock: the shape's entry, which every session running
+// it writes, is then touched once per statement (observe) instead of
+// twice, and a short shape's estimate is a fraction of an RU that one
+// execution more or less hardly moves. Other shapes are always read from
+// the table, so that a heavy shape's estimate includes every session's
+// last execution.
+type shapeRef struct {
+	key shapeKey
+	s   *shape
+	// est is the shape's estimate after the session's last execution of
+	// it; set says it is.
+	est shapeEstimate
+	set bool
+}
+
+// lookup returns k's shape, through ref when it can and setting it. The
+// shard's lock is held.
+func (sh *shapeShard) lookup(k shapeKey, ref *shapeRef) (*shape, bool) {
+	if ref != nil && ref.s != nil && ref.key == k && ref.s.key == k {
+		return ref.s, true
+	}
+	s, ok := sh.m[k]
+	if ok && ref != nil {
+		ref.key, ref.s, ref.est, ref.set = k, s, s.estimate(), true
+	}
+	return s, ok
+}
+
 // estimate returns what a shape is expected to cost. ok is false for a
-// shape never seen.
-func (t *shapes) estimate(k shapeKey) (shapeEstimate, bool) {
+// shape never seen. ref, when not nil, is the caller's memo.
+func (t *shapes) estimate(k shapeKey, ref *shapeRef) (shapeEstimate, bool) {
+	if ref != nil && ref.set && ref.est.Short && ref.key == k {
+		return ref.est, true
+	}
 	sh := t.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	s, ok := sh.m[k]
+	s, ok := sh.lookup(k, ref)
 	if !ok {
 		return shapeEstimate{}, false
 	}
 	sh.touch(s)
+	return s.estimate(), true
+}
+
+// estimate is the shape's estimate; its shard's lock is held.
+func (s *shape) estimate() shapeEstimate {
 	return shapeEstimate{
 		Consumption: ru.Consumption{RRU: s.estRRU, WRU: s.estWRU, BackendSeconds: s.estBackend},
 		Short:       s.short,
-	}, true
+	}
 }
 
 // observe records one execution of a shape: its measured cost, backend
 // time (latency), the time it waited for tokens and admission (queued),
 // and whether it failed. digest is the shape's text, copied only when the
-// shape is new.
-func (t *shapes) observe(k shapeKey, digest []byte, cost ru.Consumption, latency, queued time.Duration, failed bool, now time.Time) {
+// shape is new. ref, when not nil, is the caller's memo.
+func (t *shapes) observe(k shapeKey, ref *shapeRef, digest []byte, cost ru.Consumption, latency, queued time.Duration, failed bool, now time.Time) {
 	sh := t.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -131,7 +176,7 @@ func (t *shapes) observe(k shapeKey, digest []byte, cost ru.Consumption, latency
 	if latency < cpuMinEstimate {
 		fast = 1
 	}
-	s, ok := sh.m[k]
+	s, ok := sh.lookup(k, ref)
 	if ok {
 		sh.touch(s)
 		s.estRRU += estimateWeight * (cost.RRU - s.estRRU)
@@ -159,6 +204,9 @@ func (t *shapes) observe(k shapeKey, digest []byte, cost ru.Consumption, latency
 	s.maxQueued = max(s.maxQueued, queued)
 	if failed {
 		s.sumErrors++
+	}
+	if ref != nil {
+		ref.key, ref.s, ref.est, ref.set = k, s, s.estimate(), true
 	}
 }
 
@@ -271,7 +319,7 @@ func (t *shapes) summary(keep func(group string) bool) []ShapeSummary {
 
 // String shows a shape's estimate on one line, for tests and logs.
 func (t *shapes) String(k shapeKey) string {
-	est, ok := t.estimate(k)
+	est, ok := t.estimate(k, nil)
 	if !ok {
 		return "unknown"
 	}

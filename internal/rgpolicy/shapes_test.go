@@ -15,29 +15,29 @@ func TestShapesEstimate(t *testing.T) {
 	now := time.Unix(1000, 0)
 	k := shapeKey{group: "rg", hash: 42}
 	tab := newShapes(100)
-	if _, ok := tab.estimate(k); ok {
+	if _, ok := tab.estimate(k, nil); ok {
 		t.Fatal("a shape never seen has an estimate")
 	}
 	// Cold start: the first execution is the estimate.
-	tab.observe(k, []byte("SELECT ?"), ru.Consumption{RRU: 50, BackendSeconds: 0.15}, 150*time.Millisecond, 0, false, now)
+	tab.observe(k, nil, []byte("SELECT ?"), ru.Consumption{RRU: 50, BackendSeconds: 0.15}, 150*time.Millisecond, 0, false, now)
 	if got := tab.String(k); got != "rru=50.000 wru=0.000 backend=0.1500s" {
 		t.Fatalf("after one: %s", got)
 	}
 	// Then a decaying average: each execution moves it 30% of the way.
-	tab.observe(k, nil, ru.Consumption{RRU: 100, WRU: 10}, time.Millisecond, 0, false, now)
-	est, _ := tab.estimate(k)
+	tab.observe(k, nil, nil, ru.Consumption{RRU: 100, WRU: 10}, time.Millisecond, 0, false, now)
+	est, _ := tab.estimate(k, nil)
 	if !near(est.RRU, 65) || !near(est.WRU, 3) {
 		t.Fatalf("after two: %+v, want rru 65 wru 3", est)
 	}
 	for range 30 {
-		tab.observe(k, nil, ru.Consumption{RRU: 10}, time.Millisecond, 0, false, now)
+		tab.observe(k, nil, nil, ru.Consumption{RRU: 10}, time.Millisecond, 0, false, now)
 	}
-	est, _ = tab.estimate(k)
+	est, _ = tab.estimate(k, nil)
 	if est.RRU > 10.01 || est.WRU > 0.01 {
 		t.Fatalf("the estimate does not follow a shape that became cheap: %+v", est)
 	}
 	// Groups do not share estimates.
-	if _, ok := tab.estimate(shapeKey{group: "other", hash: 42}); ok {
+	if _, ok := tab.estimate(shapeKey{group: "other", hash: 42}, nil); ok {
 		t.Fatal("another group's shape was estimated")
 	}
 }
@@ -53,7 +53,7 @@ func TestShapesShortForgetsASpike(t *testing.T) {
 	now := time.Unix(1000, 0)
 	tab := newShapes(100)
 	point := shapeKey{group: "rg", hash: 1}
-	short := func(k shapeKey) bool { est, _ := tab.estimate(k); return est.Short }
+	short := func(k shapeKey) bool { est, _ := tab.estimate(k, nil); return est.Short }
 	const fast, slow = 100 * time.Microsecond, 45 * time.Millisecond
 	steps := []struct {
 		latency time.Duration
@@ -75,7 +75,7 @@ func TestShapesShortForgetsASpike(t *testing.T) {
 		{fast, true},
 	}
 	for i, st := range steps {
-		tab.observe(point, []byte("SELECT c FROM t WHERE id = ?"), ru.Consumption{RRU: 0.6, BackendSeconds: st.latency.Seconds()}, st.latency, 0, false, now)
+		tab.observe(point, nil, []byte("SELECT c FROM t WHERE id = ?"), ru.Consumption{RRU: 0.6, BackendSeconds: st.latency.Seconds()}, st.latency, 0, false, now)
 		if got := short(point); got != st.want {
 			t.Fatalf("after execution %d (%v): short %v, want %v", i+1, st.latency, got, st.want)
 		}
@@ -83,7 +83,7 @@ func TestShapesShortForgetsASpike(t *testing.T) {
 	// SELECT SLEEP(1): 1 s of wall time, little CPU. It is read every time.
 	sleep := shapeKey{group: "rg", hash: 2}
 	for i := range 5 {
-		tab.observe(sleep, []byte("SELECT SLEEP(?)"), ru.Consumption{RRU: 0.7, BackendSeconds: 1}, time.Second, 0, false, now)
+		tab.observe(sleep, nil, []byte("SELECT SLEEP(?)"), ru.Consumption{RRU: 0.7, BackendSeconds: 1}, time.Second, 0, false, now)
 		if short(sleep) {
 			t.Fatalf("SLEEP(1) counted short after %d executions", i+1)
 		}
@@ -99,12 +99,12 @@ func TestShapesEvictLeastRecentlyUsed(t *testing.T) {
 	if tab.shard(a) != tab.shard(b) {
 		t.Fatal("test keys must share a shard")
 	}
-	tab.observe(a, []byte("A"), ru.Consumption{RRU: 1}, 0, 0, false, now)
-	tab.observe(b, []byte("B"), ru.Consumption{RRU: 2}, 0, 0, false, now)
-	if _, ok := tab.estimate(a); ok {
+	tab.observe(a, nil, []byte("A"), ru.Consumption{RRU: 1}, 0, 0, false, now)
+	tab.observe(b, nil, []byte("B"), ru.Consumption{RRU: 2}, 0, 0, false, now)
+	if _, ok := tab.estimate(a, nil); ok {
 		t.Fatal("the least recently used shape was kept past the bound")
 	}
-	if est, ok := tab.estimate(b); !ok || est.RRU != 2 {
+	if est, ok := tab.estimate(b, nil); !ok || est.RRU != 2 {
 		t.Fatalf("the new shape: %+v %v", est, ok)
 	}
 	if n := tab.len(); n != 1 {
@@ -113,14 +113,14 @@ func TestShapesEvictLeastRecentlyUsed(t *testing.T) {
 	// With room for two, using a shape keeps it: the other one goes.
 	tab = newShapes(2 * shapeShards)
 	c := shapeKey{group: "g", hash: 1 + 2*shapeShards}
-	tab.observe(a, []byte("A"), ru.Consumption{RRU: 1}, 0, 0, false, now)
-	tab.observe(b, []byte("B"), ru.Consumption{RRU: 2}, 0, 0, false, now)
-	tab.estimate(a) // a is now the most recent
-	tab.observe(c, []byte("C"), ru.Consumption{RRU: 3}, 0, 0, false, now)
-	if _, ok := tab.estimate(b); ok {
+	tab.observe(a, nil, []byte("A"), ru.Consumption{RRU: 1}, 0, 0, false, now)
+	tab.observe(b, nil, []byte("B"), ru.Consumption{RRU: 2}, 0, 0, false, now)
+	tab.estimate(a, nil) // a is now the most recent
+	tab.observe(c, nil, []byte("C"), ru.Consumption{RRU: 3}, 0, 0, false, now)
+	if _, ok := tab.estimate(b, nil); ok {
 		t.Fatal("b should have been evicted")
 	}
-	if _, ok := tab.estimate(a); !ok {
+	if _, ok := tab.estimate(a, nil); !ok {
 		t.Fatal("a was used last and must stay")
 	}
 }
@@ -129,9 +129,9 @@ func TestShapesSummary(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	tab := newShapes(100)
 	k := shapeKey{group: "rg", hash: 0xabc}
-	tab.observe(k, []byte("SELECT * FROM t WHERE id = ?"), ru.Consumption{RRU: 2, WRU: 0}, 10*time.Millisecond, 0, false, t0)
-	tab.observe(k, nil, ru.Consumption{RRU: 4, WRU: 1}, 30*time.Millisecond, 20*time.Millisecond, true, t0.Add(time.Second))
-	tab.observe(shapeKey{group: "other", hash: 1}, []byte("SELECT ?"), ru.Consumption{RRU: 1}, 0, 0, false, t0)
+	tab.observe(k, nil, []byte("SELECT * FROM t WHERE id = ?"), ru.Consumption{RRU: 2, WRU: 0}, 10*time.Millisecond, 0, false, t0)
+	tab.observe(k, nil, nil, ru.Consumption{RRU: 4, WRU: 1}, 30*time.Millisecond, 20*time.Millisecond, true, t0.Add(time.Second))
+	tab.observe(shapeKey{group: "other", hash: 1}, nil, []byte("SELECT ?"), ru.Consumption{RRU: 1}, 0, 0, false, t0)
 	rows := tab.summary(func(g string) bool { return g == "rg" })
 	if len(rows) != 1 {
 		t.Fatalf("rows %+v", rows)
@@ -157,11 +157,67 @@ func TestShapesKnownShapeAllocatesNothing(t *testing.T) {
 	tab := newShapes(100)
 	k := shapeKey{group: "rg", hash: 7}
 	d := []byte("SELECT ?")
-	tab.observe(k, d, ru.Consumption{RRU: 1}, 0, 0, false, now)
+	tab.observe(k, nil, d, ru.Consumption{RRU: 1}, 0, 0, false, now)
 	if n := testing.AllocsPerRun(1000, func() {
-		tab.estimate(k)
-		tab.observe(k, d, ru.Consumption{RRU: 1}, time.Millisecond, 0, false, now)
+		tab.estimate(k, nil)
+		tab.observe(k, nil, d, ru.Consumption{RRU: 1}, time.Millisecond, 0, false, now)
 	}); n != 0 {
 		t.Fatalf("%v allocations per statement of a known shape", n)
+	}
+}
+
+// A session's memo finds its shape without the map, and is not fooled
+// when the table evicted the shape and reused its memory for another.
+func TestShapeRefSurvivesEviction(t *testing.T) {
+	tab := newShapes(shapeShards) // one shape per shard
+	now := time.Unix(0, 0)
+	a := shapeKey{group: "g", hash: 1}
+	b := shapeKey{group: "g", hash: 1 + shapeShards} // a's shard
+	var ref shapeRef
+	tab.observe(a, &ref, []byte("SELECT ?"), ru.Consumption{RRU: 5}, time.Millisecond, 0, false, now)
+	if est, ok := tab.estimate(a, &ref); !ok || est.RRU != 5 {
+		t.Fatalf("a through the memo: %+v %v", est, ok)
+	}
+	evicted := ref.s
+	tab.observe(b, nil, []byte("SELECT ?, ?"), ru.Consumption{RRU: 7}, time.Millisecond, 0, false, now)
+	if ref.s != evicted || evicted.key != b {
+		t.Fatal("b did not reuse a's memory: the test proves nothing")
+	}
+	if est, ok := tab.estimate(a, &ref); ok {
+		t.Fatalf("a after its eviction: %+v through a stale memo", est)
+	}
+	if est, ok := tab.estimate(b, &ref); !ok || est.RRU != 7 || ref.key != b {
+		t.Fatalf("b: %+v %v, memo %+v", est, ok, ref.key)
+	}
+}
+
+// A short shape is estimated from the session's memo: another session's
+// execution shows in it after this session's next one. Any other shape is
+// read from the table every time, and a memo never answers for another
+// shape.
+func TestShapeRefEstimatesShortShapesFromTheMemo(t *testing.T) {
+	tab := newShapes(100)
+	now := time.Unix(0, 0)
+	point, scan := shapeKey{group: "g", hash: 1}, shapeKey{group: "g", hash: 2}
+	var mine, other shapeRef
+	for range 10 {
+		tab.observe(point, &mine, []byte("SELECT c FROM t WHERE id = ?"), ru.Consumption{RRU: 1}, time.Microsecond, 0, false, now)
+	}
+	tab.observe(point, &other, nil, ru.Consumption{RRU: 11}, time.Microsecond, 0, false, now)
+	if est, _ := tab.estimate(point, &mine); est.RRU != 1 || !est.Short {
+		t.Fatalf("short shape through the memo: %+v, want this session's last 1 RU", est)
+	}
+	if est, _ := tab.estimate(point, nil); est.RRU != 4 {
+		t.Fatalf("short shape from the table: %+v, want 4 RU", est)
+	}
+	tab.observe(scan, &other, []byte("SELECT COUNT(*) FROM t"), ru.Consumption{RRU: 40}, 200*time.Millisecond, 0, false, now)
+	tab.observe(scan, &mine, nil, ru.Consumption{RRU: 40}, 200*time.Millisecond, 0, false, now)
+	tab.observe(scan, &other, nil, ru.Consumption{RRU: 50}, 200*time.Millisecond, 0, false, now)
+	if est, _ := tab.estimate(scan, &mine); est.RRU != 43 || est.Short {
+		t.Fatalf("a slow shape: %+v, want the table's 43 RU", est)
+	}
+	// mine's memo now holds scan: point is read from the table.
+	if est, _ := tab.estimate(point, &mine); est.RRU != 4 {
+		t.Fatalf("point after scan: %+v, want the table's 4 RU", est)
 	}
 }
