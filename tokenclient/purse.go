@@ -60,7 +60,8 @@ type Purse struct {
 	// left is how many more statements the advance serves.
 	left int
 	// tokens is what is left of the advance (RU, never negative); limit
-	// the most it keeps: a refund past it goes back to the bucket.
+	// the most it keeps, twice the advance: a refund past it goes back to
+	// the bucket.
 	tokens, limit float64
 	// unlimited: the group is never throttled; the purse holds no tokens.
 	unlimited bool
@@ -197,7 +198,7 @@ func (c *Client) fillPurseLocked(p *Purse, gs *groupState, name string, now time
 	p.mu.Lock()
 	p.group, p.gs, p.gen = name, gs, c.cacheGen.Load()
 	p.left = purseStatements - 1
-	p.tokens, p.limit, p.unlimited = adv, adv, unlimited
+	p.tokens, p.limit, p.unlimited = adv, 2*adv, unlimited
 	p.share, p.used = sh, true
 	p.mu.Unlock()
 	if !p.listed {

@@ -78,26 +78,28 @@ func TestPurseServesStatementsFromAnAdvance(t *testing.T) {
 		// A small settlement and a refund stay in the purse ...
 		{func() { c.ChargePurse(&p, "a", rruOf(0.5)) }, start - 32, 1, "purse a: tokens=20.50 for 21 statements, unrecorded=10.50 RU", 1},
 		{func() { c.ChargePurse(&p, "a", rruOf(-1)) }, start - 32, 1, "purse a: tokens=21.50 for 21 statements, unrecorded=9.50 RU", 1},
-		// ... a refund past the advance goes to the bucket.
-		{func() { c.ChargePurse(&p, "a", rruOf(-20)) }, start - 12, -19, "purse a: tokens=21.50 for 21 statements, unrecorded=9.50 RU", 1},
+		// ... a refund that would leave it more than twice the advance goes
+		// to the bucket.
+		{func() { c.ChargePurse(&p, "a", rruOf(-50)) }, start + 18, -49, "purse a: tokens=21.50 for 21 statements, unrecorded=9.50 RU", 1},
 		// The sweep records what the purse spent; it was used, so it keeps
 		// its advance.
-		{func() { sweep(c) }, start - 12, -9.5, "purse a: tokens=21.50 for 21 statements, unrecorded=0.00 RU", 1},
+		{func() { sweep(c) }, start + 18, -39.5, "purse a: tokens=21.50 for 21 statements, unrecorded=0.00 RU", 1},
 		// Unused since: the next sweep gives the advance back.
-		{func() { sweep(c) }, start + 9.5, -9.5, "purse: empty", 0},
+		{func() { sweep(c) }, start + 39.5, -39.5, "purse: empty", 0},
 		// The next statement, twice as dear, takes an advance of 31 times
 		// its cost.
-		{func() { acquire(2) }, start - 54.5, -7.5, "purse a: tokens=62.00 for 31 statements, unrecorded=0.00 RU", 1},
+		{func() { acquire(2) }, start - 24.5, -37.5, "purse a: tokens=62.00 for 31 statements, unrecorded=0.00 RU", 1},
 		// The advance serves 31 statements; the 32nd records them and
 		// takes the next one.
 		{func() {
 			for range purseStatements - 1 {
 				acquire(2)
 			}
-		}, start - 54.5, -7.5, "purse a: tokens=0.00 for 0 statements, unrecorded=62.00 RU", 1},
-		{func() { acquire(2) }, start - 118.5, 56.5, "purse a: tokens=62.00 for 31 statements, unrecorded=0.00 RU", 1},
-		// The session ends: the bucket is where 56.5 RU of statements leave it.
-		{func() { c.ReturnPurse(&p) }, start - 56.5, 56.5, "purse: empty", 0},
+		}, start - 24.5, -37.5, "purse a: tokens=0.00 for 0 statements, unrecorded=62.00 RU", 1},
+		{func() { acquire(2) }, start - 88.5, 26.5, "purse a: tokens=62.00 for 31 statements, unrecorded=0.00 RU", 1},
+		// The session ends: the bucket is where 26.5 RU of statements and
+		// refunds leave it.
+		{func() { c.ReturnPurse(&p) }, start - 26.5, 26.5, "purse: empty", 0},
 	}
 	for i, st := range steps {
 		st.do()

@@ -105,7 +105,7 @@ func (s *session) estimate() {
 	if !cur.hasShape {
 		return
 	}
-	if est, ok := s.p.shapes.estimate(cur.shape, &s.shape); ok {
+	if est, ok := s.p.shapes.estimate(cur.shape, &s.shapes); ok {
 		cur.prepaid.RRU = max(cur.prepaid.RRU, est.RRU)
 		cur.prepaid.WRU = max(cur.prepaid.WRU, est.WRU)
 		cur.short = est.Short

@@ -301,8 +301,8 @@ type session struct {
 	// purse is the session's advance on its group's tokens
 	// (tokenclient.Purse).
 	purse tokenclient.Purse
-	// shape is the session's memo of the shape it used last.
-	shape shapeRef
+	// shapes is the session's memo of the shapes it used lately.
+	shapes shapeMemo
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -473,7 +473,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	}
 	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would}
 	if cur.hasShape && !out.NotForwarded { // a statement that never ran teaches nothing
-		s.p.shapes.observe(cur.shape, &s.shape, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
+		s.p.shapes.observe(cur.shape, &s.shapes, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
 	}
 	if s.seenGroup != cur.group { // charge moved the statement to default
 		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())

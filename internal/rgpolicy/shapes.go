@@ -102,7 +102,7 @@ const (
 	slowShare = 0.5
 )
 
-// shapeRef is a session's memo of the shape it used last, so that a
+// shapeRef is a session's memo of a shape it used lately, so that a
 // session repeating a statement finds its shape without hashing the key.
 // The memo is trusted only while the shape still has the key: the table
 // reuses an evicted shape's memory, always in the same shard (the new key
@@ -126,6 +126,33 @@ type shapeRef struct {
 	set bool
 }
 
+// shapeMemoSize is how many shapes a session's memo remembers: a session
+// often cycles through a few (sysbench's point select runs one per table).
+const shapeMemoSize = 8
+
+// shapeMemo is a session's memo of the shapes it used last.
+type shapeMemo struct {
+	refs [shapeMemoSize]shapeRef
+	next int // the entry that a new shape replaces next
+}
+
+// ref returns the memo's entry for k or, when it has none, an emptied
+// entry for k to fill (the oldest one made). A nil memo has no entries.
+func (m *shapeMemo) ref(k shapeKey) *shapeRef {
+	if m == nil {
+		return nil
+	}
+	for i := range m.refs {
+		if r := &m.refs[i]; r.set && r.key.hash == k.hash && r.key.group == k.group {
+			return r
+		}
+	}
+	r := &m.refs[m.next]
+	m.next = (m.next + 1) % len(m.refs)
+	*r = shapeRef{}
+	return r
+}
+
 // lookup returns k's shape, through ref when it can and setting it. The
 // shard's lock is held.
 func (sh *shapeShard) lookup(k shapeKey, ref *shapeRef) (*shape, bool) {
@@ -140,8 +167,9 @@ func (sh *shapeShard) lookup(k shapeKey, ref *shapeRef) (*shape, bool) {
 }
 
 // estimate returns what a shape is expected to cost. ok is false for a
-// shape never seen. ref, when not nil, is the caller's memo.
-func (t *shapes) estimate(k shapeKey, ref *shapeRef) (shapeEstimate, bool) {
+// shape never seen. memo, when not nil, is the caller's.
+func (t *shapes) estimate(k shapeKey, memo *shapeMemo) (shapeEstimate, bool) {
+	ref := memo.ref(k)
 	if ref != nil && ref.set && ref.est.Short && ref.key == k {
 		return ref.est, true
 	}
@@ -167,8 +195,9 @@ func (s *shape) estimate() shapeEstimate {
 // observe records one execution of a shape: its measured cost, backend
 // time (latency), the time it waited for tokens and admission (queued),
 // and whether it failed. digest is the shape's text, copied only when the
-// shape is new. ref, when not nil, is the caller's memo.
-func (t *shapes) observe(k shapeKey, ref *shapeRef, digest []byte, cost ru.Consumption, latency, queued time.Duration, failed bool, now time.Time) {
+// shape is new. memo, when not nil, is the caller's.
+func (t *shapes) observe(k shapeKey, memo *shapeMemo, digest []byte, cost ru.Consumption, latency, queued time.Duration, failed bool, now time.Time) {
+	ref := memo.ref(k)
 	sh := t.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -168,38 +168,38 @@ func TestShapesKnownShapeAllocatesNothing(t *testing.T) {
 
 // A session's memo finds its shape without the map, and is not fooled
 // when the table evicted the shape and reused its memory for another.
-func TestShapeRefSurvivesEviction(t *testing.T) {
+func TestShapeMemoSurvivesEviction(t *testing.T) {
 	tab := newShapes(shapeShards) // one shape per shard
 	now := time.Unix(0, 0)
 	a := shapeKey{group: "g", hash: 1}
 	b := shapeKey{group: "g", hash: 1 + shapeShards} // a's shard
-	var ref shapeRef
-	tab.observe(a, &ref, []byte("SELECT ?"), ru.Consumption{RRU: 5}, time.Millisecond, 0, false, now)
-	if est, ok := tab.estimate(a, &ref); !ok || est.RRU != 5 {
+	var memo shapeMemo
+	tab.observe(a, &memo, []byte("SELECT ?"), ru.Consumption{RRU: 5}, time.Second, 0, false, now)
+	if est, ok := tab.estimate(a, &memo); !ok || est.RRU != 5 {
 		t.Fatalf("a through the memo: %+v %v", est, ok)
 	}
-	evicted := ref.s
-	tab.observe(b, nil, []byte("SELECT ?, ?"), ru.Consumption{RRU: 7}, time.Millisecond, 0, false, now)
-	if ref.s != evicted || evicted.key != b {
+	evicted := memo.refs[0].s
+	tab.observe(b, nil, []byte("SELECT ?, ?"), ru.Consumption{RRU: 7}, time.Second, 0, false, now)
+	if memo.refs[0].s != evicted || evicted.key != b {
 		t.Fatal("b did not reuse a's memory: the test proves nothing")
 	}
-	if est, ok := tab.estimate(a, &ref); ok {
+	if est, ok := tab.estimate(a, &memo); ok {
 		t.Fatalf("a after its eviction: %+v through a stale memo", est)
 	}
-	if est, ok := tab.estimate(b, &ref); !ok || est.RRU != 7 || ref.key != b {
-		t.Fatalf("b: %+v %v, memo %+v", est, ok, ref.key)
+	if est, ok := tab.estimate(b, &memo); !ok || est.RRU != 7 {
+		t.Fatalf("b: %+v %v", est, ok)
 	}
 }
 
 // A short shape is estimated from the session's memo: another session's
 // execution shows in it after this session's next one. Any other shape is
-// read from the table every time, and a memo never answers for another
-// shape.
-func TestShapeRefEstimatesShortShapesFromTheMemo(t *testing.T) {
+// read from the table every time. The memo holds the last shapeMemoSize
+// shapes the session used.
+func TestShapeMemoEstimatesShortShapes(t *testing.T) {
 	tab := newShapes(100)
 	now := time.Unix(0, 0)
 	point, scan := shapeKey{group: "g", hash: 1}, shapeKey{group: "g", hash: 2}
-	var mine, other shapeRef
+	var mine, other shapeMemo
 	for range 10 {
 		tab.observe(point, &mine, []byte("SELECT c FROM t WHERE id = ?"), ru.Consumption{RRU: 1}, time.Microsecond, 0, false, now)
 	}
@@ -216,8 +216,14 @@ func TestShapeRefEstimatesShortShapesFromTheMemo(t *testing.T) {
 	if est, _ := tab.estimate(scan, &mine); est.RRU != 43 || est.Short {
 		t.Fatalf("a slow shape: %+v, want the table's 43 RU", est)
 	}
-	// mine's memo now holds scan: point is read from the table.
+	if est, _ := tab.estimate(point, &mine); est.RRU != 1 {
+		t.Fatalf("point after scan: %+v, want the memo's 1 RU", est)
+	}
+	// Eight other shapes later, point is read from the table again.
+	for i := range shapeMemoSize {
+		tab.observe(shapeKey{group: "g", hash: uint64(100 + i)}, &mine, []byte("SELECT ?"), ru.Consumption{RRU: 1}, time.Microsecond, 0, false, now)
+	}
 	if est, _ := tab.estimate(point, &mine); est.RRU != 4 {
-		t.Fatalf("point after scan: %+v, want the table's 4 RU", est)
+		t.Fatalf("point after %d other shapes: %+v, want the table's 4 RU", shapeMemoSize, est)
 	}
 }
