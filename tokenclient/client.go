@@ -338,8 +338,8 @@ func (c *Client) AcquireEstimate(ctx context.Context, group string, cons ru.Cons
 }
 
 // acquire is AcquireEstimate; when share is not nil it is set as
-// AcquireShare returns it; p, when not nil, is settled and may be filled
-// (AcquireShare).
+// AcquireShare returns it, and p, when not nil (AcquireShare's purse,
+// which comes only with share), is settled and may be filled.
 func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration, share *Share, p *Purse) (time.Duration, error) {
 	named := group
 	group = resourcegroup.NormalizeName(group)
@@ -350,11 +350,7 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 	if p != nil && p.listed {
 		// The purse could not serve the statement: what it spent is
 		// recorded, what is left goes back, before the bucket is asked.
-		p.mu.Lock()
-		c.settlePurseLocked(p, start, true)
-		p.mu.Unlock()
-		delete(c.purses, p)
-		p.listed = false
+		c.dropPurseLocked(p, start)
 	}
 	gs := c.useLocked(group, start)
 	// me is this statement's place in gs.queue once it had to wait: the
@@ -412,13 +408,10 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 			if c.groups[group] == gs { // a forgotten group's series stay deleted
 				gs.waitObs.Observe(waited.Seconds())
 			}
-			if share != nil || p != nil {
-				sh := c.shareLocked(group)
-				if share != nil {
-					*share = sh
-				}
+			if share != nil {
+				*share = c.shareLocked(group)
 				if p != nil && wait == 0 && waited == 0 {
-					c.fillPurseLocked(p, gs, named, now, n, sh)
+					c.fillPurseLocked(p, gs, named, now, n, *share)
 				}
 			}
 			c.mu.Unlock()

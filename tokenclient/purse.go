@@ -169,12 +169,18 @@ func (c *Client) ReturnPurse(p *Purse) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if p.listed {
-		p.mu.Lock()
-		c.settlePurseLocked(p, now, true)
-		p.mu.Unlock()
-		delete(c.purses, p)
-		p.listed = false
+		c.dropPurseLocked(p, now)
 	}
+}
+
+// dropPurseLocked settles a listed purse, gives its advance back and takes
+// it off the sweep's list; Client.mu is held.
+func (c *Client) dropPurseLocked(p *Purse, now time.Time) {
+	p.mu.Lock()
+	c.settlePurseLocked(p, now, true)
+	p.mu.Unlock()
+	delete(c.purses, p)
+	p.listed = false
 }
 
 // fillPurseLocked gives p an advance on gs after a statement of n RU got
@@ -241,13 +247,14 @@ func (c *Client) settlePurseLocked(p *Purse, now time.Time, empty bool) {
 func (c *Client) sweepPursesLocked(now time.Time, all bool) {
 	for p := range c.purses {
 		p.mu.Lock()
-		idle := all || !p.used || p.gs == nil
+		idle := all || !p.used
 		p.used = false
-		c.settlePurseLocked(p, now, idle)
+		if !idle {
+			c.settlePurseLocked(p, now, false)
+		}
 		p.mu.Unlock()
 		if idle {
-			delete(c.purses, p)
-			p.listed = false
+			c.dropPurseLocked(p, now)
 		}
 	}
 }

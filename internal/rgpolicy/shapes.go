@@ -136,20 +136,22 @@ type shapeMemo struct {
 	next int // the entry that a new shape replaces next
 }
 
-// ref returns the memo's entry for k or, when it has none, an emptied
-// entry for k to fill (the oldest one made). A nil memo has no entries.
+// ref returns the memo's entry for k or, when it has none, the oldest
+// entry made, emptied and claimed for k, so that the observe after a new
+// shape's estimate fills the same entry. A nil memo has no entries. (A
+// shape's group is never "", so an unused entry matches no key.)
 func (m *shapeMemo) ref(k shapeKey) *shapeRef {
 	if m == nil {
 		return nil
 	}
 	for i := range m.refs {
-		if r := &m.refs[i]; r.set && r.key.hash == k.hash && r.key.group == k.group {
+		if r := &m.refs[i]; r.key.hash == k.hash && r.key.group == k.group {
 			return r
 		}
 	}
 	r := &m.refs[m.next]
 	m.next = (m.next + 1) % len(m.refs)
-	*r = shapeRef{}
+	*r = shapeRef{key: k}
 	return r
 }
 
