@@ -18,6 +18,7 @@ type isolationReport struct {
 		DirectBeside   float64 `json:"direct_beside_p99_ms"`
 		ProxyAlone     float64 `json:"proxy_alone_p99_ms"`
 		ProxyBeside    float64 `json:"proxy_beside_p99_ms"`
+		Throttled      float64 `json:"throttled_p99_ms"`
 		ProxyWindow    float64 `json:"proxy_beside_window_p99_ms"`
 		VictimErrors   int64   `json:"victim_errors"`
 		AggressorRU    float64 `json:"aggressor_ru"`
@@ -78,9 +79,9 @@ func isolationOnce(t *testing.T) (latency []string) {
 	}
 	r := rep.Results[0]
 	t.Logf("cpu source %s; SLEEP(1) %.3f RU of CPU; victim p99 direct %.2f → %.2f ms, through rgproxy %.2f → %.2f ms "+
-		"(median of 8 s windows %.2f ms); "+
+		"(continuous 30 s phase %.2f ms, median of its 8 s windows %.2f ms); "+
 		"aggressor %.0f RU for %.0f (%+.1f%%); one scan %.1f RU alone, %.1f beside 8 copies",
-		rep.CPUSource, rep.SleepCPU, r.DirectAlone, r.DirectBeside, r.ProxyAlone, r.ProxyBeside, r.ProxyWindow,
+		rep.CPUSource, rep.SleepCPU, r.DirectAlone, r.DirectBeside, r.ProxyAlone, r.ProxyBeside, r.Throttled, r.ProxyWindow,
 		r.AggressorRU, r.AggressorLimit, 100*r.AggressorOver, r.OneAlone, r.OneBeside)
 	if rep.CPUSource != "proc" {
 		t.Errorf("rgproxy beside its backend uses %q, want CPU-true (proc)", rep.CPUSource)
@@ -103,14 +104,15 @@ func isolationOnce(t *testing.T) (latency []string) {
 		t.Errorf("the unthrottled aggressor did not slow the victim (direct p99 %.2f → %.2f ms): the experiment measures nothing", r.DirectAlone, r.DirectBeside)
 		return nil
 	}
-	// The steady state decides: the median of the throttled phase's 8 s
-	// windows, so that its first seconds (the group spends the capacity it
-	// saved while idle) do not.
-	if r.ProxyWindow > 2*r.ProxyAlone {
-		latency = append(latency, fmt.Sprintf("victim p99 through rgproxy %.2f ms beside the aggressor (median of 8 s windows), %.2f ms alone: more than 2×",
-			r.ProxyWindow, r.ProxyAlone))
+	// The victim's 8 s alone and its 8 s beside the aggressor (after the
+	// aggressor's 2 s warm-up, in which its group spends the capacity it
+	// saved while idle) follow each other, so the machine's drift between
+	// phases stays out of the ratio.
+	if r.ProxyBeside > 2*r.ProxyAlone {
+		latency = append(latency, fmt.Sprintf("victim p99 through rgproxy %.2f ms beside the aggressor, %.2f ms alone: more than 2×",
+			r.ProxyBeside, r.ProxyAlone))
 	}
-	if protected := r.ProxyWindow - r.ProxyAlone; protected > unprotected/4 {
+	if protected := r.ProxyBeside - r.ProxyAlone; protected > unprotected/4 {
 		latency = append(latency, fmt.Sprintf("victim p99 through rgproxy +%.2f ms beside the throttled aggressor, more than a quarter of the +%.2f ms the unthrottled one causes directly",
 			protected, unprotected))
 	}

@@ -3,13 +3,15 @@
 // group while an aggressor of several sessions repeats a heavy statement
 // (a CPU-bound scan, or a sort) in a group with a small RU_PER_SEC. It
 // measures, side by side in one run, the victim's p99 alone and beside the
-// aggressor, directly and through rgproxy; the aggressor group's RU
+// aggressor, directly and through rgproxy, in rounds that alternate the
+// two (so that the machine's drift lands on both sides of the ratio); over
+// one continuous throttled phase, the aggressor group's RU
 // against RU_PER_SEC × T + its bucket's capacity; the RU of one heavy
 // statement alone and beside copies of it running directly on the backend
 // (which CPU-true metering keeps close, and wall-time metering does not);
 // and, last, a control: the victim through rgproxy beside the heavy
 // statement run directly, one at a time, at the pace RU_PER_SEC pays for
-// (what an ideal admission would leave the victim).
+// (what an ideal admission would leave the victim), paired the same way.
 //
 // It starts its own rgserver and rgproxy from --bin-dir and uses the
 // MariaDB at --backend as root.
@@ -47,15 +49,21 @@ type config struct {
 	BinDir string
 	// Rows is the size of the heavy table. Default 200,000.
 	Rows int
-	// Phase is how long the victim runs alone, and beside the aggressor
-	// directly, in each round. Default 10 s.
+	// Phase is how long the victim runs alone, and then beside the
+	// aggressor, in each round. Default 10 s.
 	Phase time.Duration
+	// Warmup is how long the aggressor runs before the victim's phase
+	// beside it starts: its group's bucket, full after the victim's phase
+	// alone, is spent by then, and the steady state is what the phase
+	// measures. Default 2 s (the bucket holds one second of RU_PER_SEC).
+	Warmup time.Duration
 	// Throttled is how long the victim runs beside the aggressor through
-	// rgproxy, in one phase: the window over which the aggressor's RU is
-	// checked. Default 60 s.
+	// rgproxy in one continuous phase: the window over which the
+	// aggressor's RU is checked. Default 60 s.
 	Throttled time.Duration
-	// Rounds of the victim alone (and, directly, beside the aggressor);
-	// figures are medians over rounds. Default 3.
+	// Rounds of the victim alone then beside the aggressor, directly,
+	// through rgproxy and for the control; each p99 is over all the
+	// rounds' statements on its side. Default 3.
 	Rounds int
 	// VictimRate is the victim's statements per second; VictimThreads the
 	// sessions that share them. Defaults 300 and 2.
@@ -94,18 +102,21 @@ const victimQuery = "SELECT k FROM rgproxy_bench.heavy WHERE id = ?"
 // Result is one aggressor kind's figures.
 type Result struct {
 	Kind string `json:"kind"`
-	// Victim p99 latencies in milliseconds.
+	// Victim p99 latencies in milliseconds, from the paired rounds.
 	DirectAloneP99  float64 `json:"direct_alone_p99_ms"`
 	DirectBesideP99 float64 `json:"direct_beside_p99_ms"`
 	ProxyAloneP99   float64 `json:"proxy_alone_p99_ms"`
 	ProxyBesideP99  float64 `json:"proxy_beside_p99_ms"`
 	DirectRatio     float64 `json:"direct_ratio"`
 	ProxyRatio      float64 `json:"proxy_ratio"`
-	// The throttled phase's victim p99 as the median of its Phase-long
-	// windows' p99 (ProxyBesideP99 is over all its statements).
+	// The victim's p99 over the whole continuous throttled phase, and as
+	// the median of its Phase-long windows' p99.
+	ThrottledP99         float64 `json:"throttled_p99_ms"`
 	ProxyBesideWindowP99 float64 `json:"proxy_beside_window_p99_ms"`
 	// The control (see the package doc): the victim's p99 through rgproxy
-	// beside the heavy statement paced directly at RU_PER_SEC.
+	// alone and beside the heavy statement paced directly at RU_PER_SEC,
+	// in paired rounds.
+	PacedAloneP99       float64 `json:"paced_alone_p99_ms"`
 	PacedBesideP99      float64 `json:"paced_beside_p99_ms"`
 	PacedRatio          float64 `json:"paced_ratio"`
 	VictimErrors        int64   `json:"victim_errors"`
@@ -157,9 +168,10 @@ func parseArgs(args []string) (config, error) {
 	fs.StringVar(&cfg.Backend, "backend", "127.0.0.1:3306", "MariaDB/MySQL `address` (root, empty password)")
 	fs.StringVar(&cfg.BinDir, "bin-dir", "bin", "`directory` holding rgproxy and rgserver")
 	fs.IntVar(&cfg.Rows, "rows", 200000, "rows of the heavy table")
-	fs.DurationVar(&cfg.Phase, "phase", 10*time.Second, "victim alone, and beside the aggressor directly")
-	fs.DurationVar(&cfg.Throttled, "throttled", 60*time.Second, "victim beside the aggressor through rgproxy, in one phase")
-	fs.IntVar(&cfg.Rounds, "rounds", 3, "rounds of the victim alone (and beside the aggressor directly); figures are medians over rounds")
+	fs.DurationVar(&cfg.Phase, "phase", 10*time.Second, "victim alone, then beside the aggressor, in each round")
+	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "the aggressor runs this long before the victim's phase beside it")
+	fs.DurationVar(&cfg.Throttled, "throttled", 60*time.Second, "victim beside the aggressor through rgproxy, in one continuous phase (the aggressor's RU check)")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "rounds of the victim alone then beside the aggressor; each p99 is over all rounds")
 	fs.IntVar(&cfg.VictimRate, "victim-rate", 300, "victim statements per second")
 	fs.IntVar(&cfg.VictimThreads, "victim-threads", 2, "victim sessions")
 	fs.IntVar(&cfg.Aggressors, "aggressors", 8, "aggressor sessions")
@@ -178,6 +190,9 @@ func parseArgs(args []string) (config, error) {
 	}
 	if cfg.VictimRate <= 0 || cfg.VictimThreads <= 0 || cfg.Aggressors <= 0 || cfg.RUPerSec <= 0 || cfg.Rows <= 0 || cfg.Rounds <= 0 {
 		return cfg, errors.New("rates, sessions and rows must be > 0")
+	}
+	if cfg.Phase <= 0 || cfg.Throttled <= 0 || cfg.Warmup < 0 {
+		return cfg, errors.New("--phase and --throttled must be > 0, --warmup ≥ 0")
 	}
 	return cfg, nil
 }
@@ -224,53 +239,50 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 	for _, kind := range cfg.Kinds {
 		q := aggressorQueries[kind]
 		r := Result{Kind: kind}
-		// Direct, rounds alternate alone and beside, so that a slow spell
-		// of the machine lands on both sides; each figure is the median of
-		// the rounds' p99. Through rgproxy the aggressor runs one
-		// continuous phase (the window its RU is checked over), with the
-		// victim's alone phases around it.
-		var dAlone, dBeside, pAlone []float64
-		for round := 1; round <= cfg.Rounds; round++ {
-			logf("%s, round %d/%d: victim alone, direct", kind, round, cfg.Rounds)
-			v := victim(ctx, cfg, cfg.Backend, cfg.Phase)
-			dAlone = append(dAlone, v.p99())
-			logf("%s, round %d/%d: victim beside the aggressor, direct", kind, round, cfg.Rounds)
-			v, _ = besideAggressor(ctx, cfg, cfg.Backend, cfg.Backend, q, cfg.Phase, cfg.Aggressors, 0)
-			dBeside = append(dBeside, v.p99())
+		// Each comparison alternates the victim alone and beside the
+		// aggressor, round by round, so that a slow spell of the machine
+		// lands on both sides of the ratio; each side's p99 is over all
+		// its rounds' statements.
+		paired := func(what, victimAddr, aggrAddr string, sessions int, every time.Duration) (alone, beside *latencies) {
+			alone, beside = &latencies{}, &latencies{}
+			for round := 1; round <= cfg.Rounds; round++ {
+				logf("%s, round %d/%d: victim alone, then beside %s", kind, round, cfg.Rounds, what)
+				alone.merge(victim(ctx, cfg, victimAddr, cfg.Phase))
+				v, _ := besideAggressor(ctx, cfg, victimAddr, aggrAddr, q, cfg.Phase, cfg.Warmup, sessions, every)
+				beside.merge(v)
+			}
+			return alone, beside
 		}
-		aloneProxy := func(round int) {
-			logf("%s, round %d/%d: victim alone, through rgproxy", kind, round, cfg.Rounds)
-			v := victim(ctx, cfg, sys.proxy, cfg.Phase)
-			pAlone = append(pAlone, v.p99())
-			r.VictimErrors += v.errors.Load()
-		}
-		for round := 1; round < cfg.Rounds; round++ {
-			aloneProxy(round)
-		}
-		logf("%s: victim beside the aggressor, through rgproxy (%v)", kind, cfg.Throttled)
-		// Let the group's bucket fill as after any idle spell: the capacity
-		// counts in the limit.
+		dAlone, dBeside := paired("the aggressor, direct", cfg.Backend, cfg.Backend, cfg.Aggressors, 0)
+		r.DirectAloneP99, r.DirectBesideP99 = dAlone.p99(), dBeside.p99()
+		r.DirectRatio = r.DirectBesideP99 / r.DirectAloneP99
+		logf("%s: victim beside the aggressor, through rgproxy (%v, continuous)", kind, cfg.Throttled)
+		// The aggressor has not used its group yet: the bucket is full, as
+		// after any idle spell, and the capacity counts in the limit.
 		time.Sleep(1500 * time.Millisecond)
 		before, err := sys.groupRU("rg_aggressor")
 		if err != nil {
 			return nil, err
 		}
-		v, a := besideAggressor(ctx, cfg, sys.proxy, sys.proxy, q, cfg.Throttled, cfg.Aggressors, 0)
+		v, a := besideAggressor(ctx, cfg, sys.proxy, sys.proxy, q, cfg.Throttled, 0, cfg.Aggressors, 0)
 		after, err := sys.groupRU("rg_aggressor")
 		if err != nil {
 			return nil, err
 		}
-		aloneProxy(cfg.Rounds)
-		r.DirectAloneP99, r.DirectBesideP99 = median(dAlone), median(dBeside)
-		r.ProxyAloneP99, r.ProxyBesideP99 = median(pAlone), v.p99()
-		r.ProxyBesideWindowP99 = v.windowP99(cfg.Phase)
+		r.ThrottledP99, r.ProxyBesideWindowP99 = v.p99(), v.windowP99(cfg.Phase)
+		logf("%s: victim p99 by second of the continuous phase (ms): %.2f", kind, v.windows(time.Second, 100))
 		r.VictimErrors += v.errors.Load()
 		r.AggressorStatements, r.AggressorErrors = a.statements.Load(), a.errors.Load()
 		r.AggressorRU = after - before
 		r.AggressorLimit = float64(cfg.RUPerSec)*a.elapsed.Seconds() + float64(cfg.RUPerSec)
 		r.AggressorOver = r.AggressorRU/r.AggressorLimit - 1
-		r.DirectRatio = r.DirectBesideP99 / r.DirectAloneP99
+
+		// Each round starts with the victim alone: the group's bucket
+		// refills from what the throttled phase left.
+		pAlone, pBeside := paired("the aggressor, through rgproxy", sys.proxy, sys.proxy, cfg.Aggressors, 0)
+		r.ProxyAloneP99, r.ProxyBesideP99 = pAlone.p99(), pBeside.p99()
 		r.ProxyRatio = r.ProxyBesideP99 / r.ProxyAloneP99
+		r.VictimErrors += pAlone.errors.Load() + pBeside.errors.Load()
 
 		logf("%s: one heavy statement alone, then beside %d direct copies", kind, cfg.Aggressors)
 		if r.OneAloneRU, err = oneStatementRU(ctx, sys.proxy, "root", q); err != nil {
@@ -288,18 +300,13 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 		}
 		r.OneRatio = r.OneBesideRU / r.OneAloneRU
 
-		logf("%s: victim through rgproxy beside the statement paced directly at %d RU/s (control)", kind, cfg.RUPerSec)
-		var paced []float64
-		for range cfg.Rounds {
-			// One session straight on the backend, a statement every
-			// stmtRU ÷ RU_PER_SEC seconds: the pace the group's rate pays
-			// for, with none of the proxy's admission in the way.
-			every := time.Duration(r.OneAloneRU / float64(cfg.RUPerSec) * float64(time.Second))
-			v, _ := besideAggressor(ctx, cfg, sys.proxy, cfg.Backend, q, cfg.Phase, 1, every)
-			paced = append(paced, v.p99())
-		}
-		r.PacedBesideP99 = median(paced)
-		r.PacedRatio = r.PacedBesideP99 / r.ProxyAloneP99
+		// The control: one session straight on the backend, a statement
+		// every stmtRU ÷ RU_PER_SEC seconds: the pace the group's rate pays
+		// for, with none of the proxy's admission in the way.
+		every := time.Duration(r.OneAloneRU / float64(cfg.RUPerSec) * float64(time.Second))
+		cAlone, cBeside := paired(fmt.Sprintf("the statement paced directly at %d RU/s (control)", cfg.RUPerSec), sys.proxy, cfg.Backend, 1, every)
+		r.PacedAloneP99, r.PacedBesideP99 = cAlone.p99(), cBeside.p99()
+		r.PacedRatio = r.PacedBesideP99 / r.PacedAloneP99
 		rep.Results = append(rep.Results, r)
 	}
 	return rep, nil
@@ -391,32 +398,55 @@ func (l *latencies) add(start time.Time, d time.Duration) {
 	l.mu.Unlock()
 }
 
+// merge adds o's statements and errors to l.
+func (l *latencies) merge(o *latencies) {
+	o.mu.Lock()
+	d, at := o.d, o.at
+	o.mu.Unlock()
+	l.mu.Lock()
+	l.d = append(l.d, d...)
+	l.at = append(l.at, at...)
+	l.mu.Unlock()
+	l.errors.Add(o.errors.Load())
+	l.statements.Add(o.statements.Load())
+	l.elapsed += o.elapsed
+}
+
 // windowP99 is the median over consecutive windows of length w of each
 // window's p99, in milliseconds: a steady-state figure that one spell (the
 // first seconds of a throttled phase, when the group spends the capacity
 // it saved while idle; a hiccup of the machine) does not decide. Windows
 // with fewer than 100 statements are left out.
 func (l *latencies) windowP99(w time.Duration) float64 {
+	return median(l.windows(w, 100))
+}
+
+// windows is each consecutive window of length w's p99 in milliseconds,
+// in order, leaving out windows with fewer than min statements.
+func (l *latencies) windows(w time.Duration, min int) []float64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.d) == 0 {
-		return 0
+		return nil
 	}
 	first := slices.MinFunc(l.at, func(a, b time.Time) int { return a.Compare(b) })
-	byWindow := map[int][]time.Duration{}
+	var byWindow [][]time.Duration
 	for i, d := range l.d {
 		k := int(l.at[i].Sub(first) / w)
+		for len(byWindow) <= k {
+			byWindow = append(byWindow, nil)
+		}
 		byWindow[k] = append(byWindow[k], d)
 	}
 	var p99s []float64
 	for _, ds := range byWindow {
-		if len(ds) < 100 {
+		if len(ds) < min {
 			continue
 		}
 		slices.Sort(ds)
 		p99s = append(p99s, float64(ds[len(ds)*99/100])/float64(time.Millisecond))
 	}
-	return median(p99s)
+	return p99s
 }
 
 // p99 is the 99th percentile in milliseconds.
@@ -478,11 +508,12 @@ func victim(ctx context.Context, cfg config, addr string, d time.Duration) *late
 	return res
 }
 
-// besideAggressor runs the victim against victimAddr while sessions
+// besideAggressor runs the victim against victimAddr for d while sessions
 // aggressor sessions (as bench_aggr) repeat q against aggrAddr, back to
-// back or, with every > 0, each starting one statement every every; both
-// for d.
-func besideAggressor(ctx context.Context, cfg config, victimAddr, aggrAddr, q string, d time.Duration, sessions int, every time.Duration) (*latencies, *latencies) {
+// back or, with every > 0, each starting one statement every every. The
+// aggressor starts warmup before the victim and stops with it; it returns
+// when the aggressor's last statement has ended.
+func besideAggressor(ctx context.Context, cfg config, victimAddr, aggrAddr, q string, d, warmup time.Duration, sessions int, every time.Duration) (*latencies, *latencies) {
 	aggr := &latencies{}
 	db, err := openDB(aggrAddr, "bench_aggr", "benchpw")
 	if err != nil {
@@ -529,6 +560,7 @@ func besideAggressor(ctx context.Context, cfg config, victimAddr, aggrAddr, q st
 			}
 		}()
 	}
+	time.Sleep(warmup)
 	v := victim(ctx, cfg, victimAddr, d)
 	close(stop)
 	wg.Wait()
@@ -759,6 +791,8 @@ func (s *system) groupRU(group string) (float64, error) {
 func printReport(w io.Writer, cfg config, rep *Report) {
 	fmt.Fprintf(w, "\nnoisy neighbour: victim %d stmt/s on %d threads (default group); aggressor %d sessions in a group of %d RU/s; cpu source %s\n",
 		cfg.VictimRate, cfg.VictimThreads, cfg.Aggressors, cfg.RUPerSec, rep.CPUSource)
+	fmt.Fprintf(w, "victim p99: %d rounds of %v alone then %v beside the aggressor (after its %v warm-up), each side over all its rounds\n",
+		cfg.Rounds, cfg.Phase, cfg.Phase, cfg.Warmup)
 	fmt.Fprintf(w, "SELECT SLEEP(1) charged %.3f RU of CPU\n\n", rep.SleepCPU)
 	fmt.Fprintf(w, "%-6s %28s %28s %32s %26s\n", "", "victim p99 direct (ms)", "victim p99 rgproxy (ms)", "aggressor RU vs R×T+cap", "one statement's RU")
 	fmt.Fprintf(w, "%-6s %9s %9s %8s %9s %9s %8s %10s %10s %10s %8s %8s %8s\n", "kind",
@@ -769,9 +803,9 @@ func printReport(w io.Writer, cfg config, rep *Report) {
 			r.AggressorRU, r.AggressorLimit, 100*r.AggressorOver, r.OneAloneRU, r.OneBesideRU, r.OneRatio)
 		fmt.Fprintf(w, "       aggressor through rgproxy: %d statements, %d errors; victim errors %d\n",
 			r.AggressorStatements, r.AggressorErrors, r.VictimErrors)
-		fmt.Fprintf(w, "       victim p99 beside the aggressor through rgproxy, median of the %v windows of the throttled phase: %.2f ms, %.2fx alone\n",
-			cfg.Phase, r.ProxyBesideWindowP99, r.ProxyBesideWindowP99/r.ProxyAloneP99)
-		fmt.Fprintf(w, "       control: victim through rgproxy beside the statement paced directly at %d RU/s, one at a time: p99 %.2f ms, %.2fx alone\n",
-			cfg.RUPerSec, r.PacedBesideP99, r.PacedRatio)
+		fmt.Fprintf(w, "       victim p99 through rgproxy over the continuous %v throttled phase: %.2f ms, %.2fx alone; median of its %v windows: %.2f ms, %.2fx\n",
+			cfg.Throttled, r.ThrottledP99, r.ThrottledP99/r.ProxyAloneP99, cfg.Phase, r.ProxyBesideWindowP99, r.ProxyBesideWindowP99/r.ProxyAloneP99)
+		fmt.Fprintf(w, "       control: victim through rgproxy beside the statement paced directly at %d RU/s, one at a time: p99 %.2f → %.2f ms, %.2fx\n",
+			cfg.RUPerSec, r.PacedAloneP99, r.PacedBesideP99, r.PacedRatio)
 	}
 }
