@@ -101,11 +101,12 @@ func (s *session) wouldCharge(st *mysqlproto.Statement, maxWait time.Duration) {
 // lately, part by part.
 func (s *session) estimate() {
 	cur := &s.cur
-	cur.prepaid, cur.short = cur.before, false
+	cur.prepaid, cur.short, cur.known = cur.before, false, false
 	if !cur.hasShape {
 		return
 	}
 	if est, ok := s.p.shapes.estimate(cur.shape, &s.shapes); ok {
+		cur.known = true
 		cur.prepaid.RRU = max(cur.prepaid.RRU, est.RRU)
 		cur.prepaid.WRU = max(cur.prepaid.WRU, est.WRU)
 		cur.short = est.Short

@@ -30,6 +30,10 @@ type gate struct {
 	inflight float64 // estimated RU of the statements running
 	running  int
 	waiters  []*gateWaiter
+	// probes: per shape (hash) this proxy has no estimate for yet, the
+	// channel that closes when the statement of it in flight (the probe)
+	// ends; see session.awaitProbe.
+	probes map[uint64]chan struct{}
 }
 
 type gateWaiter struct {
@@ -107,6 +111,33 @@ func (g *gate) admitLocked(n float64) {
 	g.running++
 }
 
+// probe makes the caller the probe of the unknown shape hash (first) or,
+// when a statement of it is already in flight, returns the channel that
+// closes when that one ends. A probe must be ended with endProbe.
+func (g *gate) probe(hash uint64) (done <-chan struct{}, first bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if ch, ok := g.probes[hash]; ok {
+		return ch, false
+	}
+	if g.probes == nil {
+		g.probes = map[uint64]chan struct{}{}
+	}
+	g.probes[hash] = make(chan struct{})
+	return nil, true
+}
+
+// endProbe ends the probe of shape hash, waking the statements that wait
+// for it.
+func (g *gate) endProbe(hash uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if ch, ok := g.probes[hash]; ok {
+		close(ch)
+		delete(g.probes, hash)
+	}
+}
+
 // release ends a statement admitted with n RU.
 func (g *gate) release(n float64) {
 	g.mu.Lock()
@@ -134,11 +165,16 @@ func (g *gate) wakeLocked() {
 }
 
 // String shows the gate's state on one line, e.g.
-// "bound=25 max=0 inflight=24.5 running=1 waiting=2".
+// "bound=25 max=0 inflight=24.5 running=1 waiting=2", and " probes=1" while
+// statements of a shape not yet measured are in flight (session.awaitProbe).
 func (g *gate) String() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return fmt.Sprintf("bound=%g max=%d inflight=%g running=%d waiting=%d", g.bound, g.maxConc, g.inflight, g.running, len(g.waiters))
+	s := fmt.Sprintf("bound=%g max=%d inflight=%g running=%d waiting=%d", g.bound, g.maxConc, g.inflight, g.running, len(g.waiters))
+	if len(g.probes) > 0 {
+		s += fmt.Sprintf(" probes=%d", len(g.probes))
+	}
+	return s
 }
 
 // inflightHorizon is the share of a group's bucket capacity that its
@@ -168,6 +204,60 @@ func (gs *gates) get(group string) *gate {
 	return g
 }
 
+// awaitProbe holds a statement whose shape this proxy has no estimate for
+// while another statement of the same shape and group runs: the probe.
+// Copies of a new heavy statement that arrive together (an application's
+// start, a report fanned out over sessions, the first minute after a
+// restart) would otherwise all enter at the base cost at once, the burst
+// the in-flight bound exists to prevent; after the probe they enter at
+// what it cost. A statement that finds no probe becomes it. The wait
+// counts in the statement's wait budget and refuses nothing: when the
+// budget is spent the statement goes on to the gate as it would have
+// without a probe. It returns the RU the statement counts for in the
+// gate: its prepaid cost, raised part by part to the estimate the probe
+// taught.
+func (s *session) awaitProbe(ctx context.Context, gt *gate, maxWait time.Duration) float64 {
+	cur := &s.cur
+	for {
+		done, first := gt.probe(cur.shape.hash)
+		if first {
+			cur.probe = gt
+			return cur.prepaid.RU()
+		}
+		left := maxWait - cur.waited
+		if left <= 0 {
+			return cur.prepaid.RU()
+		}
+		start := s.p.clk.Now()
+		t := s.p.clk.NewTimer(left)
+		select {
+		case <-done:
+		case <-t.C():
+		case <-ctx.Done():
+		}
+		t.Stop()
+		cur.waited += s.p.clk.Now().Sub(start)
+		if ctx.Err() != nil {
+			return cur.prepaid.RU()
+		}
+		if est, ok := s.p.shapes.estimate(cur.shape, &s.shapes); ok {
+			n := cur.prepaid
+			n.RRU, n.WRU = max(n.RRU, est.RRU), max(n.WRU, est.WRU)
+			return n.RU()
+		}
+		// Out of budget, or the probe taught nothing (it never ran):
+		// go on, or become the probe.
+	}
+}
+
+// endProbe ends the probe the statement in flight is, if it is one.
+func (s *session) endProbe() {
+	if cur := &s.cur; cur.probe != nil {
+		cur.probe.endProbe(cur.shape.hash)
+		cur.probe = nil
+	}
+}
+
 // admit is Before's last step: the group's in-flight bound and
 // MAX_CONCURRENCY on this proxy, the proxy's COOLDOWN slot for a watched
 // statement, and the backend concurrency limit by PRIORITY. The in-flight
@@ -195,6 +285,11 @@ func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Sett
 		}
 		n := cur.prepaid.RU()
 		gt := s.gate(cur.group)
+		if cur.hasShape && !cur.known && !sh.Unlimited && sh.Mode == resourcegroup.ModeEnforce {
+			if n = s.awaitProbe(ctx, gt, maxWait); ctx.Err() != nil {
+				return &mysqlproto.Reply{Err: errInterrupted}
+			}
+		}
 		if sh.Mode == resourcegroup.ModeWarn {
 			if gt.force(n, sh.MaxConcurrency) && cur.would == "" {
 				cur.would = "wait (MAX_CONCURRENCY)"

@@ -313,6 +313,10 @@ type statement struct {
 	prepaid  ru.Consumption // what was taken before forwarding: >= before
 	shape    shapeKey
 	hasShape bool // the statement has a digest: it is estimated and summarized
+	known    bool // its shape has an estimate
+	// probe: the statement is the first of its unknown shape in flight in
+	// this gate (session.awaitProbe).
+	probe    *gate
 	waited   time.Duration
 	admitted bool // holds a backend concurrency slot
 	gate     *gate
@@ -409,6 +413,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		return mysqlproto.Verdict{Reply: r}
 	}
 	if r := s.admit(ctx, st, set, cooldown); r != nil {
+		s.endProbe()
 		s.p.tokens.Charge(s.cur.group, negate(s.cur.prepaid))
 		return mysqlproto.Verdict{Reply: r}
 	}
@@ -475,6 +480,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	if cur.hasShape && !out.NotForwarded { // a statement that never ran teaches nothing
 		s.p.shapes.observe(cur.shape, &s.shapes, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
 	}
+	s.endProbe()                  // after observe: the statements it wakes find its cost
 	if s.seenGroup != cur.group { // charge moved the statement to default
 		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())
 	}
@@ -522,6 +528,7 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		// session rather than wedge its group (a leaked gate slot would
 		// keep the group's heavy statements waiting for ever).
 		s.release()
+		s.endProbe()
 		s.guard.disarm()
 		s.guard = nil
 		s.cpu.close()

@@ -720,3 +720,114 @@ func TestPolicyWarnMode(t *testing.T) {
 		t.Fatalf("would-throttle count %v", n)
 	}
 }
+
+// Copies of a shape the proxy has not measured yet, in a group with a
+// limit, wait for the first one in flight (the probe) and then enter the
+// gate at what it cost; other shapes, unlimited groups and a copy whose
+// wait runs out are not held; a probe that ends without running wakes its
+// copies, one of which becomes the next probe.
+func TestPolicyProbeHoldsCopiesOfANewShape(t *testing.T) {
+	ctx := context.Background()
+	tok := testGroups()
+	tok.groups["bound"] = resourcegroup.Group{Name: "bound", RUPerSec: 1000}
+	clk := clock.NewFake()
+	p, err := New(Config{Tokens: tok, Settings: Settings{Strict: true, MaxWait: 30 * time.Second, MaxWaitInTxn: 100 * time.Millisecond},
+		CPU: CPUWall, Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(user string) *session { return p.Open(mysqlproto.SessionInfo{User: user}).(*session) }
+	before := func(s *session, st *mysqlproto.Statement) <-chan mysqlproto.Verdict {
+		done := make(chan mysqlproto.Verdict, 1)
+		go func() { done <- s.Before(ctx, st, plainGrants) }()
+		return done
+	}
+	admitted := func(what string, done <-chan mysqlproto.Verdict) {
+		t.Helper()
+		select {
+		case v := <-done:
+			if v.Reply != nil {
+				t.Fatalf("%s: %+v", what, v.Reply.Err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s is held", what)
+		}
+	}
+	// held waits until n statements wait on the fake clock.
+	held := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for clk.Pending() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d statements wait, want %d", clk.Pending(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	scan := func(lit string) *mysqlproto.Statement {
+		return query("SELECT COUNT(*) FROM t WHERE c LIKE '" + lit + "'")
+	}
+	gt := p.gates.get("bound")
+
+	a, b, c := open("app"), open("app"), open("app")
+	stA := scan("%7%")
+	admitted("the first scan", before(a, stA))
+	if a.cur.probe != gt || gt.String() != "bound=250 max=0 inflight=0.625 running=1 waiting=0 probes=1" {
+		t.Fatalf("the first scan of a new shape is not its probe: %s", gt)
+	}
+	bDone := before(b, scan("%8%"))
+	held(1)
+	// Another new shape is its own probe, not held by the scan's.
+	stC := query("SELECT a FROM t WHERE id = 1")
+	admitted("a point select beside the probe", before(c, stC))
+	c.After(stC, &mysqlproto.Outcome{BackendTime: time.Millisecond})
+	// The probe ends after 150 ms (50 RU): the copy enters at its cost.
+	clk.Advance(150 * time.Millisecond)
+	a.After(stA, &mysqlproto.Outcome{BackendTime: 150 * time.Millisecond})
+	admitted("the copy after the probe", bDone)
+	if !near(b.cur.gateRU, 50.625) || b.cur.waited != 150*time.Millisecond || !near(b.cur.prepaid.RU(), 0.625) {
+		t.Fatalf("the copy holds %v RU of the gate after waiting %v (prepaid %v), want 50.625 after 150ms, prepaid 0.625",
+			b.cur.gateRU, b.cur.waited, b.cur.prepaid.RU())
+	}
+	if gt.String() != "bound=250 max=0 inflight=50.625 running=1 waiting=0" {
+		t.Fatalf("after the probe: %s", gt)
+	}
+	b.After(scan("%8%"), &mysqlproto.Outcome{BackendTime: 150 * time.Millisecond})
+
+	// A copy whose wait runs out goes on at the base cost: never refused.
+	stA = query("SELECT SUM(k) FROM t WHERE c LIKE '%5%'")
+	admitted("a new report", before(a, stA))
+	bDone = before(b, query("SELECT SUM(k) FROM t WHERE c LIKE '%6%'"))
+	held(1)
+	clk.Advance(30 * time.Second)
+	admitted("a copy past its wait", bDone)
+	if !near(b.cur.gateRU, 0.625) || b.cur.waited != 30*time.Second {
+		t.Fatalf("a copy past its wait holds %v RU after %v, want 0.625 after 30s", b.cur.gateRU, b.cur.waited)
+	}
+	b.After(query("SELECT SUM(k) FROM t WHERE c LIKE '%6%'"), &mysqlproto.Outcome{})
+	a.After(stA, &mysqlproto.Outcome{})
+
+	// A probe whose session ends before After: its copy wakes, finds no
+	// estimate, and becomes the next probe.
+	admitted("a new join", before(a, query("SELECT * FROM t JOIN u USING (id)")))
+	bDone = before(b, query("SELECT * FROM t JOIN u USING (id)"))
+	held(1)
+	a.Event(mysqlproto.EventClose, mysqlproto.SessionInfo{})
+	admitted("the copy of a probe that left", bDone)
+	if b.cur.probe != gt || !near(b.cur.gateRU, 0.625) {
+		t.Fatalf("the copy of a probe that left: probe %v, %v RU; %s", b.cur.probe, b.cur.gateRU, gt)
+	}
+	b.After(query("SELECT * FROM t JOIN u USING (id)"), &mysqlproto.Outcome{})
+	if gt.String() != "bound=250 max=0 inflight=0 running=0 waiting=0" {
+		t.Fatalf("at the end: %s", gt)
+	}
+
+	// An unlimited group holds no copy.
+	r1, r2 := open("root"), open("root")
+	st := query("SELECT MAX(k) FROM t")
+	admitted("a new shape in default", before(r1, st))
+	admitted("its copy in default", before(r2, query("SELECT MAX(k) FROM t")))
+	if r1.cur.probe != nil || r2.cur.probe != nil {
+		t.Fatal("an unlimited group's statements are probes")
+	}
+}
