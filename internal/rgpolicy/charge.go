@@ -107,10 +107,15 @@ func (s *session) estimate() {
 	}
 	if est, ok := s.p.shapes.estimate(cur.shape, &s.shapes); ok {
 		cur.known = true
-		cur.prepaid.RRU = max(cur.prepaid.RRU, est.RRU)
-		cur.prepaid.WRU = max(cur.prepaid.WRU, est.WRU)
+		cur.prepaid = raise(cur.before, est)
 		cur.short = est.Short
 	}
+}
+
+// raise returns c with its RRU and WRU each raised to the estimate's.
+func raise(c ru.Consumption, est shapeEstimate) ru.Consumption {
+	c.RRU, c.WRU = max(c.RRU, est.RRU), max(c.WRU, est.WRU)
+	return c
 }
 
 // endsTxn: the statement is COMMIT or ROLLBACK (XA COMMIT/ROLLBACK too),

@@ -241,9 +241,7 @@ func (s *session) awaitProbe(ctx context.Context, gt *gate, maxWait time.Duratio
 			return cur.prepaid.RU()
 		}
 		if est, ok := s.p.shapes.estimate(cur.shape, &s.shapes); ok {
-			n := cur.prepaid
-			n.RRU, n.WRU = max(n.RRU, est.RRU), max(n.WRU, est.WRU)
-			return n.RU()
+			return raise(cur.prepaid, est).RU()
 		}
 		// Out of budget, or the probe taught nothing (it never ran):
 		// go on, or become the probe.
