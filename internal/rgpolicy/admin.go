@@ -36,7 +36,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 		if !s.mayUse(ctx, name, be, set) {
 			return errReply(resourcegroup.NewAccessDenied())
 		}
-		s.setGroup = name
+		s.setGroup, s.setGen, s.setSettings = name, s.rt.gen, set
 		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{}}
 	case *resourcegroup.CurrentGroup:
 		return resultReply([]string{"CURRENT_RESOURCE_GROUP()"}, [][]string{{s.currentGroup()}})

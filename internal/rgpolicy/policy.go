@@ -140,7 +140,9 @@ type Policy struct {
 	proxyID  string
 	settings atomic.Pointer[Settings]
 	// cooldown lets one statement under a COOLDOWN watch run at a time.
-	cooldown  chan struct{}
+	cooldown chan struct{}
+	// ledger keeps the debts of sessions that ended owing (debt.go).
+	ledger    ledger
 	admission *admission
 	gates     *gates
 	shapes    *shapes
@@ -269,8 +271,17 @@ type session struct {
 	hostKnown bool
 	// connID is the backend's id of this session's connection (KILL QUERY).
 	connID uint32
-	// setGroup is the group named by SET RESOURCE GROUP, "" = none.
-	setGroup string
+	// setGroup is the group named by SET RESOURCE GROUP, "" = none;
+	// setGen is the cache generation it was last allowed under (strict
+	// mode judges it again when the bindings change).
+	setGroup    string
+	setGen      uint64
+	setSettings *Settings
+	// debts are what the session owes its groups (debt.go);
+	// ledgerChecked says the debts of the user's ended sessions were
+	// taken on.
+	debts         []debt
+	ledgerChecked bool
 	// super caches whether the session's user has SUPER (nil = unknown),
 	// asked of the backend the first time it matters.
 	super *bool
@@ -307,10 +318,19 @@ type session struct {
 
 // statement is what the policy keeps of the statement in flight.
 type statement struct {
-	group    string
-	req      ru.RequestInfo
-	before   ru.Consumption // the before-cost (base and up-front write bytes)
-	prepaid  ru.Consumption // what was taken before forwarding: >= before
+	// group is the statement's resource group (resolve, then a runaway
+	// watch's SWITCH_GROUP); tagGroup, in strict mode, the group of a
+	// bound SQLCommenter tag that is not group ("" = none): a tag binding
+	// adds that group's limits and never removes the account's.
+	group, tagGroup string
+	req             ru.RequestInfo
+	before          ru.Consumption // the before-cost (base and up-front write bytes)
+	prepaid         ru.Consumption // what each leg takes before forwarding: >= before
+	// legs are the statement's parts in its groups: legs[0] in group,
+	// legs[1] in tagGroup when there is one; nlegs says how many are set
+	// (0 for a free statement).
+	legs     [2]leg
+	nlegs    int
 	shape    shapeKey
 	hasShape bool // the statement has a digest: it is estimated and summarized
 	known    bool // its shape has an estimate
@@ -319,9 +339,7 @@ type statement struct {
 	probe    *gate
 	waited   time.Duration
 	admitted bool // holds a backend concurrency slot
-	gate     *gate
-	gateRU   float64 // what it holds of the gate
-	cooling  bool    // holds the proxy's COOLDOWN slot
+	cooling  bool // holds the proxy's COOLDOWN slot
 	cpuStart time.Duration
 	cpuOK    bool
 	start    time.Time
@@ -329,12 +347,29 @@ type statement struct {
 	// cpuMinEstimate; it is charged wall time up to cpuMinEstimate, its
 	// CPU goes unread.
 	short bool
-	// share is this proxy's share of the group (tokenclient.Share).
-	share tokenclient.Share
 	// would is what ENFORCE would have done to a statement of a group in
 	// MODE WARN ("" = nothing: it would have run at once).
 	would string
 }
+
+// leg is a statement's part in one of its groups: what it took from the
+// group's bucket and what it holds of the group's gate.
+type leg struct {
+	group string
+	// prepaid is what the leg took before forwarding: from the group's
+	// bucket (charged), or, for a statement that ran inside a
+	// transaction without its tokens, as the session's debt (onDebt).
+	prepaid ru.Consumption
+	charged bool
+	onDebt  bool
+	// share is this proxy's share of the group (tokenclient.Share).
+	share  tokenclient.Share
+	gate   *gate
+	gateRU float64 // what it holds of the gate
+}
+
+// main is the statement's leg in its own group.
+func (c *statement) main() *leg { return &c.legs[0] }
 
 // lastStatement is what SHOW LAST STATEMENT RU reports.
 type lastStatement struct {
@@ -349,10 +384,7 @@ type lastStatement struct {
 // Before implements mysqlproto.SessionPolicy.
 func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
 	s.freshRoute()
-	if s.held != 0 {
-		s.p.tokens.HoldDemand(s.heldGroup, -s.held)
-		s.held = 0
-	}
+	s.releaseHeld()
 	if !s.hostKnown && !s.rt.unbound {
 		if s.p.tokens.HasBindings(s.user) {
 			s.learnAccount(ctx, be)
@@ -360,6 +392,8 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 			s.rt.unbound = true
 		}
 	}
+	set := s.p.settings.Load()
+	s.recheckSet(ctx, be, set)
 	if s.notes != nil {
 		if v, ok := s.showNotes(st); ok {
 			return v
@@ -389,7 +423,6 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		}
 	}
 	s.cur = statement{start: s.p.clk.Now()}
-	set := s.p.settings.Load()
 	if r := s.resolve(ctx, st, be, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
 	}
@@ -410,13 +443,12 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	s.cpu.open(ctx, s.p.cpu, be)
 	if r := s.charge(ctx, st, set); r != nil {
-		return mysqlproto.Verdict{Reply: r}
+		return s.abort(r)
 	}
 	if r := s.admit(ctx, st, set, cooldown); r != nil {
-		s.endProbe()
-		s.p.tokens.Charge(s.cur.group, negate(s.cur.prepaid))
-		return mysqlproto.Verdict{Reply: r}
+		return s.abort(r)
 	}
+	s.runs()
 	if s.cur.req.Class != ru.ClassFree && !s.cur.short {
 		s.cur.cpuStart, s.cur.cpuOK = s.cpu.start()
 	} else {
@@ -427,9 +459,66 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	return mysqlproto.Verdict{Rewrite: rewrite}
 }
 
-// After implements mysqlproto.SessionPolicy: it releases what admit
-// holds, settles the statement's measured cost against what charge took,
-// and teaches the shape's estimate.
+// The statement lifecycle. Once charge has run, a statement leaves Before
+// one of two ways: refused, through abort, which gives back everything
+// charge and admit took (tokens, gate places, the COOLDOWN and backend
+// slots, its probe); or let through, after which After (or, for a session
+// that ends with the statement in flight, EventClose) ends it through
+// end. Steps that take something record it in s.cur and never give it
+// back themselves, so that a new wait cannot leak a gate slot.
+
+// abort ends a statement refused after charge began: what its legs took
+// from their buckets is refunded and what it holds is released.
+func (s *session) abort(r *mysqlproto.Reply) mysqlproto.Verdict {
+	s.end()
+	cur := &s.cur
+	for i := range cur.nlegs {
+		if l := &cur.legs[i]; l.charged {
+			s.p.tokens.Charge(l.group, negate(l.prepaid))
+			l.charged = false
+		}
+	}
+	return mysqlproto.Verdict{Reply: r}
+}
+
+// runs commits a statement that Before lets through: what its legs ran
+// on debt (inside a transaction, without their tokens) becomes the
+// session's debt to their groups.
+func (s *session) runs() {
+	cur := &s.cur
+	for i := range cur.nlegs {
+		if l := &cur.legs[i]; l.onDebt {
+			s.addDebt(debt{group: l.group, cons: l.prepaid, required: cur.before.RU()})
+		}
+	}
+}
+
+// end releases what the statement in flight holds — its backend
+// concurrency slot, its places in its groups' gates, the COOLDOWN slot and
+// its probe — and disarms its runaway guard. It may be called more than
+// once.
+func (s *session) end() {
+	cur := &s.cur
+	if cur.admitted {
+		s.p.admission.release()
+		cur.admitted = false
+	}
+	for i := range cur.nlegs {
+		if l := &cur.legs[i]; l.gate != nil {
+			l.gate.release(l.gateRU)
+			l.gate = nil
+		}
+	}
+	if cur.cooling {
+		<-s.p.cooldown
+		cur.cooling = false
+	}
+	s.endProbe()
+}
+
+// After implements mysqlproto.SessionPolicy: it ends the statement,
+// settles its measured cost against what charge took, and teaches the
+// shape's estimate.
 func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	cur := &s.cur
 	var cpu time.Duration
@@ -444,7 +533,6 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		// statement's CPU (cpuMinEstimate).
 		cpu, cpuOK = min(max(out.BackendTime, 0), cpuMinEstimate), true
 	}
-	s.release()
 	res := ru.ResponseInfo{
 		ReadBytes:   out.ResponseBytes,
 		WriteBytes:  out.RequestBytes - st.PayloadBytes,
@@ -459,32 +547,42 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	s.guard = nil
 	total := cur.before
 	total.Add(after)
-	// Settle: the statement paid prepaid up front; it owes total. After
-	// SWITCH_GROUP the target pays what came after, and the group gets
-	// back the estimate it paid beyond the before-cost.
-	if chargeTo == cur.group {
+	// Settle: each leg paid its prepaid up front; it owes total. After
+	// SWITCH_GROUP the target pays what came after, and the statement's
+	// group gets back the estimate it paid beyond the before-cost.
+	for i := range cur.nlegs {
+		l := &cur.legs[i]
+		if i == 0 && chargeTo != cur.group {
+			extra := l.prepaid
+			extra.Sub(cur.before)
+			if !extra.IsZero() {
+				s.p.tokens.Charge(l.group, negate(extra))
+			}
+			s.p.tokens.Charge(chargeTo, after)
+			continue
+		}
 		settle := total
-		settle.Sub(cur.prepaid)
-		if !settle.IsZero() {
-			s.p.tokens.ChargePurse(&s.purse, cur.group, settle)
+		settle.Sub(l.prepaid)
+		switch {
+		case settle.IsZero():
+		case i == 0:
+			s.p.tokens.ChargePurse(&s.purse, l.group, settle)
+		default:
+			s.p.tokens.Charge(l.group, settle)
 		}
-	} else {
-		extra := cur.prepaid
-		extra.Sub(cur.before)
-		if !extra.IsZero() {
-			s.p.tokens.Charge(cur.group, negate(extra))
-		}
-		s.p.tokens.Charge(chargeTo, after)
 	}
 	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would}
 	if cur.hasShape && !out.NotForwarded { // a statement that never ran teaches nothing
 		s.p.shapes.observe(cur.shape, &s.shapes, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
 	}
-	s.endProbe()                  // after observe: the statements it wakes find its cost
+	s.end()                       // after observe: the statements its probe wakes find its cost
 	if s.seenGroup != cur.group { // charge moved the statement to default
 		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())
 	}
 	s.series.charged(st.Class.String(), total)
+	if cur.nlegs > 1 {
+		s.p.metrics.seeGroup(cur.legs[1].group, cur.start).charged(st.Class.String(), total)
+	}
 }
 
 // see tells the metrics the session used group at now and keeps its
@@ -494,49 +592,31 @@ func (s *session) see(group string, now time.Time, forgets uint64) {
 	s.seenGroup, s.seenAt, s.seenForgets = group, now, forgets
 }
 
-// release frees what the statement in flight holds: its backend
-// concurrency slot, its share of the group's in-flight bound and the
-// COOLDOWN slot.
-func (s *session) release() {
-	cur := &s.cur
-	if cur.admitted {
-		s.p.admission.release()
-		cur.admitted = false
-	}
-	if cur.gate != nil {
-		cur.gate.release(cur.gateRU)
-		cur.gate = nil
-	}
-	if cur.cooling {
-		<-s.p.cooldown
-		cur.cooling = false
-	}
-}
-
 // Event implements mysqlproto.SessionPolicy.
 func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) {
 	switch kind {
 	case mysqlproto.EventChangeUser, mysqlproto.EventResetConnection:
+		if info.User != s.user {
+			// Another account's statements must not repay (or escape)
+			// this one's debt.
+			s.leaveDebts()
+		}
 		s.user = info.User
+		s.ledgerChecked = false
 		s.setGroup = ""
 		s.super = nil
 		s.host, s.hostKnown = "", false
 		s.rt.boundOK, s.rt.unbound = false, false
 	case mysqlproto.EventClose:
-		// After runs for every statement Before let through; in case a
-		// path ever misses it, what a statement holds goes with its
-		// session rather than wedge its group (a leaked gate slot would
-		// keep the group's heavy statements waiting for ever).
-		s.release()
-		s.endProbe()
+		// A session that ends with a statement in flight (After never
+		// came) releases what it holds rather than wedge its groups.
+		s.end()
 		s.guard.disarm()
 		s.guard = nil
 		s.cpu.close()
 		s.p.tokens.ReturnPurse(&s.purse)
-		if s.held != 0 {
-			s.p.tokens.HoldDemand(s.heldGroup, -s.held)
-			s.held = 0
-		}
+		s.releaseHeld()
+		s.leaveDebts()
 	}
 }
 
@@ -551,15 +631,27 @@ func throttledError(group string) *mysqlproto.Error {
 		Message: fmt.Sprintf("Exceeded resource group quota limitation (resource group %s)", group)}
 }
 
-// refused records a statement that rgproxy refused with 8252 as the
-// session's last statement: it cost nothing and waited waited.
-func (s *session) refused(waited time.Duration) *mysqlproto.Reply {
+// refused records a statement that rgproxy refused with 8252 for group as
+// the session's last statement (it cost nothing and waited waited), and
+// holds its RU as waiting demand of the group for a while: a client
+// refused and retrying still wants its statement.
+func (s *session) refused(group string, waited time.Duration) *mysqlproto.Reply {
 	s.last = lastStatement{valid: true, group: s.cur.group, waited: waited, errCode: codeThrottled}
 	if n := s.cur.prepaid.RU(); n > 0 {
-		s.heldGroup, s.held = s.cur.group, n
-		s.p.tokens.HoldDemand(s.heldGroup, n)
+		s.releaseHeld()
+		s.heldGroup, s.held = group, n
+		s.p.tokens.HoldDemand(group, n)
 	}
-	return &mysqlproto.Reply{Err: throttledError(s.cur.group)}
+	return &mysqlproto.Reply{Err: throttledError(group)}
+}
+
+// releaseHeld ends the demand held for the session's last refused
+// statement.
+func (s *session) releaseHeld() {
+	if s.held != 0 {
+		s.p.tokens.HoldDemand(s.heldGroup, -s.held)
+		s.held = 0
+	}
 }
 
 func negate(c ru.Consumption) ru.Consumption {
