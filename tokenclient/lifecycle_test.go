@@ -315,7 +315,7 @@ func TestIdleExpiryKeepsWaiters(t *testing.T) {
 	setGroups(c, resourcegroup.Group{Name: "w", RUPerSec: 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { _, err := c.Acquire(ctx, "w", rruOf(5), 10*time.Hour); done <- err }()
+	go func() { _, err := acquireAll(ctx, c, "w", rruOf(5), 10*time.Hour); done <- err }()
 	waitFor(t, "the statement to wait", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -61,10 +61,10 @@ func (r *recordingTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse
 	r.acquired = append(r.acquired, group+":"+maxWait.String())
 	r.required = append(r.required, required)
 	if r.refuse {
-		return r.Share(group), maxWait, tokenclient.ErrThrottled
+		return r.share(group), maxWait, tokenclient.ErrThrottled
 	}
 	r.ru += c.RU()
-	return r.Share(group), 0, nil
+	return r.share(group), 0, nil
 }
 
 func (r *recordingTokens) CountThrottled(group string) { r.throttled = append(r.throttled, group) }
@@ -75,7 +75,8 @@ func (r *recordingTokens) WouldAcquire(string, ru.Consumption, float64, time.Dur
 	return r.wouldWait, r.wouldRefuse
 }
 
-func (r *recordingTokens) Share(group string) tokenclient.Share {
+// share is the Share the fake returns with every AcquireShare.
+func (r *recordingTokens) share(group string) tokenclient.Share {
 	g, ok := r.groups[group]
 	sh := tokenclient.Share{Proxies: 1, Mode: g.Mode, MaxConcurrency: int(g.MaxConcurrency)}
 	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited || g.Mode != resourcegroup.ModeEnforce {
