@@ -91,6 +91,9 @@ type Client struct {
 	// purses are the sessions' purses that hold an advance or unrecorded
 	// consumption (purse.go).
 	purses map[*Purse]struct{}
+	// holds are the refused statements' demand holds, oldest first
+	// (HoldDemand).
+	holds []heldDemand
 
 	// droppedTokens counts granted tokens a dropGrant failpoint discarded.
 	droppedTokens float64

@@ -172,6 +172,60 @@ func TestDemandIncludesWaiters(t *testing.T) {
 	}
 }
 
+// A refused statement's held demand counts like a waiting statement's
+// and ends at ReleaseDemand or, when its session goes quiet, after
+// holdFor: an idle refused session does not keep its proxy's share up.
+func TestHeldDemandEndsAfterSilence(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	var h DemandHold
+	c.HoldDemand(&h, "a", 10)
+	req := build(c, false)
+	// 10 RU wanted within waitLead (20 ms): 500 RU/s of demand.
+	if g := groupEntry(req, "a"); g == nil || !near(g.GetDemandRuPerSec(), 500) {
+		t.Fatalf("entry %v, want demand 500", g)
+	}
+	if err := c.applyResponse(grantAll(req, 100)); err != nil {
+		t.Fatal(err)
+	}
+	// The session says nothing more: after holdFor the hold is over, and
+	// the next report's demand averages it only over the time it lasted.
+	clk.Advance(holdFor)
+	c.mu.Lock()
+	c.refreshLocked(clk.Now())
+	waiting := c.groups["a"].waiting
+	c.mu.Unlock()
+	if waiting != 0 {
+		t.Fatalf("waiting %v after holdFor, want 0", waiting)
+	}
+	clk.Advance(holdFor)
+	c.mu.Lock()
+	d := c.groups["a"].demand(clk.Now())
+	c.mu.Unlock()
+	if !near(d, 250) { // held 2 s of the 4 s since the report
+		t.Fatalf("demand %v, want the held 500 RU/s averaged over half the window: 250", d)
+	}
+	c.mu.Lock()
+	c.groups["a"].resetWaiting(clk.Now())
+	clk.Advance(time.Second)
+	d = c.groups["a"].demand(clk.Now())
+	c.mu.Unlock()
+	if d != 0 {
+		t.Fatalf("demand %v in the next window, want 0", d)
+	}
+	// Released early, and released again after it expired: no harm.
+	c.HoldDemand(&h, "a", 10)
+	c.ReleaseDemand(&h)
+	clk.Advance(holdFor)
+	c.ReleaseDemand(&h)
+	c.mu.Lock()
+	c.refreshLocked(clk.Now())
+	waiting, holds := c.groups["a"].waiting, len(c.holds)
+	c.mu.Unlock()
+	if waiting != 0 || holds != 0 {
+		t.Fatalf("waiting %v, %d holds listed; want none", waiting, holds)
+	}
+}
+
 func TestAcquireFailFastTimeoutAndRefund(t *testing.T) {
 	c, clk := newTestClient(t, nil)
 	ctx := context.Background()

@@ -19,8 +19,10 @@ func (c *Client) Degraded() bool {
 	return c.degraded
 }
 
-// refreshLocked enters degraded mode when rgserver has been silent too long.
+// refreshLocked ends expired demand holds and enters degraded mode when
+// rgserver has been silent too long.
 func (c *Client) refreshLocked(now time.Time) {
+	c.expireHoldsLocked(now)
 	if c.degraded {
 		return
 	}

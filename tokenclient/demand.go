@@ -16,25 +16,97 @@ import (
 // threshold it sets on the bucket, and the usage ring behind SHOW RESOURCE
 // GROUP USAGE.
 
-// HoldDemand adds d RU (negative: removes it) to the group's waiting
-// demand, as a statement waiting for tokens does, without waiting. The
-// policy holds the RU of a session's refused statement until the
-// session's next statement: a client refused and retrying still wants
-// its statement, so the fill rate keeps being split by the clients that
-// want it, not by those that happened to get in.
-func (c *Client) HoldDemand(group string, d float64) {
+// holdFor is how long a refused statement's RU counts as its group's
+// waiting demand (HoldDemand) when its session sends nothing more: a
+// client that retries comes back within it, one that went quiet stops
+// weighing on the split of the fill rate between proxies.
+const holdFor = 2 * time.Second
+
+// DemandHold is the RU of a session's refused statement, held as its
+// group's waiting demand (HoldDemand). A session owns one; the zero value
+// holds nothing. It is used under the client's lock only.
+type DemandHold struct {
+	group string
+	ru    float64
+	until time.Time
+}
+
+// heldDemand is an entry of the client's hold list, oldest first.
+type heldDemand struct {
+	h     *DemandHold
+	until time.Time
+}
+
+// HoldDemand makes h hold ru of group's waiting demand, as a statement
+// waiting for tokens counts, without waiting, in place of what h held.
+// The policy holds the RU of a session's refused statement: a client
+// refused and retrying still wants its statement, so the fill rate keeps
+// being split by the clients that want it, not by those that happened to
+// get in. The hold ends at ReleaseDemand (the session's next statement,
+// or its end) or after holdFor, whichever comes first; meanwhile it is
+// averaged into the demand like any waiting statement.
+func (c *Client) HoldDemand(h *DemandHold, group string, ru float64) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.servesLocked(group) {
+	c.releaseDemandLocked(h, now)
+	if ru <= 0 || math.IsInf(ru, 0) || math.IsNaN(ru) || !c.servesLocked(group) {
 		return
 	}
 	gs := c.stateLocked(group, now)
-	gs.addWaiting(now, d)
-	if d > 0 {
-		gs.want = true
-		c.kickLocked()
+	gs.addWaiting(now, ru)
+	gs.want = true
+	c.kickLocked()
+	*h = DemandHold{group: group, ru: ru, until: now.Add(holdFor)}
+	c.holds = append(c.holds, heldDemand{h: h, until: h.until})
+}
+
+// ReleaseDemand ends what h holds, if anything (a hold may have expired).
+func (c *Client) ReleaseDemand(h *DemandHold) {
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.releaseDemandLocked(h, now)
+}
+
+func (c *Client) releaseDemandLocked(h *DemandHold, at time.Time) {
+	if h.ru == 0 {
+		return
+	}
+	if gs, ok := c.groups[h.group]; ok {
+		gs.addWaiting(at, -h.ru)
+	}
+	*h = DemandHold{}
+}
+
+// expireHoldsLocked ends the holds older than holdFor, each as of its
+// end; the stream loop calls it every tick.
+func (c *Client) expireHoldsLocked(now time.Time) {
+	n := 0
+	for _, e := range c.holds {
+		if !e.until.After(now) {
+			if e.h.ru != 0 && e.h.until.Equal(e.until) {
+				c.releaseDemandLocked(e.h, e.until)
+			}
+			n++
+			continue
+		}
+		break
+	}
+	if n > 0 {
+		c.holds = append(c.holds[:0], c.holds[n:]...)
+	}
+	// Entries whose hold was released or replaced are dropped when they
+	// expire; bound the list against many replacements within holdFor.
+	if len(c.holds) > 4096 {
+		kept := c.holds[:0]
+		for _, e := range c.holds {
+			if e.h.ru != 0 && e.h.until.Equal(e.until) {
+				kept = append(kept, e)
+			}
+		}
+		c.holds = kept
 	}
 }
 

@@ -166,8 +166,9 @@ func TestDroppedGroupForgotten(t *testing.T) {
 	}
 	// A statement that settles after the DROP does not bring them back.
 	c.Charge("gone", rruOf(3))
-	c.HoldDemand("gone", 5)
-	c.HoldDemand("gone", -5)
+	var hold DemandHold
+	c.HoldDemand(&hold, "gone", 5)
+	c.ReleaseDemand(&hold)
 	c.CountThrottled("gone")
 	if hasState(c, "gone") || len(seriesOf(t, reg, "gone")) != 0 {
 		t.Fatalf("a late settlement revived the dropped group: state %v, series %v", hasState(c, "gone"), seriesOf(t, reg, "gone"))

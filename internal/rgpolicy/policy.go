@@ -53,7 +53,10 @@ type Tokens interface {
 	ChargePurse(p *tokenclient.Purse, group string, cons ru.Consumption)
 	ReturnPurse(p *tokenclient.Purse)
 	CountThrottled(group string)
-	HoldDemand(group string, d float64)
+	// HoldDemand holds a refused statement's RU as its group's waiting
+	// demand in h, for a couple of seconds at most; ReleaseDemand ends it.
+	HoldDemand(h *tokenclient.DemandHold, group string, ru float64)
+	ReleaseDemand(h *tokenclient.DemandHold)
 	WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, bool)
 	Group(name string) (resourcegroup.Group, bool)
 	Binding(user, host string) (resourcegroup.Binding, bool)
@@ -298,10 +301,11 @@ type session struct {
 	notes []*resourcegroup.Error
 	// seenGroup was last reported to the metrics as used, at seenAt: the
 	// session tells them again only when the group changes or now and then.
-	// heldGroup and held: the RU of the session's last refused statement,
-	// held as waiting demand of its group until the next statement.
-	heldGroup   string
-	held        float64
+	// hold is the RU of the session's last refused statement, held as
+	// waiting demand of its group until the next statement (or for a
+	// couple of seconds of silence); holding says it may hold something.
+	hold    tokenclient.DemandHold
+	holding bool
 	seenGroup   string
 	seenAt      time.Time
 	seenForgets uint64
@@ -638,9 +642,8 @@ func throttledError(group string) *mysqlproto.Error {
 func (s *session) refused(group string, waited time.Duration) *mysqlproto.Reply {
 	s.last = lastStatement{valid: true, group: s.cur.group, waited: waited, errCode: codeThrottled}
 	if n := s.cur.prepaid.RU(); n > 0 {
-		s.releaseHeld()
-		s.heldGroup, s.held = group, n
-		s.p.tokens.HoldDemand(group, n)
+		s.p.tokens.HoldDemand(&s.hold, group, n)
+		s.holding = true
 	}
 	return &mysqlproto.Reply{Err: throttledError(group)}
 }
@@ -648,9 +651,9 @@ func (s *session) refused(group string, waited time.Duration) *mysqlproto.Reply 
 // releaseHeld ends the demand held for the session's last refused
 // statement.
 func (s *session) releaseHeld() {
-	if s.held != 0 {
-		s.p.tokens.HoldDemand(s.heldGroup, -s.held)
-		s.held = 0
+	if s.holding {
+		s.p.tokens.ReleaseDemand(&s.hold)
+		s.holding = false
 	}
 }
 

@@ -32,6 +32,7 @@ type recordingTokens struct {
 	amounts  []float64 // RU of each Charge
 	store    resourcegroup.Store
 	held     float64 // demand held by refused statements
+	holds    map[*tokenclient.DemandHold]float64
 	// What WouldAcquire answers.
 	wouldWait   time.Duration
 	wouldRefuse bool
@@ -69,7 +70,16 @@ func (r *recordingTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse
 
 func (r *recordingTokens) CountThrottled(group string) { r.throttled = append(r.throttled, group) }
 
-func (r *recordingTokens) HoldDemand(group string, d float64) { r.held += d }
+func (r *recordingTokens) HoldDemand(h *tokenclient.DemandHold, group string, d float64) {
+	r.ReleaseDemand(h)
+	r.held += d
+	r.holds[h] = d
+}
+
+func (r *recordingTokens) ReleaseDemand(h *tokenclient.DemandHold) {
+	r.held -= r.holds[h]
+	delete(r.holds, h)
+}
 
 func (r *recordingTokens) WouldAcquire(string, ru.Consumption, float64, time.Duration) (time.Duration, bool) {
 	return r.wouldWait, r.wouldRefuse
@@ -185,7 +195,7 @@ func newTestPolicy(tok *recordingTokens) *Policy {
 }
 
 func testGroups() *recordingTokens {
-	return &recordingTokens{
+	return &recordingTokens{holds: map[*tokenclient.DemandHold]float64{},
 		groups: map[string]resourcegroup.Group{
 			"default": resourcegroup.DefaultGroupDefinition(),
 			"bound":   {Name: "bound", RUPerSec: 100},
