@@ -304,8 +304,8 @@ type session struct {
 	// hold is the RU of the session's last refused statement, held as
 	// waiting demand of its group until the next statement (or for a
 	// couple of seconds of silence); holding says it may hold something.
-	hold    tokenclient.DemandHold
-	holding bool
+	hold        tokenclient.DemandHold
+	holding     bool
 	seenGroup   string
 	seenAt      time.Time
 	seenForgets uint64
@@ -377,12 +377,15 @@ func (c *statement) main() *leg { return &c.legs[0] }
 
 // lastStatement is what SHOW LAST STATEMENT RU reports.
 type lastStatement struct {
-	valid   bool
-	group   string
-	cost    ru.Consumption
-	waited  time.Duration
-	errCode uint16 // the error rgproxy answered with (8252), 0 if it ran
-	would   string // MODE WARN: what ENFORCE would have done
+	valid bool
+	group string
+	// tagGroup is the group of a bound tag the statement was also
+	// charged to (strict mode), "" = none.
+	tagGroup string
+	cost     ru.Consumption
+	waited   time.Duration
+	errCode  uint16 // the error rgproxy answered with (8252), 0 if it ran
+	would    string // MODE WARN: what ENFORCE would have done
 }
 
 // Before implements mysqlproto.SessionPolicy.
@@ -576,6 +579,9 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		}
 	}
 	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would}
+	if cur.nlegs > 1 {
+		s.last.tagGroup = cur.legs[1].group
+	}
 	if cur.hasShape && !out.NotForwarded { // a statement that never ran teaches nothing
 		s.p.shapes.observe(cur.shape, &s.shapes, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
 	}
@@ -640,7 +646,7 @@ func throttledError(group string) *mysqlproto.Error {
 // holds its RU as waiting demand of the group for a while: a client
 // refused and retrying still wants its statement.
 func (s *session) refused(group string, waited time.Duration) *mysqlproto.Reply {
-	s.last = lastStatement{valid: true, group: s.cur.group, waited: waited, errCode: codeThrottled}
+	s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, waited: waited, errCode: codeThrottled}
 	if n := s.cur.prepaid.RU(); n > 0 {
 		s.p.tokens.HoldDemand(&s.hold, group, n)
 		s.holding = true
