@@ -27,8 +27,9 @@ import (
 // when nothing is estimated) can get the statement refused. It fails fast
 // with an error wrapping ErrThrottled when the estimated wait already
 // exceeds maxWait or when maxWait passes first; nothing is then charged
-// nor recorded, so a caller that runs the statement anyway (inside a
-// transaction) must Charge it. When the whole cannot be paid within
+// nor recorded, nor counted as throttled: a caller that refuses the
+// statement counts it (CountThrottled), one that runs it anyway (inside a
+// transaction) must pay for it (Charge, or later, as a session's debt). When the whole cannot be paid within
 // maxWait but the required part can, the statement waits until the fill
 // has paid what it took or maxWait has passed, whichever is first, and the
 // rest stays as debt that later statements repay: an estimate never
@@ -139,7 +140,6 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 		short := required - gs.bucket.Tokens(now)
 		if remaining <= 0 || (rate > 0 && short/rate > remaining.Seconds()) {
 			unregister()
-			c.throttledLocked(gs)
 			*share = c.shareLocked(group)
 			c.mu.Unlock()
 			return waited, fmt.Errorf("%w: group %q needs %.2f RU, more than %v can supply", ErrThrottled, group, n, maxWait)
@@ -263,8 +263,11 @@ func (c *Client) ChargePurse(p *Purse, group string, cons ru.Consumption) {
 	c.Charge(group, cons)
 }
 
-// CountThrottled counts a statement of group refused by the caller (for
-// instance at its concurrency limit) as throttled, like one AcquireShare refused.
+// CountThrottled counts a statement of group that the caller refused
+// (8252) as throttled: rgproxy_throttled_total and USAGE's THROTTLED.
+// AcquireShare does not count its ErrThrottled answers itself: a caller
+// may still run the statement (inside a transaction, on its session's
+// debt), and only a refusal is throttled.
 func (c *Client) CountThrottled(group string) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()

@@ -2,6 +2,7 @@ package tokenclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -427,9 +428,12 @@ func (s *rgServer) deleteWatchLocked(id uint64) bool {
 
 // acquireAll pre-charges cons with its whole cost required, through the
 // one way in (AcquireShare) without a purse, and returns how long it
-// waited.
+// waited; a refusal is counted as throttled, as the policy counts it.
 func acquireAll(ctx context.Context, c *Client, group string, cons ru.Consumption, maxWait time.Duration) (time.Duration, error) {
 	_, waited, err := c.AcquireShare(ctx, nil, group, cons, cons.RU(), maxWait)
+	if errors.Is(err, ErrThrottled) {
+		c.CountThrottled(group)
+	}
 	return waited, err
 }
 

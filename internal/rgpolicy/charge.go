@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -33,9 +34,7 @@ import (
 // group's other sessions never pay for it.
 func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Settings) *mysqlproto.Reply {
 	cur := &s.cur
-	cur.req = ru.RequestInfo{Class: costClass(st), WriteBytes: st.PayloadBytes}
-	cur.before = s.p.cost.BeforeCost(cur.req)
-	cur.prepaid = cur.before
+	s.price(st)
 	cur.legs[0], cur.nlegs = leg{group: cur.group}, 1
 	if cur.before.IsZero() {
 		return nil // free
@@ -43,11 +42,6 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	if cur.tagGroup != "" && cur.tagGroup != cur.group {
 		cur.legs[1], cur.nlegs = leg{group: cur.tagGroup}, 2
 	}
-	cur.shape = shapeKey{group: cur.group, hash: st.Scan.DigestHash}
-	// A shape's executions: not COM_STMT_PREPARE (its EXECUTEs are) nor
-	// COM_STMT_FETCH (part of the EXECUTE that opened the cursor).
-	cur.hasShape = st.Scan.Digest != nil && cur.req.Class != ru.ClassFetch && st.Command != mysql.COM_STMT_PREPARE
-	s.estimate()
 	if endsTxn(st) && st.InTransaction {
 		for i := range cur.nlegs {
 			l := &cur.legs[i]
@@ -67,6 +61,23 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 		}
 	}
 	return nil
+}
+
+// price sets what the statement is expected to cost: its before-cost and
+// its prepaid cost, the larger of that and its shape's estimate.
+func (s *session) price(st *mysqlproto.Statement) {
+	cur := &s.cur
+	cur.req = ru.RequestInfo{Class: costClass(st), WriteBytes: st.PayloadBytes}
+	cur.before = s.p.cost.BeforeCost(cur.req)
+	cur.prepaid = cur.before
+	if cur.before.IsZero() {
+		return // free
+	}
+	cur.shape = shapeKey{group: cur.group, hash: st.Scan.DigestHash}
+	// A shape's executions: not COM_STMT_PREPARE (its EXECUTEs are) nor
+	// COM_STMT_FETCH (part of the EXECUTE that opened the cursor).
+	cur.hasShape = st.Scan.Digest != nil && cur.req.Class != ru.ClassFetch && st.Command != mysql.COM_STMT_PREPARE
+	s.estimate()
 }
 
 // chargeLeg takes the statement's prepaid cost from the bucket of its
@@ -120,7 +131,12 @@ func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int
 			s.p.logger.Debug("statement throttled", "resource_group", l.group,
 				"digest", string(st.Scan.Digest), "waited", cur.waited, "in_transaction", st.InTransaction)
 		}
-		return s.refused(l.group, cur.waited)
+		if st.InTransaction {
+			return s.refused(l.group, fmt.Sprintf("inside a transaction, after %s, the session already owes the group %s RU "+
+				"of at most %s (one second of its rate here); it repays them before its next statement outside a transaction",
+				waitDetail(cur.waited, maxWait, true), formatRU(s.debtTo(l.group)), formatRU(l.share.Rate*txnDebtSeconds)))
+		}
+		return s.refused(l.group, s.tokensDetail(l.group, cur.before.RU(), maxWait, false))
 	}
 	s.p.logger.Warn("acquiring tokens failed", "resource_group", l.group, "err", err)
 	return &mysqlproto.Reply{Err: errInterrupted}

@@ -95,7 +95,8 @@ func (s *session) repay(ctx context.Context, maxWait time.Duration) *mysqlproto.
 		case ctx.Err() != nil:
 			return &mysqlproto.Reply{Err: errInterrupted}
 		case errors.Is(err, tokenclient.ErrThrottled):
-			return s.refused(d.group, s.cur.waited)
+			return s.refused(d.group, "the session first repays "+formatRU(d.cons.RU())+
+				" RU it ran on debt inside a transaction: "+s.tokensDetail(d.group, d.required, maxWait, false))
 		default:
 			s.p.logger.Warn("repaying a session's debt failed", "resource_group", d.group, "err", err)
 			return &mysqlproto.Reply{Err: errInterrupted}

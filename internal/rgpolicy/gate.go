@@ -119,6 +119,13 @@ func (g *gate) forceUnderCap(n float64, maxConc int) bool {
 	return true
 }
 
+// full reports whether maxConc statements run now.
+func (g *gate) full(maxConc int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.running >= maxConc
+}
+
 func (g *gate) admitLocked(n float64) {
 	g.inflight += n
 	g.running++
@@ -322,8 +329,8 @@ func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Sett
 		cur.waited += s.p.clk.Now().Sub(start)
 	case errors.Is(err, errAdmissionWait):
 		cur.waited += s.p.clk.Now().Sub(start)
-		s.p.tokens.CountThrottled(cur.group)
-		return s.refused(cur.group, cur.waited)
+		return s.refused(cur.group, fmt.Sprintf("%s for one of the proxy's --max-backend-concurrency %d backend slots",
+			waitDetail(cur.waited, maxWait, false), set.MaxBackendConcurrency))
 	default:
 		return &mysqlproto.Reply{Err: errInterrupted}
 	}
@@ -345,7 +352,7 @@ func (s *session) awaitCooldown(ctx context.Context, st *mysqlproto.Statement, m
 	}
 	left := maxWait - cur.waited
 	if left <= 0 {
-		return s.cooldownTimeout(st)
+		return s.cooldownTimeout(st, maxWait)
 	}
 	start := s.p.clk.Now()
 	t := s.p.clk.NewTimer(left)
@@ -359,16 +366,16 @@ func (s *session) awaitCooldown(ctx context.Context, st *mysqlproto.Statement, m
 		return &mysqlproto.Reply{Err: errInterrupted}
 	case <-t.C():
 		cur.waited += s.p.clk.Now().Sub(start)
-		return s.cooldownTimeout(st)
+		return s.cooldownTimeout(st, maxWait)
 	}
 }
 
-func (s *session) cooldownTimeout(st *mysqlproto.Statement) *mysqlproto.Reply {
+func (s *session) cooldownTimeout(st *mysqlproto.Statement, maxWait time.Duration) *mysqlproto.Reply {
 	if st.InTransaction {
 		return nil
 	}
-	s.p.tokens.CountThrottled(s.cur.group)
-	return s.refused(s.cur.group, s.cur.waited)
+	return s.refused(s.cur.group, waitDetail(s.cur.waited, maxWait, false)+
+		" for the proxy's COOLDOWN slot (a runaway watch lets one such statement run at a time)")
 }
 
 // enterGate takes the statement's place in the gate of its i-th group.
@@ -409,8 +416,12 @@ func (s *session) enterGate(ctx context.Context, st *mysqlproto.Statement, i int
 		// statement ran on its session's debt; MAX_CONCURRENCY is a
 		// count, which no debt repays.
 	default:
-		s.p.tokens.CountThrottled(l.group)
-		return s.refused(l.group, cur.waited)
+		why := fmt.Sprintf(" for a place in the group's in-flight bound on this proxy (%s RU of statements at once; this one %s RU)",
+			formatRU(bound), formatRU(n))
+		if sh.MaxConcurrency > 0 && gt.full(sh.MaxConcurrency) {
+			why = fmt.Sprintf(" for one of the group's MAX_CONCURRENCY places (%d on this proxy)", sh.MaxConcurrency)
+		}
+		return s.refused(l.group, waitDetail(cur.waited, maxWait, st.InTransaction)+why)
 	}
 	l.gate, l.gateRU = gt, n
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,7 +255,8 @@ func TestPolicyTagAddsItsGroupsLimits(t *testing.T) {
 	f.waiting(1)
 	f.clk.Advance(time.Second)
 	v := f.verdict("the second tagged statement", bDone)
-	if errCode(v) != 8252 || v.Reply.Err.Message != "Exceeded resource group quota limitation (resource group reports)" {
+	if errCode(v) != 8252 || v.Reply.Err.Message != "Exceeded resource group quota limitation (resource group reports): "+
+		"waited 1s of --max-wait 1s for one of the group's MAX_CONCURRENCY places (1 on this proxy)" {
 		t.Fatalf("refused by the tag's group: %+v", v.Reply)
 	}
 	if len(tok.charged) != 2 || tok.charged[0] != "default" || tok.charged[1] != "reports" {
@@ -271,5 +273,38 @@ func TestPolicyTagAddsItsGroupsLimits(t *testing.T) {
 		if got := f.p.gates.get(g).String(); got != "bound=25 max="+map[string]string{"bound": "0", "reports": "1"}[g]+" inflight=0 running=0 waiting=0" {
 			t.Fatalf("%s's gate at the end: %s", g, got)
 		}
+	}
+}
+
+// 8252 says why: the group, its limit, how long the statement waited and,
+// when its cost can never be granted within the wait, what would let it
+// through; SHOW LAST STATEMENT RU shows the refused statement's estimate.
+func TestPolicyThrottledSaysWhy(t *testing.T) {
+	tok := testGroups()
+	tok.groups["bound"] = resourcegroup.Group{Name: "bound", RUPerSec: 2}
+	tok.refuse = true
+	f := newFakePolicy(t, tok, Settings{Strict: true, MaxWait: 30 * time.Second, MaxWaitInTxn: 100 * time.Millisecond})
+	s := f.open("app")
+	insert := query("INSERT INTO t VALUES ('" + strings.Repeat("x", 200*1024) + "')")
+	v := f.verdict("a 200 KB insert", f.before(s, insert))
+	want := "Exceeded resource group quota limitation (resource group bound): waited 30s of --max-wait 30s for 202.025 RU " +
+		"at RU_PER_SEC 2; it can never be granted within the wait (at most 62 RU): raise the group's RU_PER_SEC to 7 or more, " +
+		"or --max-wait to 100s or more, or make the statement cheaper"
+	if errCode(v) != 8252 || v.Reply.Err.Message != want {
+		t.Fatalf("a statement that can never fit:\n got %+v\nwant %s", v.Reply, want)
+	}
+	last := f.verdict("SHOW LAST STATEMENT RU", f.before(s, query("SHOW LAST STATEMENT RU")))
+	row := last.Reply.Rows[0]
+	if *row[0] != "bound" || *row[1] != "0.000" || *row[7] != "8252" || *row[10] != "202.025" {
+		t.Fatalf("SHOW LAST STATEMENT RU after the refusal: group %s RRU %s error %s estimate %s", *row[0], *row[1], *row[7], *row[10])
+	}
+	// A statement that could fit says how long it waited, nothing more.
+	v = f.verdict("a point select", f.before(s, query("SELECT 1")))
+	if want := "Exceeded resource group quota limitation (resource group bound): waited 30s of --max-wait 30s for 0.625 RU at RU_PER_SEC 2"; v.Reply.Err.Message != want {
+		t.Fatalf("got %q, want %q", v.Reply.Err.Message, want)
+	}
+	// Counted once each, by the policy.
+	if len(tok.throttled) != 2 {
+		t.Fatalf("throttled %v, want two", tok.throttled)
 	}
 }

@@ -24,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -384,7 +386,12 @@ type lastStatement struct {
 	tagGroup string
 	cost     ru.Consumption
 	waited   time.Duration
-	errCode  uint16 // the error rgproxy answered with (8252), 0 if it ran
+	// errCode is the statement's error: rgproxy's (8252 refused, 8254
+	// quarantined), the backend's (8253 for a runaway statement killed),
+	// 0 when it succeeded.
+	errCode uint16
+	// estimate is what a refused statement would have been charged.
+	estimate ru.Consumption
 	would    string // MODE WARN: what ENFORCE would have done
 }
 
@@ -551,6 +558,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	after := s.p.cost.AfterCost(cur.req, res)
 	fired := s.guard.disarm()
 	chargeTo := s.chargeGroupAfter(s.guard, fired)
+	killed := fired && s.guard.rule.Action == resourcegroup.ActionKill
 	s.guard = nil
 	total := cur.before
 	total.Add(after)
@@ -578,7 +586,11 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 			s.p.tokens.Charge(l.group, settle)
 		}
 	}
-	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would}
+	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would,
+		estimate: cur.prepaid, errCode: out.ErrCode}
+	if killed && out.ErrCode == 1317 {
+		s.last.errCode = errRunawayKilled.Code
+	}
 	if cur.nlegs > 1 {
 		s.last.tagGroup = cur.legs[1].group
 	}
@@ -636,23 +648,81 @@ var errInterrupted = &mysqlproto.Error{Code: 1317, State: "70100", Message: "Que
 // codeThrottled is TiDB's "Exceeded resource group quota limitation".
 const codeThrottled = 8252
 
-func throttledError(group string) *mysqlproto.Error {
-	return &mysqlproto.Error{Code: codeThrottled, State: "HY000",
-		Message: fmt.Sprintf("Exceeded resource group quota limitation (resource group %s)", group)}
+// throttledError is 8252 for group: TiDB's text naming the group, then
+// why (detail, which says what the statement waited for and how long, and
+// what setting would let it through when nothing else can).
+func throttledError(group, detail string) *mysqlproto.Error {
+	msg := "Exceeded resource group quota limitation (resource group " + group + ")"
+	if detail != "" {
+		msg += ": " + detail
+	}
+	return &mysqlproto.Error{Code: codeThrottled, State: "HY000", Message: msg}
 }
 
-// refused records a statement that rgproxy refused with 8252 for group as
-// the session's last statement (it cost nothing and waited waited), and
-// holds its RU as waiting demand of the group for a while: a client
-// refused and retrying still wants its statement.
-func (s *session) refused(group string, waited time.Duration) *mysqlproto.Reply {
-	s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, waited: waited, errCode: codeThrottled}
+// refused refuses the statement with 8252 for group, the one place a
+// refusal is counted (rgproxy_throttled_total, USAGE's THROTTLED). It
+// records the statement as the session's last (it cost nothing, waited
+// cur.waited, would have cost its prepaid), and holds its RU as waiting
+// demand of the group for a while: a client refused and retrying still
+// wants its statement.
+func (s *session) refused(group, detail string) *mysqlproto.Reply {
+	s.p.tokens.CountThrottled(group)
+	s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, waited: s.cur.waited,
+		errCode: codeThrottled, estimate: s.cur.prepaid}
 	if n := s.cur.prepaid.RU(); n > 0 {
 		s.p.tokens.HoldDemand(&s.hold, group, n)
 		s.holding = true
 	}
-	return &mysqlproto.Reply{Err: throttledError(group)}
+	return &mysqlproto.Reply{Err: throttledError(group, detail)}
 }
+
+// waitDetail says how long the statement waited of its wait budget.
+func waitDetail(waited, maxWait time.Duration, inTxn bool) string {
+	flag := "--max-wait"
+	if inTxn {
+		flag = "--max-wait-in-txn"
+	}
+	return fmt.Sprintf("waited %s of %s %s", fmtDuration(waited), flag, fmtDuration(maxWait))
+}
+
+// fmtDuration renders d for an error message: 1.5s, 100ms, 27.3s.
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return strconv.FormatFloat(math.Round(d.Seconds()*1000)/1000, 'f', -1, 64) + "s"
+	case d >= time.Millisecond:
+		return strconv.FormatFloat(math.Round(float64(d)/float64(time.Millisecond)*10)/10, 'f', -1, 64) + "ms"
+	case d <= 0:
+		return "0s"
+	}
+	return d.String()
+}
+
+// tokensDetail explains a refusal for want of tokens in group: what the
+// statement needed, the group's rate, and — when its required RU can
+// never be granted within the wait, even from a full bucket — which
+// setting would let it through.
+func (s *session) tokensDetail(group string, required float64, maxWait time.Duration, inTxn bool) string {
+	d := waitDetail(s.cur.waited, maxWait, inTxn) + fmt.Sprintf(" for %s RU", formatRU(required))
+	g, ok := s.group(group)
+	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.RUPerSec == 0 {
+		return d
+	}
+	rate := float64(g.RUPerSec)
+	capacity := rate * g.Burst.CapacitySeconds()
+	most := rate*maxWait.Seconds() + capacity
+	d += fmt.Sprintf(" at RU_PER_SEC %d", g.RUPerSec)
+	if required > most && !inTxn {
+		needRate := uint64(math.Ceil(required / (maxWait.Seconds() + g.Burst.CapacitySeconds())))
+		needWait := time.Duration((required - capacity) / rate * float64(time.Second)).Round(time.Second)
+		d += fmt.Sprintf("; it can never be granted within the wait (at most %s RU): raise the group's RU_PER_SEC to %d or more, "+
+			"or --max-wait to %s or more, or make the statement cheaper", formatRU(most), needRate, fmtDuration(needWait))
+	}
+	return d
+}
+
+// formatRU renders an RU amount with at most 3 decimals.
+func formatRU(v float64) string { return strconv.FormatFloat(math.Round(v*1000)/1000, 'f', -1, 64) }
 
 // releaseHeld ends the demand held for the session's last refused
 // statement.
