@@ -256,19 +256,33 @@ func TestCharsetSessionReadAsTheBackend(t *testing.T) {
 		}
 		defer conn.Close()
 		checkUTF8(t, conn, "utf8mb4 handshake")
+		// Questions counts the statements the backend ran for the session,
+		// rgproxy's own included (this SHOW counts itself).
+		questions := func() int {
+			t.Helper()
+			var name string
+			var n int
+			if err := conn.QueryRowContext(ctx, "SHOW SESSION STATUS LIKE 'Questions'").Scan(&name, &n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
 		steps := []struct {
 			how   string
 			stmts []string
 			gbk   bool
+			asks  int // queries rgproxy sends the backend to learn the character set
 		}{
-			{"SET NAMES gbk", []string{"SET NAMES gbk"}, true},
-			{"SET NAMES utf8mb4", []string{"SET NAMES utf8mb4"}, false},
-			{"SET character_set_client = @cs", []string{"SET @cs = 'gbk'", "SET character_set_client = @cs"}, true},
-			{"EXECUTE of SET NAMES utf8mb4", []string{"PREPARE s FROM 'SET NAMES utf8mb4'", "EXECUTE s"}, false},
-			{"EXECUTE IMMEDIATE of SET CHARSET gbk", []string{"EXECUTE IMMEDIATE 'SET CHARSET gbk'"}, true},
-			{"SET NAMES DEFAULT", []string{"SET NAMES DEFAULT"}, false},
+			{"SELECT 1", []string{"SELECT 1", "SELECT 2"}, false, 0},
+			{"SET NAMES gbk", []string{"SET NAMES gbk"}, true, 0},
+			{"SET NAMES utf8mb4", []string{"SET NAMES utf8mb4"}, false, 0},
+			{"SET character_set_client = @cs", []string{"SET @cs = 'gbk'", "SET character_set_client = @cs"}, true, 1},
+			{"EXECUTE of SET NAMES utf8mb4", []string{"PREPARE s FROM 'SET NAMES utf8mb4'", "EXECUTE s"}, false, 0},
+			{"EXECUTE IMMEDIATE of SET CHARSET gbk", []string{"EXECUTE IMMEDIATE 'SET CHARSET gbk'"}, true, 0},
+			{"SET NAMES DEFAULT", []string{"SET NAMES DEFAULT"}, false, 1},
 		}
 		for _, s := range steps {
+			before := questions()
 			for _, q := range s.stmts {
 				if _, err := conn.ExecContext(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)
@@ -278,6 +292,9 @@ func TestCharsetSessionReadAsTheBackend(t *testing.T) {
 				checkGBK(t, conn, s.how)
 			} else {
 				checkUTF8(t, conn, s.how)
+			}
+			if asks := questions() - before - len(s.stmts) - 2; asks != s.asks {
+				t.Errorf("%s: rgproxy asked the backend %d times, want %d", s.how, asks, s.asks)
 			}
 		}
 	})
