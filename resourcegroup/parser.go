@@ -1,6 +1,6 @@
 package resourcegroup
 
-// The parser is a small hand-written lexer and recursive-descent parser for
+// The parser is a small recursive-descent parser, over sqltext's tokens, for
 // exactly the admin statements rgproxy owns (TiDB's resource-group syntax
 // plus rgproxy's own SHOW statements). TiDB's parser package speaks the same
 // grammar but pulls a large dependency tree into a build that runs on two
