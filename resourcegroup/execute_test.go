@@ -6,12 +6,14 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // run parses and executes sql against s.
 func run(t *testing.T, s Store, sql string) (*Result, error) {
 	t.Helper()
-	st, err := Parse(sql)
+	st, err := Parse(sql, sqltext.Mode{})
 	if err != nil {
 		t.Fatalf("Parse(%s): %v", sql, err)
 	}

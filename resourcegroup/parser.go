@@ -1,6 +1,6 @@
 package resourcegroup
 
-// The parser is a small hand-written lexer and recursive-descent parser for
+// The parser is a small recursive-descent parser, over sqltext's tokens, for
 // exactly the admin statements rgproxy owns (TiDB's resource-group syntax
 // plus rgproxy's own SHOW statements). TiDB's parser package speaks the same
 // grammar but pulls a large dependency tree into a build that runs on two
@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // infoSchemaColumns are the columns of information_schema.resource_groups,
@@ -40,8 +42,12 @@ type parser struct {
 // Parse parses one admin statement. Errors are *Error: 1064 with the
 // position, 1105 for invalid values (TiDB's wording), 1235 for shapes
 // rgproxy does not implement, 1295 for more than one statement.
-func Parse(sql string) (Statement, error) {
-	p := &parser{lex: lexer{src: sql}}
+//
+// m is the session's mode (Statement.Mode in mysqlproto): the statement is
+// read in its character set and NO_BACKSLASH_ESCAPES, as the server would
+// read it.
+func Parse(sql string, m sqltext.Mode) (Statement, error) {
+	p := &parser{lex: newLexer(sql, m)}
 	if err := p.advance(); err != nil {
 		return nil, err
 	}
@@ -349,28 +355,40 @@ func (p *parser) alterUser() (Statement, error) {
 	if err := p.advance(); err != nil {
 		return nil, err
 	}
-	if ok, err := p.acceptPunct("@"); err != nil {
-		return nil, err
-	} else if ok {
-		if p.tok.kind != tkWord && p.tok.kind != tkQIdent && p.tok.kind != tkString && p.tok.kind != tkNumber {
+	switch {
+	case p.tok.kind == tkVar && !strings.HasPrefix(p.tok.text, "@@"):
+		// user@host and user@'host' lex as a user variable: the host
+		// is what follows the '@'.
+		rest := p.tok.text[1:]
+		if rest != "" && (rest[0] == '\'' || rest[0] == '"' || rest[0] == '`') {
+			h, ok := sqltext.Unquote(rest, p.lex.mode)
+			if !ok {
+				return nil, p.fail()
+			}
+			st.Host = h
+		} else if st.Host = p.lex.host(p.tok.pos + 1).text; badHost(st.Host) {
 			return nil, p.fail()
 		}
-		st.Host = p.tok.text
 		if err := p.advance(); err != nil {
 			return nil, err
 		}
-		// An unquoted IP host lexes as number . number ...
-		for p.isPunct(".") {
-			if err := p.advance(); err != nil {
-				return nil, err
-			}
-			if p.tok.kind != tkWord && p.tok.kind != tkNumber {
-				return nil, p.fail()
-			}
-			st.Host += "." + p.tok.text
-			if err := p.advance(); err != nil {
-				return nil, err
-			}
+	case p.isPunct("@"):
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		switch p.tok.kind {
+		case tkQIdent, tkString:
+			st.Host = p.tok.text
+		case tkWord, tkNumber, tkOther:
+			st.Host = p.lex.host(p.tok.pos).text // an IP address is one name
+		default:
+			return nil, p.fail()
+		}
+		if badHost(st.Host) {
+			return nil, p.fail()
+		}
+		if err := p.advance(); err != nil {
+			return nil, err
 		}
 	}
 	if err := p.expectWords("RESOURCE", "GROUP"); err != nil {
@@ -408,7 +426,6 @@ func (p *parser) show() (Statement, error) {
 		if p.isWord("LIKE") || p.isWord("WHERE") {
 			// The rest is SQL for the backend: taken whole, as written.
 			filter := strings.TrimRight(strings.TrimSpace(p.lex.src[p.tok.pos:]), "; \t\r\n")
-			p.lex.pos = len(p.lex.src)
 			p.tok = token{kind: tkEOF, pos: len(p.lex.src)}
 			return &ShowUsage{Filter: filter}, nil
 		}
@@ -537,6 +554,12 @@ func (p *parser) selectStmt() (Statement, error) {
 		return nil, NewUnsupported(selectShape)
 	}
 	return st, nil
+}
+
+// badHost reports whether an unquoted host name is empty or has an empty
+// label ("10.", ".x", "a..b").
+func badHost(h string) bool {
+	return h == "" || h[0] == '.' || h[len(h)-1] == '.' || strings.Contains(h, "..")
 }
 
 // isIdent reports whether the token is the identifier name, bare or quoted.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func TestParse(t *testing.T) {
@@ -76,14 +78,14 @@ func TestParse(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.sql, func(t *testing.T) {
-			got, err := Parse(tt.sql)
+			got, err := Parse(tt.sql, sqltext.Mode{})
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got  %#v\nwant %#v", got, tt.want)
 			}
-			if !IsAdmin(tt.sql) {
+			if !IsAdmin(tt.sql, sqltext.Mode{}) {
 				t.Errorf("IsAdmin = false for a statement Parse accepts")
 			}
 		})
@@ -159,8 +161,9 @@ func TestParseErrors(t *testing.T) {
 		{"drop resource group binding for tag k = 'v' to rg", 1064, "near 'to rg'"},
 		{"alter user app resource group", 1064, "near ''"},
 		{"alter user app@ resource group rg", 1064, "near 'group rg'"},
-		{"alter user app@10. resource group rg", 1064, "near 'group rg'"},
-		{"alter user app@10.= resource group rg", 1064, "near '= resource"},
+		{"alter user app@1.2.3.4 resource group rg x", 1064, "near 'x'"},
+		{"alter user app@10. resource group rg", 1064, "near '@10. resource group rg'"},
+		{"alter user app@10.= resource group rg", 1064, "near '@10.= resource"},
 		{"alter user app@= resource group rg", 1064, "near '= resource"},
 		{"alter user = resource group rg", 1064, "near '= resource"},
 		{"alter user app identified by 'x'", 1064, "near 'identified"},
@@ -189,7 +192,7 @@ func TestParseErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.sql, func(t *testing.T) {
-			st, err := Parse(tt.sql)
+			st, err := Parse(tt.sql, sqltext.Mode{})
 			var e *Error
 			if !errors.As(err, &e) {
 				t.Fatalf("Parse = %#v, %v; want an *Error", st, err)
@@ -214,7 +217,7 @@ func TestApply(t *testing.T) {
 		{"alter resource group rg query_limit=(exec_elapsed='1s' action=cooldown)", Group{Name: "rg", RUPerSec: 10, Priority: PriorityHigh, Burst: BurstModerated, QueryLimit: &QueryLimit{ExecElapsed: time.Second, Action: ActionCooldown}, Version: 7}},
 	}
 	for _, tt := range tests {
-		st, err := Parse(tt.sql)
+		st, err := Parse(tt.sql, sqltext.Mode{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +257,7 @@ func TestStatementKinds(t *testing.T) {
 		{"select * from information_schema.resource_groups", false, false},
 	}
 	for _, tt := range tests {
-		st, err := Parse(tt.sql)
+		st, err := Parse(tt.sql, sqltext.Mode{})
 		if err != nil {
 			t.Fatal(err)
 		}

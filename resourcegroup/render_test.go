@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func strp(s string) *string { return &s }
@@ -130,7 +132,7 @@ func randomGroup(r *rand.Rand) Group {
 	return g
 }
 
-// TestRoundTrip is the property Parse(g.SQL()) == g over random valid groups.
+// TestRoundTrip is the property Parse(g.SQL(), sqltext.Mode{}) == g over random valid groups.
 func TestRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for i := range 5000 {
@@ -139,7 +141,7 @@ func TestRoundTrip(t *testing.T) {
 			t.Fatalf("#%d: generator made an invalid group %+v: %v", i, g, err)
 		}
 		sql := g.SQL()
-		st, err := Parse(sql)
+		st, err := Parse(sql, sqltext.Mode{})
 		if err != nil {
 			t.Fatalf("#%d: Parse(%s): %v", i, sql, err)
 		}
@@ -147,7 +149,7 @@ func TestRoundTrip(t *testing.T) {
 		if !ok || !reflect.DeepEqual(c.Group, g) {
 			t.Fatalf("#%d: round trip of %s\n got  %#v\n want %#v", i, sql, st, g)
 		}
-		if !IsAdmin(sql) {
+		if !IsAdmin(sql, sqltext.Mode{}) {
 			t.Fatalf("#%d: IsAdmin(%s) = false", i, sql)
 		}
 	}

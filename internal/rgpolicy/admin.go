@@ -12,6 +12,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // admin answers one of rgproxy's own statements; nothing reaches the backend.
@@ -22,7 +23,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 	if st.Multi {
 		return errReply(errAdminInMulti)
 	}
-	stmt, err := resourcegroup.Parse(st.Query)
+	stmt, err := resourcegroup.Parse(st.Query, st.Mode())
 	if err != nil {
 		return errReply(err)
 	}
@@ -79,7 +80,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			a.Group = s.currentGroup()
 		}
 		if a.Match == resourcegroup.WatchSimilar && a.Digest == "" {
-			a.Digest = mysqlproto.Digest([]byte(a.Text))
+			a.Digest = mysqlproto.Digest([]byte(a.Text), st.Mode())
 		}
 	}
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
@@ -108,9 +109,9 @@ func (s *session) showNotes(st *mysqlproto.Statement) (mysqlproto.Verdict, bool)
 	if st.Command != mysql.COM_QUERY {
 		return mysqlproto.Verdict{}, false
 	}
-	tz := mysqlproto.NewTokenizer(st.Query, st.NoBackslashEscapes)
+	tz := sqltext.NewString(st.Query, st.Mode())
 	var words []string
-	for t := tz.Next(); t.Kind != mysqlproto.TokenEOF && t.Kind != mysqlproto.TokenSemicolon && len(words) < 8; t = tz.Next() {
+	for t := tz.Next(); t.Kind != sqltext.EOF && t.Kind != sqltext.Semicolon && len(words) < 8; t = tz.Next() {
 		words = append(words, strings.ToUpper(st.Query[t.Start:t.End]))
 	}
 	switch strings.Join(words, " ") {
@@ -217,9 +218,9 @@ var errAdminInMulti = &mysqlproto.Error{Code: resourcegroup.CodeNotAllowedPrepar
 
 // multiHasAdmin reports whether any part of a multi-statement is one of
 // rgproxy's admin statements.
-func multiHasAdmin(q string, noBackslashEscapes bool) bool {
-	for _, part := range mysqlproto.SplitStatements([]byte(q), noBackslashEscapes) {
-		if resourcegroup.IsAdmin(string(part)) {
+func multiHasAdmin(q string, m sqltext.Mode) bool {
+	for _, part := range mysqlproto.SplitStatements([]byte(q), m) {
+		if resourcegroup.IsAdmin(string(part), m) {
 			return true
 		}
 	}

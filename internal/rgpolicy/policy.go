@@ -415,7 +415,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	var refs []virtualRef
 	if (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) && st.Scan.Mentions&virtualMentions != 0 {
-		refs = findVirtual(st.Query, st.NoBackslashEscapes, func() bool { s.cpu.stale(); return inInformationSchema(ctx, be) })
+		refs = findVirtual(st.Query, st.Mode(), func() bool { s.cpu.stale(); return inInformationSchema(ctx, be) })
 		if refs != nil && st.Command == mysql.COM_STMT_PREPARE {
 			// A prepared statement would keep a stale copy of the rows.
 			return errReply(resourcegroup.NewNotAllowedInPrepare())
@@ -423,7 +423,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	var rewrite string
 	if refs == nil && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) {
-		if st.Scan.Mentions != 0 && resourcegroup.IsAdmin(st.Query) {
+		if st.Scan.Mentions != 0 && resourcegroup.IsAdmin(st.Query, st.Mode()) {
 			v := s.admin(ctx, st, be)
 			if v.Reply != nil || v.Rewrite == "" {
 				return v
@@ -432,7 +432,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 			// USAGE WHERE): metered and forwarded as a rewrite.
 			rewrite = v.Rewrite
 		}
-		if st.Multi && st.Scan.Mentions != 0 && multiHasAdmin(st.Query, st.NoBackslashEscapes) {
+		if st.Multi && st.Scan.Mentions != 0 && multiHasAdmin(st.Query, st.Mode()) {
 			return errReply(errAdminInMulti)
 		}
 	}
@@ -469,7 +469,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		s.cpu.stale() // charged wall time: the thread's CPU goes unread
 	}
 	g, _ := s.group(s.cur.group)
-	s.guard = s.armRunaway(g, st.Query, s.cur.cpuStart, s.cur.cpuOK)
+	s.guard = s.armRunaway(g, st.Query, st.Mode(), s.cur.cpuStart, s.cur.cpuOK)
 	return mysqlproto.Verdict{Rewrite: rewrite}
 }
 

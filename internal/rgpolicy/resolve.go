@@ -33,7 +33,7 @@ func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysq
 
 func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) string {
 	if st.Command == mysql.COM_QUERY && st.Scan.Hint != "" {
-		if h, ok := resourcegroup.HintGroup(st.Scan.Hint); ok {
+		if h, ok := resourcegroup.HintGroup(st.Scan.Hint, st.Mode()); ok {
 			// A group that does not exist is ignored, as TiDB does (which
 			// also adds warning 8249; rgproxy cannot add one to the
 			// backend's response).

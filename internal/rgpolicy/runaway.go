@@ -11,6 +11,7 @@ import (
 	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // killTimeout bounds one KILL QUERY on the service connection.
@@ -55,7 +56,7 @@ type runawayGuard struct {
 // that wall time; RU fires when the statement's RU so far — its
 // before-cost, plus its backend time and read bytes as they grow — reaches
 // the limit (the timer covers time, Progress the bytes).
-func (s *session) armRunaway(g resourcegroup.Group, query string, cpuStart time.Duration, cpuOK bool) *runawayGuard {
+func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.Mode, cpuStart time.Duration, cpuOK bool) *runawayGuard {
 	q := g.QueryLimit
 	if q == nil || (q.ExecElapsed <= 0 && q.RU == 0) {
 		return nil
@@ -83,7 +84,7 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, cpuStart time.
 		s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
 			"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
-			go s.p.addWatch(gd.group, gd.rule, query)
+			go s.p.addWatch(gd.group, gd.rule, query, mode)
 		}
 		if gd.rule.Action == resourcegroup.ActionKill && s.p.killer != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
@@ -242,7 +243,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	if similar {
 		digest = string(st.Scan.Digest)
 		if st.Scan.Digest == nil {
-			digest = mysqlproto.Digest([]byte(st.Query))
+			digest = mysqlproto.Digest([]byte(st.Query), st.Mode())
 		}
 	}
 	w, ok := s.p.tokens.MatchGroupWatch(s.cur.group, st.Query, digest)
@@ -270,7 +271,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 // addWatch records, through rgserver, a watch for the statement that just
 // crossed its group's limit, so that every proxy acts on its like as soon
 // as it arrives. It runs on its own goroutine: the session does not wait.
-func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text string) {
+func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text string, mode sqltext.Mode) {
 	ws, ok := p.tokens.Store().(resourcegroup.WatchStore)
 	if !ok {
 		return
@@ -278,7 +279,7 @@ func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text stri
 	w := resourcegroup.Watch{Group: group, Action: rule.Action, SwitchGroup: rule.SwitchGroup,
 		Match: rule.Watch, Text: text, Source: p.proxyID}
 	if rule.Watch == resourcegroup.WatchSimilar {
-		w.Text = mysqlproto.Digest([]byte(text))
+		w.Text = mysqlproto.Digest([]byte(text), mode)
 	}
 	if rule.WatchDuration > 0 {
 		w.Expires = p.clk.Now().Add(rule.WatchDuration)

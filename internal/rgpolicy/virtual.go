@@ -8,6 +8,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // rgproxy's virtual tables live in information_schema, but rgproxy, not
@@ -90,12 +91,12 @@ type virtualRef struct {
 // qualifier) counts only when inDB reports that the session's current
 // database is information_schema; inDB is asked at most once, and only
 // when such a name stands where a table does.
-func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
-	tz := mysqlproto.NewTokenizer(q, nbe)
-	var toks []mysqlproto.Token
+func findVirtual(q string, mode sqltext.Mode, inDB func() bool) []virtualRef {
+	tz := sqltext.NewString(q, mode)
+	var toks []sqltext.Token
 	for {
 		t := tz.Next()
-		if t.Kind == mysqlproto.TokenEOF {
+		if t.Kind == sqltext.EOF {
 			break
 		}
 		toks = append(toks, t)
@@ -106,27 +107,27 @@ func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
 		}
 		t := toks[i]
 		s := q[t.Start:t.End]
-		if t.Kind == mysqlproto.TokenQuotedIdent && len(s) >= 2 {
-			s = strings.ReplaceAll(s[1:len(s)-1], "``", "`")
+		if t.Kind == sqltext.QuotedIdent {
+			s, _ = sqltext.Unquote(s, mode)
 		}
 		return s
 	}
 	isName := func(i int) bool {
-		return i >= 0 && i < len(toks) && (toks[i].Kind == mysqlproto.TokenWord || toks[i].Kind == mysqlproto.TokenQuotedIdent)
+		return i >= 0 && i < len(toks) && (toks[i].Kind == sqltext.Word || toks[i].Kind == sqltext.QuotedIdent)
 	}
 	isPunct := func(i int, p string) bool {
-		return i >= 0 && i < len(toks) && toks[i].Kind == mysqlproto.TokenPunct && q[toks[i].Start:toks[i].End] == p
+		return i >= 0 && i < len(toks) && toks[i].Kind == sqltext.Punct && q[toks[i].Start:toks[i].End] == p
 	}
 	isWord := func(i int, w string) bool {
-		return i >= 0 && i < len(toks) && toks[i].Kind == mysqlproto.TokenWord && strings.EqualFold(text(i), w)
+		return i >= 0 && i < len(toks) && toks[i].Kind == sqltext.Word && strings.EqualFold(text(i), w)
 	}
 	hasAlias := func(i int) bool { // is toks[i] an alias?
 		switch {
 		case i >= len(toks):
 			return false
-		case isWord(i, "AS"), toks[i].Kind == mysqlproto.TokenQuotedIdent:
+		case isWord(i, "AS"), toks[i].Kind == sqltext.QuotedIdent:
 			return true
-		case toks[i].Kind == mysqlproto.TokenWord:
+		case toks[i].Kind == sqltext.Word:
 			return !afterTableRef[strings.ToUpper(text(i))]
 		}
 		return false
@@ -145,10 +146,10 @@ func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
 				clause = clause[:d]
 			}
 			continue
-		case toks[i].Kind == mysqlproto.TokenSemicolon:
+		case toks[i].Kind == sqltext.Semicolon:
 			clause = []string{""}
 			continue
-		case toks[i].Kind == mysqlproto.TokenWord:
+		case toks[i].Kind == sqltext.Word:
 			if c, ok := clauseOf(text(i)); ok {
 				clause[d] = c
 			}
@@ -173,7 +174,7 @@ func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
 				refs = append(refs, virtualRef{start: toks[i].Start, end: toks[i].End, table: strings.ToLower(text(i)),
 					alias: hasAlias(i + 1)})
 			}
-		case toks[i].Kind == mysqlproto.TokenWord && strings.EqualFold(text(i), "current_resource_group") &&
+		case toks[i].Kind == sqltext.Word && strings.EqualFold(text(i), "current_resource_group") &&
 			isPunct(i+1, "(") && isPunct(i+2, ")") && !isPunct(i-1, "."):
 			r := virtualRef{start: toks[i].Start, end: toks[i+2].End}
 			r.selectItem = clause[d] == "select" && (isWord(i-1, "SELECT") || isPunct(i-1, ",") || isWord(i-1, "DISTINCT")) &&

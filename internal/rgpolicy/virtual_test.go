@@ -7,6 +7,7 @@ import (
 	"github.com/go-mysql-org/go-mysql/mysql"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func TestRewriteVirtual(t *testing.T) {
@@ -47,7 +48,7 @@ func TestRewriteVirtual(t *testing.T) {
 	}
 	for _, tc := range tests {
 		asked := 0
-		refs := findVirtual(tc.q, false, func() bool { asked++; return tc.inIS })
+		refs := findVirtual(tc.q, sqltext.Mode{}, func() bool { asked++; return tc.inIS })
 		if asked > 1 {
 			t.Errorf("%q: the current database was asked %d times", tc.q, asked)
 		}
@@ -82,13 +83,29 @@ func TestDerivedTableEmptyAndNoBackslashEscapes(t *testing.T) {
 	}
 }
 
+// In a gbk session 0x81 0x5C is one character: the quote after it ends
+// the string, and CURRENT_RESOURCE_GROUP() is code, as the server reads it.
+func TestFindVirtualCharset(t *testing.T) {
+	q := "SELECT '\x81\\', CURRENT_RESOURCE_GROUP() -- '"
+	if refs := findVirtual(q, sqltext.Mode{Charset: sqltext.GBK}, func() bool { return false }); len(refs) != 1 {
+		t.Errorf("gbk: %d references, want 1", len(refs))
+	}
+	if refs := findVirtual(q, sqltext.Mode{}, func() bool { return false }); len(refs) != 0 {
+		t.Errorf("utf8mb4: %d references, want 0 (all in one string)", len(refs))
+	}
+	q = "SELECT 1 AS `\x81`, CURRENT_RESOURCE_GROUP() -- `"
+	if refs := findVirtual(q, sqltext.Mode{Charset: sqltext.GBK}, func() bool { return false }); len(refs) != 0 {
+		t.Errorf("gbk: %d references in a backquoted name, want 0", len(refs))
+	}
+}
+
 func FuzzFindVirtual(f *testing.F) {
 	for _, s := range []string{"SELECT * FROM information_schema.resource_groups g", "SELECT CURRENT_RESOURCE_GROUP()",
 		"SELECT * FROM resource_groups, runaway_watches", "SELECT (information_schema.statements_summary.x"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, q string) {
-		refs := findVirtual(q, false, func() bool { return true })
+		refs := findVirtual(q, sqltext.Mode{}, func() bool { return true })
 		last := 0
 		for _, r := range refs {
 			if r.start < last || r.end > len(q) || r.start >= r.end {
