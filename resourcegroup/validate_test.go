@@ -189,6 +189,17 @@ func TestValidateNewName(t *testing.T) {
 			if err := g.ValidateNew(); err == nil {
 				t.Errorf("ValidateNew of %q: nil", tt.name)
 			}
+			// The SQL: such a group can be named, not created.
+			q := QuoteName(tt.name)
+			for _, sql := range []string{"DROP RESOURCE GROUP " + q, "ALTER RESOURCE GROUP " + q + " RU_PER_SEC = 5",
+				"SET RESOURCE GROUP " + q, "ALTER USER u RESOURCE GROUP " + q, "SHOW CREATE RESOURCE GROUP " + q} {
+				if _, err := Parse(sql); err != nil {
+					t.Errorf("Parse(%q) = %v", sql, err)
+				}
+			}
+			if _, err := Parse("CREATE RESOURCE GROUP " + q + " RU_PER_SEC = 5"); !errors.Is(err, ErrInvalid) {
+				t.Errorf("CREATE of %q: %v, want ErrInvalid", tt.name, err)
+			}
 		}
 	}
 }
