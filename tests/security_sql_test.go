@@ -71,6 +71,10 @@ func TestSecuritySuperSpoofRefused(t *testing.T) {
 		defs = append(defs, quoteBackend(c)+" INT")
 		quoted = append(quoted, quoteBackend(c))
 	}
+	t.Cleanup(func() {
+		rootExec(t, "DROP TABLE IF EXISTS rgproxy_e2e.sec_spoof", "DROP ROLE IF EXISTS `sec_r, SUPER ON *.* TO y`",
+			"DROP ROLE IF EXISTS sec_dba", "DROP ROLE IF EXISTS rgproxy_admin")
+	})
 	rootExec(t, "DROP TABLE IF EXISTS rgproxy_e2e.sec_spoof",
 		"CREATE TABLE rgproxy_e2e.sec_spoof ("+strings.Join(defs, ", ")+")",
 		"DROP ROLE IF EXISTS `sec_r, SUPER ON *.* TO y`", "CREATE ROLE `sec_r, SUPER ON *.* TO y`",
@@ -268,6 +272,38 @@ func TestSecuritySQLVirtualTablesInjection(t *testing.T) {
 		}
 	}
 	t.Logf("the attacker's grants after every read:\n%s", attackerGrants())
+
+	// The hex literals compare, sort and join like quoted text: with
+	// literals and with columns of other character sets and collations,
+	// in sessions of every character set.
+	t.Cleanup(func() { rootExec(t, "DROP TABLE IF EXISTS rgproxy_e2e.sec_coll") })
+	rootExec(t, "DROP TABLE IF EXISTS rgproxy_e2e.sec_coll",
+		"CREATE TABLE rgproxy_e2e.sec_coll (l VARCHAR(32) CHARACTER SET latin1, g VARCHAR(32) CHARACTER SET gbk, "+
+			"s VARCHAR(32) CHARACTER SET sjis, u VARCHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci, "+
+			"b VARCHAR(32) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin)",
+		"INSERT INTO rgproxy_e2e.sec_coll VALUES ('sec_inj', 'sec_inj', 'sec_inj', 'SEC_INJ', 'sec_inj')")
+	shapes := []struct {
+		query string
+		want  string
+	}{
+		{"SELECT COUNT(*) FROM information_schema.resource_groups g JOIN rgproxy_e2e.sec_coll c ON g.NAME = c.l AND g.NAME = c.g AND g.NAME = c.s AND g.NAME = c.u AND g.NAME = c.b", "1"},
+		{"SELECT MAX(NAME) FROM information_schema.resource_groups WHERE NAME LIKE 'SEC\\_%' ORDER BY NAME DESC", "sec_inj"},
+		{"SELECT COUNT(*) FROM information_schema.runaway_watches w JOIN rgproxy_e2e.sec_coll c ON w.RESOURCE_GROUP_NAME = c.u WHERE w.WATCH_TEXT LIKE '%sec_att%'", "5"},
+		{"SELECT COUNT(*) FROM information_schema.statements_summary WHERE RESOURCE_GROUP IN (SELECT l FROM rgproxy_e2e.sec_coll) AND DIGEST_TEXT LIKE '%GRANT%'", "5"},
+		{"SELECT COUNT(*) FROM information_schema.resource_group_bindings WHERE TAG_KEY LIKE 'sec\\_%' AND RESOURCE_GROUP = 'SEC_INJ'", "5"},
+		{"SELECT /*+ RESOURCE_GROUP(sec_inj) */ COUNT(*) FROM rgproxy_e2e.sec_coll WHERE l = CURRENT_RESOURCE_GROUP() AND g = CURRENT_RESOURCE_GROUP() AND u = CURRENT_RESOURCE_GROUP() AND b = CURRENT_RESOURCE_GROUP()", "1"},
+		{"SELECT GROUP_CONCAT(NAME ORDER BY NAME) FROM information_schema.resource_groups WHERE NAME IN ('default', 'sec_inj')", "default,sec_inj"},
+	}
+	for _, cs := range append([]string{"latin1"}, charsets...) {
+		db := openDB(t, px.Addr, "charset="+cs)
+		db.SetMaxOpenConns(1)
+		for _, sh := range shapes {
+			var got string
+			if err := db.QueryRow(sh.query).Scan(&got); err != nil || got != sh.want {
+				t.Errorf("%s session: %s = %q %v, want %s", cs, sh.query, got, err, sh.want)
+			}
+		}
+	}
 }
 
 // TestSecurityNonSuperSeesOnlyItsGroups: a user sees in every virtual table

@@ -179,9 +179,9 @@ func (s *session) learnAccount(ctx context.Context, be mysqlproto.Backend) {
 }
 
 // mayUse applies strict mode: without SUPER (hasSuper) a session may name
-// only the group it is bound to — default only when it is bound to none — whether
-// by hint or by SET RESOURCE GROUP, so that no bound user escapes its
-// quota into the unlimited default.
+// only the group it is bound to — default only when it is bound to none —
+// whether by hint or by SET RESOURCE GROUP, so that no bound user escapes
+// its quota into the unlimited default.
 func (s *session) mayUse(ctx context.Context, group string, be mysqlproto.Backend, set *Settings) bool {
 	if !set.Strict || group == s.bound() {
 		return true
