@@ -397,7 +397,9 @@ func TestSecurityNonSuperSeesOnlyItsGroups(t *testing.T) {
 // range is refused with the field and the range in the message.
 func TestSecurityBoundedNumbers(t *testing.T) {
 	ts := startTokenServer(t)
-	px := startMeteredProxy(t, ts, serviceAccount(t)...)
+	// Wall time: the guard's timer alone decides (with the backend
+	// thread's CPU known, a timer that fired at once re-armed itself).
+	px := startMeteredProxy(t, ts, append(serviceAccount(t), "--cpu-source", "wall")...)
 	adminExec(t, px.Addr,
 		"CREATE RESOURCE GROUP sec_ru13 RU_PER_SEC = 100000 QUERY_LIMIT = (RU = 10000000000000, ACTION = KILL)",
 		"CREATE RESOURCE GROUP sec_rumax RU_PER_SEC = 1000000000000000 QUERY_LIMIT = (RU = 1000000000000000, ACTION = KILL)")
@@ -409,10 +411,13 @@ func TestSecurityBoundedNumbers(t *testing.T) {
 		if err := db.QueryRow("SELECT /*+ RESOURCE_GROUP(" + g + ") */ 1").Scan(&one); err != nil || one != 1 {
 			t.Errorf("SELECT 1 in %s (QUERY_LIMIT RU, ACTION = KILL): %v", g, err)
 		}
+		if _, err := db.Exec("SELECT /*+ RESOURCE_GROUP(" + g + ") */ SLEEP(0.2)"); err != nil {
+			t.Errorf("SELECT SLEEP(0.2) in %s (QUERY_LIMIT RU, ACTION = KILL): %v", g, err)
+		}
 		if n := metricSum(t, px.StatusAddr, "rgproxy_runaway_total", `resource_group="`+g+`"`); n != 0 {
-			t.Errorf("%s: rgproxy_runaway_total = %v after SELECT 1, want 0", g, n)
+			t.Errorf("%s: rgproxy_runaway_total = %v after SELECT 1 and SELECT SLEEP(0.2), want 0", g, n)
 		} else {
-			t.Logf("SELECT 1 in %s: not runaway", g)
+			t.Logf("SELECT 1 and SELECT SLEEP(0.2) in %s: not runaway", g)
 		}
 	}
 	refused := []struct{ sql, want string }{
