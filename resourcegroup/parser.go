@@ -156,13 +156,20 @@ func (p *parser) statement() (Statement, error) {
 	return nil, p.fail()
 }
 
-// groupName reads a group name (bare or backquoted) and normalizes it.
-func (p *parser) groupName() (string, error) {
+// groupName reads the name (bare or backquoted) of an existing group and
+// normalizes it; ValidateName checks it.
+func (p *parser) groupName() (string, error) { return p.name(ValidateName) }
+
+// newGroupName reads the name of a group being created; ValidateNewName
+// checks it.
+func (p *parser) newGroupName() (string, error) { return p.name(ValidateNewName) }
+
+func (p *parser) name(validate func(string) error) (string, error) {
 	if p.tok.kind != tkWord && p.tok.kind != tkQIdent {
 		return "", p.fail()
 	}
 	name := NormalizeName(p.tok.text)
-	if err := ValidateName(name); err != nil {
+	if err := validate(name); err != nil {
 		return "", err
 	}
 	return name, p.advance()
@@ -195,7 +202,7 @@ func (p *parser) create() (Statement, error) {
 		}
 		st.IfNotExists = true
 	}
-	name, err := p.groupName()
+	name, err := p.newGroupName()
 	if err != nil {
 		return nil, err
 	}
@@ -208,7 +215,7 @@ func (p *parser) create() (Statement, error) {
 		return nil, p.fail()
 	}
 	g.Name = name
-	if err := g.Validate(); err != nil {
+	if err := g.ValidateNew(); err != nil {
 		return nil, err
 	}
 	st.Group = g
@@ -283,6 +290,9 @@ func (p *parser) createTagBinding() (Statement, error) {
 	}
 	key, value, err := p.tag()
 	if err != nil {
+		return nil, err
+	}
+	if err := ValidateNewTag(key, value); err != nil {
 		return nil, err
 	}
 	if err := p.expectWords("TO"); err != nil {
@@ -594,7 +604,7 @@ func (p *parser) options() (Group, Field, error) {
 			if err := p.optionalEq(); err != nil {
 				return g, 0, err
 			}
-			v, err := p.ruValue(true)
+			v, err := p.ruValue("RU_PER_SEC", true)
 			if err != nil {
 				return g, 0, err
 			}
@@ -684,9 +694,9 @@ func (p *parser) options() (Group, Field, error) {
 			case p.isWord("NULL"), p.isWord("UNLIMITED"):
 				g.MaxConcurrency = 0
 			case p.tok.kind == tkNumber:
-				v, err := strconv.ParseUint(p.tok.text, 10, 32)
-				if err != nil {
-					return g, 0, NewInvalid(fmt.Sprintf("%s: MAX_CONCURRENCY %s is out of range", msgInvalidSetting, p.tok.text))
+				v, err := strconv.ParseUint(p.tok.text, 10, 64)
+				if err != nil || v > MaxConcurrencyCap {
+					return g, 0, errMaxConcurrency(p.tok.text)
 				}
 				g.MaxConcurrency = v // 0 = no cap
 			default:
@@ -725,26 +735,23 @@ func (p *parser) burstValue() (BurstMode, bool) {
 	return 0, false
 }
 
-// ruValue reads an RU amount: a positive integer or, when unlimited is
-// allowed, UNLIMITED.
-func (p *parser) ruValue(unlimited bool) (uint64, error) {
+// ruValue reads the RU amount of option field: an integer from 1 to
+// MaxRU or, when unlimited is allowed, UNLIMITED.
+func (p *parser) ruValue(field string, unlimited bool) (uint64, error) {
 	switch {
 	case unlimited && p.isWord("UNLIMITED"):
 		return Unlimited, p.advance()
 	case p.tok.kind == tkNumber:
 		v, err := strconv.ParseUint(p.tok.text, 10, 64)
-		if err != nil || v == Unlimited {
-			return 0, NewInvalid(fmt.Sprintf("%s: RU value %s is out of range", msgInvalidSetting, p.tok.text))
-		}
-		if v == 0 {
-			return 0, NewInvalid(msgInvalidSetting + ": RU_PER_SEC must be greater than 0 (UNLIMITED for no limit)")
+		if err != nil || v == 0 || v > MaxRU {
+			return 0, errRU(field, p.tok.text, unlimited)
 		}
 		return v, p.advance()
 	case p.isPunct("-"):
 		// A negative amount: say so rather than a bare syntax error.
 		save := *p
 		if err := p.advance(); err == nil && p.tok.kind == tkNumber {
-			return 0, NewInvalid(fmt.Sprintf("%s: an RU amount must be a positive integer, not -%s", msgInvalidSetting, p.tok.text))
+			return 0, errRU(field, "-"+p.tok.text, unlimited)
 		}
 		*p = save
 	}
@@ -784,7 +791,7 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 			if err := p.optionalEq(); err != nil {
 				return nil, err
 			}
-			d, err := p.duration(msgInvalidElapsed, false)
+			d, err := p.duration(msgInvalidElapsed, "EXEC_ELAPSED", MaxExecElapsed, false)
 			if err != nil {
 				return nil, err
 			}
@@ -797,10 +804,7 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 			if err := p.optionalEq(); err != nil {
 				return nil, err
 			}
-			if p.tok.kind == tkNumber && strings.Trim(p.tok.text, "0") == "" {
-				return nil, NewInvalid(msgInvalidSetting + ": QUERY_LIMIT RU must be greater than 0")
-			}
-			v, err := p.ruValue(false)
+			v, err := p.ruValue("QUERY_LIMIT RU", false)
 			if err != nil {
 				return nil, err
 			}
@@ -847,7 +851,7 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 			if err := p.optionalEq(); err != nil {
 				return nil, err
 			}
-			d, err := p.duration(msgInvalidWatch+": invalid DURATION", true)
+			d, err := p.duration(msgInvalidWatch, "DURATION", MaxWatchDuration, true)
 			if err != nil {
 				return nil, err
 			}
@@ -872,9 +876,11 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 	return q, nil
 }
 
-// duration reads a quoted Go duration ('60s', "10m"); UNLIMITED (0) is
-// allowed when unlimited is set. Errors are 1105 starting with msg.
-func (p *parser) duration(msg string, unlimited bool) (time.Duration, error) {
+// duration reads the quoted Go duration ('60s', "10m") of option field,
+// 1ms to max in whole milliseconds; UNLIMITED (0) is allowed when
+// unlimited is set. Errors are 1105 starting with msg, naming the field
+// and its range.
+func (p *parser) duration(msg, field string, max time.Duration, unlimited bool) (time.Duration, error) {
 	if unlimited && p.isWord("UNLIMITED") {
 		return 0, p.advance()
 	}
@@ -883,10 +889,11 @@ func (p *parser) duration(msg string, unlimited bool) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(p.tok.text)
 	if err != nil {
-		return 0, NewInvalid(fmt.Sprintf("%s: %v", msg, err))
+		return 0, NewInvalid(fmt.Sprintf("%s: %s = '%s' is not a duration such as '60s' or '10m'; %s",
+			msg, field, p.tok.text, durationRange(field, max, unlimited)))
 	}
-	if d <= 0 {
-		return 0, NewInvalid(fmt.Sprintf("%s: %q is not positive", msg, p.tok.text))
+	if err := checkDuration(msg, field, p.tok.text, d, max, unlimited); err != nil {
+		return 0, err
 	}
 	return d, p.advance()
 }

@@ -2,6 +2,7 @@ package rgpolicy
 
 import (
 	"context"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -63,9 +64,9 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 	}
 	after := q.ExecElapsed
 	if q.RU > 0 {
-		after = time.Duration(1<<63 - 1)
+		after = time.Duration(math.MaxInt64)
 		if left := float64(q.RU) - s.cur.before.RU(); s.p.cost.CPUMsCost > 0 {
-			after = time.Duration(max(left, 0) / s.p.cost.CPUMsCost * float64(time.Millisecond))
+			after = msDuration(left / s.p.cost.CPUMsCost)
 		}
 	}
 	gd := &runawayGuard{rule: *q, group: g.Name, start: s.p.clk.Now(), clk: s.p.clk, done: make(chan struct{}),
@@ -100,6 +101,22 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 	return gd
 }
 
+// msDuration converts ms milliseconds to a Duration, saturating: at the
+// largest Duration for more than it holds (an RU limit of 10¹³ at a third
+// of an RU per CPU millisecond is 3·10¹⁹ ns), at 0 for a negative or NaN
+// count. A plain conversion of a float beyond int64 gives the smallest
+// int64, a timer that fires at once.
+func msDuration(ms float64) time.Duration {
+	ns := ms * float64(time.Millisecond)
+	switch {
+	case !(ns > 0):
+		return 0
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
+}
+
 // check runs on the timer's goroutine: it fires the guard, or, for an RU
 // limit of a statement whose CPU time is known and still under the limit,
 // re-arms the timer for the rest.
@@ -114,7 +131,7 @@ func (gd *runawayGuard) check() {
 			if now, ok := parseSchedstat(gd.cpuBuf[:n]); ok {
 				used := float64(now-gd.cpuStart) / float64(time.Millisecond) * gd.msCost
 				if left := float64(gd.rule.RU) - gd.baseRU - used; left > 0 {
-					gd.timer = gd.clk.AfterFunc(time.Duration(left/gd.msCost*float64(time.Millisecond))+time.Millisecond, gd.check)
+					gd.timer = gd.clk.AfterFunc(msDuration(left/gd.msCost+1), gd.check)
 					gd.mu.Unlock()
 					return
 				}
