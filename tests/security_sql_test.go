@@ -451,3 +451,36 @@ func TestSecurityBoundedNumbers(t *testing.T) {
 		t.Errorf("refused groups exist: %d %v", n, err)
 	}
 }
+
+// SUPER granted to an enabled role counts, as MariaDB counts it, when
+// rgproxy has a service account that may read the grant tables (a session
+// cannot read its roles' privileges); a role whose name reads like a grant
+// but holds nothing does not.
+func TestSecuritySuperThroughARole(t *testing.T) {
+	ts := startTokenServer(t)
+	svc := serviceAccount(t)
+	rootExec(t, "GRANT SELECT ON mysql.user TO 'rgsvc'@'%'")
+	withSvc := startMeteredProxy(t, ts, svc...)
+	bare := startMeteredProxy(t, ts)
+	t.Cleanup(func() {
+		rootExec(t, "DROP ROLE IF EXISTS sec_superrole", "DROP ROLE IF EXISTS `sec_fake, SUPER ON *.* TO z`")
+	})
+	rootExec(t, "DROP ROLE IF EXISTS sec_superrole", "CREATE ROLE sec_superrole", "GRANT SUPER ON *.* TO sec_superrole",
+		"DROP ROLE IF EXISTS `sec_fake, SUPER ON *.* TO z`", "CREATE ROLE `sec_fake, SUPER ON *.* TO z`")
+	secAccount(t, "sec_viarole", "GRANT sec_superrole TO 'sec_viarole'@'%'", "SET DEFAULT ROLE sec_superrole FOR 'sec_viarole'@'%'")
+	secAccount(t, "sec_fakerole", "GRANT `sec_fake, SUPER ON *.* TO z` TO 'sec_fakerole'@'%'",
+		"SET DEFAULT ROLE `sec_fake, SUPER ON *.* TO z` FOR 'sec_fakerole'@'%'")
+	create := func(px *proxy, user, group string) error {
+		_, err := openDB(t, px.Addr, "user="+user, "password=apppw").Exec("CREATE RESOURCE GROUP IF NOT EXISTS " + group + " RU_PER_SEC = 10")
+		return err
+	}
+	if err := create(withSvc, "sec_viarole", "sec_rolegrp"); err != nil {
+		t.Fatalf("SUPER through an enabled role, with the service account: %v", err)
+	}
+	if err := create(bare, "sec_viarole", "sec_rolegrp2"); mysqlErrNo(err) != 1227 {
+		t.Fatalf("SUPER through a role without a service account to read it: %v, want 1227", err)
+	}
+	if err := create(withSvc, "sec_fakerole", "sec_fakegrp"); mysqlErrNo(err) != 1227 {
+		t.Fatalf("a role named like a grant: %v, want 1227", err)
+	}
+}

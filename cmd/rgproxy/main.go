@@ -84,6 +84,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		}
 		defer tc.Close()
 		var killer rgpolicy.Killer
+		var roles rgpolicy.RoleChecker
 		if cfg.AdminUser != "" {
 			var svc *serviceConn
 			if svc, err = newServiceConn(cfg.Backend, cfg.AdminUser, cfg.AdminPasswordFile, pcfg.BackendTLS, cfg.DialTimeout); err != nil {
@@ -96,13 +97,14 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			if err != nil {
 				return err
 			}
-			killer = svc
+			killer, roles = svc, svc
 		}
 		cpu, _ := rgpolicy.ParseCPUSource(cfg.CPUSource) // validated
 		rp, err = rgpolicy.New(rgpolicy.Config{
 			Tokens:          tc,
 			Cost:            cfg.RU,
 			Killer:          killer,
+			Roles:           roles,
 			ProxyID:         proxyID(cfg),
 			Settings:        policySettings(cfg),
 			Shapes:          cfg.MaxStatementShapes,

@@ -76,6 +76,15 @@ type Tokens interface {
 	MatchGroupWatch(group, text, digest string) (resourcegroup.Watch, bool)
 }
 
+// RoleChecker tells whether any of a session's enabled roles holds an
+// administrator privilege (SUPER, RESOURCE_GROUP_ADMIN), which a session
+// cannot read of its roles: rgproxy's service account (--admin-user)
+// reads it from the grant tables, the role names passed as data. Safe
+// for concurrent use.
+type RoleChecker interface {
+	RolesHoldAdmin(ctx context.Context, roles []string) (bool, error)
+}
+
 // Killer kills a running statement on the backend: rgproxy's service
 // account (--admin-user). Safe for concurrent use.
 type Killer interface {
@@ -105,6 +114,10 @@ type Config struct {
 	Tokens Tokens
 	// Cost is the RU cost model. Default ru.DefaultConfig().
 	Cost ru.Config
+	// Roles reads the privileges of a session's enabled roles; nil = SUPER
+	// granted only through a role does not count (the role rgproxy_admin
+	// still does).
+	Roles RoleChecker
 	// Killer kills runaway statements; nil = QUERY_LIMIT ACTION=KILL is
 	// refused at CREATE time.
 	Killer Killer
@@ -142,6 +155,7 @@ type Policy struct {
 	tokens   Tokens
 	cost     ru.Config
 	killer   Killer
+	roles    RoleChecker
 	proxyID  string
 	settings atomic.Pointer[Settings]
 	// cooldown lets one statement under a COOLDOWN watch run at a time.
@@ -192,6 +206,7 @@ func New(cfg Config) (*Policy, error) {
 		tokens:    cfg.Tokens,
 		cost:      cfg.Cost,
 		killer:    cfg.Killer,
+		roles:     cfg.Roles,
 		proxyID:   cfg.ProxyID,
 		cooldown:  make(chan struct{}, 1),
 		admission: newAdmission(cfg.Settings.MaxBackendConcurrency),

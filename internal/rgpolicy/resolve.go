@@ -250,7 +250,20 @@ func (s *session) hasSuper(ctx context.Context, be mysqlproto.Backend) bool {
 			// A backend without roles (MySQL 5.7) answers an error.
 			s.p.logger.Debug("reading the session's enabled roles failed", "err", err)
 		}
-		v = adminRoles(roles)
+		names := roleNames(roles)
+		v = resourcegroup.HoldsAdmin(nil, names)
+		if !v && len(names) > 0 && s.p.roles != nil {
+			// SUPER granted to an enabled role counts as MariaDB counts it;
+			// a session cannot read a role's privileges, the service
+			// account can (as data: the role names are bound parameters).
+			rctx, cancel := context.WithTimeout(ctx, killTimeout)
+			v, err = s.p.roles.RolesHoldAdmin(rctx, names)
+			cancel()
+			if err != nil {
+				s.p.logger.Warn("reading the enabled roles' privileges through the service account failed", "err", err)
+				v = false
+			}
+		}
 	}
 	s.super = &v
 	return v
@@ -296,8 +309,8 @@ func adminPrivileges(rows [][]*string) bool {
 	return resourcegroup.HoldsAdmin(privs, nil)
 }
 
-// adminRoles decides from rolesQuery's rows.
-func adminRoles(rows [][]*string) bool {
+// roleNames reads rolesQuery's rows.
+func roleNames(rows [][]*string) []string {
 	var roles []string
 	for _, r := range rows {
 		if len(r) == 1 {
@@ -306,8 +319,11 @@ func adminRoles(rows [][]*string) bool {
 			}
 		}
 	}
-	return resourcegroup.HoldsAdmin(nil, roles)
+	return roles
 }
+
+// adminRoles decides from rolesQuery's rows.
+func adminRoles(rows [][]*string) bool { return resourcegroup.HoldsAdmin(nil, roleNames(rows)) }
 
 // hasSuperFresh asks the backend again: a DDL is rare, and a privilege
 // revoked, or a role enabled or disabled (SET ROLE), since the session
