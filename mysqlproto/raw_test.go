@@ -1,10 +1,10 @@
 package mysqlproto
 
 import (
-	"errors"
 	"bufio"
 	"bytes"
 	"crypto/sha1"
+	"errors"
 	"net"
 	"testing"
 	"time"
