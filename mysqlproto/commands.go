@@ -37,6 +37,7 @@ func (ss *session) command() error {
 	// From here the client has started a command: each wait for the rest
 	// of it is bounded (Config.NetReadTimeout).
 	ss.armRead()
+	ss.seq = 0
 	if seq != 0 {
 		return errOutOfOrder("command packet", seq, 0)
 	}

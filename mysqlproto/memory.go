@@ -37,20 +37,33 @@ const keepBuf = 16 << 10
 // backendWriteSize is the size of the pooled backend writers.
 const backendWriteSize = 16 << 10
 
-// bufPools hands sessions the buffered writer and readers they need only
-// while they work (see session.acquire and session.park).
-type bufPools struct {
-	clientW  sync.Pool // *bufio.Writer of Config.WriteBufferSize
-	backendR sync.Pool // *bufio.Reader of Config.WriteBufferSize
-	backendW sync.Pool // *bufio.Writer of backendWriteSize
+// workBufs are the buffered writers and reader a session needs only while
+// it works on a login or a command: lent by a bufPool, one Get and one Put
+// a command for the three.
+type workBufs struct {
+	cw *bufio.Writer // to the client, of Config.WriteBufferSize
+	br *bufio.Reader // from the backend, of Config.WriteBufferSize
+	bw *bufio.Writer // to the backend, of backendWriteSize
 }
 
-func newBufPools(size int) *bufPools {
-	return &bufPools{
-		clientW:  sync.Pool{New: func() any { return bufio.NewWriterSize(nil, size) }},
-		backendR: sync.Pool{New: func() any { return bufio.NewReaderSize(nil, size) }},
-		backendW: sync.Pool{New: func() any { return bufio.NewWriterSize(nil, backendWriteSize) }},
-	}
+// bufPool lends workBufs (see session.acquire and session.park).
+type bufPool struct{ p sync.Pool }
+
+func newBufPool(size int) *bufPool {
+	return &bufPool{p: sync.Pool{New: func() any {
+		return &workBufs{cw: bufio.NewWriterSize(nil, size), br: bufio.NewReaderSize(nil, size),
+			bw: bufio.NewWriterSize(nil, backendWriteSize)}
+	}}}
+}
+
+func (p *bufPool) get() *workBufs { return p.p.Get().(*workBufs) }
+
+// put takes b back, dropping what it holds and the connections it names.
+func (p *bufPool) put(b *workBufs) {
+	b.cw.Reset(nil)
+	b.br.Reset(nil)
+	b.bw.Reset(nil)
+	p.p.Put(b)
 }
 
 // memBudget is the proxy-wide bound on bytes held in command buffers

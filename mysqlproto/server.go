@@ -162,8 +162,8 @@ type Server struct {
 	gate preAuthGate
 	// budget bounds the bytes of command buffers (Config.CommandBufferLimit).
 	budget memBudget
-	// pools lend sessions their writers and backend reader while they work.
-	pools *bufPools
+	// pools lends sessions their writers and backend reader while they work.
+	pools *bufPool
 	// The rate-limited logs: refused connections, accept failures,
 	// protocol errors, failed logins.
 	refuseLog, acceptLog, protoLog, loginLog *logLimiter
@@ -250,7 +250,7 @@ func NewServer(cfg Config) (*Server, error) {
 	s.maxConns.Store(int64(effectiveMaxConnections(cfg.MaxConnections)))
 	s.gate.byHost = make(map[netip.Prefix]int)
 	s.budget.limit = cfg.CommandBufferLimit
-	s.pools = newBufPools(cfg.WriteBufferSize)
+	s.pools = newBufPool(cfg.WriteBufferSize)
 	clk := cfg.Clock
 	s.refuseLog = newLogLimiter(s.log, clk, slog.LevelWarn, "connection refused with 1040", "connections refused with 1040", "reason")
 	s.acceptLog = newLogLimiter(s.log, clk, slog.LevelWarn, "accept failed; retrying", "accept failures", "error")

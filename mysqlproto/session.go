@@ -87,8 +87,11 @@ type session struct {
 	progress ProgressObserver
 	m        respMachine
 	rw       replyWriter
-	buf      []byte
-	digest   []byte // the current statement's digest (Statement.Scan.Digest)
+	// bufs holds cwr, brd and bwr while the session works (acquire); nil
+	// while it is parked between commands.
+	bufs   *workBufs
+	buf    []byte
+	digest []byte // the current statement's digest (Statement.Scan.Digest)
 	// lastBackend is when the session last sent the backend a command:
 	// see keepBackendAlive.
 	lastBackend time.Time
@@ -204,7 +207,7 @@ func (ss *session) setClient(c net.Conn) {
 	ss.client = c
 	ss.crd = bufio.NewReaderSize(c, clientReadSize)
 	if ss.cwr == nil {
-		ss.cwr = ss.srv.pools.clientW.Get().(*bufio.Writer)
+		ss.acquire()
 	}
 	ss.cwr.Reset(c)
 }
@@ -213,35 +216,30 @@ func (ss *session) setClient(c net.Conn) {
 // the session's pooled reader and writer.
 func (ss *session) setBackend(c net.Conn) {
 	ss.backend = c
-	if ss.brd == nil {
-		ss.brd = ss.srv.pools.backendR.Get().(*bufio.Reader)
-	}
+	ss.acquire()
+	ss.brd, ss.bwr = ss.bufs.br, ss.bufs.bw
 	ss.brd.Reset(c)
-	if ss.bwr == nil {
-		ss.bwr = ss.srv.pools.backendW.Get().(*bufio.Writer)
-	}
 	ss.bwr.Reset(c)
 }
 
-// acquire takes, from the server's pools, the client writer and the
+// acquire takes, from the server's pool, the client writer and the
 // backend reader and writer that park gave back.
 func (ss *session) acquire() {
-	if ss.cwr == nil {
-		ss.cwr = ss.srv.pools.clientW.Get().(*bufio.Writer)
-		ss.cwr.Reset(ss.client)
+	if ss.cwr != nil {
+		return
 	}
-	if ss.backend != nil && ss.brd == nil {
-		ss.brd = ss.srv.pools.backendR.Get().(*bufio.Reader)
+	b := ss.srv.pools.get()
+	ss.bufs, ss.cwr = b, b.cw
+	ss.cwr.Reset(ss.client)
+	if ss.backend != nil {
+		ss.brd, ss.bwr = b.br, b.bw
 		ss.brd.Reset(ss.backend)
-	}
-	if ss.backend != nil && ss.bwr == nil {
-		ss.bwr = ss.srv.pools.backendW.Get().(*bufio.Writer)
 		ss.bwr.Reset(ss.backend)
 	}
 }
 
 // park is called between commands: the client writer and the backend
-// reader and writer go back to the pools when they hold nothing, a
+// reader and writer go back to the pool when they hold nothing, a
 // command buffer that grew beyond keepBuf is dropped, and the wait for
 // the rest of a command (Config.NetReadTimeout) is disarmed. An idle
 // session then holds only its client reader. A client that pipelined its
@@ -255,31 +253,20 @@ func (ss *session) park() {
 	if cap(ss.digest) > keepBuf {
 		ss.digest = nil
 	}
-	if ss.crd.Buffered() > 0 {
+	if ss.crd.Buffered() > 0 || ss.cwr == nil || ss.cwr.Buffered() > 0 ||
+		ss.bwr != nil && ss.bwr.Buffered() > 0 || ss.brd != nil && ss.brd.Buffered() > 0 {
 		return
 	}
-	ss.releaseBuffers(false)
+	ss.releaseBuffers()
 }
 
-// releaseBuffers gives the pooled writers and reader back, those that
-// hold nothing or, with all, every one (the session is over).
-func (ss *session) releaseBuffers(all bool) {
-	p := ss.srv.pools
-	if ss.cwr != nil && (all || ss.cwr.Buffered() == 0) {
-		ss.cwr.Reset(nil)
-		p.clientW.Put(ss.cwr)
-		ss.cwr = nil
+// releaseBuffers gives the pooled writers and reader back.
+func (ss *session) releaseBuffers() {
+	if ss.bufs == nil {
+		return
 	}
-	if ss.bwr != nil && (all || ss.bwr.Buffered() == 0) {
-		ss.bwr.Reset(nil)
-		p.backendW.Put(ss.bwr)
-		ss.bwr = nil
-	}
-	if ss.brd != nil && (all || ss.brd.Buffered() == 0) {
-		ss.brd.Reset(nil)
-		p.backendR.Put(ss.brd)
-		ss.brd = nil
-	}
+	ss.srv.pools.put(ss.bufs)
+	ss.bufs, ss.cwr, ss.brd, ss.bwr = nil, nil, nil, nil
 }
 
 // armRead bounds each wait for the rest of the command under way by
@@ -371,7 +358,7 @@ func (ss *session) close() {
 		_ = tc.SetLinger(0)
 	}
 	_ = ss.client.Close()
-	ss.releaseBuffers(true)
+	ss.releaseBuffers()
 	ss.acct.release()
 	if ss.pol != nil {
 		defer func() {
@@ -572,7 +559,7 @@ func (ss *session) login() error {
 		var under net.Conn = ss.rawBackend
 		if ss.brd.Buffered() > 0 {
 			under = &bufferedConn{ss.rawBackend, ss.brd}
-			ss.brd = nil
+			ss.bufs.br = bufio.NewReaderSize(nil, cfg.WriteBufferSize)
 		}
 		tc := tls.Client(under, cfg.BackendTLS)
 		ctx, cancel := context.WithDeadline(ss.ctx, earliest(time.Now().Add(cfg.DialTimeout), deadline))
