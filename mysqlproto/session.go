@@ -197,6 +197,7 @@ func newSession(s *Server, c net.Conn) *session {
 	ss.ctx, ss.cancel = context.WithCancel(s.hardCtx)
 	ss.acct.b = &s.budget
 	ss.setClient(ss.rawClient)
+	ss.acquire()
 	return ss
 }
 
@@ -206,10 +207,9 @@ func newSession(s *Server, c net.Conn) *session {
 func (ss *session) setClient(c net.Conn) {
 	ss.client = c
 	ss.crd = bufio.NewReaderSize(c, clientReadSize)
-	if ss.cwr == nil {
-		ss.acquire()
+	if ss.cwr != nil {
+		ss.cwr.Reset(c)
 	}
-	ss.cwr.Reset(c)
 }
 
 // setBackend makes c the backend connection, read and written through
@@ -253,7 +253,15 @@ func (ss *session) park() {
 	if cap(ss.digest) > keepBuf {
 		ss.digest = nil
 	}
-	if ss.crd.Buffered() > 0 || ss.cwr == nil || ss.cwr.Buffered() > 0 ||
+	if ss.crd.Buffered() == 0 {
+		ss.parkBuffers()
+	}
+}
+
+// parkBuffers gives the pooled writers and reader back if they hold
+// nothing: the session is about to wait for its client.
+func (ss *session) parkBuffers() {
+	if ss.cwr == nil || ss.cwr.Buffered() > 0 ||
 		ss.bwr != nil && ss.bwr.Buffered() > 0 || ss.brd != nil && ss.brd.Buffered() > 0 {
 		return
 	}
@@ -514,7 +522,11 @@ func (ss *session) login() error {
 		return err
 	}
 
+	// The client's answer may take its time (or never come): meanwhile
+	// the session holds only its client reader.
+	ss.parkBuffers()
 	rp, cseq, resp, err := ss.clientHello(deadline)
+	ss.acquire()
 	if err != nil {
 		return err
 	}
@@ -687,7 +699,9 @@ func (ss *session) backendUnreachable(cause error, deadline time.Time) error {
 	if ss.sendClient(0, appendGreeting(ss.buf[:0], uint32(ss.info.ID), caps)) != nil || ss.cwr.Flush() != nil {
 		return err
 	}
+	ss.parkBuffers()
 	_, cseq, _, herr := ss.clientHello(deadline)
+	ss.acquire()
 	if herr != nil {
 		return err
 	}
@@ -824,7 +838,9 @@ func (ss *session) relayAuth(plugin string, delta byte) (ok bool, err error) {
 		if len(p) == 2 && p[0] == mysql.MORE_DATE_HEADER && p[1] == mysql.CACHE_SHA2_FAST_AUTH {
 			continue // caching_sha2 fast auth succeeded: the OK follows
 		}
+		ss.parkBuffers()
 		cp, cseq, err := ss.readClient(bseq+delta+1, authLimit, ProtoBadHandshake)
+		ss.acquire()
 		if err != nil {
 			return false, fmt.Errorf("reading client auth data: %w", err)
 		}
