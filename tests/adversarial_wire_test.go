@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,9 +65,12 @@ func rawLogin(addr string) (net.Conn, error) {
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, _, err := readRaw(c); err != nil {
+	if _, g, err := readRaw(c); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("greeting: %w", err)
+	} else if _, _, msg, ok := rawErr(g); ok {
+		c.Close()
+		return nil, fmt.Errorf("refused in place of the greeting: %s", msg)
 	}
 	if err := writeRaw(c, 1, handshakeResponse41()); err != nil {
 		c.Close()
@@ -162,6 +167,7 @@ func TestHostileClients(t *testing.T) {
 	t.Run("stalled packets cost little", func(t *testing.T) { stalledPacketsCostLittle(t, db) })
 	t.Run("connections that never log in", func(t *testing.T) { neverLoggingInHurtsNoOne(t, db) })
 	t.Run("malformed handshakes", func(t *testing.T) { malformedHandshakesAnswered(t, db) })
+	t.Run("256 file descriptors", func(t *testing.T) { fewDescriptorsStillServe(t, db) })
 }
 
 // stalledPacketsCostLittle: 1,000 clients each announce a large
@@ -486,5 +492,92 @@ func TestPprofOffByDefault(t *testing.T) {
 				t.Errorf("%v: GET %s = %d, want %d", tc.flags, path, code, tc.want)
 			}
 		}
+	}
+}
+
+// startProxyWithNofile runs rgproxy as startProxy does, under a limit of
+// nofile open file descriptors (soft and hard).
+func startProxyWithNofile(t *testing.T, nofile int, extra ...string) *proxy {
+	t.Helper()
+	px := &proxy{Addr: freeAddr(t), StatusAddr: freeAddr(t)}
+	args := append([]string{"--listen", px.Addr, "--status-addr", px.StatusAddr, "--metering=false"}, extra...)
+	p := &process{log: &syncBuffer{}, done: make(chan struct{})}
+	script := fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile)
+	p.cmd = exec.Command("sh", append([]string{"-c", script, filepath.Join(binDir, "rgproxy")}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop(10 * time.Second)
+		if t.Failed() {
+			t.Logf("rgproxy log:\n%s", p.log.String())
+		}
+	})
+	px.process = p
+	waitListening(t, px.Addr, p)
+	return px
+}
+
+// fewDescriptorsStillServe: rgproxy under a limit of 256 file descriptors,
+// and 200 clients that log in, 8 at a time. Without a ceiling the sessions
+// take every descriptor: accept fails with EMFILE (a log line each time),
+// logins hang and /readyz cannot dial. With the ceiling derived from the
+// limit, the clients beyond it get 1040 at once, those within it work,
+// /readyz answers in under 100 ms and accept never fails.
+func fewDescriptorsStillServe(t *testing.T, db *privateMariaDB) {
+	const nofile, clients = 256, 200
+	db.exec(t, "SET GLOBAL max_connections = 400")
+	settle(t, db)
+	px := startProxyWithNofile(t, nofile, "--backend", db.Addr)
+	var refused, in atomic.Int64
+	var slowest atomic.Int64
+	conns := openMany(t, clients, 8, func() (net.Conn, error) {
+		t0 := time.Now()
+		c, err := rawLogin(px.Addr)
+		if d := int64(time.Since(t0)); d > slowest.Load() {
+			slowest.Store(d)
+		}
+		if err != nil {
+			if !strings.Contains(err.Error(), "Too many connections") {
+				return nil, err
+			}
+			refused.Add(1)
+			return nil, nil
+		}
+		in.Add(1)
+		return c, nil
+	})
+	var t0 = time.Now()
+	code, body := httpGet(t, "http://"+px.StatusAddr+"/readyz")
+	ready := time.Since(t0)
+	limit := metricSum(t, px.StatusAddr, "rgproxy_max_connections")
+	t.Logf("%d descriptors: max_connections %v; %d clients logged in, %d refused with 1040, slowest login %v; /readyz %d in %v",
+		nofile, limit, in.Load(), refused.Load(), time.Duration(slowest.Load()).Round(time.Millisecond), code, ready.Round(100*time.Microsecond))
+	if code != 200 || ready >= 100*time.Millisecond {
+		t.Errorf("/readyz: %d %s in %v", code, body, ready)
+	}
+	if in.Load() == 0 || float64(in.Load()) > limit || in.Load()+refused.Load() != clients {
+		t.Errorf("%d in, %d refused of %d, limit %v", in.Load(), refused.Load(), clients, limit)
+	}
+	if time.Duration(slowest.Load()) > 2*time.Second {
+		t.Errorf("a login took %v", time.Duration(slowest.Load()))
+	}
+	if n := logLines(px.process, "accept failed"); n != 0 {
+		t.Errorf("%d accept failures logged", n)
+	}
+	for _, c := range conns {
+		if c == nil {
+			continue
+		}
+		if err := writeRaw(c, 0, []byte{gomysql.COM_PING}); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, p, err := readRaw(c); err != nil || len(p) == 0 || p[0] != gomysql.OK_HEADER {
+			t.Fatalf("a logged-in session: %q %v", p, err)
+		}
+		break
 	}
 }
