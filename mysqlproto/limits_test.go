@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -438,5 +440,54 @@ func TestCommandBufferLimitRefusesTheOneThatGrows(t *testing.T) {
 	waitFor(t, func() bool { return s.Stats().CommandBufferBytes == 0 })
 	if n := s.Stats().ProtocolErrors[ProtoBufferLimit]; n != 1 {
 		t.Fatalf("%d refusals counted", n)
+	}
+}
+
+// emfileListener fails its next Accept with EMFILE, as a process out of
+// descriptors sees it, then accepts for real.
+type emfileListener struct {
+	net.Listener
+	fail atomic.Int64
+}
+
+func (l *emfileListener) Accept() (net.Conn, error) {
+	if l.fail.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestAcceptOutOfDescriptorsRefuses: when accept fails for want of
+// descriptors, the client waiting in the backlog gets 1040 (rgproxy gives
+// up a spare descriptor for it) instead of hanging, and the server goes
+// on serving.
+func TestAcceptOutOfDescriptorsRefuses(t *testing.T) {
+	be, dials := dialCountingBackend(t)
+	s, err := NewServer(Config{BackendAddr: be, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &emfileListener{Listener: inner}
+	ln.fail.Store(1) // the first Accept fails
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	addr := inner.Addr().String()
+	_, _, p := greeted(t, addr, nil)
+	if e := parseErrPacket(p); p[0] != mysql.ERR_HEADER || e.Code != mysql.ER_CON_COUNT_ERROR {
+		t.Fatalf("client accepted on a spare descriptor: %q, want 1040", p)
+	}
+	if _, _, p := greeted(t, addr, nil); p[0] != 10 {
+		t.Fatalf("after: %q", p)
+	}
+	if n := s.Stats().Refused[RefusedDescriptors]; n != 1 || dials.Load() != 1 {
+		t.Fatalf("%d refused for descriptors, %d backend dials", n, dials.Load())
 	}
 }

@@ -146,8 +146,32 @@ func writeMessage(bw *bufio.Writer, seq byte, payload []byte) (byte, error) {
 
 // copyN streams n bytes from br to bw without an intermediate buffer: it
 // hands bw whatever br already holds, so bytes are relayed as they arrive.
+// When br holds nothing and more than its size is to come, it reads
+// straight into bw's free space (a session's client reader is small; its
+// backend writer is not).
 func copyN(bw *bufio.Writer, br *bufio.Reader, n int) error {
 	for n > 0 {
+		if br.Buffered() == 0 && n >= br.Size() {
+			if bw.Available() < br.Size() {
+				if err := bw.Flush(); err != nil {
+					return &writeError{err}
+				}
+			}
+			if bw.Available() >= br.Size() {
+				free := bw.AvailableBuffer()
+				k, err := br.Read(free[:min(n, cap(free))])
+				if k > 0 {
+					if _, werr := bw.Write(free[:k]); werr != nil { // into its own free space: no copy
+						return &writeError{werr}
+					}
+					n -= k
+				}
+				if err != nil && n > 0 {
+					return unexpectedEOF(err)
+				}
+				continue
+			}
+		}
 		if br.Buffered() == 0 {
 			if _, err := br.Peek(1); err != nil {
 				if errors.Is(err, io.EOF) {
