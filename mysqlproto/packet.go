@@ -151,33 +151,18 @@ func writeMessage(bw *bufio.Writer, seq byte, payload []byte) (byte, error) {
 // backend writer is not).
 func copyN(bw *bufio.Writer, br *bufio.Reader, n int) error {
 	for n > 0 {
-		if br.Buffered() == 0 && n >= br.Size() {
-			if bw.Available() < br.Size() {
-				if err := bw.Flush(); err != nil {
-					return &writeError{err}
-				}
-			}
-			if bw.Available() >= br.Size() {
-				free := bw.AvailableBuffer()
-				k, err := br.Read(free[:min(n, cap(free))])
-				if k > 0 {
-					if _, werr := bw.Write(free[:k]); werr != nil { // into its own free space: no copy
-						return &writeError{werr}
-					}
-					n -= k
-				}
-				if err != nil && n > 0 {
-					return unexpectedEOF(err)
-				}
-				continue
-			}
-		}
 		if br.Buffered() == 0 {
-			if _, err := br.Peek(1); err != nil {
-				if errors.Is(err, io.EOF) {
-					err = io.ErrUnexpectedEOF
+			if n >= br.Size() {
+				if done, err := readIntoWriter(bw, br, n); err != nil || done > 0 {
+					n -= done
+					if err != nil {
+						return err
+					}
+					continue
 				}
-				return err
+			}
+			if _, err := br.Peek(1); err != nil {
+				return unexpectedEOF(err)
 			}
 		}
 		k := min(br.Buffered(), n)
@@ -189,6 +174,31 @@ func copyN(bw *bufio.Writer, br *bufio.Reader, n int) error {
 		n -= k
 	}
 	return nil
+}
+
+// readIntoWriter makes one read of at most n bytes from br, which holds none,
+// straight into bw's free space, when bw has room for a read of br's size
+// (flushing it first if need be); done is 0 when it has not.
+func readIntoWriter(bw *bufio.Writer, br *bufio.Reader, n int) (done int, err error) {
+	if bw.Available() < br.Size() && bw.Buffered() > 0 {
+		if err := bw.Flush(); err != nil {
+			return 0, &writeError{err}
+		}
+	}
+	if bw.Available() < br.Size() {
+		return 0, nil
+	}
+	free := bw.AvailableBuffer()
+	k, err := br.Read(free[:min(n, cap(free))])
+	if k > 0 {
+		if _, werr := bw.Write(free[:k]); werr != nil { // into its own free space: no copy
+			return k, &writeError{werr}
+		}
+	}
+	if err != nil && k < n {
+		return k, unexpectedEOF(err)
+	}
+	return k, nil
 }
 
 // writeError marks a failed write inside copyN, so that callers can tell
