@@ -68,8 +68,7 @@ func (e *clientError) Error() string { return e.kind.String() + ": " + e.err.Err
 func (e *clientError) Unwrap() error { return e.err }
 
 // newClientError builds the error for a refused packet of the given kind,
-// with MariaDB's answer for it; detail, when not empty, is appended to the
-// message in parentheses.
+// answered with MariaDB's ERR for it and sequence id seq.
 func newClientError(kind ProtocolErrorKind, seq byte, err error) *clientError {
 	return &clientError{kind: kind, seq: seq, reply: protoReply(kind, ""), err: err}
 }
@@ -99,9 +98,9 @@ func protoReply(kind ProtocolErrorKind, detail string) *Error {
 }
 
 // asClientError turns the framing errors of a client's packet into the
-// clientError that answers them; kindMalformed is the kind a
-// ErrMalformedPacket gets (a bad handshake before login). Other errors
-// are returned as they are.
+// clientError that answers them (with sequence id seq); malformed is the
+// kind an ErrMalformedPacket gets (a bad handshake before login). Other
+// errors are returned as they are.
 func asClientError(err error, seq byte, malformed ProtocolErrorKind) error {
 	var ce *clientError
 	switch {
