@@ -34,20 +34,20 @@ func (ss *session) command() error {
 	if !ss.beginCommand() {
 		return errQuit
 	}
+	// From here the client has started a command: each wait for the rest
+	// of it is bounded (Config.NetReadTimeout).
+	ss.armRead()
+	ss.seq = 0
 	if seq != 0 {
-		return fmt.Errorf("%w: command packet has sequence id %d", ErrSequence, seq)
+		return errOutOfOrder("command packet", seq, 0)
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: empty command packet", ErrMalformedPacket)
+		ss.acquire()
+		return ss.malformed(1, &Error{Code: mysql.ER_UNKNOWN_COM_ERROR, State: "08S01", Message: "Unknown command"},
+			fmt.Errorf("%w: empty command packet", ErrMalformedPacket))
 	}
 	if int64(n) > ss.srv.cfg.MaxPacketPayload {
-		return fmt.Errorf("%w: %d bytes, limit %d", ErrPacketTooLarge, n, ss.srv.cfg.MaxPacketPayload)
-	}
-	if cap(ss.buf) > keepBuf && n <= keepBuf {
-		ss.buf = nil // a big command is over: give its memory back
-	}
-	if cap(ss.digest) > keepBuf {
-		ss.digest = nil
+		return newClientError(ProtoTooLarge, 1, fmt.Errorf("%w: %d bytes, limit %d", ErrPacketTooLarge, n, ss.srv.cfg.MaxPacketPayload))
 	}
 	read := n
 	if n > streamFrom {
@@ -57,10 +57,13 @@ func (ss *session) command() error {
 			read = streamPrefix
 		}
 	}
-	ss.buf, err = readInto(ss.crd, ss.buf, read)
+	// The buffer grows as the bytes arrive, not to what the header says.
+	ss.buf, err = readPayload(ss.crd, ss.buf[:0], read, &ss.acct)
 	if err != nil {
-		return err
+		return asClientError(err, 1, ProtoMalformed)
 	}
+	// The command is here: the session works, with its pooled buffers.
+	ss.acquire()
 	ss.unread = n - read
 	p := ss.buf
 	if ss.csStale && (p[0] == mysql.COM_QUERY || p[0] == mysql.COM_STMT_PREPARE) {
@@ -86,8 +89,7 @@ func (ss *session) command() error {
 				if _, err := ss.drainContinuations(n); err != nil {
 					return err
 				}
-				return ss.sendError(ss.seq+1, &Error{Code: mysql.ER_MALFORMED_PACKET, State: "HY000",
-					Message: "Malformed communication packet (rgproxy: " + err.Error() + ")"})
+				return ss.malformed(ss.seq+1, protoReply(ProtoMalformed, err.Error()), err)
 			}
 			ss.attrLen, text = k, text[k:]
 		}
@@ -163,7 +165,14 @@ func (ss *session) scan(q []byte, st *Statement) (Class, bool) {
 func (ss *session) stmtCommand(st *Statement, n int) error {
 	p := ss.buf
 	if len(p) < 5 {
-		return fmt.Errorf("%w: command 0x%02x too short", ErrMalformedPacket, p[0])
+		// No statement id (the payload is all here: it is shorter than
+		// streamFrom). MariaDB ignores such a CLOSE or SEND_LONG_DATA,
+		// which have no answer, and answers the others with 1835.
+		err := fmt.Errorf("%w: command 0x%02x too short", ErrMalformedPacket, p[0])
+		if p[0] == mysql.COM_STMT_CLOSE || p[0] == mysql.COM_STMT_SEND_LONG_DATA {
+			return ss.malformed(0, nil, err)
+		}
+		return ss.malformed(1, protoReply(ProtoMalformed, ""), err)
 	}
 	id := uint32(p[1]) | uint32(p[2])<<8 | uint32(p[3])<<16 | uint32(p[4])<<24
 	if id == lastStmtID && ss.lastStmt != 0 {
@@ -223,9 +232,13 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	if ss.srv.passThrough {
 		v = ss.pol.Before(ss.ctx, st, sessionBackend{ss})
 	} else {
+		// The client watch reads the client while Before waits, as long
+		// as it waits: not under the bound of a command's rest.
+		ss.disarmRead()
 		ss.beginBefore()
 		v = ss.pol.Before(ss.ctx, st, sessionBackend{ss})
 		ss.endBefore()
+		ss.armRead()
 	}
 	if v.Reply != nil {
 		if _, err := ss.drainContinuations(n); err != nil {
@@ -337,11 +350,11 @@ func (ss *session) forward(n int) (int64, error) {
 		}
 		seq++
 		if s != seq {
-			return total, fmt.Errorf("%w: continuation %d, want %d", ErrSequence, s, seq)
+			return total, errOutOfOrder("continuation", s, seq)
 		}
 		total += int64(n)
 		if total > ss.srv.cfg.MaxPacketPayload {
-			return total, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, ss.srv.cfg.MaxPacketPayload)
+			return total, newClientError(ProtoTooLarge, seq+1, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, ss.srv.cfg.MaxPacketPayload))
 		}
 		if err := writeHeader(ss.bwr, n, seq); err != nil {
 			return total, ss.backendFailed(seq+1, err)
@@ -437,10 +450,10 @@ func (ss *session) drainContinuations(n int) (int64, error) {
 		}
 		seq++
 		if s != seq {
-			return total, fmt.Errorf("%w: continuation %d, want %d", ErrSequence, s, seq)
+			return total, errOutOfOrder("continuation", s, seq)
 		}
 		if total += int64(n); total > ss.srv.cfg.MaxPacketPayload {
-			return total, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, ss.srv.cfg.MaxPacketPayload)
+			return total, newClientError(ProtoTooLarge, seq+1, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, ss.srv.cfg.MaxPacketPayload))
 		}
 		if err := discardN(ss.crd, n); err != nil {
 			return total, err
@@ -571,7 +584,7 @@ func (ss *session) relayInfile(out *Outcome) error {
 			return fmt.Errorf("reading LOCAL INFILE data: %w", err)
 		}
 		if seq != ss.seq+1 {
-			return fmt.Errorf("%w: LOCAL INFILE packet %d, want %d", ErrSequence, seq, ss.seq+1)
+			return errOutOfOrder("LOCAL INFILE packet", seq, ss.seq+1)
 		}
 		ss.seq = seq
 		if err := writeHeader(ss.bwr, n, seq); err != nil {
@@ -598,10 +611,10 @@ func (ss *session) relayInfile(out *Outcome) error {
 func (ss *session) changeUser(n int) error {
 	cu, err := parseChangeUser(ss.buf, ss.caps)
 	if err != nil {
-		return err
+		return newClientError(ProtoBadHandshake, 1, err)
 	}
 	if n == mysql.MaxPayloadLen {
-		return fmt.Errorf("%w: COM_CHANGE_USER too large", ErrMalformedPacket)
+		return newClientError(ProtoBadHandshake, 1, fmt.Errorf("%w: COM_CHANGE_USER too large", ErrMalformedPacket))
 	}
 	if clearTextPlugin(cu.Plugin) && !ss.bothTLS() {
 		return ss.refuseClearText(1, cu.Plugin)

@@ -43,6 +43,19 @@
 // whose backend cannot be reached gets ERR 9001 after a greeting of
 // rgproxy's own. No client-range code (2000-2999) is ever sent.
 //
+// # Hostile clients
+//
+// What a client may hold is bounded (limits.go, memory.go): sessions by
+// Config.MaxConnections (derived from the descriptor limit by default);
+// connections not logged in yet, which each hold a backend connection, by
+// MaxUnauthenticated and MaxUnauthenticatedPerHost (beyond them: 1040 at
+// once, no backend dial); a command's buffer grows as its bytes arrive,
+// within CommandBufferLimit over all sessions, and each wait for the rest
+// of a command is bounded by NetReadTimeout; an idle session holds a 4 KiB
+// reader, its other buffers pooled. A packet rgproxy refuses gets the ERR
+// MariaDB sends for it (protoerr.go), counted by kind; refusals and
+// protocol errors are logged at most once a second (ratelog.go).
+//
 // # Counting
 //
 // Outcome.RequestBytes and ResponseBytes count packet payloads (no

@@ -35,25 +35,61 @@ func readHeader(br *bufio.Reader) (n int, seq byte, err error) {
 	return n, seq, nil
 }
 
-// readInto reads n payload bytes into buf, growing it if needed, and
-// returns the filled slice. buf is reused across calls by the caller.
-func readInto(br *bufio.Reader, buf []byte, n int) ([]byte, error) {
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(br, buf); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+// growChunk is the first allocation for a payload that does not fit the
+// buffer at hand. From there a buffer doubles as bytes arrive, so that it
+// is never larger than twice what came (and this chunk): a header that
+// announces 16 MiB and is followed by 1 KiB costs 4 KiB, not 16 MiB.
+const growChunk = 4 << 10
+
+// readPayload appends n bytes read from br to buf and returns the filled
+// slice. When buf has no room it grows as the bytes actually arrive,
+// never to the announced size at once; acct, when not nil, is charged
+// for each growth and may refuse it (ErrBudget). buf is reused across
+// calls by the caller, so a payload that fits costs no allocation.
+func readPayload(br *bufio.Reader, buf []byte, n int, acct *allowance) ([]byte, error) {
+	end := len(buf) + n
+	if cap(buf) >= end {
+		buf = buf[:end]
+		if _, err := io.ReadFull(br, buf[end-n:]); err != nil {
+			return buf, unexpectedEOF(err)
 		}
-		return buf, err
+		return buf, nil
+	}
+	for len(buf) < end {
+		if len(buf) == cap(buf) {
+			c := min(max(2*cap(buf), growChunk), max(end, growChunk))
+			if acct != nil {
+				if err := acct.reserve(c); err != nil {
+					return buf, err
+				}
+			}
+			nb := make([]byte, len(buf), c)
+			copy(nb, buf)
+			buf = nb
+		}
+		k, err := br.Read(buf[len(buf):min(end, cap(buf))])
+		buf = buf[:len(buf)+k]
+		if err != nil && len(buf) < end {
+			return buf, unexpectedEOF(err)
+		}
 	}
 	return buf, nil
 }
 
+// unexpectedEOF turns io.EOF in the middle of a payload into
+// io.ErrUnexpectedEOF.
+func unexpectedEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
 // readMessage reads one logical payload, joining continuation packets,
 // refusing payloads larger than limit. It returns the payload (in buf when
-// it fits) and the sequence id of the last packet.
+// it fits, else in a buffer that grew as the bytes came) and the sequence
+// id of the last packet. It does not check sequence ids: the backend's
+// packets are read with it; a client's go through session.readClient.
 func readMessage(br *bufio.Reader, buf []byte, limit int64) ([]byte, byte, error) {
 	buf = buf[:0]
 	for {
@@ -64,17 +100,7 @@ func readMessage(br *bufio.Reader, buf []byte, limit int64) ([]byte, byte, error
 		if int64(len(buf)+n) > limit {
 			return buf, seq, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, limit)
 		}
-		start := len(buf)
-		if cap(buf) < start+n {
-			nb := make([]byte, start, start+n)
-			copy(nb, buf)
-			buf = nb
-		}
-		buf = buf[:start+n]
-		if _, err := io.ReadFull(br, buf[start:]); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
+		if buf, err = readPayload(br, buf, n, nil); err != nil {
 			return buf, seq, err
 		}
 		if n < mysql.MaxPayloadLen {
@@ -120,14 +146,23 @@ func writeMessage(bw *bufio.Writer, seq byte, payload []byte) (byte, error) {
 
 // copyN streams n bytes from br to bw without an intermediate buffer: it
 // hands bw whatever br already holds, so bytes are relayed as they arrive.
+// When br holds nothing and more than its size is to come, it reads
+// straight into bw's free space (a session's client reader is small; its
+// backend writer is not).
 func copyN(bw *bufio.Writer, br *bufio.Reader, n int) error {
 	for n > 0 {
 		if br.Buffered() == 0 {
-			if _, err := br.Peek(1); err != nil {
-				if errors.Is(err, io.EOF) {
-					err = io.ErrUnexpectedEOF
+			if n >= br.Size() {
+				if done, err := readIntoWriter(bw, br, n); err != nil || done > 0 {
+					n -= done
+					if err != nil {
+						return err
+					}
+					continue
 				}
-				return err
+			}
+			if _, err := br.Peek(1); err != nil {
+				return unexpectedEOF(err)
 			}
 		}
 		k := min(br.Buffered(), n)
@@ -139,6 +174,31 @@ func copyN(bw *bufio.Writer, br *bufio.Reader, n int) error {
 		n -= k
 	}
 	return nil
+}
+
+// readIntoWriter makes one read of at most n bytes from br, which holds none,
+// straight into bw's free space, when bw has room for a read of br's size
+// (flushing it first if need be); done is 0 when it has not.
+func readIntoWriter(bw *bufio.Writer, br *bufio.Reader, n int) (done int, err error) {
+	if bw.Available() < br.Size() && bw.Buffered() > 0 {
+		if err := bw.Flush(); err != nil {
+			return 0, &writeError{err}
+		}
+	}
+	if bw.Available() < br.Size() {
+		return 0, nil
+	}
+	free := bw.AvailableBuffer()
+	k, err := br.Read(free[:min(n, cap(free))])
+	if k > 0 {
+		if _, werr := bw.Write(free[:k]); werr != nil { // into its own free space: no copy
+			return k, &writeError{werr}
+		}
+	}
+	if err != nil && k < n {
+		return k, unexpectedEOF(err)
+	}
+	return k, nil
 }
 
 // writeError marks a failed write inside copyN, so that callers can tell

@@ -90,19 +90,49 @@ func TestLenenc(t *testing.T) {
 
 func TestCopyN(t *testing.T) {
 	src := bytes.Repeat([]byte("0123456789"), 10000)
+	for _, tc := range []struct {
+		name          string
+		rsize, wsize  int
+		chunk, prefix int
+	}{
+		{"small writer", 4096, 1000, 1 << 20, 0},
+		// A small reader beside a large writer reads into the writer.
+		{"large writer", 4096, 16 << 10, 1 << 20, 0},
+		{"large writer, trickled", 4096, 16 << 10, 1000, 0},
+		{"large writer, reader holding bytes", 4096, 16 << 10, 3000, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			br := bufio.NewReaderSize(&trickle{avail: src, chunk: tc.chunk}, tc.rsize)
+			var dst bytes.Buffer
+			bw := bufio.NewWriterSize(&dst, tc.wsize)
+			if tc.prefix > 0 {
+				if _, err := br.Peek(tc.prefix); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := copyN(bw, br, 99999); err != nil || bw.Flush() != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(dst.Bytes(), src[:99999]) {
+				t.Fatal("copied bytes differ")
+			}
+			if err := copyN(bw, br, 2); !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("short source: %v", err)
+			}
+		})
+	}
+	// A failed write is the writer's error.
+	bw := bufio.NewWriterSize(failWriter{}, 16<<10)
 	br := bufio.NewReaderSize(bytes.NewReader(src), 4096)
-	var dst bytes.Buffer
-	bw := bufio.NewWriterSize(&dst, 1000)
-	if err := copyN(bw, br, 99999); err != nil || bw.Flush() != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(dst.Bytes(), src[:99999]) {
-		t.Fatal("copied bytes differ")
-	}
-	if err := copyN(bw, br, 2); !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Fatalf("short source: %v", err)
+	var werr *writeError
+	if err := copyN(bw, br, 99999); !errors.As(err, &werr) {
+		t.Fatalf("failing writer: %v", err)
 	}
 }
+
+type failWriter struct{}
+
+func (failWriter) Write([]byte) (int, error) { return 0, errors.New("backend gone") }
 
 func FuzzReadPacket(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 3}, int64(100))

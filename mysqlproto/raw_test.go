@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha1"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -256,26 +257,99 @@ func TestBinaryRowsAndCursor(t *testing.T) {
 	}
 }
 
+// answer is what a server did with a packet: its first answer, if any
+// (an ERR's code, SQLSTATE and sequence id), and whether it then closed
+// the connection.
+type answer struct {
+	code   uint16
+	state  string
+	seq    byte
+	closed bool
+}
+
+// answerOf reads what comes back within wait: an ERR (or nothing), then
+// whether the connection closes.
+func (rc *rawClient) answerOf(wait time.Duration) answer {
+	rc.t.Helper()
+	var a answer
+	_ = rc.c.SetReadDeadline(time.Now().Add(wait))
+	defer rc.c.SetReadDeadline(time.Time{})
+	p, seq, err := readMessage(rc.br, nil, 1<<20)
+	if err == nil {
+		if len(p) > 0 && p[0] == mysql.ERR_HEADER {
+			e := parseErrPacket(p)
+			a.code, a.state = e.Code, e.State
+		}
+		a.seq = seq
+		_, _, err = readHeader(rc.br)
+	}
+	var ne net.Error
+	a.closed = err != nil && !(errors.As(err, &ne) && ne.Timeout())
+	return a
+}
+
+// TestMalformedClientPackets: a broken command packet gets the ERR MariaDB
+// sends for it, with its sequence id, and the connection closes or goes
+// on as MariaDB's does; other sessions see nothing.
 func TestMalformedClientPackets(t *testing.T) {
 	setupSchema(t)
-	_, addr := startProxy(t, Config{MaxPacketPayload: 1024})
+	srv, addr := startProxy(t, Config{MaxPacketPayload: 1024})
 	other := dialRaw(t, addr, "root", "")
-	cases := map[string]func(rc *rawClient){
-		"bad sequence": func(rc *rawClient) { rc.write(5, []byte{mysql.COM_PING}) },
-		"empty packet": func(rc *rawClient) { rc.write(0, nil) },
-		"oversized":    func(rc *rawClient) { rc.write(0, query(string(make([]byte, 2000)))) },
-		"truncated": func(rc *rawClient) {
+	for _, tc := range []struct {
+		name  string
+		send  func(rc *rawClient)
+		want  answer
+		kind  ProtocolErrorKind
+		alike bool // compared with MariaDB itself
+	}{
+		{"bad sequence", func(rc *rawClient) { rc.write(5, []byte{mysql.COM_PING}) },
+			answer{mysql.ER_NET_PACKETS_OUT_OF_ORDER, "08S01", 0, true}, ProtoOutOfOrder, true},
+		{"empty packet", func(rc *rawClient) { rc.write(0, nil) },
+			answer{mysql.ER_UNKNOWN_COM_ERROR, "08S01", 1, false}, ProtoMalformed, true},
+		{"short execute", func(rc *rawClient) { rc.write(0, []byte{mysql.COM_STMT_EXECUTE, 1}) },
+			answer{mysql.ER_MALFORMED_PACKET, "HY000", 1, false}, ProtoMalformed, true},
+		{"short close", func(rc *rawClient) { rc.write(0, []byte{mysql.COM_STMT_CLOSE, 1}) },
+			answer{}, ProtoMalformed, true},
+		{"truncated", func(rc *rawClient) {
 			rc.bw.Write([]byte{100, 0, 0, 0, mysql.COM_QUERY, 'S'})
 			rc.bw.Flush()
 			rc.c.(*net.TCPConn).CloseWrite()
-		},
-		"short execute": func(rc *rawClient) { rc.write(0, []byte{mysql.COM_STMT_EXECUTE, 1}) },
-	}
-	for name, send := range cases {
-		t.Run(name, func(t *testing.T) {
-			rc := dialRaw(t, addr, "root", "")
-			send(rc)
-			rc.expectClosed()
+		}, answer{closed: true}, -1, true},
+		// MariaDB's max_allowed_packet is not 1024 here: rgproxy's own limit.
+		{"oversized", func(rc *rawClient) { rc.write(0, query(string(make([]byte, 2000)))) },
+			answer{mysql.ER_NET_PACKET_TOO_LARGE, "08S01", 1, true}, ProtoTooLarge, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := srv.Stats().ProtocolErrors
+			try := func(addr string) answer {
+				rc := dialRaw(t, addr, "root", "")
+				tc.send(rc)
+				a := rc.answerOf(time.Second)
+				if !a.closed {
+					if _, m := rc.cmd(respGeneric, false, []byte{mysql.COM_PING}); m.ErrCode != 0 {
+						t.Fatalf("%s: the session does not go on: %d", addr, m.ErrCode)
+					}
+				}
+				return a
+			}
+			if got := try(addr); got != tc.want {
+				t.Errorf("through rgproxy: %+v, want %+v", got, tc.want)
+			}
+			if tc.alike {
+				if direct := try(backendAddr); direct != tc.want {
+					t.Errorf("MariaDB itself: %+v, the test wants %+v", direct, tc.want)
+				}
+			}
+			after := srv.Stats().ProtocolErrors
+			for k := range after {
+				want := before[k]
+				if ProtocolErrorKind(k) == tc.kind {
+					want++
+				}
+				if after[k] != want {
+					t.Errorf("%s errors counted %d, want %d", ProtocolErrorKind(k), after[k]-before[k], want-before[k])
+				}
+			}
 			if _, m := other.cmd(respGeneric, false, []byte{mysql.COM_PING}); m.ErrCode != 0 {
 				t.Fatal("other session affected")
 			}

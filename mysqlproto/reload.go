@@ -16,17 +16,19 @@ var ErrNoClientTLS = errors.New("mysqlproto: client TLS is off (no Config.Client
 // SIGHUP). Each takes effect for what starts after the call; what runs
 // already keeps what it started with.
 
-// SetMaxConnections changes Config.MaxConnections. Lowering it closes no
-// session: new clients get ERR 1040 until fewer than n remain.
+// SetMaxConnections changes Config.MaxConnections (0: derived from the
+// file-descriptor limit, as at start). Lowering it closes no session: new
+// clients get ERR 1040 until fewer than the limit remain.
 func (s *Server) SetMaxConnections(n int) error {
 	if n < 0 {
 		return fmt.Errorf("mysqlproto: MaxConnections %d is negative", n)
 	}
-	s.maxConns.Store(int64(n))
+	s.maxConns.Store(int64(effectiveMaxConnections(n)))
 	return nil
 }
 
-// MaxConnections is the limit in force; 0 = unlimited.
+// MaxConnections is the limit in force; 0 = unlimited (no descriptor
+// limit is known).
 func (s *Server) MaxConnections() int { return int(s.maxConns.Load()) }
 
 // SetClientCertificate replaces the certificate offered to clients that

@@ -97,13 +97,18 @@ func TestSetMaxConnectionsWhileServing(t *testing.T) {
 		t.Fatalf("new session over the lowered limit: want 1040, got %v", err)
 	}
 
+	// 0 is the default again: derived from the descriptor limit.
 	if err := s.SetMaxConnections(0); err != nil {
 		t.Fatal(err)
 	}
-	if err := pingNew(t, addr, "false"); err != nil {
-		t.Fatalf("unlimited: %v", err)
+	derived := s.MaxConnections()
+	if nofile, ok := nofileLimit(); ok && derived != DefaultMaxConnections(nofile) {
+		t.Fatalf("SetMaxConnections(0): %d in force, want %d for %d descriptors", derived, DefaultMaxConnections(nofile), nofile)
 	}
-	if err := s.SetMaxConnections(-1); err == nil || s.MaxConnections() != 0 {
+	if err := pingNew(t, addr, "false"); err != nil {
+		t.Fatalf("derived limit: %v", err)
+	}
+	if err := s.SetMaxConnections(-1); err == nil || s.MaxConnections() != derived {
 		t.Fatalf("a negative limit must be refused and change nothing: %v, in force %d", err, s.MaxConnections())
 	}
 }

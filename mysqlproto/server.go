@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
+	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,8 @@ import (
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/pingcap/failpoint"
+
+	"github.com/rgproxy/rgproxy/internal/clock"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -49,13 +53,34 @@ type Config struct {
 	// Default false.
 	BackendProxyProtocol bool
 	// MaxConnections is the most client sessions served at once; one more
-	// gets ERR 1040 "Too many connections". 0 means unlimited (the default).
-	// Server.SetMaxConnections changes it while serving.
+	// gets ERR 1040 "Too many connections" at once. 0 (the default) means
+	// DefaultMaxConnections of the process's file-descriptor limit
+	// (unlimited where no limit is known). Server.SetMaxConnections
+	// changes it while serving.
 	MaxConnections int
+	// MaxUnauthenticated is the most connections that have not logged in
+	// yet (each holds a backend connection that the backend counts against
+	// its max_connections); one more gets ERR 1040 at once, without a
+	// backend connection. Default 64.
+	MaxUnauthenticated int
+	// MaxUnauthenticatedPerHost is the same bound per client address (an
+	// IPv4 address, an IPv6 /64), loopback included. Default 16.
+	MaxUnauthenticatedPerHost int
 	// MaxPacketPayload is the largest client command payload accepted, in
-	// bytes, multi-packet continuations included; a larger one closes the
-	// connection with a warning logged. Default 1 GiB.
+	// bytes, multi-packet continuations included; a larger one gets ERR
+	// 1153 and the connection closes. Default 1 GiB.
 	MaxPacketPayload int64
+	// CommandBufferLimit bounds the bytes held at once, over all sessions,
+	// in the buffers of client commands being received or run, beyond each
+	// session's first 16 KiB (a command buffer grows as its bytes arrive);
+	// a command that would go beyond gets ERR 1041 and its connection
+	// closes. Default the larger of 1 GiB and MaxPacketPayload.
+	CommandBufferLimit int64
+	// NetReadTimeout bounds each wait for the rest of a command the
+	// client has started to send (MariaDB's net_read_timeout): after that
+	// long without a byte the client gets ERR 1159 and is closed. Default
+	// 30s.
+	NetReadTimeout time.Duration
 	// WriteBufferSize is the size in bytes of each session's buffered
 	// writer towards the client (and of its reader from the backend).
 	// Default 64 KiB.
@@ -69,6 +94,8 @@ type Config struct {
 	ScanWords []string
 	// Logger receives the server's logs. Default slog.Default().
 	Logger *slog.Logger
+	// Clock paces the rate-limited logs. Default the wall clock.
+	Clock clock.Clock
 }
 
 // Stats is a snapshot of a Server's counters.
@@ -87,6 +114,15 @@ type Stats struct {
 	// BackendErrors counts backend dial failures and backend connections
 	// lost in the middle of a session.
 	BackendErrors uint64
+	// Unauthenticated is the number of connections not logged in yet.
+	Unauthenticated int64
+	// Refused counts the connections answered ERR 1040 at once, by reason.
+	Refused [NumRefusalReasons]uint64
+	// ProtocolErrors counts the client packets refused, by kind.
+	ProtocolErrors [NumProtocolErrorKinds]uint64
+	// CommandBufferBytes is what command buffers hold now beyond each
+	// session's first 16 KiB (bounded by Config.CommandBufferLimit).
+	CommandBufferBytes int64
 }
 
 // Server accepts MySQL clients and relays each to its own backend
@@ -119,6 +155,18 @@ type Server struct {
 	clientBytes   atomic.Uint64
 	backendBytes  atomic.Uint64
 	backendErrors atomic.Uint64
+	refused       [NumRefusalReasons]atomic.Uint64
+	protoErrors   [NumProtocolErrorKinds]atomic.Uint64
+
+	// gate bounds the connections that have not logged in.
+	gate preAuthGate
+	// budget bounds the bytes of command buffers (Config.CommandBufferLimit).
+	budget memBudget
+	// pools lends sessions their writers and backend reader while they work.
+	pools *bufPool
+	// The rate-limited logs: refused connections, accept failures,
+	// protocol errors, failed logins.
+	refuseLog, acceptLog, protoLog, loginLog *logLimiter
 
 	mu      sync.Mutex
 	closing bool
@@ -152,11 +200,27 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.RequireTLS && cfg.ClientTLS == nil {
 		return nil, errors.New("mysqlproto: RequireTLS needs ClientTLS (a certificate and key)")
 	}
-	if cfg.MaxConnections < 0 {
-		return nil, fmt.Errorf("mysqlproto: MaxConnections %d is negative", cfg.MaxConnections)
+	if cfg.MaxConnections < 0 || cfg.MaxUnauthenticated < 0 || cfg.MaxUnauthenticatedPerHost < 0 {
+		return nil, fmt.Errorf("mysqlproto: MaxConnections %d, MaxUnauthenticated %d, MaxUnauthenticatedPerHost %d: negative",
+			cfg.MaxConnections, cfg.MaxUnauthenticated, cfg.MaxUnauthenticatedPerHost)
+	}
+	if cfg.MaxUnauthenticated == 0 {
+		cfg.MaxUnauthenticated = 64
+	}
+	if cfg.MaxUnauthenticatedPerHost == 0 {
+		cfg.MaxUnauthenticatedPerHost = 16
 	}
 	if cfg.MaxPacketPayload <= 0 {
 		cfg.MaxPacketPayload = 1 << 30
+	}
+	if cfg.CommandBufferLimit <= 0 {
+		cfg.CommandBufferLimit = max(1<<30, cfg.MaxPacketPayload)
+	}
+	if cfg.NetReadTimeout <= 0 {
+		cfg.NetReadTimeout = 30 * time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
 	}
 	if cfg.WriteBufferSize <= 0 {
 		cfg.WriteBufferSize = 64 << 10
@@ -183,7 +247,15 @@ func NewServer(cfg Config) (*Server, error) {
 		listeners:  make(map[net.Listener]struct{}),
 		sessions:   make(map[*session]struct{}),
 	}
-	s.maxConns.Store(int64(cfg.MaxConnections))
+	s.maxConns.Store(int64(effectiveMaxConnections(cfg.MaxConnections)))
+	s.gate.byHost = make(map[netip.Prefix]int)
+	s.budget.limit = cfg.CommandBufferLimit
+	s.pools = newBufPool(cfg.WriteBufferSize)
+	clk := cfg.Clock
+	s.refuseLog = newLogLimiter(s.log, clk, slog.LevelWarn, "connection refused with 1040", "connections refused with 1040", "reason")
+	s.acceptLog = newLogLimiter(s.log, clk, slog.LevelWarn, "accept failed; retrying", "accept failures", "error")
+	s.protoLog = newLogLimiter(s.log, clk, slog.LevelWarn, "client protocol error", "client protocol errors", "kind")
+	s.loginLog = newLogLimiter(s.log, clk, slog.LevelWarn, "login failed", "logins failed", "cause")
 	if cfg.ClientTLS != nil {
 		s.cfg.ClientTLS = s.reloadableTLS(cfg.ClientTLS)
 	}
@@ -222,6 +294,8 @@ func (s *Server) Serve(ln net.Listener) error {
 		_ = ln.Close()
 	}()
 	var backoff time.Duration
+	spare := openSpare()
+	defer func() { closeSpare(spare) }()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -232,10 +306,24 @@ func (s *Server) Serve(ln net.Listener) error {
 				return ErrServerClosed
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) {
-				// Running out of descriptors is transient: wait a little.
+			fdsGone := errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
+			if fdsGone && spare != nil {
+				// Out of descriptors: give the spare one up for the client
+				// waiting in the backlog, so that it gets its 1040 rather
+				// than a hang, then take it back.
+				closeSpare(spare)
+				if c, err = ln.Accept(); err == nil {
+					s.refuse(c, RefusedDescriptors, 0)
+				}
+				spare = openSpare()
+				if err == nil {
+					continue
+				}
+			}
+			if errors.As(err, &ne) && ne.Timeout() || fdsGone || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) {
+				// Transient: wait a little, then try again.
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				s.log.Warn("accept failed; retrying", "err", err, "backoff", backoff)
+				s.acceptLog.event(acceptErrorKey(err), "err", err, "backoff", backoff)
 				t := time.NewTimer(backoff)
 				select {
 				case <-t.C:
@@ -244,18 +332,43 @@ func (s *Server) Serve(ln net.Listener) error {
 				}
 				continue
 			}
+			s.mu.Lock()
+			closing = s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
 			return fmt.Errorf("mysqlproto: accept: %w", err)
 		}
 		backoff = 0
 		s.accepted.Add(1)
 		if limit := s.maxConns.Load(); limit > 0 && s.conns.Load() >= limit {
-			go s.refuse(c, limit)
+			go s.refuse(c, RefusedMaxConnections, int(limit))
+			continue
+		}
+		host := hostKey(c.RemoteAddr())
+		if reason, ok := s.gate.enter(host, s.cfg.MaxUnauthenticated, s.cfg.MaxUnauthenticatedPerHost); !ok {
+			limit := s.cfg.MaxUnauthenticated
+			if reason == RefusedUnauthenticatedPerHost {
+				limit = s.cfg.MaxUnauthenticatedPerHost
+			}
+			go s.refuse(c, reason, limit)
 			continue
 		}
 		s.conns.Add(1)
 		s.wg.Add(1)
-		go s.serveConn(c)
+		go s.serveConn(c, host)
 	}
+}
+
+// acceptErrorKey names an accept error in the rate-limited log's counts.
+func acceptErrorKey(err error) string {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM} {
+		if errors.Is(err, e) {
+			return e.Error()
+		}
+	}
+	return "timeout"
 }
 
 // startBackendWatch starts the watch of idle backend connections, which
@@ -274,21 +387,32 @@ func (s *Server) startBackendWatch() {
 	}()
 }
 
-// refuse answers a connection beyond MaxConnections with ERR 1040 in place
-// of the greeting, as a MySQL server does.
-func (s *Server) refuse(c net.Conn, limit int64) {
-	defer c.Close()
-	_ = c.SetWriteDeadline(time.Now().Add(s.cfg.DialTimeout))
-	bw := bufio.NewWriterSize(c, 256)
-	_, _ = writeMessage(bw, 0, appendErr(nil, &Error{Code: mysql.ER_CON_COUNT_ERROR, State: "08004", Message: "Too many connections"}))
-	_ = bw.Flush()
-	s.log.Warn("connection refused: too many connections", "client", c.RemoteAddr(), "max", limit)
+// tooManyConnections is the ERR packet, header included, that a refused
+// connection gets in place of the greeting, as from a MySQL server at its
+// max_connections.
+var tooManyConnections = func() []byte {
+	p := appendErr(nil, &Error{Code: mysql.ER_CON_COUNT_ERROR, State: "08004", Message: "Too many connections"})
+	return append([]byte{byte(len(p)), byte(len(p) >> 8), byte(len(p) >> 16), 0}, p...)
+}()
+
+// refuse answers a connection with ERR 1040 at once, without dialing the
+// backend, and closes it. The log says so at most once a second.
+func (s *Server) refuse(c net.Conn, reason RefusalReason, limit int) {
+	s.refused[reason].Add(1)
+	// A new socket's send buffer is empty: the write does not wait for the
+	// client, and the deadline is there only to be sure.
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.Write(tooManyConnections)
+	_ = c.Close()
+	s.refuseLog.event(reason.String(), "client", c.RemoteAddr().String(), "limit", limit)
 }
 
-func (s *Server) serveConn(c net.Conn) {
+func (s *Server) serveConn(c net.Conn, host netip.Prefix) {
 	defer s.wg.Done()
 	defer s.conns.Add(-1)
 	ss := newSession(s, c)
+	ss.preAuth, ss.host = true, host
+	defer ss.leavePreAuth()
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -329,6 +453,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.wg.Wait()
 		close(done)
 	}()
+	defer s.stopLogs()
 	select {
 	case <-done:
 		s.hardCancel()
@@ -345,15 +470,31 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// stopLogs writes the rate-limited logs' pending summaries.
+func (s *Server) stopLogs() {
+	for _, l := range []*logLimiter{s.refuseLog, s.acceptLog, s.protoLog, s.loginLog} {
+		l.stop()
+	}
+}
+
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() Stats {
-	return Stats{
-		Connections:   s.conns.Load(),
-		Sessions:      s.accepted.Load(),
-		ClientBytes:   s.clientBytes.Load(),
-		BackendBytes:  s.backendBytes.Load(),
-		BackendErrors: s.backendErrors.Load(),
+	st := Stats{
+		Connections:        s.conns.Load(),
+		Sessions:           s.accepted.Load(),
+		ClientBytes:        s.clientBytes.Load(),
+		BackendBytes:       s.backendBytes.Load(),
+		BackendErrors:      s.backendErrors.Load(),
+		Unauthenticated:    int64(s.gate.count()),
+		CommandBufferBytes: s.budget.used.Load(),
 	}
+	for i := range st.Refused {
+		st.Refused[i] = s.refused[i].Load()
+	}
+	for i := range st.ProtocolErrors {
+		st.ProtocolErrors[i] = s.protoErrors[i].Load()
+	}
+	return st
 }
 
 // ProbeBackend dials the backend and reads its greeting, to tell whether
@@ -421,9 +562,26 @@ type countingConn struct {
 	now     func() time.Time
 	blocked time.Duration // written only by the session goroutine
 	timed   bool
+	// readTimeout, when > 0, bounds each read: a read that gets no byte
+	// for this long fails with os.ErrDeadlineExceeded (a session sets it
+	// while it receives a command: Config.NetReadTimeout).
+	// readDeadlineAt is when the deadline in force was set (zero: none).
+	// Both belong to whichever goroutine reads.
+	readTimeout    time.Duration
+	readDeadlineAt time.Time
 }
 
+// deadlineSlack is how often an armed read deadline is pushed back: a
+// read waits between readTimeout and readTimeout + deadlineSlack.
+const deadlineSlack = time.Second
+
 func (c *countingConn) Read(b []byte) (n int, err error) {
+	if c.readTimeout > 0 {
+		if now := time.Now(); now.Sub(c.readDeadlineAt) >= deadlineSlack {
+			c.readDeadlineAt = now
+			_ = c.Conn.SetReadDeadline(now.Add(c.readTimeout + deadlineSlack))
+		}
+	}
 	if c.raw != nil {
 		n, err = c.raw.Read(b)
 	} else {
@@ -456,4 +614,34 @@ func (c *countingConn) Write(b []byte) (int, error) {
 	c.blocked += c.now().Sub(t0)
 	c.n.Add(uint64(n))
 	return n, err
+}
+
+// openSpare opens a descriptor kept in reserve for the moment the process
+// runs out: Serve closes it to accept, and refuse, the client waiting in
+// the backlog. nil when it cannot be opened.
+func openSpare() *os.File {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil
+	}
+	return f
+}
+
+func closeSpare(f *os.File) {
+	if f != nil {
+		_ = f.Close()
+	}
+}
+
+// effectiveMaxConnections is MaxConnections in force for a configured n:
+// n itself, or for 0 DefaultMaxConnections of the descriptor limit (0,
+// unlimited, where none is known).
+func effectiveMaxConnections(n int) int {
+	if n > 0 {
+		return n
+	}
+	if nofile, ok := nofileLimit(); ok {
+		return DefaultMaxConnections(nofile)
+	}
+	return 0
 }

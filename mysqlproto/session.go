@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -40,9 +41,6 @@ const inspectLen = 64
 
 // authLimit bounds a single packet of the handshake.
 const authLimit = 1 << 20
-
-// keepBuf is the largest command buffer a session keeps between commands.
-const keepBuf = 1 << 20
 
 // prepared is what a session remembers of a prepared statement.
 type prepared struct {
@@ -81,13 +79,22 @@ type session struct {
 	status uint16 // the backend's last status flags
 	info   SessionInfo
 	pol    SessionPolicy
+	// preAuth: the session holds a place in the server's pre-login gate,
+	// under host.
+	preAuth bool
+	host    netip.Prefix
+	// acct is what buf is charged to Config.CommandBufferLimit.
+	acct allowance
 	// The policy's optional hooks, nil when it has none.
 	rewriter ErrorRewriter
 	progress ProgressObserver
 	m        respMachine
 	rw       replyWriter
-	buf      []byte
-	digest   []byte // the current statement's digest (Statement.Scan.Digest)
+	// bufs holds cwr, brd and bwr while the session works (acquire); nil
+	// while it is parked between commands.
+	bufs   *workBufs
+	buf    []byte
+	digest []byte // the current statement's digest (Statement.Scan.Digest)
 	// lastBackend is when the session last sent the backend a command:
 	// see keepBackendAlive.
 	lastBackend time.Time
@@ -169,6 +176,7 @@ func (ss *session) leaveIdle() bool { return ss.bstate.And(^bwIdle)&bwGone != 0 
 // sends 4031 on wait_timeout, MariaDB nothing), is relayed as it came, and
 // the client connection closes at once, as a direct connection's would.
 func (ss *session) backendGone() error {
+	ss.acquire()
 	_ = ss.backend.SetReadDeadline(time.Now().Add(time.Second))
 	p, seq, err := readMessage(ss.brd, ss.buf, authLimit)
 	ss.buf = p
@@ -198,20 +206,108 @@ func newSession(s *Server, c net.Conn) *session {
 	ss.info.ClientAddr = c.RemoteAddr()
 	ss.log = s.log.With("session", ss.info.ID, "client", ss.info.ClientAddr)
 	ss.ctx, ss.cancel = context.WithCancel(s.hardCtx)
+	ss.acct.b = &s.budget
 	ss.setClient(ss.rawClient)
+	ss.acquire()
 	return ss
 }
 
+// setClient makes c the client connection: a new reader (the old one, if
+// it holds bytes, is read through by c), and the client writer, which a
+// working session holds, writes to c.
 func (ss *session) setClient(c net.Conn) {
 	ss.client = c
-	ss.crd = bufio.NewReaderSize(c, 16<<10)
-	ss.cwr = bufio.NewWriterSize(c, ss.srv.cfg.WriteBufferSize)
+	ss.crd = bufio.NewReaderSize(c, clientReadSize)
+	if ss.cwr != nil {
+		ss.cwr.Reset(c)
+	}
 }
 
+// setBackend makes c the backend connection, read and written through
+// the session's pooled reader and writer.
 func (ss *session) setBackend(c net.Conn) {
 	ss.backend = c
-	ss.brd = bufio.NewReaderSize(c, ss.srv.cfg.WriteBufferSize)
-	ss.bwr = bufio.NewWriterSize(c, 16<<10)
+	ss.acquire()
+	ss.brd, ss.bwr = ss.bufs.br, ss.bufs.bw
+	ss.brd.Reset(c)
+	ss.bwr.Reset(c)
+}
+
+// acquire takes, from the server's pool, the client writer and the
+// backend reader and writer that park gave back.
+func (ss *session) acquire() {
+	if ss.cwr != nil {
+		return
+	}
+	b := ss.srv.pools.get()
+	ss.bufs, ss.cwr = b, b.cw
+	ss.cwr.Reset(ss.client)
+	if ss.backend != nil {
+		ss.brd, ss.bwr = b.br, b.bw
+		ss.brd.Reset(ss.backend)
+		ss.bwr.Reset(ss.backend)
+	}
+}
+
+// park is called between commands: the client writer and the backend
+// reader and writer go back to the pool when they hold nothing, a
+// command buffer that grew beyond keepBuf is dropped, and the wait for
+// the rest of a command (Config.NetReadTimeout) is disarmed. An idle
+// session then holds only its client reader. A client that pipelined its
+// next command keeps everything: it is about to be used.
+func (ss *session) park() {
+	ss.disarmRead()
+	if cap(ss.buf) > keepBuf {
+		ss.buf = nil
+		ss.acct.release()
+	}
+	if cap(ss.digest) > keepBuf {
+		ss.digest = nil
+	}
+	if ss.crd.Buffered() == 0 {
+		ss.parkBuffers()
+	}
+}
+
+// parkBuffers gives the pooled writers and reader back if they hold
+// nothing: the session is about to wait for its client.
+func (ss *session) parkBuffers() {
+	if ss.cwr == nil || ss.cwr.Buffered() > 0 ||
+		ss.bwr != nil && ss.bwr.Buffered() > 0 || ss.brd != nil && ss.brd.Buffered() > 0 {
+		return
+	}
+	ss.releaseBuffers()
+}
+
+// releaseBuffers gives the pooled writers and reader back.
+func (ss *session) releaseBuffers() {
+	if ss.bufs == nil {
+		return
+	}
+	ss.srv.pools.put(ss.bufs)
+	ss.bufs, ss.cwr, ss.brd, ss.bwr = nil, nil, nil, nil
+}
+
+// armRead bounds each wait for the rest of the command under way by
+// Config.NetReadTimeout; it costs nothing until a read has to wait.
+func (ss *session) armRead() { ss.rawClient.readTimeout = ss.srv.cfg.NetReadTimeout }
+
+// disarmRead lifts armRead's bound.
+func (ss *session) disarmRead() {
+	c := ss.rawClient
+	c.readTimeout = 0
+	if !c.readDeadlineAt.IsZero() {
+		c.readDeadlineAt = time.Time{}
+		_ = c.SetReadDeadline(time.Time{})
+	}
+}
+
+// leavePreAuth gives back the session's place in the pre-login gate.
+func (ss *session) leavePreAuth() {
+	if ss.preAuth {
+		ss.preAuth = false
+		ss.srv.gate.leave(ss.host)
+	}
 }
 
 // shutdown is called by Server.Shutdown: an idle session closes now, a
@@ -266,9 +362,12 @@ func (ss *session) close() {
 	ss.cancel()
 	if ss.backend != nil {
 		ss.srv.bwatch.Load().remove(ss.info.ID)
-		if ss.bstate.Load()&bwGone == 0 {
-			// A polite COM_QUIT; the backend would otherwise log an aborted connection.
+		if ss.bstate.Load()&bwGone == 0 && ss.pol != nil {
+			// A polite COM_QUIT after a login; the backend would otherwise
+			// log an aborted connection. (Before one, the backend waits for
+			// a handshake response: it would only take it for a bad one.)
 			_ = ss.backend.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+			ss.acquire()
 			_, _ = writeMessage(ss.bwr, 0, []byte{mysql.COM_QUIT})
 			_ = ss.bwr.Flush()
 		}
@@ -278,6 +377,8 @@ func (ss *session) close() {
 		_ = tc.SetLinger(0)
 	}
 	_ = ss.client.Close()
+	ss.releaseBuffers()
+	ss.acct.release()
 	if ss.pol != nil {
 		defer func() {
 			if r := recover(); r != nil {
@@ -289,21 +390,13 @@ func (ss *session) close() {
 }
 
 func (ss *session) run() {
-	if err := ss.login(); err != nil {
-		switch {
-		case ss.bstate.Load()&bwGone != 0 && !errors.Is(err, ErrBackendLost):
-			ss.log.Debug("backend closed the connection during login", "err", err)
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			ss.log.Warn("login failed: the client did not complete its handshake in time", "timeout", ss.srv.cfg.HandshakeTimeout, "err", err)
-		case errors.Is(err, errQuit):
-		case errors.Is(err, io.EOF):
-			// Health checks connect and leave: not worth a warning.
-			ss.log.Debug("client left during login", "err", err)
-		default:
-			ss.log.Warn("login failed", "err", err)
-		}
+	err := ss.login()
+	ss.leavePreAuth()
+	if err != nil {
+		ss.loginFailed(err)
 		return
 	}
+	ss.park()
 	ss.pol = ss.srv.cfg.Policy.Open(ss.info)
 	ss.rewriter, _ = ss.pol.(ErrorRewriter)
 	ss.progress, _ = ss.pol.(ProgressObserver)
@@ -311,18 +404,24 @@ func (ss *session) run() {
 		err := ss.command()
 		if err == nil {
 			if ss.endCommand() {
+				ss.park()
 				continue
 			}
 			ss.log.Debug("session closed by shutdown")
 			return
 		}
+		var ce *clientError
 		switch {
+		case errors.As(err, &ce):
+			ss.protocolError(ce)
 		case errors.Is(err, errQuit):
-		case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) && ss.isClosing() ||
-			errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
-			ss.log.Debug("client closed the connection", "err", err)
 		case errors.Is(err, ErrBackendLost):
 			ss.log.Warn("backend connection lost", "err", err)
+		case errors.Is(err, os.ErrDeadlineExceeded) && ss.rawClient.readTimeout > 0:
+			ss.protocolError(newClientError(ProtoReadTimeout, ss.seq+1, err))
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) && ss.isClosing() ||
+			errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
+			ss.log.Debug("client closed the connection", "err", err)
 		case errors.Is(err, errBackendClosed):
 			ss.log.Debug("backend closed the idle session; closed its client", "err", err)
 		default:
@@ -331,6 +430,63 @@ func (ss *session) run() {
 		return
 	}
 }
+
+// loginFailed logs, at most once a second for each cause, why a login
+// failed, and answers a protocol error as MariaDB does.
+func (ss *session) loginFailed(err error) {
+	var ce *clientError
+	addr := ss.info.ClientAddr.String()
+	switch {
+	case errors.As(err, &ce):
+		ss.protocolError(ce)
+	case ss.bstate.Load()&bwGone != 0 && !errors.Is(err, ErrBackendLost):
+		ss.log.Debug("backend closed the connection during login", "err", err)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		ss.srv.loginLog.event("timeout", "client", addr, "timeout", ss.srv.cfg.HandshakeTimeout, "err", err)
+	case errors.Is(err, errQuit):
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+		// Health checks connect and leave: not worth a warning.
+		ss.log.Debug("client left during login", "err", err)
+	case errors.Is(err, ErrBackendLost):
+		ss.srv.loginLog.event("backend", "client", addr, "err", err)
+	case errors.Is(err, errClientTLS):
+		ss.srv.loginLog.event("tls", "client", addr, "err", err)
+	case errors.Is(err, ErrAuthRefused):
+		ss.srv.loginLog.event("refused", "client", addr, "user", ss.info.User, "err", err)
+	default:
+		ss.srv.loginLog.event("other", "client", addr, "err", err)
+	}
+}
+
+// protocolError counts a client packet refused, logs it (at most once a
+// second for all) and sends the client MariaDB's ERR for it; the caller
+// then closes the connection.
+func (ss *session) protocolError(ce *clientError) {
+	ss.srv.protoErrors[ce.kind].Add(1)
+	ss.srv.protoLog.event(ce.kind.String(), "client", ss.info.ClientAddr.String(), "user", ss.info.User, "err", ce.err)
+	if ce.reply == nil {
+		return
+	}
+	ss.acquire()
+	// A client that does not read must not hold the session.
+	_ = ss.rawClient.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = ss.sendError(ce.seq, ce.reply)
+}
+
+// malformed answers a command packet MariaDB answers and goes on from
+// (reply nil: it says nothing), and counts and logs it as a protocol
+// error; the session goes on.
+func (ss *session) malformed(seq byte, reply *Error, err error) error {
+	ss.srv.protoErrors[ProtoMalformed].Add(1)
+	ss.srv.protoLog.event(ProtoMalformed.String(), "client", ss.info.ClientAddr.String(), "user", ss.info.User, "err", err)
+	if reply == nil {
+		return nil
+	}
+	return ss.sendError(seq, reply)
+}
+
+// errClientTLS marks a client's failed TLS handshake.
+var errClientTLS = errors.New("mysqlproto: client TLS handshake")
 
 // sendClient writes one payload to the client with the next sequence id.
 func (ss *session) sendClient(seq byte, p []byte) error {
@@ -377,7 +533,11 @@ func (ss *session) login() error {
 		return err
 	}
 
+	// The client's answer may take its time (or never come): meanwhile
+	// the session holds only its client reader.
+	ss.parkBuffers()
 	rp, cseq, resp, err := ss.clientHello(deadline)
+	ss.acquire()
 	if err != nil {
 		return err
 	}
@@ -416,7 +576,16 @@ func (ss *session) login() error {
 		if err := ss.bwr.Flush(); err != nil {
 			return ss.backendFailed(cseq+1, err)
 		}
-		tc := tls.Client(&bufferedConn{ss.rawBackend, ss.brd}, cfg.BackendTLS)
+		// The backend says nothing before the TLS handshake: TLS reads
+		// the connection itself, and the session's reader, reset, reads
+		// TLS. (Should it hold bytes, TLS reads through it and the
+		// session takes another.)
+		var under net.Conn = ss.rawBackend
+		if ss.brd.Buffered() > 0 {
+			under = &bufferedConn{ss.rawBackend, ss.brd}
+			ss.bufs.br = bufio.NewReaderSize(nil, cfg.WriteBufferSize)
+		}
+		tc := tls.Client(under, cfg.BackendTLS)
 		ctx, cancel := context.WithDeadline(ss.ctx, earliest(time.Now().Add(cfg.DialTimeout), deadline))
 		err := tc.HandshakeContext(ctx)
 		cancel()
@@ -542,7 +711,9 @@ func (ss *session) backendUnreachable(cause error, deadline time.Time) error {
 	if ss.sendClient(0, appendGreeting(ss.buf[:0], uint32(ss.info.ID), caps)) != nil || ss.cwr.Flush() != nil {
 		return err
 	}
+	ss.parkBuffers()
 	_, cseq, _, herr := ss.clientHello(deadline)
+	ss.acquire()
 	if herr != nil {
 		return err
 	}
@@ -553,42 +724,78 @@ func (ss *session) backendUnreachable(cause error, deadline time.Time) error {
 
 // clientHello reads the client's handshake response, upgrading the
 // connection to TLS first when the client asks with an SSLRequest. The
-// response is in ss.buf.
+// response is in ss.buf. A response rgproxy cannot read is a clientError
+// (1043 Bad handshake, 1156 for a sequence id other than 1, or 2 after an
+// SSLRequest), as from MariaDB.
 func (ss *session) clientHello(deadline time.Time) (rp []byte, cseq byte, resp handshakeResponse, err error) {
 	cfg := &ss.srv.cfg
-	if rp, cseq, err = readMessage(ss.crd, ss.buf, authLimit); err != nil {
+	if rp, cseq, err = ss.readClient(1, authLimit, ProtoBadHandshake); err != nil {
 		return rp, cseq, resp, fmt.Errorf("reading handshake response: %w", err)
 	}
-	ss.buf = rp
 	if resp, err = parseHandshakeResponse(rp); err != nil {
-		return rp, cseq, resp, err
+		return rp, cseq, resp, newClientError(ProtoBadHandshake, cseq+1, err)
 	}
 	if resp.Caps&mysql.CLIENT_SSL != 0 {
 		if cfg.ClientTLS == nil || len(rp) != sslRequestLen {
-			return rp, cseq, resp, fmt.Errorf("%w: unexpected SSL request", ErrMalformedPacket)
+			return rp, cseq, resp, newClientError(ProtoBadHandshake, cseq+1, fmt.Errorf("%w: unexpected SSL request", ErrMalformedPacket))
 		}
-		// The ClientHello may already sit in crd: TLS reads through it.
-		tc := tls.Server(&bufferedConn{ss.rawClient, ss.crd}, cfg.ClientTLS)
+		// The ClientHello may already sit in crd: TLS then reads through it.
+		var under net.Conn = ss.rawClient
+		if ss.crd.Buffered() > 0 {
+			under = &bufferedConn{ss.rawClient, ss.crd}
+		}
+		tc := tls.Server(under, cfg.ClientTLS)
 		ctx, cancel := context.WithDeadline(ss.ctx, earliest(time.Now().Add(cfg.DialTimeout), deadline))
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
-			return rp, cseq, resp, fmt.Errorf("client TLS handshake: %w", err)
+			return rp, cseq, resp, fmt.Errorf("%w: %w", errClientTLS, err)
 		}
 		ss.setClient(tc)
 		ss.clientTLS = true
-		if rp, cseq, err = readMessage(ss.crd, ss.buf, authLimit); err != nil {
+		if rp, cseq, err = ss.readClient(cseq+1, authLimit, ProtoBadHandshake); err != nil {
 			return rp, cseq, resp, fmt.Errorf("reading handshake response: %w", err)
 		}
-		ss.buf = rp
 		if resp, err = parseHandshakeResponse(rp); err != nil {
-			return rp, cseq, resp, err
+			return rp, cseq, resp, newClientError(ProtoBadHandshake, cseq+1, err)
 		}
 	}
 	if len(rp) == sslRequestLen {
-		return rp, cseq, resp, fmt.Errorf("%w: second SSL request", ErrMalformedPacket)
+		return rp, cseq, resp, newClientError(ProtoBadHandshake, cseq+1, fmt.Errorf("%w: second SSL request", ErrMalformedPacket))
 	}
 	return rp, cseq, resp, nil
+}
+
+// readClient reads one logical payload from the client into ss.buf,
+// growing it as the bytes arrive (charged to Config.CommandBufferLimit):
+// its first packet must carry sequence id seq, each continuation the next
+// one, and the whole must not exceed limit. It returns the payload and the
+// last packet's sequence id. A packet out of order, too large, or that the
+// budget cannot hold is a clientError; malformed is the kind the caller
+// gives a payload it cannot parse.
+func (ss *session) readClient(seq byte, limit int64, malformed ProtocolErrorKind) ([]byte, byte, error) {
+	buf := ss.buf[:0]
+	for {
+		n, s, err := readHeader(ss.crd)
+		if err != nil {
+			return buf, seq, err
+		}
+		if s != seq {
+			return buf, seq, errOutOfOrder("packet", s, seq)
+		}
+		if int64(len(buf)+n) > limit {
+			return buf, seq, newClientError(ProtoTooLarge, seq+1, fmt.Errorf("%w: more than %d bytes", ErrPacketTooLarge, limit))
+		}
+		buf, err = readPayload(ss.crd, buf, n, &ss.acct)
+		ss.buf = buf
+		if err != nil {
+			return buf, seq, asClientError(err, seq+1, malformed)
+		}
+		if n < mysql.MaxPayloadLen {
+			return buf, seq, nil
+		}
+		seq++
+	}
 }
 
 func (ss *session) bothTLS() bool { return ss.clientTLS && ss.backendTLS }
@@ -643,13 +850,11 @@ func (ss *session) relayAuth(plugin string, delta byte) (ok bool, err error) {
 		if len(p) == 2 && p[0] == mysql.MORE_DATE_HEADER && p[1] == mysql.CACHE_SHA2_FAST_AUTH {
 			continue // caching_sha2 fast auth succeeded: the OK follows
 		}
-		cp, cseq, err := readMessage(ss.crd, ss.buf, authLimit)
-		ss.buf = cp
+		ss.parkBuffers()
+		cp, cseq, err := ss.readClient(bseq+delta+1, authLimit, ProtoBadHandshake)
+		ss.acquire()
 		if err != nil {
 			return false, fmt.Errorf("reading client auth data: %w", err)
-		}
-		if cseq != bseq+delta+1 {
-			return false, fmt.Errorf("%w: auth packet %d, want %d", ErrSequence, cseq, bseq+delta+1)
 		}
 		if _, err := writeMessage(ss.bwr, cseq-delta, cp); err != nil {
 			return false, ss.backendFailed(cseq, err)

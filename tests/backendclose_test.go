@@ -294,7 +294,10 @@ func TestHandshakeStallersClosed(t *testing.T) {
 		{"the backend's connect_timeout", "60s", 2500 * time.Millisecond, 5 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			px := startProxy(t, "--backend", db.Addr, "--handshake-timeout", tc.timeout)
+			// 50 silent clients from one address: above the default
+			// bound of connections that have not logged in, lifted here.
+			px := startProxy(t, "--backend", db.Addr, "--handshake-timeout", tc.timeout,
+				"--max-unauthenticated", "64", "--max-unauthenticated-per-host", "64")
 			conns := make([]net.Conn, 50)
 			for i := range conns {
 				c, err := net.DialTimeout("tcp", px.Addr, 5*time.Second)

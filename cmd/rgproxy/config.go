@@ -44,11 +44,28 @@ type config struct {
 	// HandshakeTimeout bounds a client's login, from its connection to the
 	// backend's OK. Default 10s (MariaDB's connect_timeout).
 	HandshakeTimeout time.Duration
-	// MaxConnections caps client sessions; 0 (the default) = unlimited.
+	// MaxConnections caps client sessions; 0 (the default) derives the cap
+	// from the file-descriptor limit (mysqlproto.DefaultMaxConnections).
 	MaxConnections int
+	// MaxUnauthenticated caps connections that have not logged in yet
+	// (each holds a backend connection). Default 64.
+	MaxUnauthenticated int
+	// MaxUnauthenticatedPerHost caps them per client address (IPv6: /64).
+	// Default 16.
+	MaxUnauthenticatedPerHost int
 	// MaxPacket is the largest client command payload accepted, in bytes.
 	// Default 1 GiB.
 	MaxPacket int64
+	// CommandBufferLimit bounds the bytes held, over all sessions, for
+	// client commands being received, beyond each session's first 16 KiB.
+	// Default 1 GiB; at least MaxPacket.
+	CommandBufferLimit int64
+	// NetReadTimeout bounds each wait for the rest of a command a client
+	// has started (MariaDB's net_read_timeout). Default 30s.
+	NetReadTimeout time.Duration
+	// EnablePprof serves Go's profiles under /debug/pprof/ on the status
+	// port. Default false.
+	EnablePprof bool
 	// ShutdownTimeout is how long SIGTERM waits for running statements.
 	// Default 30s.
 	ShutdownTimeout time.Duration
@@ -127,8 +144,13 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.BoolVar(&cfg.BackendProxyProtocol, "backend-proxy-protocol", false, "send a PROXY protocol v1 header so the backend sees the client's address")
 	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", 5*time.Second, "backend dial timeout")
 	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", 10*time.Second, "a client that has not logged in this long after connecting is closed, and its backend connection with it")
-	fs.IntVar(&cfg.MaxConnections, "max-connections", 0, "maximum client sessions, 0 = unlimited; beyond it clients get 1040")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", 0, "maximum client sessions, beyond which clients get 1040; 0 = derived from the file-descriptor limit: (nofile - 64 - nofile/16) / 3")
+	fs.IntVar(&cfg.MaxUnauthenticated, "max-unauthenticated", 64, "connections that have not logged in yet (each holds a backend connection); beyond it clients get 1040 at once")
+	fs.IntVar(&cfg.MaxUnauthenticatedPerHost, "max-unauthenticated-per-host", 16, "connections from one client address (IPv6: its /64) that have not logged in yet; beyond it that address gets 1040 at once")
 	fs.Int64Var(&cfg.MaxPacket, "max-packet", 1<<30, "largest client command payload accepted, in `bytes`")
+	fs.Int64Var(&cfg.CommandBufferLimit, "command-buffer-limit", 1<<30, "`bytes` held at once, over all sessions, for client commands being received beyond each session's first 16 KiB; a command that would go beyond gets 1041")
+	fs.DurationVar(&cfg.NetReadTimeout, "net-read-timeout", 30*time.Second, "a client that starts a command and then sends nothing this long gets 1159 and is closed (MariaDB's net_read_timeout)")
+	fs.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "serve Go's profiles under /debug/pprof/ on the status port (they show the command line, memory and goroutines to whoever reaches it)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long running statements may finish before sessions are closed")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "text", "log format: text or json")
@@ -243,8 +265,17 @@ func (c *config) validate() error {
 	if c.MaxConnections < 0 {
 		errs = append(errs, errors.New("--max-connections must be >= 0"))
 	}
+	if c.MaxUnauthenticated <= 0 || c.MaxUnauthenticatedPerHost <= 0 {
+		errs = append(errs, errors.New("--max-unauthenticated and --max-unauthenticated-per-host must be > 0"))
+	}
 	if c.MaxPacket < 1024 {
 		errs = append(errs, errors.New("--max-packet must be at least 1024"))
+	}
+	if c.CommandBufferLimit < c.MaxPacket {
+		errs = append(errs, errors.New("--command-buffer-limit must be at least --max-packet"))
+	}
+	if c.NetReadTimeout <= 0 {
+		errs = append(errs, errors.New("--net-read-timeout must be > 0"))
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":

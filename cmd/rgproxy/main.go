@@ -142,7 +142,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		ln.Close()
 		return fmt.Errorf("status listen %s: %w", cfg.StatusAddr, err)
 	}
-	status := &http.Server{Handler: statusHandler(metrics, func(ctx context.Context) (readiness, error) {
+	status := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: statusHandler(metrics, func(ctx context.Context) (readiness, error) {
 		r := readiness{Metering: cfg.Metering}
 		if tc != nil {
 			r.Degraded = tc.Degraded()
@@ -151,7 +151,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			r.CPUSource = rp.CPUSourceInForce()
 		}
 		return r, mysqlproto.ProbeBackend(ctx, pcfg)
-	})}
+	}, cfg.EnablePprof)}
 	go func() {
 		if err := status.Serve(statusLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("status server", "err", err)
@@ -161,7 +161,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	logger.Info("rgproxy serving", "version", version, "listen", ln.Addr().String(),
-		"backend", cfg.Backend, "status", statusLn.Addr().String())
+		"backend", cfg.Backend, "status", statusLn.Addr().String(), "max_connections", srv.MaxConnections())
 
 	select {
 	case err := <-serveErr:
@@ -244,14 +244,18 @@ func proxyID(cfg config) string {
 // is the client certificate (empty without client TLS).
 func proxyConfig(cfg config, logger *slog.Logger) (pc mysqlproto.Config, cert reload.Certificate, err error) {
 	pc = mysqlproto.Config{
-		BackendAddr:          cfg.Backend,
-		DialTimeout:          cfg.DialTimeout,
-		HandshakeTimeout:     cfg.HandshakeTimeout,
-		RequireTLS:           cfg.RequireTLS,
-		BackendProxyProtocol: cfg.BackendProxyProtocol,
-		MaxConnections:       cfg.MaxConnections,
-		MaxPacketPayload:     cfg.MaxPacket,
-		Logger:               logger,
+		BackendAddr:               cfg.Backend,
+		DialTimeout:               cfg.DialTimeout,
+		HandshakeTimeout:          cfg.HandshakeTimeout,
+		RequireTLS:                cfg.RequireTLS,
+		BackendProxyProtocol:      cfg.BackendProxyProtocol,
+		MaxConnections:            cfg.MaxConnections,
+		MaxUnauthenticated:        cfg.MaxUnauthenticated,
+		MaxUnauthenticatedPerHost: cfg.MaxUnauthenticatedPerHost,
+		MaxPacketPayload:          cfg.MaxPacket,
+		CommandBufferLimit:        cfg.CommandBufferLimit,
+		NetReadTimeout:            cfg.NetReadTimeout,
+		Logger:                    logger,
 	}
 	if cfg.TLSCert != "" {
 		if cert, err = reload.LoadCertificate(cfg.TLSCert, cfg.TLSKey); err != nil {

@@ -65,7 +65,33 @@ func (m *metrics) registerServer(srv *mysqlproto.Server) {
 			Name: "rgproxy_backend_errors_total",
 			Help: "Backend dial and I/O failures.",
 		}, func() float64 { return float64(srv.Stats().BackendErrors) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgproxy_max_connections",
+			Help: "Client sessions allowed at once (--max-connections, or derived from the file-descriptor limit).",
+		}, func() float64 { return float64(srv.MaxConnections()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgproxy_unauthenticated_connections",
+			Help: "Client connections accepted that have not logged in yet.",
+		}, func() float64 { return float64(srv.Stats().Unauthenticated) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgproxy_command_buffer_bytes",
+			Help: "Bytes held for client commands being received, beyond each session's first 16 KiB (bounded by --command-buffer-limit).",
+		}, func() float64 { return float64(srv.Stats().CommandBufferBytes) }),
 	)
+	for r := range mysqlproto.NumRefusalReasons {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "rgproxy_connections_refused_total",
+			Help:        "Client connections answered ERR 1040 at once, without a backend connection, by reason.",
+			ConstLabels: prometheus.Labels{"reason": r.String()},
+		}, func() float64 { return float64(srv.Stats().Refused[r]) }))
+	}
+	for k := range mysqlproto.NumProtocolErrorKinds {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "rgproxy_protocol_errors_total",
+			Help:        "Client packets refused (answered with MariaDB's ERR for them), by kind.",
+			ConstLabels: prometheus.Labels{"kind": k.String()},
+		}, func() float64 { return float64(srv.Stats().ProtocolErrors[k]) }))
+	}
 }
 
 // wrap returns a policy that counts every forwarded statement, then

@@ -129,6 +129,8 @@ func TestMetricsLint(t *testing.T) {
 		"rgproxy_backend_bytes_total", "rgproxy_backend_errors_total", "rgproxy_token_requests_total",
 		"rgproxy_token_request_duration_seconds", "rgproxy_throttled_total", "rgproxy_throttle_wait_seconds",
 		"rgproxy_group_tokens", "rgproxy_group_ru_per_sec", "rgproxy_degraded", "rgproxy_cpu_source",
+		"rgproxy_connections_refused_total", "rgproxy_protocol_errors_total", "rgproxy_unauthenticated_connections",
+		"rgproxy_max_connections", "rgproxy_command_buffer_bytes",
 		"go_goroutines", "process_cpu_seconds_total",
 	} {
 		if !slices.Contains(names, want) {

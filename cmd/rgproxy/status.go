@@ -5,22 +5,27 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // statusHandler serves /metrics, /healthz (the process is up) and /readyz
-// (the backend answers), with etcd-style JSON bodies and 503 on failure.
-func statusHandler(m *metrics, probe func(context.Context) (readiness, error)) http.Handler {
+// (the backend answers), with etcd-style JSON bodies and 503 on failure;
+// with withPprof also Go's profiles under /debug/pprof/, which show the
+// command line, memory and goroutines to whoever reaches the port.
+func statusHandler(m *metrics, probe func(context.Context) (readiness, error), withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
-	// Profiles, for operators chasing CPU or goroutine leaks; the status
-	// port is loopback by default.
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if withPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	probe = sharedProbe(probe)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeHealth(w, health{Health: "true"}, nil)
 	})
@@ -75,3 +80,50 @@ func writeHealth(w http.ResponseWriter, h health, err error) {
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(h)
 }
+
+// sharedProbe lets concurrent /readyz requests share one backend probe:
+// however many come at once, at most one connection to the backend is
+// open for them, so a flood of probes cannot use up descriptors or the
+// backend's connections, and each request still gets a fresh answer. A
+// request whose context ends first stops waiting; the probe goes on for
+// the others, within probeTimeout.
+func sharedProbe(probe func(context.Context) (readiness, error)) func(context.Context) (readiness, error) {
+	var mu sync.Mutex
+	var cur *probeCall
+	return func(ctx context.Context) (readiness, error) {
+		mu.Lock()
+		c := cur
+		if c == nil {
+			c = &probeCall{done: make(chan struct{})}
+			cur = c
+			go func() {
+				pctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+				c.r, c.err = probe(pctx)
+				cancel()
+				mu.Lock()
+				cur = nil
+				mu.Unlock()
+				close(c.done)
+			}()
+		}
+		mu.Unlock()
+		select {
+		case <-c.done:
+			return c.r, c.err
+		case <-ctx.Done():
+			return readiness{}, ctx.Err()
+		}
+	}
+}
+
+// probeCall is one backend probe and the result its waiters share.
+type probeCall struct {
+	done chan struct{}
+	r    readiness
+	err  error
+}
+
+// statusReadHeaderTimeout bounds how long a status-port client may take
+// to send its request's headers: a client that opens connections and
+// sends nothing does not keep them.
+const statusReadHeaderTimeout = 5 * time.Second
