@@ -120,6 +120,13 @@ func (s *meteredSession) RewriteError(st *mysqlproto.Statement, code uint16) *my
 	return nil
 }
 
+// FollowUp passes mysqlproto's optional FollowUpper through.
+func (s *meteredSession) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *mysqlproto.Outcome, be mysqlproto.Backend) {
+	if f, ok := s.next.(mysqlproto.FollowUpper); ok {
+		f.FollowUp(ctx, st, out, be)
+	}
+}
+
 func (s *meteredSession) Progress(st *mysqlproto.Statement, responseBytes int64) {
 	if o, ok := s.next.(mysqlproto.ProgressObserver); ok {
 		o.Progress(st, responseBytes)
