@@ -152,11 +152,13 @@ func (s *session) accountExists(ctx context.Context, be mysqlproto.Backend, user
 // showLast answers SHOW LAST STATEMENT RU: the session's previous
 // statement, including one rgproxy refused (0 RU, its wait, 8252).
 func (s *session) showLast() mysqlproto.Verdict {
-	cols := []string{"RESOURCE_GROUP", "RRU", "WRU", "READ_BYTES", "WRITE_BYTES", "BACKEND_MS", "THROTTLE_WAIT_MS", "ERROR", "WOULD"}
+	cols := []string{"RESOURCE_GROUP", "RRU", "WRU", "READ_BYTES", "WRITE_BYTES", "BACKEND_MS", "THROTTLE_WAIT_MS", "ERROR", "WOULD", "WRU_SOURCE"}
 	if !s.last.valid {
 		return resultReply(cols, nil)
 	}
 	c := s.last.cost
+	extra, source := s.lastWrite() // waits briefly for a binary-log claim
+	c.Add(extra)
 	errCode := ""
 	if s.last.errCode != 0 {
 		errCode = strconv.Itoa(int(s.last.errCode))
@@ -166,7 +168,7 @@ func (s *session) showLast() mysqlproto.Verdict {
 		formatFloat(c.RRU), formatFloat(c.WRU),
 		strconv.FormatFloat(c.ReadBytes, 'f', 0, 64), strconv.FormatFloat(c.WriteBytes, 'f', 0, 64),
 		formatFloat(c.BackendSeconds * 1000), formatFloat(float64(s.last.waited) / float64(time.Millisecond)),
-		errCode, s.last.would,
+		errCode, s.last.would, source,
 	}})
 }
 

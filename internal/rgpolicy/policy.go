@@ -123,6 +123,12 @@ type Config struct {
 	// long loses its per-group series until it is used again, so that many groups do not mean many series on every proxy.
 	// Default 1 h.
 	IdleGroupExpiry time.Duration
+	// Writes is where the bytes a statement wrote come from (wru.go).
+	// Default WriteAuto.
+	Writes WriteSource
+	// Binlog reads the backend's binary log; nil = none (WriteAuto then
+	// means the estimate).
+	Binlog Binlog
 	// Registerer receives the policy's metrics; nil = not exported.
 	Registerer prometheus.Registerer
 	// Logger receives the policy's logs. Default slog.Default().
@@ -146,6 +152,7 @@ type Policy struct {
 	shapes    *shapes
 	cpu       *cpuSource
 	metrics   *metrics
+	writes    *writes
 	logger    *slog.Logger
 	clk       clock.Clock
 	idle      time.Duration
@@ -195,6 +202,9 @@ func New(cfg Config) (*Policy, error) {
 		logger:    cfg.Logger,
 		clk:       cfg.Clock,
 		idle:      cfg.IdleGroupExpiry,
+	}
+	if p.writes, err = newWrites(cfg.Writes, cfg.Binlog, cfg.Registerer); err != nil {
+		return nil, err
 	}
 	s := cfg.Settings
 	p.settings.Store(&s)
@@ -303,6 +313,8 @@ type session struct {
 	purse tokenclient.Purse
 	// shapes is the session's memo of the shapes it used lately.
 	shapes shapeMemo
+	// wr is the session's write accounting (wru.go).
+	wr writeState
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -344,6 +356,7 @@ type lastStatement struct {
 	waited  time.Duration
 	errCode uint16 // the error rgproxy answered with (8252), 0 if it ran
 	would   string // MODE WARN: what ENFORCE would have done
+	write   *writeResult // how its written bytes were settled (FollowUp)
 }
 
 // Before implements mysqlproto.SessionPolicy.
@@ -409,6 +422,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		return mysqlproto.Verdict{Reply: r}
 	}
 	s.cpu.open(ctx, s.p.cpu, be)
+	s.writesBefore(ctx, st, be)
 	if r := s.charge(ctx, st, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
 	}
@@ -522,6 +536,7 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		s.super = nil
 		s.host, s.hostKnown = "", false
 		s.rt.boundOK, s.rt.unbound = false, false
+		s.wr = writeState{}
 	case mysqlproto.EventClose:
 		// After runs for every statement Before let through; in case a
 		// path ever misses it, what a statement holds goes with its
