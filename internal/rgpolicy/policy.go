@@ -356,7 +356,9 @@ type lastStatement struct {
 	waited  time.Duration
 	errCode uint16 // the error rgproxy answered with (8252), 0 if it ran
 	would   string // MODE WARN: what ENFORCE would have done
-	write   *writeResult // how its written bytes were settled (FollowUp)
+
+	// write is how its written bytes were settled (FollowUp, wru.go).
+	write *writeResult
 }
 
 // Before implements mysqlproto.SessionPolicy.
