@@ -81,9 +81,9 @@ bench-proxy: build bench-deps
 # loop; then 100,000 groups x 200 proxies paced at 20,000 group-grants/s
 # (targets: p99 < 20 ms, RSS < 1 GiB, a joining proxy's snapshot < 2 s).
 bench-server: build
-	$(GO) run ./tokenserver/bench --rgserver $(BIN)/rgserver --groups-per-message 10
-	$(GO) run ./tokenserver/bench --rgserver $(BIN)/rgserver --groups-per-message 50
-	$(GO) run ./tokenserver/bench --rgserver $(BIN)/rgserver --groups 100000 --proxies 200 --rate 20000 --duration 20s
+	$(BIN)/bench-server --rgserver $(BIN)/rgserver --groups-per-message 10
+	$(BIN)/bench-server --rgserver $(BIN)/rgserver --groups-per-message 50
+	$(BIN)/bench-server --rgserver $(BIN)/rgserver --groups 100000 --proxies 200 --rate 20000 --duration 20s
 
 # sysbench through rgproxy, metering on (a limited group at >= 2x demand)
 # vs --metering=false; token requests per 1,000 statements; 3-proxy accuracy.

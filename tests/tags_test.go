@@ -27,7 +27,8 @@ func TestTagBindingsRouteStatements(t *testing.T) {
 
 	ctx := context.Background()
 	// lastGroup runs q (and reads its rows) on conn, then returns the
-	// group SHOW LAST STATEMENT RU reports for it.
+	// group SHOW LAST STATEMENT RU reports for it: "g+t" when it was also
+	// charged to a tag's group t.
 	lastGroup := func(conn *sql.Conn, q string, args ...any) string {
 		t.Helper()
 		rows, err := conn.QueryContext(ctx, q, args...)
@@ -39,11 +40,11 @@ func TestTagBindingsRouteStatements(t *testing.T) {
 		if err := rows.Close(); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
-		got := connRows(t, conn, "SHOW LAST STATEMENT RU")
-		if len(got) != 2 {
-			t.Fatalf("SHOW LAST STATEMENT RU after %s: %v", q, got)
+		last := lastStatementRU(t, conn)
+		if tag := last["TAG_RESOURCE_GROUP"]; tag != "" {
+			return last["RESOURCE_GROUP"] + "+" + tag
 		}
-		return got[1][0]
+		return last["RESOURCE_GROUP"]
 	}
 	app := openDB(t, px.Addr, "user=tagapp", "password=apppw")
 	conn, err := app.Conn(ctx)
@@ -51,21 +52,23 @@ func TestTagBindingsRouteStatements(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	// The user has no SUPER: strict mode trusts tag bindings.
+	// The user has no SUPER. In strict mode (the default) a tag adds its
+	// group: the statement runs in the user's group and is charged to the
+	// tag's too.
 	for _, tc := range []struct {
 		query string
 		args  []any
 		want  string
 	}{
-		{query: "SELECT 1 /*controller='report',route='%2Freport'*/", want: "rg_tag_reports"},
+		{query: "SELECT 1 /*controller='report',route='%2Freport'*/", want: "rg_tag_user+rg_tag_reports"},
 		{query: "SELECT 1", want: "rg_tag_user"},
-		{query: "SELECT 1 /*controller='index',framework='django%3A4.2',route='%2Freport'*/", want: "rg_tag_reports"},
-		{query: "/*route='%2Freport'*/ SELECT 1", want: "rg_tag_reports"},
+		{query: "SELECT 1 /*controller='index',framework='django%3A4.2',route='%2Freport'*/", want: "rg_tag_user+rg_tag_reports"},
+		{query: "/*route='%2Freport'*/ SELECT 1", want: "rg_tag_user+rg_tag_reports"},
 		{query: "SELECT 1 /*route='%2Fother'*/", want: "rg_tag_user"},
 		{query: "SELECT 1 /* route='/report' said the developer */", want: "rg_tag_user"},
 		// With arguments the driver prepares the statement: the tag of
 		// the prepared text routes each execution.
-		{query: "SELECT ? /*route='%2Freport'*/", args: []any{7}, want: "rg_tag_reports"},
+		{query: "SELECT ? /*route='%2Freport'*/", args: []any{7}, want: "rg_tag_user+rg_tag_reports"},
 	} {
 		if got := lastGroup(conn, tc.query, tc.args...); got != tc.want {
 			t.Errorf("%s: ran in %s, want %s", tc.query, got, tc.want)
@@ -80,7 +83,7 @@ func TestTagBindingsRouteStatements(t *testing.T) {
 	}
 	defer conn2.Close()
 	deadline := time.Now().Add(2 * time.Second)
-	for lastGroup(conn2, "SELECT 1 /*route='%2Freport'*/") != "rg_tag_reports" {
+	for lastGroup(conn2, "SELECT 1 /*route='%2Freport'*/") != "rg_tag_user+rg_tag_reports" {
 		if time.Now().After(deadline) {
 			t.Fatal("the tag binding did not reach the second proxy within 2s")
 		}

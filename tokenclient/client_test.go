@@ -142,7 +142,7 @@ func TestDemandIncludesWaiters(t *testing.T) {
 	c, clk := newTestClient(t, nil)
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Acquire(context.Background(), "a", rruOf(40), 10*time.Second)
+		_, err := acquireAll(context.Background(), c, "a", rruOf(40), 10*time.Second)
 		done <- err
 	}()
 	waitFor(t, "the statement to wait", func() bool { return clk.Pending() == 1 }, nil)
@@ -159,7 +159,7 @@ func TestDemandIncludesWaiters(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
-		t.Fatalf("Acquire after grant: %v", err)
+		t.Fatalf("AcquireShare after grant: %v", err)
 	}
 	if got := tokensOf(c, "a"); !near(got, 11000-40) {
 		t.Fatalf("tokens %v, want 10960", got)
@@ -169,6 +169,60 @@ func TestDemandIncludesWaiters(t *testing.T) {
 	c.mu.Unlock()
 	if waiting != 0 || waiters != 0 {
 		t.Fatalf("waiters left: %v %v", waiting, waiters)
+	}
+}
+
+// A refused statement's held demand counts like a waiting statement's
+// and ends at ReleaseDemand or, when its session goes quiet, after
+// holdFor: an idle refused session does not keep its proxy's share up.
+func TestHeldDemandEndsAfterSilence(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	var h DemandHold
+	c.HoldDemand(&h, "a", 10)
+	req := build(c, false)
+	// 10 RU wanted within waitLead (20 ms): 500 RU/s of demand.
+	if g := groupEntry(req, "a"); g == nil || !near(g.GetDemandRuPerSec(), 500) {
+		t.Fatalf("entry %v, want demand 500", g)
+	}
+	if err := c.applyResponse(grantAll(req, 100)); err != nil {
+		t.Fatal(err)
+	}
+	// The session says nothing more: after holdFor the hold is over, and
+	// the next report's demand averages it only over the time it lasted.
+	clk.Advance(holdFor)
+	c.mu.Lock()
+	c.refreshLocked(clk.Now())
+	waiting := c.groups["a"].waiting
+	c.mu.Unlock()
+	if waiting != 0 {
+		t.Fatalf("waiting %v after holdFor, want 0", waiting)
+	}
+	clk.Advance(holdFor)
+	c.mu.Lock()
+	d := c.groups["a"].demand(clk.Now())
+	c.mu.Unlock()
+	if !near(d, 250) { // held 2 s of the 4 s since the report
+		t.Fatalf("demand %v, want the held 500 RU/s averaged over half the window: 250", d)
+	}
+	c.mu.Lock()
+	c.groups["a"].resetWaiting(clk.Now())
+	clk.Advance(time.Second)
+	d = c.groups["a"].demand(clk.Now())
+	c.mu.Unlock()
+	if d != 0 {
+		t.Fatalf("demand %v in the next window, want 0", d)
+	}
+	// Released early, and released again after it expired: no harm.
+	c.HoldDemand(&h, "a", 10)
+	c.ReleaseDemand(&h)
+	clk.Advance(holdFor)
+	c.ReleaseDemand(&h)
+	c.mu.Lock()
+	c.refreshLocked(clk.Now())
+	waiting, holds := c.groups["a"].waiting, len(c.holds)
+	c.mu.Unlock()
+	if waiting != 0 || holds != 0 {
+		t.Fatalf("waiting %v, %d holds listed; want none", waiting, holds)
 	}
 }
 
@@ -197,7 +251,7 @@ func TestAcquireFailFastTimeoutAndRefund(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			waited, err := c.Acquire(ctx, "a", rruOf(tc.n), tc.maxWait)
+			waited, err := acquireAll(ctx, c, "a", rruOf(tc.n), tc.maxWait)
 			if (err != nil) != tc.wantErr || (err != nil && !errors.Is(err, ErrThrottled)) {
 				t.Fatalf("err %v", err)
 			}
@@ -213,7 +267,7 @@ func TestAcquireFailFastTimeoutAndRefund(t *testing.T) {
 	// a grant, which does not come; after 1 s it is refused, nothing taken.
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Acquire(ctx, "a", rruOf(8), time.Second)
+		_, err := acquireAll(ctx, c, "a", rruOf(8), time.Second)
 		done <- err
 	}()
 	waitFor(t, "the statement to wait", func() bool { return clk.Pending() == 1 }, nil)
@@ -252,12 +306,12 @@ func TestAcquireServesWaitersInArrivalOrder(t *testing.T) {
 	grant(0)
 	first := make(chan error, 1)
 	go func() {
-		_, err := c.Acquire(ctx, "a", rruOf(5), 10*time.Second)
+		_, err := acquireAll(ctx, c, "a", rruOf(5), 10*time.Second)
 		first <- err
 	}()
 	waitFor(t, "the first statement to wait", func() bool { return clk.Pending() == 1 }, nil)
 	grant(4) // not enough for the first
-	if _, err := c.Acquire(ctx, "a", rruOf(3), 0); !errors.Is(err, ErrThrottled) {
+	if _, err := acquireAll(ctx, c, "a", rruOf(3), 0); !errors.Is(err, ErrThrottled) {
 		t.Fatalf("a later statement took the tokens a waiting one is owed: %v (tokens left %.1f)", err, tokensOf(c, "a"))
 	}
 	grant(1)
@@ -282,7 +336,7 @@ func TestAcquireCancelRefunds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Acquire(ctx, "a", rruOf(5), time.Second)
+		_, err := acquireAll(ctx, c, "a", rruOf(5), time.Second)
 		done <- err
 	}()
 	waitFor(t, "the statement to sleep", func() bool { return clk.Pending() == 1 }, nil)
@@ -304,7 +358,7 @@ func TestAcquireCancelRefunds(t *testing.T) {
 	// The same reservation completes when its 0.5 s passes.
 	done2 := make(chan time.Duration, 1)
 	go func() {
-		w, err := c.Acquire(context.Background(), "a", rruOf(5), time.Second)
+		w, err := acquireAll(context.Background(), c, "a", rruOf(5), time.Second)
 		if err != nil {
 			t.Error(err)
 		}
@@ -318,11 +372,11 @@ func TestAcquireCancelRefunds(t *testing.T) {
 }
 
 // Consumption is reported every ReportPeriod while consuming, even when
-// no tokens are needed (report_only), and sums Acquire and Charge.
+// no tokens are needed (report_only), and sums AcquireShare and Charge.
 func TestReportsEveryPeriod(t *testing.T) {
 	c, clk := newTestClient(t, func(cfg *Config) { cfg.ReportPeriod = 2 * time.Second })
 	setGroups(c, resourcegroup.Group{Name: "u", RUPerSec: resourcegroup.Unlimited})
-	if _, err := c.Acquire(context.Background(), "u", ru.Consumption{WRU: 2, WriteBytes: 100, Statements: 1}, 0); err != nil {
+	if _, err := acquireAll(context.Background(), c, "u", ru.Consumption{WRU: 2, WriteBytes: 100, Statements: 1}, 0); err != nil {
 		t.Fatal(err)
 	}
 	c.Charge("u", ru.Consumption{RRU: 1.5, ReadBytes: 10, BackendSeconds: 0.25})
@@ -540,7 +594,7 @@ func TestGrantErrorDropsGroup(t *testing.T) {
 	c, clk := newTestClient(t, nil)
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Acquire(context.Background(), "gone", rruOf(1), 5*time.Second)
+		_, err := acquireAll(context.Background(), c, "gone", rruOf(1), 5*time.Second)
 		done <- err
 	}()
 	waitFor(t, "the statement to wait", func() bool { return clk.Pending() == 1 }, nil)
@@ -571,7 +625,7 @@ func TestGrantUnavailableKeepsGroupLimited(t *testing.T) {
 			setGroups(c, resourcegroup.Group{Name: "lim", RUPerSec: 10})
 			done := make(chan error, 1)
 			go func() {
-				_, err := c.Acquire(context.Background(), "lim", rruOf(5), 5*time.Second)
+				_, err := acquireAll(context.Background(), c, "lim", rruOf(5), 5*time.Second)
 				done <- err
 			}()
 			waitFor(t, "the statement to wait", func() bool { return clk.Pending() == 1 }, nil)
@@ -614,7 +668,7 @@ func TestUnlimitedNeverThrottles(t *testing.T) {
 	c, _ := newTestClient(t, nil)
 	setGroups(c, resourcegroup.Group{Name: "u", RUPerSec: 10, Burst: resourcegroup.BurstUnlimited})
 	for range 3 {
-		if _, err := c.Acquire(context.Background(), "u", rruOf(1e9), 0); err != nil {
+		if _, err := acquireAll(context.Background(), c, "u", rruOf(1e9), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -670,10 +724,10 @@ func TestDegradedRefillAndResync(t *testing.T) {
 		}
 	}
 	// Statements keep being served at the local rate.
-	if _, err := c.Acquire(context.Background(), "off", rruOf(100), 0); err != nil {
+	if _, err := acquireAll(context.Background(), c, "off", rruOf(100), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Acquire(context.Background(), "off", rruOf(100), 500*time.Millisecond); !errors.Is(err, ErrThrottled) {
+	if _, err := acquireAll(context.Background(), c, "off", rruOf(100), 500*time.Millisecond); !errors.Is(err, ErrThrottled) {
 		t.Fatalf("over the local rate: %v", err)
 	}
 	// A new stream's first request resyncs every group.
@@ -773,7 +827,7 @@ func TestRenewalRoundTripNotCountedTwice(t *testing.T) {
 // An estimate larger than the wait can pay never refuses a statement its
 // required cost alone would run: it waits what the wait can pay (or until
 // the fill has paid its debt) and the rest stays as debt.
-func TestAcquireEstimate(t *testing.T) {
+func TestAcquireShareEstimate(t *testing.T) {
 	setup := func(t *testing.T) (*Client, *fakeClock) {
 		c, clk := newTestClient(t, nil)
 		wantTokens(c, "a")
@@ -801,7 +855,7 @@ func TestAcquireEstimate(t *testing.T) {
 		{"estimate paid within the wait", 15, 1, time.Second, false, 500 * time.Millisecond, -5},
 		{"estimate beyond the wait: wait it all, the rest is debt", 60, 1, 2 * time.Second, false, 2 * time.Second, -50},
 		{"required alone beyond the wait: refused as before", 60, 40, 2 * time.Second, true, 0, 10},
-		{"no estimate: as Acquire", 60, 60, 2 * time.Second, true, 0, 10},
+		{"no estimate: all required", 60, 60, 2 * time.Second, true, 0, 10},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -810,7 +864,7 @@ func TestAcquireEstimate(t *testing.T) {
 			var waited time.Duration
 			go func() {
 				var err error
-				waited, err = c.AcquireEstimate(context.Background(), "a", rruOf(tc.estimate), tc.required, tc.maxWait)
+				_, waited, err = c.AcquireShare(context.Background(), nil, "a", rruOf(tc.estimate), tc.required, tc.maxWait)
 				done <- err
 			}()
 			if tc.wantSleep > 0 {
@@ -872,12 +926,12 @@ func TestWouldAcquireShadowsEnforce(t *testing.T) {
 	c.mu.Lock()
 	c.cache.Groups["w"] = resourcegroup.Group{Name: "w", RUPerSec: 10, Mode: resourcegroup.ModeWarn}
 	c.mu.Unlock()
-	if sh := c.Share("w"); !sh.Unlimited || sh.Mode != resourcegroup.ModeWarn {
+	if sh := shareOf(c, "w"); !sh.Unlimited || sh.Mode != resourcegroup.ModeWarn {
 		t.Fatalf("a WARN group's share %+v: want unlimited, mode WARN", sh)
 	}
 	// Never waits for real.
-	if w, err := c.Acquire(context.Background(), "w", rruOf(1000), time.Millisecond); err != nil || w != 0 {
-		t.Fatalf("Acquire in WARN: %v %v", w, err)
+	if w, err := acquireAll(context.Background(), c, "w", rruOf(1000), time.Millisecond); err != nil || w != 0 {
+		t.Fatalf("AcquireShare in WARN: %v %v", w, err)
 	}
 	steps := []struct {
 		n, required float64

@@ -109,10 +109,11 @@ type Config struct {
 	// Registerer is where the client's metrics are registered; nil = not
 	// registered.
 	Registerer prometheus.Registerer
-	// IdleExpiry: a group with no Acquire or Charge on this proxy for this
-	// long is forgotten here — its local state and its per-group series —
-	// once nothing about it is still owed (see Client.expireIdle); its next
-	// use starts it again at 0. `default` is never forgotten. Default 1 h.
+	// IdleExpiry: a group with no AcquireShare or Charge on this proxy for
+	// this long is forgotten here — its local state and its per-group
+	// series — once nothing about it is still owed (see Client.expireIdle);
+	// its next use starts it again at 0. `default` is never forgotten.
+	// Default 1 h.
 	IdleExpiry time.Duration
 }
 

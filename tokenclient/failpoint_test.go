@@ -43,12 +43,12 @@ func TestFailpointStreamSendAndReceiveErrors(t *testing.T) {
 			defer c.Close()
 			enable(t, fp, "return(true)")
 			start := time.Now()
-			_, err = c.Acquire(ctx, "a", rruOf(5), 300*time.Millisecond)
+			_, err = acquireAll(ctx, c, "a", rruOf(5), 300*time.Millisecond)
 			if waited := time.Since(start); waited > 800*time.Millisecond {
-				t.Fatalf("Acquire waited %v with maxWait 300ms (err %v)", waited, err)
+				t.Fatalf("AcquireShare waited %v with maxWait 300ms (err %v)", waited, err)
 			}
 			failpoint.Disable(fpPkg + fp)
-			if _, err := c.Acquire(ctx, "a", rruOf(5), 5*time.Second); err != nil {
+			if _, err := acquireAll(ctx, c, "a", rruOf(5), 5*time.Second); err != nil {
 				t.Fatalf("after the fault: %v", err)
 			}
 		})
@@ -80,10 +80,10 @@ func TestFailpointDelayedGrant(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			start := time.Now()
-			_, err := c.Acquire(ctx, "a", rruOf(3), time.Second)
+			_, err := acquireAll(ctx, c, "a", rruOf(3), time.Second)
 			d := time.Since(start)
 			if err != nil && !errors.Is(err, ErrThrottled) {
-				t.Errorf("Acquire: %v", err)
+				t.Errorf("AcquireShare: %v", err)
 			}
 			mu.Lock()
 			worst = max(worst, d)
@@ -91,7 +91,7 @@ func TestFailpointDelayedGrant(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	t.Logf("slowest Acquire with grants 3 s late and maxWait 1 s: %v", worst)
+	t.Logf("slowest AcquireShare with grants 3 s late and maxWait 1 s: %v", worst)
 	if worst > 1500*time.Millisecond {
 		t.Fatalf("a statement waited %v, more than its maxWait of 1 s", worst)
 	}
@@ -124,7 +124,7 @@ func TestFailpointDroppedGrant(t *testing.T) {
 	// Drop the next two grants, then let them through.
 	enable(t, "dropGrant", "2*return(true)")
 	for i := 0; i < 20; i++ {
-		c.Acquire(ctx, "a", rruOf(2), 2*time.Second)
+		acquireAll(ctx, c, "a", rruOf(2), 2*time.Second)
 	}
 	c.mu.Lock()
 	dropped := c.droppedTokens // only group a asks for tokens here

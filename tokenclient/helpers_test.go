@@ -2,6 +2,7 @@ package tokenclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -422,4 +424,22 @@ func (s *rgServer) deleteWatchLocked(id uint64) bool {
 	s.rev++
 	s.publishLocked(&tokenpb.WatchEvent{Type: tokenpb.WatchEvent_DELETE, Watch: &tokenpb.RunawayWatch{Id: id}})
 	return true
+}
+
+// acquireAll pre-charges cons with its whole cost required, through the
+// one way in (AcquireShare) without a purse, and returns how long it
+// waited; a refusal is counted as throttled, as the policy counts it.
+func acquireAll(ctx context.Context, c *Client, group string, cons ru.Consumption, maxWait time.Duration) (time.Duration, error) {
+	_, waited, err := c.AcquireShare(ctx, nil, group, cons, cons.RU(), maxWait)
+	if errors.Is(err, ErrThrottled) {
+		c.CountThrottled(group)
+	}
+	return waited, err
+}
+
+// shareOf is group's Share as AcquireShare would return it now.
+func shareOf(c *Client, group string) Share {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.shareLocked(resourcegroup.NormalizeName(group))
 }

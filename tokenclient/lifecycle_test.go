@@ -166,8 +166,9 @@ func TestDroppedGroupForgotten(t *testing.T) {
 	}
 	// A statement that settles after the DROP does not bring them back.
 	c.Charge("gone", rruOf(3))
-	c.HoldDemand("gone", 5)
-	c.HoldDemand("gone", -5)
+	var hold DemandHold
+	c.HoldDemand(&hold, "gone", 5)
+	c.ReleaseDemand(&hold)
 	c.CountThrottled("gone")
 	if hasState(c, "gone") || len(seriesOf(t, reg, "gone")) != 0 {
 		t.Fatalf("a late settlement revived the dropped group: state %v, series %v", hasState(c, "gone"), seriesOf(t, reg, "gone"))
@@ -315,7 +316,7 @@ func TestIdleExpiryKeepsWaiters(t *testing.T) {
 	setGroups(c, resourcegroup.Group{Name: "w", RUPerSec: 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { _, err := c.Acquire(ctx, "w", rruOf(5), 10*time.Hour); done <- err }()
+	go func() { _, err := acquireAll(ctx, c, "w", rruOf(5), 10*time.Hour); done <- err }()
 	waitFor(t, "the statement to wait", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -17,7 +17,7 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	// duration is the round trip of a TokenRequest.
 	duration prometheus.Histogram
-	// throttled counts Acquire refusals by group.
+	// throttled counts AcquireShare refusals by group.
 	throttled *prometheus.CounterVec
 	// granted counts the tokens rgserver granted this proxy, by group.
 	granted *prometheus.CounterVec

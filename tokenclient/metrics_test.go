@@ -46,10 +46,10 @@ func TestMetrics(t *testing.T) {
 		{Group: "a", Tokens: 7, FillRate: 10, Proxies: 1, RuPerSec: 10}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Acquire(context.Background(), "a", rruOf(2), time.Second); err != nil {
+	if _, err := acquireAll(context.Background(), c, "a", rruOf(2), time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Acquire(context.Background(), "a", rruOf(500), time.Second); err == nil {
+	if _, err := acquireAll(context.Background(), c, "a", rruOf(500), time.Second); err == nil {
 		t.Fatal("not throttled")
 	}
 	m := gather(t, reg)
@@ -102,7 +102,7 @@ func TestSteadyStateRequestRate(t *testing.T) {
 	var reported float64
 	lastReport := clk.Now()
 	for i := range stmts {
-		if _, err := c.Acquire(context.Background(), "g", rruOf(1), 0); err != nil && i >= warmup {
+		if _, err := acquireAll(context.Background(), c, "g", rruOf(1), 0); err != nil && i >= warmup {
 			t.Fatalf("statement %d: %v", i, err)
 		}
 		clk.Advance(time.Millisecond)

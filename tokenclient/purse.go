@@ -135,32 +135,6 @@ func (p *Purse) spend(group string, cons ru.Consumption, gen uint64) bool {
 	return true
 }
 
-// AcquireShare is AcquireEstimate that also returns the group's Share as
-// it stood when the statement got its tokens or was refused (ErrThrottled),
-// read under the same lock: the policy needs both for every statement.
-// With a purse (nil: none), the statement takes its tokens from the purse
-// when it can, and may fill the purse with an advance when it takes them
-// from the bucket.
-func (c *Client) AcquireShare(ctx context.Context, p *Purse, group string, cons ru.Consumption, required float64, maxWait time.Duration) (Share, time.Duration, error) {
-	if p != nil {
-		if sh, ok := p.take(group, cons, c.cacheGen.Load()); ok {
-			return sh, 0, nil
-		}
-	}
-	var sh Share
-	waited, err := c.acquire(ctx, group, cons, required, maxWait, &sh, p)
-	return sh, waited, err
-}
-
-// ChargePurse is Charge that settles in the purse when it can (p nil:
-// Charge).
-func (c *Client) ChargePurse(p *Purse, group string, cons ru.Consumption) {
-	if p != nil && p.spend(group, cons, c.cacheGen.Load()) {
-		return
-	}
-	c.Charge(group, cons)
-}
-
 // ReturnPurse records what the purse spent and gives what is left of its
 // advance back to the group's bucket; the purse is then empty. A session
 // returns its purse when it ends.

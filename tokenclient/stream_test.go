@@ -32,11 +32,12 @@ func startClient(t *testing.T, mutate func(*Config), servers ...string) (*Client
 	return c, clk
 }
 
-// acquire runs Acquire in the background and returns its result channel.
+// acquire runs acquireAll in the background and returns its result
+// channel.
 func acquire(c *Client, group string, n float64, maxWait time.Duration) <-chan error {
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Acquire(context.Background(), group, rruOf(n), maxWait)
+		_, err := acquireAll(context.Background(), c, group, rruOf(n), maxWait)
 		done <- err
 	}()
 	return done
@@ -45,7 +46,7 @@ func acquire(c *Client, group string, n float64, maxWait time.Duration) <-chan e
 func result(t *testing.T, done <-chan error, step func()) error {
 	t.Helper()
 	var err error
-	waitFor(t, "Acquire to return", func() bool {
+	waitFor(t, "AcquireShare to return", func() bool {
 		select {
 		case err = <-done:
 			return true
@@ -56,8 +57,8 @@ func result(t *testing.T, done <-chan error, step func()) error {
 	return err
 }
 
-// End to end over gRPC: Start loads the Watch snapshot, a waiting Acquire
-// is served by a grant, and Close reports the consumption.
+// End to end over gRPC: Start loads the Watch snapshot, a waiting
+// AcquireShare is served by a grant, and Close reports the consumption.
 func TestStreamGrantAndFinalReport(t *testing.T) {
 	s := startServer(t)
 	c, _ := startClient(t, nil, s.addr)
@@ -274,7 +275,7 @@ func TestConcurrentAccountingRealClock(t *testing.T) {
 		go func() {
 			group := []string{"a", "b"}[i%2]
 			for range stmts {
-				if _, err := c.Acquire(ctx, group, rruOf(1), 5*time.Second); err != nil {
+				if _, err := acquireAll(ctx, c, group, rruOf(1), 5*time.Second); err != nil {
 					errs <- err
 					return
 				}

@@ -294,7 +294,7 @@ func TestFailpointEtcdReadErrorKeepsGroupLimited(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(end) {
-				_, err := c.Acquire(ctx, "lim", ru.Consumption{RRU: 1, Statements: 1}, 50*time.Millisecond)
+				_, _, err := c.AcquireShare(ctx, nil, "lim", ru.Consumption{RRU: 1, Statements: 1}, 1, 50*time.Millisecond)
 				switch {
 				case err == nil:
 					ok.Add(1)
@@ -303,7 +303,7 @@ func TestFailpointEtcdReadErrorKeepsGroupLimited(t *testing.T) {
 				case errors.Is(err, tokenclient.ErrUnknownGroup):
 					unknown.Add(1)
 				default:
-					t.Errorf("Acquire: %v", err)
+					t.Errorf("AcquireShare: %v", err)
 					return
 				}
 			}
@@ -326,7 +326,7 @@ func TestFailpointEtcdReadErrorKeepsGroupLimited(t *testing.T) {
 	// series is absent, not yet a failure (the proxy's local tokens may
 	// already let a statement through).
 	waitFor(t, "rgserver to serve the group", func() bool {
-		_, err := c.Acquire(ctx, "lim", ru.Consumption{RRU: 1, Statements: 1}, time.Second)
+		_, _, err := c.AcquireShare(ctx, nil, "lim", ru.Consumption{RRU: 1, Statements: 1}, 1, time.Second)
 		return err == nil && scrape(t, ts)[`rgserver_tokens_granted_total{resource_group="lim"}`] > 0
 	})
 }

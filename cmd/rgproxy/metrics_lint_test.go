@@ -92,12 +92,12 @@ func TestMetricsLint(t *testing.T) {
 		}
 	}
 	cost := ru.Consumption{RRU: 1, Statements: 1}
-	if _, err := tc.Acquire(ctx, "lint", cost, time.Second); err != nil {
+	if _, _, err := tc.AcquireShare(ctx, nil, "lint", cost, cost.RU(), time.Second); err != nil {
 		t.Fatal(err)
 	}
 	// 100 RU at 1 RU/s cannot be had within 10 ms: refused at once.
-	if _, err := tc.Acquire(ctx, "lint_tiny", ru.Consumption{RRU: 100, Statements: 1}, 10*time.Millisecond); !errors.Is(err, tokenclient.ErrThrottled) {
-		t.Fatalf("Acquire of 100 RU at 1 RU/s: %v, want ErrThrottled", err)
+	if _, _, err := tc.AcquireShare(ctx, nil, "lint_tiny", ru.Consumption{RRU: 100, Statements: 1}, 100, 10*time.Millisecond); !errors.Is(err, tokenclient.ErrThrottled) {
+		t.Fatalf("AcquireShare of 100 RU at 1 RU/s: %v, want ErrThrottled", err)
 	}
 	// The policy as run() builds it, registered on the same registry.
 	rp, err := rgpolicy.New(rgpolicy.Config{Tokens: tc, Registerer: m.reg, CPU: rgpolicy.CPUWall, Logger: quiet,

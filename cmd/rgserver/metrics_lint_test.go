@@ -94,7 +94,7 @@ func TestMetricsLint(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatal("no consumption report reached rgserver")
 		}
-		if _, err := tc.Acquire(ctx, "lint", cost, time.Second); err != nil {
+		if _, _, err := tc.AcquireShare(ctx, nil, "lint", cost, cost.RU(), time.Second); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -36,7 +36,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 		if !s.mayUse(ctx, name, be, set) {
 			return errReply(resourcegroup.NewAccessDenied())
 		}
-		s.setGroup = name
+		s.setGroup, s.setGen, s.setSettings = name, s.rt.gen, set
 		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{}}
 	case *resourcegroup.CurrentGroup:
 		return resultReply([]string{"CURRENT_RESOURCE_GROUP()"}, [][]string{{s.currentGroup()}})
@@ -152,7 +152,8 @@ func (s *session) accountExists(ctx context.Context, be mysqlproto.Backend, user
 // showLast answers SHOW LAST STATEMENT RU: the session's previous
 // statement, including one rgproxy refused (0 RU, its wait, 8252).
 func (s *session) showLast() mysqlproto.Verdict {
-	cols := []string{"RESOURCE_GROUP", "RRU", "WRU", "READ_BYTES", "WRITE_BYTES", "BACKEND_MS", "THROTTLE_WAIT_MS", "ERROR", "WOULD", "WRU_SOURCE"}
+	cols := []string{"RESOURCE_GROUP", "RRU", "WRU", "READ_BYTES", "WRITE_BYTES", "BACKEND_MS", "THROTTLE_WAIT_MS", "ERROR", "WOULD",
+		"TAG_RESOURCE_GROUP", "ESTIMATED_RU", "WRU_SOURCE"}
 	if !s.last.valid {
 		return resultReply(cols, nil)
 	}
@@ -168,7 +169,7 @@ func (s *session) showLast() mysqlproto.Verdict {
 		formatFloat(c.RRU), formatFloat(c.WRU),
 		strconv.FormatFloat(c.ReadBytes, 'f', 0, 64), strconv.FormatFloat(c.WriteBytes, 'f', 0, 64),
 		formatFloat(c.BackendSeconds * 1000), formatFloat(float64(s.last.waited) / float64(time.Millisecond)),
-		errCode, s.last.would, source,
+		errCode, s.last.would, s.last.tagGroup, formatFloat(s.last.estimate.RU()), source,
 	}})
 }
 

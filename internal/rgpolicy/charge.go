@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -16,84 +17,151 @@ import (
 
 // charge is Before's third step: it takes the statement's cost before it
 // is forwarded — the larger of its before-cost and what its shape cost
-// lately — waiting as the transaction rules allow. Only the before-cost
-// can get a statement refused (8252): the part of an estimate the wait
-// cannot pay becomes debt. COMMIT and ROLLBACK never wait; inside an open
-// transaction a statement waits at most --max-wait-in-txn, then runs on
-// debt, so throttling never holds row locks.
+// lately — from the bucket of each of its groups (its own, and in strict
+// mode a bound tag's), waiting as the transaction rules allow. Only the
+// before-cost can get a statement refused (8252): the part of an estimate
+// the wait cannot pay becomes debt.
+//
+// Transactions add no room. Outside a transaction a statement first
+// repays what the session still owes (below), within the same wait.
+// Inside one it waits at most --max-wait-in-txn; then, rather than hold
+// locks longer, it runs on the session's debt — not the group's — as long
+// as the session owes the group less than a second of its share of the
+// rate (txnDebtSeconds), else it is refused. COMMIT and ROLLBACK of an
+// open transaction never wait: their cost is session debt too. A session
+// repays its debt before its next statement outside a transaction, so that
+// running everything inside transactions gains it nothing, and the
+// group's other sessions never pay for it.
 func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Settings) *mysqlproto.Reply {
+	cur := &s.cur
+	s.price(st)
+	cur.legs[0], cur.nlegs = leg{group: cur.group}, 1
+	if cur.before.IsZero() {
+		return nil // free
+	}
+	if cur.tagGroup != "" && cur.tagGroup != cur.group {
+		cur.legs[1], cur.nlegs = leg{group: cur.tagGroup}, 2
+	}
+	if endsTxn(st) && st.InTransaction {
+		for i := range cur.nlegs {
+			l := &cur.legs[i]
+			l.prepaid, l.onDebt = cur.prepaid, true
+		}
+		return nil
+	}
+	maxWait := set.MaxWait
+	if st.InTransaction {
+		maxWait = set.MaxWaitInTxn
+	} else if r := s.repay(ctx, maxWait); r != nil {
+		return r
+	}
+	for i := range cur.nlegs {
+		if r := s.chargeLeg(ctx, st, i, maxWait); r != nil {
+			return r
+		}
+	}
+	return nil
+}
+
+// price sets what the statement is expected to cost: its before-cost and
+// its prepaid cost, the larger of that and its shape's estimate.
+func (s *session) price(st *mysqlproto.Statement) {
 	cur := &s.cur
 	cur.req = ru.RequestInfo{Class: costClass(st), WriteBytes: st.PayloadBytes}
 	cur.before = s.p.cost.BeforeCost(cur.req)
 	cur.prepaid = cur.before
 	if cur.before.IsZero() {
-		return nil // free
+		return // free
 	}
 	cur.shape = shapeKey{group: cur.group, hash: st.Scan.DigestHash}
 	// A shape's executions: not COM_STMT_PREPARE (its EXECUTEs are) nor
 	// COM_STMT_FETCH (part of the EXECUTE that opened the cursor).
 	cur.hasShape = st.Scan.Digest != nil && cur.req.Class != ru.ClassFetch && st.Command != mysql.COM_STMT_PREPARE
 	s.estimate()
-	if endsTxn(st) {
-		s.p.tokens.Charge(cur.group, cur.prepaid)
-		return nil
+}
+
+// chargeLeg takes the statement's prepaid cost from the bucket of its
+// i-th group within what is left of maxWait.
+func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int, maxWait time.Duration) *mysqlproto.Reply {
+	cur := &s.cur
+	l := &cur.legs[i]
+	purse := &s.purse
+	if i > 0 {
+		purse = nil // the session's purse is its own group's
 	}
-	maxWait := set.MaxWait
-	if st.InTransaction {
-		maxWait = set.MaxWaitInTxn
-	}
-	share, waited, err := s.p.tokens.AcquireShare(ctx, &s.purse, cur.group, cur.prepaid, cur.before.RU(), maxWait)
-	if errors.Is(err, tokenclient.ErrUnknownGroup) && cur.group != resourcegroup.DefaultGroup {
+	left := max(maxWait-cur.waited, 0)
+	share, waited, err := s.p.tokens.AcquireShare(ctx, purse, l.group, cur.prepaid, cur.before.RU(), left)
+	if errors.Is(err, tokenclient.ErrUnknownGroup) && l.group != resourcegroup.DefaultGroup {
+		if i > 0 {
+			// A tag's group dropped under us: it adds no limit any more.
+			cur.nlegs = 1
+			return nil
+		}
 		// Dropped under us: the session falls back to default.
-		cur.group = resourcegroup.DefaultGroup
+		cur.group, l.group = resourcegroup.DefaultGroup, resourcegroup.DefaultGroup
 		cur.shape.group = cur.group
 		s.estimate()
-		share, waited, err = s.p.tokens.AcquireShare(ctx, &s.purse, cur.group, cur.prepaid, cur.before.RU(), maxWait)
+		left = max(maxWait-cur.waited-waited, 0)
+		var more time.Duration
+		share, more, err = s.p.tokens.AcquireShare(ctx, purse, l.group, cur.prepaid, cur.before.RU(), left)
+		waited += more
 	}
-	cur.share, cur.waited = share, waited
+	l.prepaid, l.share = cur.prepaid, share
+	cur.waited += waited
 	if share.Mode == resourcegroup.ModeWarn && (err == nil || errors.Is(err, tokenclient.ErrThrottled)) {
 		// A group in MODE WARN is unlimited: its tokens came at once.
-		s.wouldCharge(st, maxWait)
+		s.wouldCharge(st, l, maxWait)
 	}
 	switch {
 	case err == nil:
+		l.charged = true
 		return nil
 	case ctx.Err() != nil:
 		// The client left while it waited: nothing was charged.
 		return &mysqlproto.Reply{Err: errInterrupted}
-	case errors.Is(err, tokenclient.ErrThrottled) && st.InTransaction:
-		// Inside a transaction a statement runs on debt rather than hold
-		// locks longer; later statements repay it.
-		s.p.tokens.Charge(cur.group, cur.prepaid)
+	case errors.Is(err, tokenclient.ErrThrottled) && st.InTransaction && s.debtRoom(l):
+		// Inside a transaction a statement runs on the session's debt
+		// rather than hold locks longer; the session repays it before its
+		// next statement outside a transaction.
+		l.onDebt = true
 		return nil
 	case errors.Is(err, tokenclient.ErrThrottled):
 		if s.p.logger.Enabled(ctx, slog.LevelDebug) {
 			// Statements are logged only as digests: literals may be secrets.
-			s.p.logger.Debug("statement throttled", "resource_group", cur.group,
-				"digest", string(st.Scan.Digest), "waited", waited)
+			s.p.logger.Debug("statement throttled", "resource_group", l.group,
+				"digest", string(st.Scan.Digest), "waited", cur.waited, "in_transaction", st.InTransaction)
 		}
-		return s.refused(waited)
+		if st.InTransaction {
+			return s.refused(l.group, fmt.Sprintf("inside a transaction, after %s, the session already owes the group %s RU "+
+				"of at most %s (one second of its rate here); it repays them before its next statement outside a transaction",
+				waitDetail(cur.waited, maxWait, true), formatRU(s.debtTo(l.group)), formatRU(l.share.Rate*txnDebtSeconds)))
+		}
+		return s.refused(l.group, s.tokensDetail(l.group, cur.before.RU(), maxWait, false))
 	}
-	s.p.logger.Warn("acquiring tokens failed", "resource_group", cur.group, "err", err)
+	s.p.logger.Warn("acquiring tokens failed", "resource_group", l.group, "err", err)
 	return &mysqlproto.Reply{Err: errInterrupted}
 }
 
 // wouldCharge records, for a group in MODE WARN, what ENFORCE would have
 // done with the statement's tokens: made it wait, or refused it (inside a
 // transaction: made it wait its wait, then run on debt).
-func (s *session) wouldCharge(st *mysqlproto.Statement, maxWait time.Duration) {
+func (s *session) wouldCharge(st *mysqlproto.Statement, l *leg, maxWait time.Duration) {
 	cur := &s.cur
-	wait, refused := s.p.tokens.WouldAcquire(cur.group, cur.prepaid, cur.before.RU(), maxWait)
+	wait, refused := s.p.tokens.WouldAcquire(l.group, cur.prepaid, cur.before.RU(), maxWait)
+	would := ""
 	switch {
 	case refused && !st.InTransaction:
-		cur.would = "8252"
-		s.p.metrics.wouldThrottle(cur.group)
+		would = "8252"
+		s.p.metrics.wouldThrottle(l.group)
 	case refused:
 		wait = maxWait
 		fallthrough
 	case wait > 0:
-		cur.would = "wait " + formatFloat(float64(wait)/float64(time.Millisecond)) + "ms"
-		s.p.metrics.wouldWait(cur.group, wait)
+		would = "wait " + formatFloat(float64(wait)/float64(time.Millisecond)) + "ms"
+		s.p.metrics.wouldWait(l.group, wait)
+	}
+	if cur.would == "" {
+		cur.would = would
 	}
 }
 

@@ -106,6 +106,26 @@ func (g *gate) force(n float64, maxConc int) (wouldWait bool) {
 	return wouldWait
 }
 
+// forceUnderCap admits a statement at once over the RU bound, but only
+// while fewer than maxConc (0: no cap) statements run; it reports whether
+// it did.
+func (g *gate) forceUnderCap(n float64, maxConc int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if maxConc > 0 && g.running >= maxConc {
+		return false
+	}
+	g.admitLocked(n)
+	return true
+}
+
+// full reports whether maxConc statements run now.
+func (g *gate) full(maxConc int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.running >= maxConc
+}
+
 func (g *gate) admitLocked(n float64) {
 	g.inflight += n
 	g.running++
@@ -256,86 +276,153 @@ func (s *session) endProbe() {
 	}
 }
 
-// admit is Before's last step: the group's in-flight bound and
-// MAX_CONCURRENCY on this proxy, the proxy's COOLDOWN slot for a watched
-// statement, and the backend concurrency limit by PRIORITY. The in-flight
-// wait shares the statement's wait budget: outside a transaction a
-// statement that cannot enter within it is refused (8252, counted as
-// throttled); inside one it then runs anyway, and so it does at the
-// backend concurrency cap after --max-wait-in-txn; COMMIT and ROLLBACK are
-// never held. A group in MODE WARN is never held either: it only records
-// that it would have waited; MODE OFF is not bounded at all.
+// admit is Before's last step, in this order: the proxy's COOLDOWN slot
+// for a statement under a COOLDOWN watch; each of its groups' in-flight
+// bound and MAX_CONCURRENCY on this proxy (the gate); and the backend
+// concurrency limit by PRIORITY. Every wait shares the statement's wait
+// budget (--max-wait, or --max-wait-in-txn inside a transaction) and
+// holds nothing of a later step: a statement waiting for the COOLDOWN
+// slot holds no place in its group's gate. A statement that cannot enter
+// in time is refused (8252, counted as throttled), except that inside a
+// transaction it then goes past the in-flight bound — what it runs on
+// beyond its tokens is the session's debt, bounded in charge — and past
+// the backend limit (the statements filling it may be waiting for its
+// locks), but never past MAX_CONCURRENCY. COMMIT and ROLLBACK are never
+// held. A group in MODE WARN is never held either: it only records that
+// it would have waited; MODE OFF is not bounded at all. What admit takes
+// it records in s.cur; abort or end gives it back.
 func (s *session) admit(ctx context.Context, st *mysqlproto.Statement, set *Settings, cooldown bool) *mysqlproto.Reply {
 	cur := &s.cur
-	g, _ := s.group(cur.group)
-	if endsTxn(st) {
+	if endsTxn(st) && st.InTransaction {
 		return nil
 	}
-	if sh := cur.share; cur.req.Class != ru.ClassFree && sh.Mode != resourcegroup.ModeOff &&
-		(!sh.Unlimited || sh.MaxConcurrency > 0) {
-		bound := math.Inf(1)
-		if !sh.Unlimited {
-			bound = sh.Rate * sh.BurstSeconds * inflightHorizon
-		}
-		maxWait := set.MaxWait
-		if st.InTransaction {
-			maxWait = set.MaxWaitInTxn
-		}
-		n := cur.prepaid.RU()
-		gt := s.gate(cur.group)
-		if cur.hasShape && !cur.known && !sh.Unlimited && sh.Mode == resourcegroup.ModeEnforce {
-			if n = s.awaitProbe(ctx, gt, maxWait); ctx.Err() != nil {
-				return &mysqlproto.Reply{Err: errInterrupted}
-			}
-		}
-		if sh.Mode == resourcegroup.ModeWarn {
-			if gt.force(n, sh.MaxConcurrency) && cur.would == "" {
-				cur.would = "wait (MAX_CONCURRENCY)"
-				s.p.metrics.wouldWait(cur.group, 0)
-			}
-		} else {
-			waited, err := gt.acquire(ctx, s.p.clk, n, bound, sh.MaxConcurrency, maxWait-cur.waited)
-			cur.waited += waited
-			switch {
-			case err == nil:
-			case ctx.Err() != nil:
-				return &mysqlproto.Reply{Err: errInterrupted}
-			case st.InTransaction:
-				gt.force(n, 0)
-			default:
-				s.p.tokens.CountThrottled(cur.group)
-				return s.refused(cur.waited)
-			}
-		}
-		cur.gate, cur.gateRU = gt, n
+	maxWait := set.MaxWait
+	if st.InTransaction {
+		maxWait = set.MaxWaitInTxn
 	}
+	g, _ := s.group(cur.group)
 	prio := g.Priority
 	if cooldown {
 		prio = resourcegroup.PriorityLow
-		select {
-		case s.p.cooldown <- struct{}{}:
-			cur.cooling = true
-		case <-ctx.Done():
-			s.release()
-			return &mysqlproto.Reply{Err: errInterrupted}
+		if r := s.awaitCooldown(ctx, st, maxWait); r != nil {
+			return r
+		}
+	}
+	for i := range cur.nlegs {
+		if r := s.enterGate(ctx, st, i, maxWait); r != nil {
+			return r
 		}
 	}
 	// Inside a transaction the backend concurrency cap holds a statement
 	// at most --max-wait-in-txn, then lets it run over the cap: the
 	// statements that fill the cap may be waiting on this transaction's
-	// locks.
-	var capWait time.Duration
-	if st.InTransaction {
-		capWait = max(set.MaxWaitInTxn-cur.waited, time.Millisecond)
-	}
+	// locks. Outside one it waits what is left of --max-wait.
+	capWait := max(maxWait-cur.waited, time.Millisecond)
+	start := s.p.clk.Now()
 	held, err := s.p.admission.acquire(ctx, s.p.clk, prio, capWait)
 	switch {
-	case errors.Is(err, errAdmissionWait):
+	case err == nil:
+	case ctx.Err() != nil:
+		return &mysqlproto.Reply{Err: errInterrupted}
+	case errors.Is(err, errAdmissionWait) && st.InTransaction:
 		held = false
-	case err != nil:
-		s.release()
+		cur.waited += s.p.clk.Now().Sub(start)
+	case errors.Is(err, errAdmissionWait):
+		cur.waited += s.p.clk.Now().Sub(start)
+		return s.refused(cur.group, fmt.Sprintf("%s for one of the proxy's --max-backend-concurrency %d backend slots",
+			waitDetail(cur.waited, maxWait, false), set.MaxBackendConcurrency))
+	default:
 		return &mysqlproto.Reply{Err: errInterrupted}
 	}
 	cur.admitted = held
+	return nil
+}
+
+// awaitCooldown waits, within what is left of maxWait, for the proxy's
+// one COOLDOWN slot: statements under a COOLDOWN watch run one at a time.
+// Inside a transaction a statement that cannot have it in time runs
+// without it; outside one it is refused.
+func (s *session) awaitCooldown(ctx context.Context, st *mysqlproto.Statement, maxWait time.Duration) *mysqlproto.Reply {
+	cur := &s.cur
+	select {
+	case s.p.cooldown <- struct{}{}:
+		cur.cooling = true
+		return nil
+	default:
+	}
+	left := maxWait - cur.waited
+	if left <= 0 {
+		return s.cooldownTimeout(st, maxWait)
+	}
+	start := s.p.clk.Now()
+	t := s.p.clk.NewTimer(left)
+	defer t.Stop()
+	select {
+	case s.p.cooldown <- struct{}{}:
+		cur.cooling = true
+		cur.waited += s.p.clk.Now().Sub(start)
+		return nil
+	case <-ctx.Done():
+		return &mysqlproto.Reply{Err: errInterrupted}
+	case <-t.C():
+		cur.waited += s.p.clk.Now().Sub(start)
+		return s.cooldownTimeout(st, maxWait)
+	}
+}
+
+func (s *session) cooldownTimeout(st *mysqlproto.Statement, maxWait time.Duration) *mysqlproto.Reply {
+	if st.InTransaction {
+		return nil
+	}
+	return s.refused(s.cur.group, waitDetail(s.cur.waited, maxWait, false)+
+		" for the proxy's COOLDOWN slot (a runaway watch lets one such statement run at a time)")
+}
+
+// enterGate takes the statement's place in the gate of its i-th group.
+func (s *session) enterGate(ctx context.Context, st *mysqlproto.Statement, i int, maxWait time.Duration) *mysqlproto.Reply {
+	cur := &s.cur
+	l := &cur.legs[i]
+	sh := l.share
+	if cur.req.Class == ru.ClassFree || sh.Mode == resourcegroup.ModeOff || (sh.Unlimited && sh.MaxConcurrency == 0) {
+		return nil
+	}
+	bound := math.Inf(1)
+	if !sh.Unlimited {
+		bound = sh.Rate * sh.BurstSeconds * inflightHorizon
+	}
+	n := l.prepaid.RU()
+	gt := s.gateOf(l.group)
+	if i == 0 && cur.hasShape && !cur.known && !sh.Unlimited && sh.Mode == resourcegroup.ModeEnforce {
+		if n = s.awaitProbe(ctx, gt, maxWait); ctx.Err() != nil {
+			return &mysqlproto.Reply{Err: errInterrupted}
+		}
+	}
+	if sh.Mode == resourcegroup.ModeWarn {
+		if gt.force(n, sh.MaxConcurrency) && cur.would == "" {
+			cur.would = "wait (MAX_CONCURRENCY)"
+			s.p.metrics.wouldWait(l.group, 0)
+		}
+		l.gate, l.gateRU = gt, n
+		return nil
+	}
+	waited, err := gt.acquire(ctx, s.p.clk, n, bound, sh.MaxConcurrency, maxWait-cur.waited)
+	cur.waited += waited
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return &mysqlproto.Reply{Err: errInterrupted}
+	case st.InTransaction && gt.forceUnderCap(n, sh.MaxConcurrency):
+		// The in-flight bound paces tokens, which a transaction's
+		// statement ran on its session's debt; MAX_CONCURRENCY is a
+		// count, which no debt repays.
+	default:
+		why := fmt.Sprintf(" for a place in the group's in-flight bound on this proxy (%s RU of statements at once; this one %s RU)",
+			formatRU(bound), formatRU(n))
+		if sh.MaxConcurrency > 0 && gt.full(sh.MaxConcurrency) {
+			why = fmt.Sprintf(" for one of the group's MAX_CONCURRENCY places (%d on this proxy)", sh.MaxConcurrency)
+		}
+		return s.refused(l.group, waitDetail(cur.waited, maxWait, st.InTransaction)+why)
+	}
+	l.gate, l.gateRU = gt, n
 	return nil
 }

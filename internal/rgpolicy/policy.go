@@ -24,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -53,7 +55,10 @@ type Tokens interface {
 	ChargePurse(p *tokenclient.Purse, group string, cons ru.Consumption)
 	ReturnPurse(p *tokenclient.Purse)
 	CountThrottled(group string)
-	HoldDemand(group string, d float64)
+	// HoldDemand holds a refused statement's RU as its group's waiting
+	// demand in h, for a couple of seconds at most; ReleaseDemand ends it.
+	HoldDemand(h *tokenclient.DemandHold, group string, ru float64)
+	ReleaseDemand(h *tokenclient.DemandHold)
 	WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, bool)
 	Group(name string) (resourcegroup.Group, bool)
 	Binding(user, host string) (resourcegroup.Binding, bool)
@@ -146,7 +151,9 @@ type Policy struct {
 	proxyID  string
 	settings atomic.Pointer[Settings]
 	// cooldown lets one statement under a COOLDOWN watch run at a time.
-	cooldown  chan struct{}
+	cooldown chan struct{}
+	// ledger keeps the debts of sessions that ended owing (debt.go).
+	ledger    ledger
 	admission *admission
 	gates     *gates
 	shapes    *shapes
@@ -279,8 +286,17 @@ type session struct {
 	hostKnown bool
 	// connID is the backend's id of this session's connection (KILL QUERY).
 	connID uint32
-	// setGroup is the group named by SET RESOURCE GROUP, "" = none.
-	setGroup string
+	// setGroup is the group named by SET RESOURCE GROUP, "" = none;
+	// setGen is the cache generation it was last allowed under (strict
+	// mode judges it again when the bindings change).
+	setGroup    string
+	setGen      uint64
+	setSettings *Settings
+	// debts are what the session owes its groups (debt.go);
+	// ledgerChecked says the debts of the user's ended sessions were
+	// taken on.
+	debts         []debt
+	ledgerChecked bool
 	// super caches whether the session's user has SUPER (nil = unknown),
 	// asked of the backend the first time it matters.
 	super *bool
@@ -297,10 +313,11 @@ type session struct {
 	notes []*resourcegroup.Error
 	// seenGroup was last reported to the metrics as used, at seenAt: the
 	// session tells them again only when the group changes or now and then.
-	// heldGroup and held: the RU of the session's last refused statement,
-	// held as waiting demand of its group until the next statement.
-	heldGroup   string
-	held        float64
+	// hold is the RU of the session's last refused statement, held as
+	// waiting demand of its group until the next statement (or for a
+	// couple of seconds of silence); holding says it may hold something.
+	hold        tokenclient.DemandHold
+	holding     bool
 	seenGroup   string
 	seenAt      time.Time
 	seenForgets uint64
@@ -319,10 +336,19 @@ type session struct {
 
 // statement is what the policy keeps of the statement in flight.
 type statement struct {
-	group    string
-	req      ru.RequestInfo
-	before   ru.Consumption // the before-cost (base and up-front write bytes)
-	prepaid  ru.Consumption // what was taken before forwarding: >= before
+	// group is the statement's resource group (resolve, then a runaway
+	// watch's SWITCH_GROUP); tagGroup, in strict mode, the group of a
+	// bound SQLCommenter tag that is not group ("" = none): a tag binding
+	// adds that group's limits and never removes the account's.
+	group, tagGroup string
+	req             ru.RequestInfo
+	before          ru.Consumption // the before-cost (base and up-front write bytes)
+	prepaid         ru.Consumption // what each leg takes before forwarding: >= before
+	// legs are the statement's parts in its groups: legs[0] in group,
+	// legs[1] in tagGroup when there is one; nlegs says how many are set
+	// (0 for a free statement).
+	legs     [2]leg
+	nlegs    int
 	shape    shapeKey
 	hasShape bool // the statement has a digest: it is estimated and summarized
 	known    bool // its shape has an estimate
@@ -331,9 +357,7 @@ type statement struct {
 	probe    *gate
 	waited   time.Duration
 	admitted bool // holds a backend concurrency slot
-	gate     *gate
-	gateRU   float64 // what it holds of the gate
-	cooling  bool    // holds the proxy's COOLDOWN slot
+	cooling  bool // holds the proxy's COOLDOWN slot
 	cpuStart time.Duration
 	cpuOK    bool
 	start    time.Time
@@ -341,21 +365,46 @@ type statement struct {
 	// cpuMinEstimate; it is charged wall time up to cpuMinEstimate, its
 	// CPU goes unread.
 	short bool
-	// share is this proxy's share of the group (tokenclient.Share).
-	share tokenclient.Share
 	// would is what ENFORCE would have done to a statement of a group in
 	// MODE WARN ("" = nothing: it would have run at once).
 	would string
 }
 
+// leg is a statement's part in one of its groups: what it took from the
+// group's bucket and what it holds of the group's gate.
+type leg struct {
+	group string
+	// prepaid is what the leg took before forwarding: from the group's
+	// bucket (charged), or, for a statement that ran inside a
+	// transaction without its tokens, as the session's debt (onDebt).
+	prepaid ru.Consumption
+	charged bool
+	onDebt  bool
+	// share is this proxy's share of the group (tokenclient.Share).
+	share  tokenclient.Share
+	gate   *gate
+	gateRU float64 // what it holds of the gate
+}
+
+// main is the statement's leg in its own group.
+func (c *statement) main() *leg { return &c.legs[0] }
+
 // lastStatement is what SHOW LAST STATEMENT RU reports.
 type lastStatement struct {
-	valid   bool
-	group   string
-	cost    ru.Consumption
-	waited  time.Duration
-	errCode uint16 // the error rgproxy answered with (8252), 0 if it ran
-	would   string // MODE WARN: what ENFORCE would have done
+	valid bool
+	group string
+	// tagGroup is the group of a bound tag the statement was also
+	// charged to (strict mode), "" = none.
+	tagGroup string
+	cost     ru.Consumption
+	waited   time.Duration
+	// errCode is the statement's error: rgproxy's (8252 refused, 8254
+	// quarantined), the backend's (8253 for a runaway statement killed),
+	// 0 when it succeeded.
+	errCode uint16
+	// estimate is what a refused statement would have been charged.
+	estimate ru.Consumption
+	would    string // MODE WARN: what ENFORCE would have done
 
 	// write is how its written bytes were settled (FollowUp, wru.go).
 	write *writeResult
@@ -364,10 +413,7 @@ type lastStatement struct {
 // Before implements mysqlproto.SessionPolicy.
 func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) mysqlproto.Verdict {
 	s.freshRoute()
-	if s.held != 0 {
-		s.p.tokens.HoldDemand(s.heldGroup, -s.held)
-		s.held = 0
-	}
+	s.releaseHeld()
 	if !s.hostKnown && !s.rt.unbound {
 		if s.p.tokens.HasBindings(s.user) {
 			s.learnAccount(ctx, be)
@@ -375,6 +421,8 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 			s.rt.unbound = true
 		}
 	}
+	set := s.p.settings.Load()
+	s.recheckSet(ctx, be, set)
 	if s.notes != nil {
 		if v, ok := s.showNotes(st); ok {
 			return v
@@ -404,7 +452,6 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		}
 	}
 	s.cur = statement{start: s.p.clk.Now()}
-	set := s.p.settings.Load()
 	if r := s.resolve(ctx, st, be, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
 	}
@@ -426,13 +473,12 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	s.cpu.open(ctx, s.p.cpu, be)
 	s.writesBefore(ctx, st, be)
 	if r := s.charge(ctx, st, set); r != nil {
-		return mysqlproto.Verdict{Reply: r}
+		return s.abort(r)
 	}
 	if r := s.admit(ctx, st, set, cooldown); r != nil {
-		s.endProbe()
-		s.p.tokens.Charge(s.cur.group, negate(s.cur.prepaid))
-		return mysqlproto.Verdict{Reply: r}
+		return s.abort(r)
 	}
+	s.runs()
 	if s.cur.req.Class != ru.ClassFree && !s.cur.short {
 		s.cur.cpuStart, s.cur.cpuOK = s.cpu.start()
 	} else {
@@ -443,9 +489,66 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	return mysqlproto.Verdict{Rewrite: rewrite}
 }
 
-// After implements mysqlproto.SessionPolicy: it releases what admit
-// holds, settles the statement's measured cost against what charge took,
-// and teaches the shape's estimate.
+// The statement lifecycle. Once charge has run, a statement leaves Before
+// one of two ways: refused, through abort, which gives back everything
+// charge and admit took (tokens, gate places, the COOLDOWN and backend
+// slots, its probe); or let through, after which After (or, for a session
+// that ends with the statement in flight, EventClose) ends it through
+// end. Steps that take something record it in s.cur and never give it
+// back themselves, so that a new wait cannot leak a gate slot.
+
+// abort ends a statement refused after charge began: what its legs took
+// from their buckets is refunded and what it holds is released.
+func (s *session) abort(r *mysqlproto.Reply) mysqlproto.Verdict {
+	s.end()
+	cur := &s.cur
+	for i := range cur.nlegs {
+		if l := &cur.legs[i]; l.charged {
+			s.p.tokens.Charge(l.group, negate(l.prepaid))
+			l.charged = false
+		}
+	}
+	return mysqlproto.Verdict{Reply: r}
+}
+
+// runs commits a statement that Before lets through: what its legs ran
+// on debt (inside a transaction, without their tokens) becomes the
+// session's debt to their groups.
+func (s *session) runs() {
+	cur := &s.cur
+	for i := range cur.nlegs {
+		if l := &cur.legs[i]; l.onDebt {
+			s.addDebt(debt{group: l.group, cons: l.prepaid, required: cur.before.RU()})
+		}
+	}
+}
+
+// end releases what the statement in flight holds — its backend
+// concurrency slot, its places in its groups' gates, the COOLDOWN slot and
+// its probe — and disarms its runaway guard. It may be called more than
+// once.
+func (s *session) end() {
+	cur := &s.cur
+	if cur.admitted {
+		s.p.admission.release()
+		cur.admitted = false
+	}
+	for i := range cur.nlegs {
+		if l := &cur.legs[i]; l.gate != nil {
+			l.gate.release(l.gateRU)
+			l.gate = nil
+		}
+	}
+	if cur.cooling {
+		<-s.p.cooldown
+		cur.cooling = false
+	}
+	s.endProbe()
+}
+
+// After implements mysqlproto.SessionPolicy: it ends the statement,
+// settles its measured cost against what charge took, and teaches the
+// shape's estimate.
 func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	cur := &s.cur
 	var cpu time.Duration
@@ -460,7 +563,6 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		// statement's CPU (cpuMinEstimate).
 		cpu, cpuOK = min(max(out.BackendTime, 0), cpuMinEstimate), true
 	}
-	s.release()
 	res := ru.ResponseInfo{
 		ReadBytes:   out.ResponseBytes,
 		WriteBytes:  out.RequestBytes - st.PayloadBytes,
@@ -472,35 +574,53 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	after := s.p.cost.AfterCost(cur.req, res)
 	fired := s.guard.disarm()
 	chargeTo := s.chargeGroupAfter(s.guard, fired)
+	killed := fired && s.guard.rule.Action == resourcegroup.ActionKill
 	s.guard = nil
 	total := cur.before
 	total.Add(after)
-	// Settle: the statement paid prepaid up front; it owes total. After
-	// SWITCH_GROUP the target pays what came after, and the group gets
-	// back the estimate it paid beyond the before-cost.
-	if chargeTo == cur.group {
+	// Settle: each leg paid its prepaid up front; it owes total. After
+	// SWITCH_GROUP the target pays what came after, and the statement's
+	// group gets back the estimate it paid beyond the before-cost.
+	for i := range cur.nlegs {
+		l := &cur.legs[i]
+		if i == 0 && chargeTo != cur.group {
+			extra := l.prepaid
+			extra.Sub(cur.before)
+			if !extra.IsZero() {
+				s.p.tokens.Charge(l.group, negate(extra))
+			}
+			s.p.tokens.Charge(chargeTo, after)
+			continue
+		}
 		settle := total
-		settle.Sub(cur.prepaid)
-		if !settle.IsZero() {
-			s.p.tokens.ChargePurse(&s.purse, cur.group, settle)
+		settle.Sub(l.prepaid)
+		switch {
+		case settle.IsZero():
+		case i == 0:
+			s.p.tokens.ChargePurse(&s.purse, l.group, settle)
+		default:
+			s.p.tokens.Charge(l.group, settle)
 		}
-	} else {
-		extra := cur.prepaid
-		extra.Sub(cur.before)
-		if !extra.IsZero() {
-			s.p.tokens.Charge(cur.group, negate(extra))
-		}
-		s.p.tokens.Charge(chargeTo, after)
 	}
-	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would}
+	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would,
+		estimate: cur.prepaid, errCode: out.ErrCode}
+	if killed && out.ErrCode == 1317 {
+		s.last.errCode = errRunawayKilled.Code
+	}
+	if cur.nlegs > 1 {
+		s.last.tagGroup = cur.legs[1].group
+	}
 	if cur.hasShape && !out.NotForwarded { // a statement that never ran teaches nothing
 		s.p.shapes.observe(cur.shape, &s.shapes, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
 	}
-	s.endProbe()                  // after observe: the statements it wakes find its cost
+	s.end()                       // after observe: the statements its probe wakes find its cost
 	if s.seenGroup != cur.group { // charge moved the statement to default
 		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())
 	}
 	s.series.charged(st.Class.String(), total)
+	if cur.nlegs > 1 {
+		s.p.metrics.seeGroup(cur.legs[1].group, cur.start).charged(st.Class.String(), total)
+	}
 }
 
 // see tells the metrics the session used group at now and keeps its
@@ -510,50 +630,32 @@ func (s *session) see(group string, now time.Time, forgets uint64) {
 	s.seenGroup, s.seenAt, s.seenForgets = group, now, forgets
 }
 
-// release frees what the statement in flight holds: its backend
-// concurrency slot, its share of the group's in-flight bound and the
-// COOLDOWN slot.
-func (s *session) release() {
-	cur := &s.cur
-	if cur.admitted {
-		s.p.admission.release()
-		cur.admitted = false
-	}
-	if cur.gate != nil {
-		cur.gate.release(cur.gateRU)
-		cur.gate = nil
-	}
-	if cur.cooling {
-		<-s.p.cooldown
-		cur.cooling = false
-	}
-}
-
 // Event implements mysqlproto.SessionPolicy.
 func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) {
 	switch kind {
 	case mysqlproto.EventChangeUser, mysqlproto.EventResetConnection:
+		if info.User != s.user {
+			// Another account's statements must not repay (or escape)
+			// this one's debt.
+			s.leaveDebts()
+		}
 		s.user = info.User
+		s.ledgerChecked = false
 		s.setGroup = ""
 		s.super = nil
 		s.host, s.hostKnown = "", false
 		s.rt.boundOK, s.rt.unbound = false, false
 		s.wr = writeState{}
 	case mysqlproto.EventClose:
-		// After runs for every statement Before let through; in case a
-		// path ever misses it, what a statement holds goes with its
-		// session rather than wedge its group (a leaked gate slot would
-		// keep the group's heavy statements waiting for ever).
-		s.release()
-		s.endProbe()
+		// A session that ends with a statement in flight (After never
+		// came) releases what it holds rather than wedge its groups.
+		s.end()
 		s.guard.disarm()
 		s.guard = nil
 		s.cpu.close()
 		s.p.tokens.ReturnPurse(&s.purse)
-		if s.held != 0 {
-			s.p.tokens.HoldDemand(s.heldGroup, -s.held)
-			s.held = 0
-		}
+		s.releaseHeld()
+		s.leaveDebts()
 	}
 }
 
@@ -563,20 +665,89 @@ var errInterrupted = &mysqlproto.Error{Code: 1317, State: "70100", Message: "Que
 // codeThrottled is TiDB's "Exceeded resource group quota limitation".
 const codeThrottled = 8252
 
-func throttledError(group string) *mysqlproto.Error {
-	return &mysqlproto.Error{Code: codeThrottled, State: "HY000",
-		Message: fmt.Sprintf("Exceeded resource group quota limitation (resource group %s)", group)}
+// throttledError is 8252 for group: TiDB's text naming the group, then
+// why (detail, which says what the statement waited for and how long, and
+// what setting would let it through when nothing else can).
+func throttledError(group, detail string) *mysqlproto.Error {
+	msg := "Exceeded resource group quota limitation (resource group " + group + ")"
+	if detail != "" {
+		msg += ": " + detail
+	}
+	return &mysqlproto.Error{Code: codeThrottled, State: "HY000", Message: msg}
 }
 
-// refused records a statement that rgproxy refused with 8252 as the
-// session's last statement: it cost nothing and waited waited.
-func (s *session) refused(waited time.Duration) *mysqlproto.Reply {
-	s.last = lastStatement{valid: true, group: s.cur.group, waited: waited, errCode: codeThrottled}
+// refused refuses the statement with 8252 for group, the one place a
+// refusal is counted (rgproxy_throttled_total, USAGE's THROTTLED). It
+// records the statement as the session's last (it cost nothing, waited
+// cur.waited, would have cost its prepaid), and holds its RU as waiting
+// demand of the group for a while: a client refused and retrying still
+// wants its statement.
+func (s *session) refused(group, detail string) *mysqlproto.Reply {
+	s.p.tokens.CountThrottled(group)
+	s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, waited: s.cur.waited,
+		errCode: codeThrottled, estimate: s.cur.prepaid}
 	if n := s.cur.prepaid.RU(); n > 0 {
-		s.heldGroup, s.held = s.cur.group, n
-		s.p.tokens.HoldDemand(s.heldGroup, n)
+		s.p.tokens.HoldDemand(&s.hold, group, n)
+		s.holding = true
 	}
-	return &mysqlproto.Reply{Err: throttledError(s.cur.group)}
+	return &mysqlproto.Reply{Err: throttledError(group, detail)}
+}
+
+// waitDetail says how long the statement waited of its wait budget.
+func waitDetail(waited, maxWait time.Duration, inTxn bool) string {
+	flag := "--max-wait"
+	if inTxn {
+		flag = "--max-wait-in-txn"
+	}
+	return fmt.Sprintf("waited %s of %s %s", fmtDuration(waited), flag, fmtDuration(maxWait))
+}
+
+// fmtDuration renders d for an error message: 1.5s, 100ms, 27.3s.
+func fmtDuration(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return strconv.FormatFloat(math.Round(d.Seconds()*1000)/1000, 'f', -1, 64) + "s"
+	case d >= time.Millisecond:
+		return strconv.FormatFloat(math.Round(float64(d)/float64(time.Millisecond)*10)/10, 'f', -1, 64) + "ms"
+	case d <= 0:
+		return "0s"
+	}
+	return d.String()
+}
+
+// tokensDetail explains a refusal for want of tokens in group: what the
+// statement needed, the group's rate, and — when its required RU can
+// never be granted within the wait, even from a full bucket — which
+// setting would let it through.
+func (s *session) tokensDetail(group string, required float64, maxWait time.Duration, inTxn bool) string {
+	d := waitDetail(s.cur.waited, maxWait, inTxn) + fmt.Sprintf(" for %s RU", formatRU(required))
+	g, ok := s.group(group)
+	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.RUPerSec == 0 {
+		return d
+	}
+	rate := float64(g.RUPerSec)
+	capacity := rate * g.Burst.CapacitySeconds()
+	most := rate*maxWait.Seconds() + capacity
+	d += fmt.Sprintf(" at RU_PER_SEC %d", g.RUPerSec)
+	if required > most && !inTxn {
+		needRate := uint64(math.Ceil(required / (maxWait.Seconds() + g.Burst.CapacitySeconds())))
+		needWait := time.Duration((required - capacity) / rate * float64(time.Second)).Round(time.Second)
+		d += fmt.Sprintf("; it can never be granted within the wait (at most %s RU): raise the group's RU_PER_SEC to %d or more, "+
+			"or --max-wait to %s or more, or make the statement cheaper", formatRU(most), needRate, fmtDuration(needWait))
+	}
+	return d
+}
+
+// formatRU renders an RU amount with at most 3 decimals.
+func formatRU(v float64) string { return strconv.FormatFloat(math.Round(v*1000)/1000, 'f', -1, 64) }
+
+// releaseHeld ends the demand held for the session's last refused
+// statement.
+func (s *session) releaseHeld() {
+	if s.holding {
+		s.p.tokens.ReleaseDemand(&s.hold)
+		s.holding = false
+	}
 }
 
 func negate(c ru.Consumption) ru.Consumption {

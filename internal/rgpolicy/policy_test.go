@@ -32,6 +32,7 @@ type recordingTokens struct {
 	amounts  []float64 // RU of each Charge
 	store    resourcegroup.Store
 	held     float64 // demand held by refused statements
+	holds    map[*tokenclient.DemandHold]float64
 	// What WouldAcquire answers.
 	wouldWait   time.Duration
 	wouldRefuse bool
@@ -61,21 +62,31 @@ func (r *recordingTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse
 	r.acquired = append(r.acquired, group+":"+maxWait.String())
 	r.required = append(r.required, required)
 	if r.refuse {
-		return r.Share(group), maxWait, tokenclient.ErrThrottled
+		return r.share(group), maxWait, tokenclient.ErrThrottled
 	}
 	r.ru += c.RU()
-	return r.Share(group), 0, nil
+	return r.share(group), 0, nil
 }
 
 func (r *recordingTokens) CountThrottled(group string) { r.throttled = append(r.throttled, group) }
 
-func (r *recordingTokens) HoldDemand(group string, d float64) { r.held += d }
+func (r *recordingTokens) HoldDemand(h *tokenclient.DemandHold, group string, d float64) {
+	r.ReleaseDemand(h)
+	r.held += d
+	r.holds[h] = d
+}
+
+func (r *recordingTokens) ReleaseDemand(h *tokenclient.DemandHold) {
+	r.held -= r.holds[h]
+	delete(r.holds, h)
+}
 
 func (r *recordingTokens) WouldAcquire(string, ru.Consumption, float64, time.Duration) (time.Duration, bool) {
 	return r.wouldWait, r.wouldRefuse
 }
 
-func (r *recordingTokens) Share(group string) tokenclient.Share {
+// share is the Share the fake returns with every AcquireShare.
+func (r *recordingTokens) share(group string) tokenclient.Share {
 	g, ok := r.groups[group]
 	sh := tokenclient.Share{Proxies: 1, Mode: g.Mode, MaxConcurrency: int(g.MaxConcurrency)}
 	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited || g.Mode != resourcegroup.ModeEnforce {
@@ -184,7 +195,7 @@ func newTestPolicy(tok *recordingTokens) *Policy {
 }
 
 func testGroups() *recordingTokens {
-	return &recordingTokens{
+	return &recordingTokens{holds: map[*tokenclient.DemandHold]float64{},
 		groups: map[string]resourcegroup.Group{
 			"default": resourcegroup.DefaultGroupDefinition(),
 			"bound":   {Name: "bound", RUPerSec: 100},
@@ -272,39 +283,106 @@ func TestPolicyResolvesGroups(t *testing.T) {
 func TestPolicyTransactionsAndThrottling(t *testing.T) {
 	ctx := context.Background()
 	tok := testGroups()
-	s := newTestPolicy(tok).Open(mysqlproto.SessionInfo{User: "app"})
+	tok.groups["bound"] = resourcegroup.Group{Name: "bound", RUPerSec: 4}
+	p := newTestPolicy(tok)
+	s := p.Open(mysqlproto.SessionInfo{User: "app"}).(*session)
+	inTxn := func(q string) *mysqlproto.Statement {
+		st := query(q)
+		st.InTransaction = true
+		return st
+	}
+	// cost is a statement's before-cost: its tokens when it has no estimate.
+	cost := func(st *mysqlproto.Statement) float64 {
+		return ru.DefaultConfig().BeforeCost(ru.RequestInfo{Class: costClass(st), WriteBytes: st.PayloadBytes}).RU()
+	}
+	run := func(st *mysqlproto.Statement) *mysqlproto.Error {
+		t.Helper()
+		v := s.Before(ctx, st, plainGrants)
+		if v.Reply != nil {
+			return v.Reply.Err
+		}
+		s.After(st, &mysqlproto.Outcome{RequestBytes: st.PayloadBytes})
+		return nil
+	}
 
 	// Outside a transaction, a refused statement gets 8252 and is not forwarded.
 	tok.refuse = true
-	v := s.Before(ctx, query("SELECT 1"), plainGrants)
-	if v.Reply == nil || v.Reply.Err == nil || v.Reply.Err.Code != 8252 {
-		t.Fatalf("want 8252, got %+v", v.Reply)
+	if err := run(query("SELECT 1")); err == nil || err.Code != 8252 {
+		t.Fatalf("want 8252, got %+v", err)
 	}
-	// Inside one it waits at most max-wait-in-txn, then runs on debt.
-	st := query("UPDATE t SET a = 1")
-	st.Class, st.InTransaction = mysqlproto.ClassWrite, true
-	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
-		t.Fatalf("in a transaction the statement must run on debt, got %+v", v.Reply.Err)
+	// Inside one it waits at most max-wait-in-txn, then runs on the
+	// session's debt: the group's bucket is not charged.
+	if err := run(inTxn("UPDATE t SET a = 1")); err != nil {
+		t.Fatalf("in a transaction the statement must run on debt, got %+v", err)
 	}
 	if got := tok.acquired[len(tok.acquired)-1]; got != "bound:100ms" {
 		t.Fatalf("in-transaction wait %s, want bound:100ms", got)
 	}
-	if len(tok.charged) != 1 {
-		t.Fatalf("the refused in-transaction statement was not charged as debt: %v", tok.charged)
+	owed := cost(inTxn("UPDATE t SET a = 1"))
+	if len(tok.charged) != 0 || !near(s.debtTo("bound"), owed) {
+		t.Fatalf("charged %v, session owes %v; want nothing charged and %v owed", tok.charged, s.debtTo("bound"), owed)
 	}
-	// COMMIT and ROLLBACK never wait.
+	// The debt is bounded: a second of the group's rate (4 RU), or one
+	// statement of any size when the session owes nothing.
+	if err := run(inTxn("UPDATE t SET a = 2")); err == nil || err.Code != 8252 {
+		t.Fatalf("past the debt bound: want 8252, got %+v", err)
+	}
+	// COMMIT and ROLLBACK of an open transaction never wait: their cost
+	// is session debt too.
+	required := owed
 	for _, q := range []string{"COMMIT", "commit work", "ROLLBACK", "/* app */ COMMIT", "XA COMMIT 'x'"} {
 		n := len(tok.acquired)
-		st := query(q)
-		st.Class, st.InTransaction = mysqlproto.ClassWrite, true
-		if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
-			t.Fatalf("%s refused: %+v", q, v.Reply.Err)
+		if err := run(inTxn(q)); err != nil {
+			t.Fatalf("%s refused: %+v", q, err)
 		}
 		if len(tok.acquired) != n {
 			t.Fatalf("%s waited for tokens", q)
 		}
+		owed += cost(inTxn(q))
+	}
+	required = owed
+	if !near(s.debtTo("bound"), owed) || len(tok.charged) != 0 {
+		t.Fatalf("after five commits the session owes %v (want %v), charged %v", s.debtTo("bound"), owed, tok.charged)
+	}
+	// The next statement outside a transaction repays first, within its
+	// own wait; the debt stays while it cannot be paid.
+	if err := run(query("SELECT 2")); err == nil || err.Code != 8252 {
+		t.Fatalf("unpaid debt: want 8252, got %+v", err)
+	}
+	if !near(s.debtTo("bound"), owed) {
+		t.Fatalf("a refused repayment changed the debt to %v", s.debtTo("bound"))
+	}
+	tok.refuse = false
+	tok.ru, tok.required = 0, nil
+	if err := run(query("SELECT 3")); err != nil {
+		t.Fatalf("repaid, then the statement: %+v", err)
+	}
+	if s.debtTo("bound") != 0 || !near(tok.ru, owed+0.625) || !near(tok.required[0], required) {
+		t.Fatalf("after repaying: owes %v, took %v RU (want %v) with %v required (want the before-costs, %v)",
+			s.debtTo("bound"), tok.ru, owed+0.625, tok.required, required)
+	}
+	// A COMMIT outside a transaction ends nothing: it waits like any statement.
+	n := len(tok.acquired)
+	if err := run(query("COMMIT")); err != nil || len(tok.acquired) != n+1 {
+		t.Fatalf("COMMIT outside a transaction: %+v, acquired %v", err, tok.acquired[n:])
 	}
 
+	// A session that ends owing leaves its debt to the user's next session.
+	tok.refuse, tok.charged = true, nil
+	if err := run(inTxn("UPDATE t SET a = 3")); err != nil {
+		t.Fatal(err)
+	}
+	s.Event(mysqlproto.EventClose, mysqlproto.SessionInfo{})
+	tok.refuse = false
+	tok.ru = 0
+	s2 := p.Open(mysqlproto.SessionInfo{User: "app"})
+	st := query("SELECT 4")
+	if v := s2.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatalf("the next session: %+v", v.Reply.Err)
+	}
+	if want := cost(inTxn("UPDATE t SET a = 3")) + 0.625; !near(tok.ru, want) || len(tok.charged) != 0 {
+		t.Fatalf("the next session took %v RU (want the debt and its own, %v), charged %v", tok.ru, want, tok.charged)
+	}
 }
 
 // COMMIT and ROLLBACK are not held by the backend concurrency cap either
@@ -786,9 +864,9 @@ func TestPolicyProbeHoldsCopiesOfANewShape(t *testing.T) {
 	clk.Advance(150 * time.Millisecond)
 	a.After(stA, &mysqlproto.Outcome{BackendTime: 150 * time.Millisecond})
 	admitted("the copy after the probe", bDone)
-	if !near(b.cur.gateRU, 50.625) || b.cur.waited != 150*time.Millisecond || !near(b.cur.prepaid.RU(), 0.625) {
+	if !near(b.cur.main().gateRU, 50.625) || b.cur.waited != 150*time.Millisecond || !near(b.cur.prepaid.RU(), 0.625) {
 		t.Fatalf("the copy holds %v RU of the gate after waiting %v (prepaid %v), want 50.625 after 150ms, prepaid 0.625",
-			b.cur.gateRU, b.cur.waited, b.cur.prepaid.RU())
+			b.cur.main().gateRU, b.cur.waited, b.cur.prepaid.RU())
 	}
 	if gt.String() != "bound=250 max=0 inflight=50.625 running=1 waiting=0" {
 		t.Fatalf("after the probe: %s", gt)
@@ -802,8 +880,8 @@ func TestPolicyProbeHoldsCopiesOfANewShape(t *testing.T) {
 	held(1)
 	clk.Advance(30 * time.Second)
 	admitted("a copy past its wait", bDone)
-	if !near(b.cur.gateRU, 0.625) || b.cur.waited != 30*time.Second {
-		t.Fatalf("a copy past its wait holds %v RU after %v, want 0.625 after 30s", b.cur.gateRU, b.cur.waited)
+	if !near(b.cur.main().gateRU, 0.625) || b.cur.waited != 30*time.Second {
+		t.Fatalf("a copy past its wait holds %v RU after %v, want 0.625 after 30s", b.cur.main().gateRU, b.cur.waited)
 	}
 	b.After(query("SELECT SUM(k) FROM t WHERE c LIKE '%6%'"), &mysqlproto.Outcome{})
 	a.After(stA, &mysqlproto.Outcome{})
@@ -815,8 +893,8 @@ func TestPolicyProbeHoldsCopiesOfANewShape(t *testing.T) {
 	held(1)
 	a.Event(mysqlproto.EventClose, mysqlproto.SessionInfo{})
 	admitted("the copy of a probe that left", bDone)
-	if b.cur.probe != gt || !near(b.cur.gateRU, 0.625) {
-		t.Fatalf("the copy of a probe that left: probe %v, %v RU; %s", b.cur.probe, b.cur.gateRU, gt)
+	if b.cur.probe != gt || !near(b.cur.main().gateRU, 0.625) {
+		t.Fatalf("the copy of a probe that left: probe %v, %v RU; %s", b.cur.probe, b.cur.main().gateRU, gt)
 	}
 	b.After(query("SELECT * FROM t JOIN u USING (id)"), &mysqlproto.Outcome{})
 	if gt.String() != "bound=250 max=0 inflight=0 running=0 waiting=0" {

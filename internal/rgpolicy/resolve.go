@@ -11,13 +11,22 @@ import (
 )
 
 // resolve is Before's first step: it sets the statement's group — the
-// hint, else SET RESOURCE GROUP, else a bound SQLCommenter tag, else the
-// account's binding, else default — and answers 1227 when strict mode
-// refuses the hint. A group that no longer exists is skipped.
+// hint, else SET RESOURCE GROUP, else (outside strict mode) a bound
+// SQLCommenter tag, else the account's binding, else default — and
+// answers 1227 when strict mode refuses the hint. A group that no longer
+// exists is skipped. In strict mode a bound tag does not choose the group:
+// its group is added to the statement's (cur.tagGroup), whose limits it
+// must pass too — a tag binding adds limits and never removes one, since
+// anyone can write a tag.
 func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) *mysqlproto.Reply {
 	s.cur.group = s.resolveGroup(ctx, st, be, set)
 	if s.cur.group == "" {
 		return &mysqlproto.Reply{Err: mysqlError(resourcegroup.NewAccessDenied())}
+	}
+	if set.Strict {
+		if g, ok := s.tagGroup(&st.Scan); ok && g != s.cur.group {
+			s.cur.tagGroup = g
+		}
 	}
 	return nil
 }
@@ -42,18 +51,36 @@ func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be
 			return s.setGroup
 		}
 	}
-	if g, ok := s.tagGroup(&st.Scan); ok {
-		return g
+	if !set.Strict {
+		if g, ok := s.tagGroup(&st.Scan); ok {
+			return g
+		}
 	}
 	return s.bound()
 }
 
+// recheckSet judges the session's SET RESOURCE GROUP again when the
+// bindings (the token client's cache generation) or the settings changed
+// since it was last allowed: a pooled connection must not keep a group
+// its account may no longer use. A group it may no longer use is
+// forgotten, and the session's statements run in its binding's group.
+func (s *session) recheckSet(ctx context.Context, be mysqlproto.Backend, set *Settings) {
+	if s.setGroup == "" || (s.setGen == s.rt.gen && s.setSettings == set) {
+		return
+	}
+	if _, ok := s.group(s.setGroup); ok && !s.mayUse(ctx, s.setGroup, be, set) {
+		s.p.logger.Info("SET RESOURCE GROUP no longer allowed by the account's binding: the session returns to its bound group",
+			"resource_group", s.setGroup, "bound", s.bound())
+		s.setGroup = ""
+		return
+	}
+	s.setGen, s.setSettings = s.rt.gen, set
+}
+
 // tagGroup is the group of the first bound tag of the statement's
 // SQLCommenter comment: the trailing comment's tags, in order, then the
-// leading comment's. Strict mode trusts tag bindings: only SUPER creates
-// them, so they are the administrator's explicit routing. A statement
-// without such a comment costs two string tests, and no comment is
-// parsed while no tag is bound.
+// leading comment's. A statement without such a comment costs two string
+// tests, and no comment is parsed while no tag is bound.
 func (s *session) tagGroup(sc *mysqlproto.Scan) (string, bool) {
 	if sc.TrailingComment == "" && sc.LeadingComment == "" || !s.p.tokens.HasTagBindings() {
 		return "", false
@@ -150,7 +177,7 @@ func (s *session) group(name string) (resourcegroup.Group, bool) {
 
 // gate returns the in-flight gate of a group, kept in the route when the
 // route names the group.
-func (s *session) gate(name string) *gate {
+func (s *session) gateOf(name string) *gate {
 	if name == s.rt.name && s.rt.gate != nil {
 		return s.rt.gate
 	}

@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"context"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
@@ -23,10 +24,16 @@ func tagGroups() *recordingTokens {
 }
 
 // groupOf runs set (if any) and then q through a session of user and
-// returns the group the statement was charged to, or "1227".
+// returns the group the statement was charged to — "g+t" when it was
+// charged to its group g and to a tag's group t too — or "1227".
 func groupOf(t *testing.T, tok *recordingTokens, user string, g grants, set, q string) string {
 	t.Helper()
-	s := newTestPolicy(tok).Open(mysqlproto.SessionInfo{User: user})
+	return groupOfIn(t, newTestPolicy(tok), tok, user, g, set, q)
+}
+
+func groupOfIn(t *testing.T, p *Policy, tok *recordingTokens, user string, g grants, set, q string) string {
+	t.Helper()
+	s := p.Open(mysqlproto.SessionInfo{User: user})
 	ctx := context.Background()
 	if set != "" {
 		if v := s.Before(ctx, query(set), g); v.Reply == nil || v.Reply.Err != nil {
@@ -41,15 +48,26 @@ func groupOf(t *testing.T, tok *recordingTokens, user string, g grants, set, q s
 		}
 		t.Fatalf("%s: answered locally: %+v", q, v.Reply)
 	}
-	if len(tok.acquired) != 1 {
-		t.Fatalf("%s: acquired %v", q, tok.acquired)
+	cur := &s.(*session).cur
+	got := cur.group
+	if cur.tagGroup != "" {
+		got += "+" + cur.tagGroup
 	}
-	return s.(*session).cur.group
+	var want []string
+	for _, gr := range strings.Split(got, "+") {
+		want = append(want, gr+":30s")
+	}
+	if !reflect.DeepEqual(tok.acquired, want) {
+		t.Fatalf("%s: acquired %v, want %v", q, tok.acquired, want)
+	}
+	return got
 }
 
-// Precedence: hint, then SET RESOURCE GROUP, then a bound tag (trailing
-// comment before leading, in the comment's order), then the account's
-// binding, then default. Strict mode trusts tag bindings.
+// Precedence: hint, then SET RESOURCE GROUP, then the account's binding,
+// then default; in strict mode the first bound tag (trailing comment
+// before leading, in the comment's order) adds its group: the statement
+// is charged to both and must pass both. Outside strict mode the tag
+// chooses the group, after hint and SET.
 func TestPolicyResolvesTags(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -60,25 +78,26 @@ func TestPolicyResolvesTags(t *testing.T) {
 		want   string
 	}{
 		{"untagged: the binding", "app", plainGrants, "", "SELECT 1", "bound"},
-		{"trailing tag", "app", plainGrants, "", "SELECT 1 /*controller='r',route='%2Freport'*/", "reports"},
-		{"trailing tag after ;", "app", plainGrants, "", "SELECT 1 /*route='%2Freport'*/;", "reports"},
-		{"leading tag", "app", plainGrants, "", "/*route='%2Freport'*/ SELECT 1", "reports"},
-		{"trailing before leading", "app", plainGrants, "", "/*app='billing'*/ SELECT 1 /*route='%2Freport'*/", "reports"},
-		{"leading when the trailing has no bound tag", "app", plainGrants, "", "/*app='billing'*/ SELECT 1 /*route='%2Fother'*/", "other"},
-		{"the comment's order", "app", plainGrants, "", "SELECT 1 /*app='billing',route='%2Freport'*/", "other"},
-		{"first bound tag", "app", plainGrants, "", "SELECT 1 /*x='y',route='%2Freport'*/", "reports"},
-		{"a tag of a dropped group is ignored", "app", plainGrants, "", "SELECT 1 /*gone='x',app='billing'*/", "other"},
+		{"trailing tag", "app", plainGrants, "", "SELECT 1 /*controller='r',route='%2Freport'*/", "bound+reports"},
+		{"trailing tag after ;", "app", plainGrants, "", "SELECT 1 /*route='%2Freport'*/;", "bound+reports"},
+		{"leading tag", "app", plainGrants, "", "/*route='%2Freport'*/ SELECT 1", "bound+reports"},
+		{"trailing before leading", "app", plainGrants, "", "/*app='billing'*/ SELECT 1 /*route='%2Freport'*/", "bound+reports"},
+		{"leading when the trailing has no bound tag", "app", plainGrants, "", "/*app='billing'*/ SELECT 1 /*route='%2Fother'*/", "bound+other"},
+		{"the comment's order", "app", plainGrants, "", "SELECT 1 /*app='billing',route='%2Freport'*/", "bound+other"},
+		{"first bound tag", "app", plainGrants, "", "SELECT 1 /*x='y',route='%2Freport'*/", "bound+reports"},
+		{"a tag of a dropped group is ignored", "app", plainGrants, "", "SELECT 1 /*gone='x',app='billing'*/", "bound+other"},
 		{"only a dropped group's tag", "app", plainGrants, "", "SELECT 1 /*gone='x'*/", "bound"},
 		{"unbound tag", "app", plainGrants, "", "SELECT 1 /*route='%2Fother'*/", "bound"},
 		{"exact value", "app", plainGrants, "", "SELECT 1 /*route='%2FReport'*/", "bound"},
 		{"free-text comment", "app", plainGrants, "", "SELECT 1 /* route='/report' by hand */", "bound"},
 		{"a hint is not a tag", "app", plainGrants, "", "SELECT /*+ route='/report' */ 1", "bound"},
 		{"a comment inside is not a tag", "app", plainGrants, "", "SELECT /*route='%2Freport'*/ 1", "bound"},
-		{"unbound user", "nobody", plainGrants, "", "SELECT 1 /*route='%2Freport'*/", "reports"},
-		{"strict mode trusts tags", "app", plainGrants, "", "UPDATE t SET a = 1 /*route='%2Freport'*/", "reports"},
-		{"the hint wins", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(bound) */ 1 /*route='%2Freport'*/", "bound"},
+		{"unbound user", "nobody", plainGrants, "", "SELECT 1 /*route='%2Freport'*/", "default+reports"},
+		{"a write is charged to both", "app", plainGrants, "", "UPDATE t SET a = 1 /*route='%2Freport'*/", "bound+reports"},
+		{"the hint does not drop the tag", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(bound) */ 1 /*route='%2Freport'*/", "bound+reports"},
 		{"strict: a tag does not let the hint name its group", "app", plainGrants, "", "SELECT /*+ RESOURCE_GROUP(reports) */ 1 /*route='%2Freport'*/", "1227"},
-		{"SET wins", "app", superGrants, "SET RESOURCE GROUP other", "SELECT 1 /*route='%2Freport'*/", "other"},
+		{"SET does not drop the tag", "app", superGrants, "SET RESOURCE GROUP other", "SELECT 1 /*route='%2Freport'*/", "other+reports"},
+		{"a tag of the same group adds nothing", "app", superGrants, "SET RESOURCE GROUP reports", "SELECT 1 /*route='%2Freport'*/", "reports"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,6 +105,24 @@ func TestPolicyResolvesTags(t *testing.T) {
 				t.Errorf("group %s, want %s", got, tc.want)
 			}
 		})
+	}
+	// Outside strict mode a tag routes: it replaces the account's group,
+	// after hint and SET.
+	loose := []struct{ set, query, want string }{
+		{"", "SELECT 1 /*route='%2Freport'*/", "reports"},
+		{"", "SELECT /*+ RESOURCE_GROUP(other) */ 1 /*route='%2Freport'*/", "other"},
+		{"SET RESOURCE GROUP other", "SELECT 1 /*route='%2Freport'*/", "other"},
+		{"", "SELECT 1 /*gone='x'*/", "bound"},
+	}
+	for _, tc := range loose {
+		tok := tagGroups()
+		p := newTestPolicy(tok)
+		set := p.CurrentSettings()
+		set.Strict = false
+		p.Reload(set)
+		if got := groupOfIn(t, p, tok, "app", plainGrants, tc.set, tc.query); got != tc.want {
+			t.Errorf("non-strict %q then %q: group %s, want %s", tc.set, tc.query, got, tc.want)
+		}
 	}
 }
 

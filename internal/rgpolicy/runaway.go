@@ -252,6 +252,10 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	s.p.metrics.runaway.WithLabelValues(s.cur.group, w.Action.String()).Inc()
 	switch w.Action {
 	case resourcegroup.ActionKill:
+		// Recorded with what it would have cost (SHOW LAST STATEMENT RU).
+		s.price(st)
+		s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, errCode: errQuarantined.Code,
+			estimate: s.cur.prepaid}
 		return false, &mysqlproto.Reply{Err: errQuarantined}
 	case resourcegroup.ActionSwitchGroup:
 		if _, ok := s.p.tokens.Group(w.SwitchGroup); ok {

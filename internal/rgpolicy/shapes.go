@@ -51,11 +51,22 @@ type shape struct {
 const shapeShards = 16
 
 // shapes is the bounded table of statement shapes: least recently used
-// shapes are evicted. Estimating and observing a known shape allocate
-// nothing. Safe for concurrent use.
+// shapes are evicted, but never a group's last shapeGroupFloor ones, so
+// that one group's traffic (10,000 distinct statements a second, say)
+// cannot evict every other group's cost knowledge. Estimating and
+// observing a known shape allocate nothing. Safe for concurrent use.
 type shapes struct {
 	shards [shapeShards]shapeShard
+	// perGroup counts each group's shapes, across shards; guarded by
+	// countMu, taken (after a shard's lock) only to add or evict.
+	countMu  sync.Mutex
+	perGroup map[string]int
 }
+
+// shapeGroupFloor is how many shapes of each group the table keeps
+// whatever other groups do: while a group holds no more than this, its
+// shapes are passed over when another group's new shape needs room.
+const shapeGroupFloor = 64
 
 type shapeShard struct {
 	mu   sync.Mutex
@@ -65,7 +76,7 @@ type shapeShard struct {
 }
 
 func newShapes(capacity int) *shapes {
-	t := &shapes{}
+	t := &shapes{perGroup: map[string]int{}}
 	per := max((capacity+shapeShards-1)/shapeShards, 1)
 	for i := range t.shards {
 		sh := &t.shards[i]
@@ -215,7 +226,7 @@ func (t *shapes) observe(k shapeKey, memo *shapeMemo, digest []byte, cost ru.Con
 		s.estBackend += estimateWeight * (cost.BackendSeconds - s.estBackend)
 		s.fast += estimateWeight * (fast - s.fast)
 	} else {
-		s = sh.add(k, string(digest), now)
+		s = sh.add(t, k, string(digest), now)
 		s.estRRU, s.estWRU, s.estBackend, s.fast = cost.RRU, cost.WRU, cost.BackendSeconds, fast
 	}
 	if s.short {
@@ -241,18 +252,34 @@ func (t *shapes) observe(k shapeKey, memo *shapeMemo, digest []byte, cost ru.Con
 	}
 }
 
-// add makes a new shape, evicting the least recently used one when the
-// shard is full (and reusing its memory).
-func (sh *shapeShard) add(k shapeKey, digest string, now time.Time) *shape {
+// add makes a new shape, evicting one when the shard is full (and
+// reusing its memory): the least recently used shape of a group that
+// holds more than shapeGroupFloor shapes; a shape of a group at its floor
+// is moved to the front and passed over. When every shape of the shard is
+// at its group's floor, the least recently used goes all the same.
+func (sh *shapeShard) add(t *shapes, k shapeKey, digest string, now time.Time) *shape {
 	var s *shape
+	t.countMu.Lock()
 	if len(sh.m) >= sh.max {
 		s = sh.head.prev
+		for range len(sh.m) {
+			if t.perGroup[s.key.group] > shapeGroupFloor {
+				break
+			}
+			sh.touch(s)
+			s = sh.head.prev
+		}
 		sh.unlink(s)
 		delete(sh.m, s.key)
+		if t.perGroup[s.key.group]--; t.perGroup[s.key.group] <= 0 {
+			delete(t.perGroup, s.key.group)
+		}
 		*s = shape{}
 	} else {
 		s = &shape{}
 	}
+	t.perGroup[k.group]++
+	t.countMu.Unlock()
 	s.key, s.digest, s.firstSeen = k, digest, now
 	sh.m[k] = s
 	sh.pushFront(s)

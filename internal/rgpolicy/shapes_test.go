@@ -227,3 +227,40 @@ func TestShapeMemoEstimatesShortShapes(t *testing.T) {
 		t.Fatalf("point after %d other shapes: %+v, want the table's 4 RU", shapeMemoSize, est)
 	}
 }
+
+// One group's flood of new shapes evicts its own, never another group's
+// last shapeGroupFloor shapes.
+func TestShapesFloorPerGroup(t *testing.T) {
+	tab := newShapes(10000)
+	now := time.Unix(1_700_000_000, 0)
+	cost := ru.Consumption{RRU: 7}
+	victims := 50
+	for i := range victims {
+		tab.observe(shapeKey{group: "victim", hash: uint64(i) * 0x9e3779b97f4a7c15}, nil, []byte("SELECT ?"), cost, time.Millisecond, 0, false, now)
+	}
+	for i := range 10050 {
+		tab.observe(shapeKey{group: "flood", hash: uint64(i+1000) * 0xff51afd7ed558ccd}, nil, []byte("SELECT ?"), ru.Consumption{RRU: 1}, time.Millisecond, 0, false, now)
+	}
+	for i := range victims {
+		k := shapeKey{group: "victim", hash: uint64(i) * 0x9e3779b97f4a7c15}
+		if est, ok := tab.estimate(k, nil); !ok || !near(est.RRU, 7) {
+			t.Fatalf("victim shape %d evicted by another group's flood (%v, %v)", i, est, ok)
+		}
+	}
+	if n := tab.len(); n > 10000+shapeShards {
+		t.Fatalf("the table holds %d shapes, more than its capacity", n)
+	}
+	tab.countMu.Lock()
+	flood, victim := tab.perGroup["flood"], tab.perGroup["victim"]
+	tab.countMu.Unlock()
+	if victim != victims || flood+victim != tab.len() {
+		t.Fatalf("counts: flood %d victim %d, table %d", flood, victim, tab.len())
+	}
+	// A group over its floor loses its own least recently used shapes.
+	for i := range 100 {
+		tab.observe(shapeKey{group: "victim", hash: uint64(i+1_000_000) * 0x9e3779b97f4a7c15}, nil, []byte("SELECT ?"), cost, time.Millisecond, 0, false, now)
+	}
+	if n := tab.len(); n > 10000+shapeShards {
+		t.Fatalf("the table holds %d shapes", n)
+	}
+}

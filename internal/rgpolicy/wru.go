@@ -265,10 +265,18 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	if out.NotForwarded || cur.req.Class == ru.ClassFree || !s.last.valid || s.series == nil {
 		return
 	}
-	series := s.series
+	// The statement's groups: its own and, in strict mode, a bound tag's
+	// (charged alike, as After charges them).
+	groups := []groupRef{{cur.group, s.series}}
+	if cur.nlegs > 1 {
+		g := cur.legs[1].group
+		groups = append(groups, groupRef{g, s.p.metrics.seeGroup(g, cur.start)})
+	}
 	written := max(s.last.cost.WriteBytes, 0)
 	if written > 0 {
-		series.written[srcPacket].Add(written)
+		for _, g := range groups {
+			g.series.written[srcPacket].Add(written)
+		}
 	}
 	own := !st.InTransaction && !out.InTransaction
 	src := s.p.writes.inForce()
@@ -276,10 +284,16 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 		est := float64(out.AffectedRows) * h.avg
 		if more := est - written; more > 0 {
 			extra := ru.Consumption{WRU: more * s.p.cost.WriteCostPerByte, WriteBytes: more}
-			s.p.tokens.ChargePurse(&s.purse, cur.group, extra)
+			for i, g := range groups {
+				if i == 0 {
+					s.p.tokens.ChargePurse(&s.purse, g.name, extra)
+				} else {
+					s.p.tokens.Charge(g.name, extra)
+				}
+				g.series.wru.Add(extra.WRU)
+				g.series.written[srcEstimate].Add(more)
+			}
 			s.last.cost.Add(extra)
-			series.wru.Add(extra.WRU)
-			series.written[srcEstimate].Add(more)
 			if own && cur.hasShape {
 				s.p.shapes.lateWRU(cur.shape, extra.WRU)
 			}
@@ -308,7 +322,7 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	if src != srcBinlog || !wrote {
 		return
 	}
-	c := &writeClaim{p: s.p, group: cur.group, series: series, charged: charged, done: make(chan struct{})}
+	c := &writeClaim{p: s.p, groups: groups, charged: charged, done: make(chan struct{})}
 	if own && cur.hasShape {
 		c.shape, c.hasShape = cur.shape, true
 	}
@@ -392,8 +406,7 @@ const showLastWait = 100 * time.Millisecond
 // or the session's; done closes after it has set found and extra.
 type writeClaim struct {
 	p        *Policy
-	group    string
-	series   *groupSeries
+	groups   []groupRef
 	shape    shapeKey
 	hasShape bool
 	// charged is the written bytes already charged for the statement (or
@@ -412,15 +425,23 @@ func (c *writeClaim) resolve(r binlog.Result) {
 		c.found = true
 		if more := float64(r.Bytes) - c.charged; more > 0 {
 			c.extra = ru.Consumption{WRU: more * c.p.cost.WriteCostPerByte, WriteBytes: more}
-			c.p.tokens.Charge(c.group, c.extra)
-			c.series.wru.Add(c.extra.WRU)
-			c.series.written[srcBinlog].Add(more)
+			for _, g := range c.groups {
+				c.p.tokens.Charge(g.name, c.extra)
+				g.series.wru.Add(c.extra.WRU)
+				g.series.written[srcBinlog].Add(more)
+			}
 			if c.hasShape {
 				c.p.shapes.lateWRU(c.shape, c.extra.WRU)
 			}
 		}
 	}
 	close(c.done)
+}
+
+// groupRef is a group a statement is charged to, and its series.
+type groupRef struct {
+	name   string
+	series *groupSeries
 }
 
 // lateWRU adds WRU a statement was charged after its shape observed it

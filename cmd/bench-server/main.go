@@ -1,15 +1,19 @@
-// Command bench measures rgserver's token throughput: many simulated
-// proxies, each with one AcquireTokens stream, drive one real rgserver over
-// loopback gRPC closed-loop (each proxy sends its next batch as soon as the
-// last is answered). It prints group-grants per second, the p50/p99 latency
-// of one stream message, and the server's CPU microseconds per group-grant
-// (from its process_cpu_seconds_total). Meanwhile it scrapes /metrics as
-// Prometheus would, and halfway through a new proxy (tokenclient) joins:
-// the time until it holds the Watch snapshot of every group is printed,
-// and so is the server's resident memory at the end.
+// Command bench-server (`make bench-server`) measures rgserver's token
+// throughput: many simulated proxies, each with one AcquireTokens stream,
+// drive one real rgserver over loopback gRPC closed-loop (each proxy sends
+// its next batch as soon as the last is answered). It prints group-grants
+// per second, the p50/p99 latency of one stream message, and the server's
+// CPU microseconds per group-grant (from its process_cpu_seconds_total).
+// Meanwhile it scrapes /metrics as Prometheus would, and halfway through a
+// new proxy (tokenclient) joins: the time until it holds the Watch
+// snapshot of every group is printed, and so is the server's resident
+// memory at the end.
 //
-//	go run ./tokenserver/bench --rgserver ./bin/rgserver   # spawns one
-//	go run ./tokenserver/bench --addr 127.0.0.1:3379 --status-addr 127.0.0.1:3380
+//	bin/bench-server --rgserver ./bin/rgserver   # spawns one
+//	bin/bench-server --addr 127.0.0.1:3379 --status-addr 127.0.0.1:3380
+//
+// It lives under cmd/, not beside rgserver's code, because it imports
+// tokenclient, which package tokenserver must never do.
 package main
 
 import (
@@ -92,7 +96,7 @@ func main() {
 		debug.SetGCPercent(400)
 	}
 	if err := run(context.Background(), o, os.Stdout, log); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
+		fmt.Fprintln(os.Stderr, "bench-server:", err)
 		os.Exit(1)
 	}
 }

@@ -1,0 +1,60 @@
+package tokenclient
+
+import (
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
+)
+
+// The MODE WARN shadow bucket: a group in WARN never waits, but the policy
+// counts what ENFORCE would have done (rgproxy_would_wait_total,
+// rgproxy_would_throttle_total) from WouldAcquire's answer, which comes
+// from a second bucket per group that takes what ENFORCE would have taken.
+// It is apart from the group's real bucket, which in WARN is unlimited.
+
+// shadowBucket is a group's shadow bucket (groupState.shadow); guarded by
+// Client.mu.
+type shadowBucket struct {
+	bucket Bucket
+	on     bool // set up by a first WouldAcquire
+}
+
+// WouldAcquire tells, for a group in MODE WARN (which never waits), what
+// AcquireShare would have done in ENFORCE: run at once, wait (for
+// how long) or refuse. It keeps, per group, a shadow bucket filled at
+// this proxy's fair share of RU_PER_SEC, capped as BURSTABLE says, which
+// takes what ENFORCE would have taken (nothing for a refused statement),
+// so the counts follow the same load in ENFORCE.
+func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (wait time.Duration, refused bool) {
+	group = resourcegroup.NormalizeName(group)
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g, ok := c.settingsLocked(group)
+	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {
+		return 0, false
+	}
+	gs := c.stateLocked(group, now)
+	rate := float64(g.RUPerSec) / float64(max(gs.proxies, 1))
+	burst := rate * g.Burst.CapacitySeconds()
+	sb := &gs.shadow.bucket
+	if !gs.shadow.on || sb.FillRate(now) != rate {
+		if !gs.shadow.on {
+			sb.Reconfigure(now, burst, rate, burst, 0) // starts full, as a fresh bucket would
+		} else {
+			sb.Reconfigure(now, 0, rate, burst, 0)
+		}
+		gs.shadow.on = true
+	}
+	n := max(cons.RU(), 0)
+	required = min(max(required, 0), n)
+	if w, ok := sb.Reserve(now, n, maxWait); ok {
+		return w, false
+	}
+	if required < n && sb.CanReserve(now, required, maxWait) {
+		sb.Take(now, n)
+		return min(durationOf(-sb.Tokens(now)/rate), maxWait), false
+	}
+	return 0, true
+}
