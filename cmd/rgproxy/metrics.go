@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 )
 
@@ -66,6 +67,14 @@ func (m *metrics) registerServer(srv *mysqlproto.Server) {
 			Help: "Backend dial and I/O failures.",
 		}, func() float64 { return float64(srv.Stats().BackendErrors) }),
 	)
+}
+
+// registerBinlog exports how far behind the binary-log reader is.
+func (m *metrics) registerBinlog(r *binlog.Reader) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "rgproxy_binlog_lag_seconds",
+		Help: "Age of the newest event the binary-log reader received, by the event's timestamp (1 s resolution); 0 once the backend had nothing newer to send, and while the reader follows no log.",
+	}, func() float64 { return r.Lag().Seconds() }))
 }
 
 // wrap returns a policy that counts every forwarded statement, then

@@ -204,8 +204,11 @@ func (r *Reader) Run(ctx context.Context) {
 			backoff = 100 * time.Millisecond // it followed a while: start over
 		}
 		level := slog.LevelWarn
-		if r.failing {
+		switch {
+		case r.failing:
 			level = slog.LevelDebug
+		case errors.Is(err, ErrNoBinlog), errors.Is(err, ErrNotRowFormat):
+			level = slog.LevelInfo // a backend configured so: not a failure
 		}
 		r.failing = true
 		r.log.Log(ctx, level, "not following the backend's binary log: statements' written bytes come from the estimate",
