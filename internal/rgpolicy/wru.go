@@ -221,14 +221,25 @@ func (s *session) writesBefore(ctx context.Context, st *mysqlproto.Statement, be
 	default:
 		return // PREPARE writes nothing; COM_INIT_DB and the like have no text
 	}
-	h := readHead(st.Query, st.NoBackslashEscapes)
-	if h.verb == "EXECUTE" && h.target == (tableName{}) && h.prepare != "" {
-		h.target = w.prepared[strings.ToLower(h.prepare)]
-		h.prepare = ""
+	// A write may write; of the other statements, EXECUTE (a prepared
+	// or immediate statement) and DO (a function) may, and several
+	// statements in one may hold one.
+	h := stmtHead{mayWrite: st.Class == mysqlproto.ClassWrite || st.Multi}
+	if st.Class == mysqlproto.ClassOther && !st.Multi {
+		h.verb = firstWord(st.Query, st.NoBackslashEscapes)
+		h.mayWrite = h.verb == "EXECUTE" || h.verb == "DO"
 	}
-	h.mayWrite = st.Class == mysqlproto.ClassWrite || st.Multi || h.verb == "EXECUTE" || h.verb == "DO"
-	if h.target.table != "" && h.verb != "PREPARE" && !st.Multi && s.p.writes.inForce() == srcEstimate {
-		h.avg = s.rowLength(ctx, be, h.target)
+	if s.p.writes.inForce() == srcEstimate && !st.Multi &&
+		(st.Class == mysqlproto.ClassWrite || h.verb == "EXECUTE" || h.verb == "PREPARE") {
+		full := readHead(st.Query, st.NoBackslashEscapes)
+		h.verb, h.target, h.prepare = full.verb, full.target, full.prepare
+		if h.verb == "EXECUTE" && h.target == (tableName{}) && h.prepare != "" {
+			h.target = w.prepared[strings.ToLower(h.prepare)]
+			h.prepare = ""
+		}
+		if h.target.table != "" && h.verb != "PREPARE" {
+			h.avg = s.rowLength(ctx, be, h.target)
+		}
 	}
 	w.head = h
 }
@@ -265,16 +276,26 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	if out.NotForwarded || cur.req.Class == ru.ClassFree || !s.last.valid || s.series == nil {
 		return
 	}
+	if cur.req.Class == ru.ClassRead || cur.req.Class == ru.ClassFetch {
+		// A read writes nothing; one that ends a transaction (a deadlock's
+		// rollback) ends its accounting too.
+		if !out.InTransaction {
+			w.txnBytes, w.txnWrote = 0, false
+		}
+		return
+	}
 	// The statement's groups: its own and, in strict mode, a bound tag's
 	// (charged alike, as After charges them).
-	groups := []groupRef{{cur.group, s.series}}
+	var groups [2]groupRef
+	groups[0] = groupRef{cur.group, s.series}
+	ng := 1
 	if cur.nlegs > 1 {
 		g := cur.legs[1].group
-		groups = append(groups, groupRef{g, s.p.metrics.seeGroup(g, cur.start)})
+		groups[1], ng = groupRef{g, s.p.metrics.seeGroup(g, cur.start)}, 2
 	}
 	written := max(s.last.cost.WriteBytes, 0)
 	if written > 0 {
-		for _, g := range groups {
+		for _, g := range groups[:ng] {
 			g.series.written[srcPacket].Add(written)
 		}
 	}
@@ -284,7 +305,7 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 		est := float64(out.AffectedRows) * h.avg
 		if more := est - written; more > 0 {
 			extra := ru.Consumption{WRU: more * s.p.cost.WriteCostPerByte, WriteBytes: more}
-			for i, g := range groups {
+			for i, g := range groups[:ng] {
 				if i == 0 {
 					s.p.tokens.ChargePurse(&s.purse, g.name, extra)
 				} else {
@@ -322,7 +343,7 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	if src != srcBinlog || !wrote {
 		return
 	}
-	c := &writeClaim{p: s.p, groups: groups, charged: charged, done: make(chan struct{})}
+	c := &writeClaim{p: s.p, groups: groups, ngroups: ng, charged: charged, done: make(chan struct{})}
 	if own && cur.hasShape {
 		c.shape, c.hasShape = cur.shape, true
 	}
@@ -406,7 +427,8 @@ const showLastWait = 100 * time.Millisecond
 // or the session's; done closes after it has set found and extra.
 type writeClaim struct {
 	p        *Policy
-	groups   []groupRef
+	groups   [2]groupRef
+	ngroups  int
 	shape    shapeKey
 	hasShape bool
 	// charged is the written bytes already charged for the statement (or
@@ -425,7 +447,7 @@ func (c *writeClaim) resolve(r binlog.Result) {
 		c.found = true
 		if more := float64(r.Bytes) - c.charged; more > 0 {
 			c.extra = ru.Consumption{WRU: more * c.p.cost.WriteCostPerByte, WriteBytes: more}
-			for _, g := range c.groups {
+			for _, g := range c.groups[:c.ngroups] {
 				c.p.tokens.Charge(g.name, c.extra)
 				g.series.wru.Add(c.extra.WRU)
 				g.series.written[srcBinlog].Add(more)
@@ -461,6 +483,19 @@ func (t *shapes) lateWRU(k shapeKey, wru float64) {
 		s.estWRU += estimateWeight * wru
 	}
 	s.sumWRU += wru
+}
+
+// firstWord is a statement's first keyword, upper case ("" when it starts
+// with anything else); only its first 64 bytes are read.
+func firstWord(q string, nbe bool) string {
+	if len(q) > 64 {
+		q = q[:64]
+	}
+	tz := mysqlproto.NewTokenizer(q, nbe)
+	if t := tz.Next(); t.Kind == mysqlproto.TokenWord {
+		return strings.ToUpper(q[t.Start:t.End])
+	}
+	return ""
 }
 
 // readHead reads the first words of a statement: its verb and, when it
