@@ -121,7 +121,6 @@ func waitWriteSource(t *testing.T, px *proxy, want string) {
 // whatever route the bytes took; on the code before it the routes cost 0
 // to 4 WRU against the literal's 1,026.
 func TestWritesPayWhatTheBinlogShows(t *testing.T) {
-	t0 := time.Now()
 	m := startPrivateMariaDB(t, "--log-bin", "--binlog-format=ROW", "--server-id=1", "--max-allowed-packet=64M")
 	// The service account reads the binary log with REPLICATION SLAVE
 	// alone (CONNECTION ADMIN is for KILL QUERY).
@@ -133,9 +132,7 @@ func TestWritesPayWhatTheBinlogShows(t *testing.T) {
 	}
 	ts := startTokenServer(t)
 	px := startMeteredProxy(t, ts, "--backend", m.Addr, "--admin-user", "rgsvc", "--admin-password-file", pw)
-	t.Logf("started %v", time.Since(t0))
 	waitWriteSource(t, px, "binlog")
-	t.Logf("following %v", time.Since(t0))
 	db := openDB(t, px.Addr, "db=w")
 	conn, err := db.Conn(context.Background())
 	if err != nil {
@@ -189,6 +186,56 @@ func TestWritesPayWhatTheBinlogShows(t *testing.T) {
 	var code int
 	if err := conn.QueryRowContext(ctx, "SHOW WARNINGS").Scan(&level, &code, &msg); err != nil || code != 1264 {
 		t.Errorf("SHOW WARNINGS after a write: %d %q, %v; want 1264", code, msg, err)
+	}
+	// ROW_COUNT(), which that query sets to -1, is given back to the
+	// statement that follows a DML statement.
+	if _, err := conn.ExecContext(ctx, "INSERT INTO n VALUES (1), (2), (3)"); err != nil {
+		t.Fatal(err)
+	}
+	var rc int
+	var name []string
+	rows, err := conn.QueryContext(ctx, "SELECT ROW_COUNT()")
+	if err == nil {
+		name, _ = rows.Columns()
+		for rows.Next() {
+			err = rows.Scan(&rc)
+		}
+		rows.Close()
+	}
+	if err != nil || rc != 3 || len(name) != 1 || name[0] != "ROW_COUNT()" {
+		t.Errorf("SELECT ROW_COUNT() after a 3-row INSERT: %v %d, %v; want ROW_COUNT() 3", name, rc, err)
+	}
+	conn.Close()
+
+	// The backend restarts: the reader follows it again, and the routes
+	// pay again.
+	if err := m.process.stop(20 * time.Second); err != nil {
+		t.Logf("mariadbd stopped: %v", err)
+	}
+	m.start(t)
+	waitWriteSource(t, px, "binlog")
+	conn, err = db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wru, sources := routeCost(t, conn, writeRoutes()[4]); wru/literal < 0.9 || wru/literal > 1.1 || sources[0] != "binlog" {
+		t.Errorf("after the backend's restart, INSERT ... SELECT costs %.1f WRU (%v), want ~%.0f from the binlog", wru, sources, literal)
+	}
+
+	// A service account without REPLICATION SLAVE cannot read the log:
+	// auto falls back to the estimate, and the log says why.
+	m.exec(t, "CREATE USER 'rgnorepl'@'%' IDENTIFIED BY 'svcpw'")
+	px2 := startMeteredProxy(t, ts, "--backend", m.Addr, "--admin-user", "rgnorepl", "--admin-password-file", pw)
+	waitWriteSource(t, px2, "estimate")
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(px2.log.String(), "not following the backend's binary log") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning about the missing grant:\n%s", px2.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(px2.log.String(), "REPLICATION SLAVE") {
+		t.Errorf("the warning does not name the missing privilege:\n%s", px2.log.String())
 	}
 }
 

@@ -283,7 +283,9 @@ func (r *Reader) follow(ctx context.Context) error {
 		st, err = syncer.StartSync(pos)
 	}
 	if err != nil {
-		return fmt.Errorf("binlog: starting the dump as %s: %w", r.cfg.User, err)
+		// MariaDB answers a dump request without the privilege with 1045,
+		// "Access denied": say which privilege.
+		return fmt.Errorf("binlog: starting the dump as %s (the account needs REPLICATION SLAVE): %w", r.cfg.User, err)
 	}
 	attr := AttributeThread
 	if mariadb {

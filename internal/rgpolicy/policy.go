@@ -263,10 +263,10 @@ func (p *Policy) CPUSourceInForce() string { return p.cpu.inForce().String() }
 // ScanWords are the words the policy needs mysqlproto's scan to report
 // (mysqlproto.Config.ScanWords): every statement rgproxy answers itself
 // holds one of them, so a statement without any is forwarded without a
-// second look at its text.
+// second look at its text (row_count: wru.go's rowCountRewrite).
 func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
-		"runaway_watches", "statements_summary", "resource_group_bindings"}
+		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count"}
 }
 
 // Open implements mysqlproto.Policy.
@@ -486,7 +486,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	g, _ := s.group(s.cur.group)
 	s.guard = s.armRunaway(g, st.Query, s.cur.cpuStart, s.cur.cpuOK)
-	return mysqlproto.Verdict{Rewrite: rewrite}
+	return mysqlproto.Verdict{Rewrite: s.rowCountRewrite(st, rewrite)}
 }
 
 // The statement lifecycle. Once charge has run, a statement leaves Before

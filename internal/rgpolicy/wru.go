@@ -181,6 +181,11 @@ type writeState struct {
 	// prepared maps the names of statements PREPAREd from a literal text
 	// to their target table, for EXECUTE name (estimate).
 	prepared map[string]tableName
+	// rowCount is what ROW_COUNT() said after the session's last
+	// statement, before the @@last_gtid query set it to -1 (rowCountSet:
+	// known; see rowCountRewrite).
+	rowCount    int64
+	rowCountSet bool
 }
 
 // maxPrepared bounds a session's remembered PREPARE names.
@@ -272,6 +277,7 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 		}
 		w.prepared[strings.ToLower(h.prepare)] = h.target
 	}
+	w.rowCountSet = false
 	cur := &s.cur
 	if out.NotForwarded || cur.req.Class == ru.ClassFree || !s.last.valid || s.series == nil {
 		return
@@ -349,6 +355,17 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	}
 	switch s.p.writes.binlog.Attribution() {
 	case binlog.AttributeGTID:
+		if own && !st.Multi && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE) {
+			// The query sets ROW_COUNT() to -1; a plain DML statement's
+			// is known, and given back in the next statement.
+			switch firstWord(st.Query, st.NoBackslashEscapes) {
+			case "INSERT", "UPDATE", "DELETE", "REPLACE":
+				w.rowCount, w.rowCountSet = int64(out.AffectedRows), true
+				if out.ErrCode != 0 {
+					w.rowCount = -1
+				}
+			}
+		}
 		gtid, ok := s.lastGTID(ctx, be)
 		if !ok || gtid == "" || gtid == w.lastGTID {
 			return // nothing of the session's in the log: its packet stands
@@ -365,7 +382,8 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 // lastGTID reads the GTID of the last transaction the session committed
 // (MariaDB's @@last_gtid; "" before its first). The query changes none of
 // the statement's warnings, but ROW_COUNT() then answers -1, as after any
-// SELECT.
+// SELECT (rowCountRewrite gives a DML statement's back), and FOUND_ROWS()
+// 1.
 func (s *session) lastGTID(ctx context.Context, be mysqlproto.Backend) (string, bool) {
 	s.cpu.stale()
 	qctx, cancel := context.WithTimeout(ctx, followUpTimeout)
@@ -379,6 +397,102 @@ func (s *session) lastGTID(ctx context.Context, be mysqlproto.Backend) (string, 
 		return "", true
 	}
 	return *rows[0][0], true
+}
+
+// rowCountMention is the Scan.Mentions bit of ROW_COUNT.
+var rowCountMention = func() uint64 {
+	for i, w := range ScanWords() {
+		if w == "row_count" {
+			return 1 << i
+		}
+	}
+	return 0
+}()
+
+// rowCountRewrite gives back the ROW_COUNT() the @@last_gtid query took
+// from the statement before: in a COM_QUERY right after an INSERT, UPDATE,
+// DELETE or REPLACE that FollowUp asked about, each ROW_COUNT() becomes
+// that statement's count (a bare select item keeps its column name). It
+// returns the text to forward ("" = the client's, unchanged); rewrite is
+// the text Before would forward so far.
+func (s *session) rowCountRewrite(st *mysqlproto.Statement, rewrite string) string {
+	w := &s.wr
+	if !w.rowCountSet || st.Command != mysql.COM_QUERY || st.Multi || st.Scan.Mentions&rowCountMention == 0 {
+		return rewrite
+	}
+	q := rewrite
+	if q == "" {
+		q = st.Query
+	}
+	if out, ok := replaceRowCount(q, st.NoBackslashEscapes, w.rowCount); ok {
+		return out
+	}
+	return rewrite
+}
+
+// replaceRowCount replaces each ROW_COUNT() call in q by n, as a BIGINT;
+// a bare select item is aliased to its own text. ok is false when q calls
+// none.
+func replaceRowCount(q string, nbe bool, n int64) (string, bool) {
+	tz := mysqlproto.NewTokenizer(q, nbe)
+	var toks []mysqlproto.Token
+	for t := tz.Next(); t.Kind != mysqlproto.TokenEOF; t = tz.Next() {
+		toks = append(toks, t)
+	}
+	text := func(i int) string {
+		if i < 0 || i >= len(toks) {
+			return ""
+		}
+		return q[toks[i].Start:toks[i].End]
+	}
+	is := func(i int, kind mysqlproto.TokenKind, s string) bool {
+		return i >= 0 && i < len(toks) && toks[i].Kind == kind && strings.EqualFold(text(i), s)
+	}
+	value := "CAST(" + strconv.FormatInt(n, 10) + " AS SIGNED)"
+	var b strings.Builder
+	last, depth := 0, 0
+	for i := 0; i < len(toks); i++ {
+		switch {
+		case is(i, mysqlproto.TokenPunct, "("):
+			depth++
+			continue
+		case is(i, mysqlproto.TokenPunct, ")"):
+			depth--
+			continue
+		}
+		if !is(i, mysqlproto.TokenWord, "ROW_COUNT") || !is(i+1, mysqlproto.TokenPunct, "(") ||
+			!is(i+2, mysqlproto.TokenPunct, ")") || is(i-1, mysqlproto.TokenPunct, ".") {
+			continue
+		}
+		start, end := toks[i].Start, toks[i+2].End
+		b.WriteString(q[last:start])
+		b.WriteString(value)
+		bare := depth == 0 && (is(i-1, mysqlproto.TokenWord, "SELECT") || is(i-1, mysqlproto.TokenWord, "DISTINCT") ||
+			is(i-1, mysqlproto.TokenWord, "ALL") || is(i-1, mysqlproto.TokenPunct, ","))
+		if next := i + 3; bare && next < len(toks) {
+			switch k := toks[next].Kind; {
+			case k == mysqlproto.TokenSemicolon, is(next, mysqlproto.TokenPunct, ","):
+			case k == mysqlproto.TokenWord:
+				switch strings.ToUpper(text(next)) {
+				case "FROM", "INTO", "WHERE", "GROUP", "HAVING", "ORDER", "LIMIT", "UNION", "FOR", "LOCK", "WINDOW":
+				default:
+					bare = false // an alias, or an operator word (AND, DIV, ...)
+				}
+			default:
+				bare = false
+			}
+		}
+		if bare {
+			b.WriteString(" AS `" + strings.ReplaceAll(q[start:end], "`", "``") + "`")
+		}
+		last = end
+		i += 2
+	}
+	if last == 0 {
+		return "", false
+	}
+	b.WriteString(q[last:])
+	return b.String(), true
 }
 
 // writeResult is how a statement's written bytes were settled, for SHOW

@@ -396,6 +396,67 @@ func TestWritesEstimate(t *testing.T) {
 	}
 }
 
+// TestWritesGiveBackRowCount: the @@last_gtid query after a DML statement
+// sets ROW_COUNT() to -1; the next statement gets the DML's count back.
+func TestWritesGiveBackRowCount(t *testing.T) {
+	tok := testGroups()
+	bl := &fakeBinlog{attr: binlog.AttributeGTID, txns: map[string]int64{}}
+	p := newWritesPolicy(t, tok, WriteAuto, bl, clock.NewFake(), nil)
+	s := p.Open(mysqlproto.SessionInfo{User: "root"})
+	be := &sessionBackend{gtid: "0-1-1"}
+	next := func(q string) string {
+		t.Helper()
+		st := query(q)
+		v := s.Before(context.Background(), st, be)
+		if v.Reply != nil {
+			t.Fatalf("%s answered", q)
+		}
+		out := &mysqlproto.Outcome{}
+		s.After(st, out)
+		s.(mysqlproto.FollowUpper).FollowUp(context.Background(), st, out, be)
+		return v.Rewrite
+	}
+	runStmt(t, s, be, stmt{q: "DELETE FROM t WHERE id < 4", affected: 3})
+	if got := next("SELECT ROW_COUNT()"); got != "SELECT CAST(3 AS SIGNED) AS `ROW_COUNT()`" {
+		t.Errorf("after DELETE: %q", got)
+	}
+	// Only the statement right after: the SELECT itself was not asked about.
+	if got := next("SELECT ROW_COUNT()"); got != "" {
+		t.Errorf("two statements after: %q", got)
+	}
+	be.gtid = "0-1-2"
+	runStmt(t, s, be, stmt{q: "UPDATE t SET a = 1", errCode: 1062})
+	if got := next("select row_count() into @n"); got != "select CAST(-1 AS SIGNED) AS `row_count()` into @n" {
+		t.Errorf("after a failed UPDATE: %q", got)
+	}
+	// Not asked about (a CALL's count is not known): nothing to give back.
+	be.gtid = "0-1-3"
+	runStmt(t, s, be, stmt{q: "CALL p()", affected: 1})
+	if got := next("SELECT ROW_COUNT()"); got != "" {
+		t.Errorf("after CALL: %q", got)
+	}
+}
+
+func TestReplaceRowCount(t *testing.T) {
+	tests := []struct{ q, want string }{
+		{"SELECT ROW_COUNT()", "SELECT CAST(7 AS SIGNED) AS `ROW_COUNT()`"},
+		{"SELECT a, row_count( ), b FROM t", "SELECT a, CAST(7 AS SIGNED) AS `row_count( )`, b FROM t"},
+		{"SELECT ROW_COUNT() AS n", "SELECT CAST(7 AS SIGNED) AS n"},
+		{"SELECT ROW_COUNT() n", "SELECT CAST(7 AS SIGNED) n"},
+		{"SELECT IF(ROW_COUNT() > 0, 'y', 'n')", "SELECT IF(CAST(7 AS SIGNED) > 0, 'y', 'n')"},
+		{"SELECT ROW_COUNT() + 1", "SELECT CAST(7 AS SIGNED) + 1"},
+		{"SET @n = ROW_COUNT()", "SET @n = CAST(7 AS SIGNED)"},
+		{"SELECT db.row_count(), 'ROW_COUNT()' /* ROW_COUNT() */", ""},
+		{"SELECT `row_count`()", ""},
+	}
+	for _, tc := range tests {
+		got, ok := replaceRowCount(tc.q, false, 7)
+		if got != tc.want || ok != (tc.want != "") {
+			t.Errorf("%s: %q %v, want %q", tc.q, got, ok, tc.want)
+		}
+	}
+}
+
 func TestReadHead(t *testing.T) {
 	tests := []struct {
 		q       string
