@@ -299,12 +299,12 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 // followUp calls the policy's FollowUp, if it has one, with the session's
 // backend connection; an I/O failure of a query it ran ends the session.
 func (ss *session) followUp(st *Statement, out *Outcome) error {
-	f, ok := ss.pol.(FollowUpper)
-	if !ok {
+	if ss.follow == nil {
 		return nil
 	}
-	be := &followBackend{sessionBackend: sessionBackend{ss}}
-	f.FollowUp(ss.ctx, st, out, be)
+	be := &ss.followBe
+	be.sessionBackend, be.err = sessionBackend{ss}, nil
+	ss.follow.FollowUp(ss.ctx, st, out, be)
 	return be.err
 }
 

@@ -1,9 +1,12 @@
 package mysqlproto
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -110,5 +113,47 @@ func TestFollowUpBackendLost(t *testing.T) {
 	defer pol.mu.Unlock()
 	if len(pol.errs) != 1 || !errors.Is(pol.errs[0], ErrBackendLost) {
 		t.Fatalf("FollowUp errors %v, want one ErrBackendLost", pol.errs)
+	}
+}
+
+// nopFollowPolicy is nopPolicy with a FollowUp that does nothing.
+type nopFollowPolicy struct{ nopPolicy }
+
+func (p *nopFollowPolicy) Open(SessionInfo) SessionPolicy { return p }
+
+func (p *nopFollowPolicy) FollowUp(context.Context, *Statement, *Outcome, Backend) {}
+
+// TestFollowUpAllocatesNothing: a policy with a FollowUp costs a statement
+// no allocation more than one without (the Backend it gets is the
+// session's own).
+func TestFollowUpAllocatesNothing(t *testing.T) {
+	allocs := func(pol Policy) float64 {
+		s, err := NewServer(Config{Policy: pol})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss := newSession(s, discardConn{})
+		ss.pol = s.cfg.Policy.Open(SessionInfo{})
+		ss.follow, _ = ss.pol.(FollowUpper)
+		ss.bwr = bufio.NewWriter(io.Discard)
+		cmd := wirePacket(query("SELECT c FROM sbtest1 WHERE id=4242"))
+		resp := smallResultSetRows(1)
+		cr, br := bytes.NewReader(nil), bytes.NewReader(nil)
+		ss.crd, ss.brd = bufio.NewReader(cr), bufio.NewReader(br)
+		defer ss.cancel()
+		return testing.AllocsPerRun(200, func() {
+			cr.Reset(cmd)
+			ss.crd.Reset(cr)
+			br.Reset(resp)
+			ss.brd.Reset(br)
+			if err := ss.command(); err != nil {
+				t.Fatal(err)
+			}
+			ss.endCommand()
+		})
+	}
+	without, with := allocs(&nopPolicy{}), allocs(&nopFollowPolicy{})
+	if with != without {
+		t.Fatalf("%v allocations per statement with a FollowUp, %v without", with, without)
 	}
 }
