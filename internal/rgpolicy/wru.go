@@ -204,7 +204,7 @@ type stmtHead struct {
 	// prepare is the name a PREPARE ... FROM 'text' defines (its target
 	// is target).
 	prepare string
-	// mayWrite: the statement may commit a write (see mayCommitWrite).
+	// mayWrite: the statement may commit a write (see writesBefore).
 	mayWrite bool
 	// avg is the target's average row length, when the estimate has it.
 	avg float64
