@@ -62,12 +62,14 @@ func writeSchema(db string) []string {
 		"CREATE TABLE " + db + ".t (id INT AUTO_INCREMENT PRIMARY KEY, b LONGBLOB) STATS_PERSISTENT = 1 STATS_AUTO_RECALC = 0",
 		"CREATE TABLE " + db + ".tt (id INT AUTO_INCREMENT PRIMARY KEY, b LONGBLOB) STATS_PERSISTENT = 1 STATS_AUTO_RECALC = 0",
 		"CREATE TABLE " + db + ".c (id INT AUTO_INCREMENT PRIMARY KEY, b LONGBLOB)",
+		"CREATE TABLE " + db + ".small (id INT AUTO_INCREMENT PRIMARY KEY, b VARCHAR(20))",
+		"INSERT INTO " + db + ".small (b) VALUES ('0123456789')",
 		"CREATE TRIGGER " + db + ".copy AFTER INSERT ON " + db + ".tt FOR EACH ROW INSERT INTO " + db + ".c (b) VALUES (NEW.b)",
 		"CREATE PROCEDURE " + db + ".fill() INSERT INTO " + db + ".t (b) VALUES (REPEAT('x', 1048576))",
 		// Four 1 MiB rows each, and statistics, for the estimate.
 		"INSERT INTO " + db + ".t (b) SELECT REPEAT('s', 1048576) FROM seq_1_to_4",
 		"INSERT INTO " + db + ".tt (b) SELECT REPEAT('s', 1048576) FROM seq_1_to_4",
-		"ANALYZE TABLE " + db + ".t, " + db + ".tt",
+		"ANALYZE TABLE " + db + ".t, " + db + ".tt, " + db + ".small",
 	}
 }
 
@@ -242,8 +244,9 @@ func TestWritesPayWhatTheBinlogShows(t *testing.T) {
 // TestWritesEstimateWithoutBinlog: against the shared backend, which keeps
 // no binary log, a route that names its table is charged what the
 // estimate promises — max(its packet, affected rows × the table's
-// AVG_ROW_LENGTH as information_schema.TABLES reports it) — and a route
-// that names none (CALL) its packet, as SHOW LAST STATEMENT RU's
+// AVG_ROW_LENGTH as information_schema.TABLES reports it, for a table of
+// at least 1 MiB of data) — and a route that names none (CALL), or a
+// write to a small table, its packet, as SHOW LAST STATEMENT RU's
 // WRU_SOURCE says.
 func TestWritesEstimateWithoutBinlog(t *testing.T) {
 	rootExec(t, writeSchema("rgproxy_e2e_writes")...)
@@ -310,5 +313,14 @@ func TestWritesEstimateWithoutBinlog(t *testing.T) {
 		if math.Abs(wru-want) > 0.01 || source != wantSource {
 			t.Errorf("%s: %.3f WRU from %s, want %.3f from %s", r.name, wru, source, want, wantSource)
 		}
+	}
+	// A small table's average row length is one page's rounding (one
+	// 10-byte row reads 16,384): not used.
+	q := "INSERT INTO small (b) VALUES ('0123456789')"
+	if _, err := conn.ExecContext(context.Background(), q); err != nil {
+		t.Fatal(err)
+	}
+	if row := lastStatementRU(t, conn); row["WRU_SOURCE"] != "packet" || math.Abs(num(t, row["WRU"])-(2+float64(len(q)+1)/1024)) > 0.001 {
+		t.Errorf("an INSERT into a small table: %v, want its packet", row)
 	}
 }

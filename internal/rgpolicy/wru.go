@@ -39,7 +39,8 @@ import (
 //     IMMEDIATE 'text' and EXECUTE of a text PREPAREd in the session)
 //     pays max(packet, affected rows × the table's AVG_ROW_LENGTH), the
 //     average read once a minute from information_schema.TABLES on the
-//     session's own connection before the statement runs.
+//     session's own connection before the statement runs (and trusted
+//     from 1 MiB of data on: minTrustedDataLength).
 //
 // Anything else pays its packet, as before.
 
@@ -806,11 +807,18 @@ func (r *rowLengths) put(t tableName, avg float64, now time.Time) {
 	r.m[t] = rowLength{avg: avg, at: now}
 }
 
+// minTrustedDataLength is the smallest DATA_LENGTH (bytes) whose
+// AVG_ROW_LENGTH the estimate uses: InnoDB counts whole 16 KiB pages, so a
+// small table's average is mostly page rounding (one 10-byte row reads
+// 16,384); from 1 MiB (64 pages) on, the rounding is a few percent.
+const minTrustedDataLength = 1 << 20
+
 // rowLength returns the average row length of the table a statement
 // writes, from the cache or from the backend: one query on the session's
 // connection that also tells the session's current database. Names are
-// sent hex-encoded, never as quoted text. 0 when unknown (no such table,
-// no statistics yet, the query failed).
+// sent hex-encoded, never as quoted text. 0 when unknown or not trusted
+// (no such table, no statistics yet, under minTrustedDataLength, the query
+// failed).
 func (s *session) rowLength(ctx context.Context, be mysqlproto.Backend, t tableName) float64 {
 	w := &s.wr
 	now := s.p.clk.Now()
@@ -830,7 +838,8 @@ func (s *session) rowLength(ctx context.Context, be mysqlproto.Backend, t tableN
 	s.cpu.stale()
 	qctx, cancel := context.WithTimeout(ctx, followUpTimeout)
 	defer cancel()
-	_, rows, err := be.Query(qctx, "SELECT DATABASE(), (SELECT AVG_ROW_LENGTH FROM information_schema.TABLES WHERE TABLE_SCHEMA = "+
+	_, rows, err := be.Query(qctx, "SELECT DATABASE(), (SELECT IF(DATA_LENGTH >= "+strconv.Itoa(minTrustedDataLength)+
+		", AVG_ROW_LENGTH, 0) FROM information_schema.TABLES WHERE TABLE_SCHEMA = "+
 		schema+" AND TABLE_NAME = X'"+hex.EncodeToString([]byte(t.table))+"')")
 	if err != nil || len(rows) != 1 || len(rows[0]) != 2 {
 		s.p.logger.Debug("reading a table's average row length failed: the statement pays its packet", "err", err)

@@ -66,7 +66,7 @@ func (b *sessionBackend) Query(_ context.Context, sql string) ([]string, [][]*st
 	case sql == "SELECT @@last_gtid":
 		g := b.gtid
 		return []string{"@@last_gtid"}, [][]*string{{&g}}, nil
-	case strings.HasPrefix(sql, "SELECT DATABASE(), (SELECT AVG_ROW_LENGTH"):
+	case strings.HasPrefix(sql, "SELECT DATABASE(), (SELECT IF(DATA_LENGTH >= 1048576, AVG_ROW_LENGTH, 0)"):
 		db := b.db
 		var avg *string
 		for k, v := range b.avg {
