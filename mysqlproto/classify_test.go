@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func TestClassifyQuery(t *testing.T) {
@@ -233,7 +235,7 @@ func TestClassifyQueryMode(t *testing.T) {
 		{"SELECT 1; SELECT 2", true, ClassRead, true},
 	}
 	for _, tt := range tests {
-		class, multi := ClassifyQueryMode([]byte(tt.q), tt.nbe)
+		class, multi := ClassifyQueryMode([]byte(tt.q), sqltext.Mode{NoBackslashEscapes: tt.nbe})
 		if class != tt.class || multi != tt.multi {
 			t.Errorf("ClassifyQueryMode(%q, %v) = %v, %v; want %v, %v", tt.q, tt.nbe, class, multi, tt.class, tt.multi)
 		}
@@ -272,7 +274,7 @@ func TestLinearTime(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			start := time.Now()
 			ClassifyQuery(in)
-			Digest(in)
+			Digest(in, sqltext.Mode{})
 			best = min(best, time.Since(start))
 		}
 		return max(best, time.Microsecond)
@@ -324,54 +326,6 @@ func TestLookupKW(t *testing.T) {
 	}
 }
 
-func TestLexerTokens(t *testing.T) {
-	tests := []struct {
-		q    string
-		want []tokKind
-	}{
-		{"SELECT 1", []tokKind{tkWord, tkNumber}},
-		{"a.5", []tokKind{tkWord, tkPunct, tkNumber}},
-		{"(.5)", []tokKind{tkPunct, tkNumber, tkPunct}},
-		{"1.5e-3 1e5 0x1F 0b01 X'1f' b'01' 1abc 0xZZ", []tokKind{tkNumber, tkNumber, tkNumber, tkNumber, tkNumber, tkNumber, tkWord, tkWord}},
-		{"N'x' _utf8mb4'y' 'z' \"w\"", []tokKind{tkString, tkString, tkString, tkString}},
-		{"@a @@b @'c' @`d` @ ?", []tokKind{tkVar, tkVar, tkVar, tkVar, tkPunct, tkParam}},
-		{"a<=>b->>c", []tokKind{tkWord, tkPunct, tkWord, tkPunct, tkWord}},
-		{"1--1", []tokKind{tkNumber, tkPunct, tkPunct, tkNumber}},
-		{"1-- 1", []tokKind{tkNumber}},
-		{"1 --", []tokKind{tkNumber}},
-		{"/*! a */ b", []tokKind{tkWord, tkWord}},
-		{"/*!12345 a */", []tokKind{tkWord}},
-		{"/*!1 a */", []tokKind{tkNumber, tkWord}},
-		{"/* a */ */", []tokKind{tkPunct, tkPunct}},
-		{"(...)", []tokKind{tkPunct, tkEllipsis, tkPunct}},
-		{"a;b", []tokKind{tkWord, tkSemicolon, tkWord}},
-		{"'unterminated", []tokKind{tkString}},
-		{"/* unterminated", nil},
-	}
-	for _, tt := range tests {
-		l := sqlLexer{q: []byte(tt.q)}
-		var got []tokKind
-		for t := l.next(); t.kind != tkEOF; t = l.next() {
-			got = append(got, t.kind)
-		}
-		if !equalKinds(got, tt.want) {
-			t.Errorf("tokens(%q) = %v, want %v", tt.q, got, tt.want)
-		}
-	}
-}
-
-func equalKinds(a, b []tokKind) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 func BenchmarkClassifyQuery(b *testing.B) {
 	q := []byte("/* app=web */ SELECT id, name FROM users WHERE id = 42 AND status IN ('a', 'b')")
 	b.ReportAllocs()
@@ -400,7 +354,7 @@ func FuzzClassifyQuery(f *testing.F) {
 }
 
 func checkClassifyInvariants(t *testing.T, q []byte, nbe bool) {
-	class, multi := ClassifyQueryMode(q, nbe)
+	class, multi := ClassifyQueryMode(q, sqltext.Mode{NoBackslashEscapes: nbe})
 	if class != ClassRead && class != ClassWrite && class != ClassOther {
 		t.Fatalf("ClassifyQueryMode(%q, %v) class %v", q, nbe, class)
 	}
@@ -409,11 +363,11 @@ func checkClassifyInvariants(t *testing.T, q []byte, nbe bool) {
 		return
 	}
 	q2 := append(bytes.Clone(q), ';')
-	if c2, m2 := ClassifyQueryMode(q2, nbe); c2 != class || m2 != multi {
+	if c2, m2 := ClassifyQueryMode(q2, sqltext.Mode{NoBackslashEscapes: nbe}); c2 != class || m2 != multi {
 		t.Fatalf("ClassifyQueryMode(%q, %v) = %v, %v but with ';' = %v, %v", q, nbe, class, multi, c2, m2)
 	}
 	q3 := append([]byte("/* x */ "), q...)
-	if c3, m3 := ClassifyQueryMode(q3, nbe); c3 != class || m3 != multi {
+	if c3, m3 := ClassifyQueryMode(q3, sqltext.Mode{NoBackslashEscapes: nbe}); c3 != class || m3 != multi {
 		t.Fatalf("ClassifyQueryMode(%q, %v) = %v, %v but with a comment before = %v, %v", q, nbe, class, multi, c3, m3)
 	}
 }
@@ -435,7 +389,7 @@ func TestSplitStatements(t *testing.T) {
 	}
 	for _, c := range cases {
 		var got []string
-		for _, p := range SplitStatements([]byte(c.q), c.nbe) {
+		for _, p := range SplitStatements([]byte(c.q), sqltext.Mode{NoBackslashEscapes: c.nbe}) {
 			got = append(got, string(p))
 		}
 		if !reflect.DeepEqual(got, c.want) {

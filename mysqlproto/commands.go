@@ -63,8 +63,15 @@ func (ss *session) command() error {
 	}
 	ss.unread = n - read
 	p := ss.buf
+	if ss.csStale && (p[0] == mysql.COM_QUERY || p[0] == mysql.COM_STMT_PREPARE) {
+		// A statement may have changed character_set_client: ask before
+		// this text is scanned.
+		if err := ss.refreshCharset(); err != nil {
+			return err
+		}
+	}
 	ss.st = Statement{Command: p[0], PayloadBytes: int64(n), InTransaction: ss.status&mysql.SERVER_STATUS_IN_TRANS != 0,
-		NoBackslashEscapes: ss.status&mysql.SERVER_STATUS_NO_BACKSLASH_ESCAPED != 0}
+		NoBackslashEscapes: ss.status&mysql.SERVER_STATUS_NO_BACKSLASH_ESCAPED != 0, Charset: ss.charset}
 	st := &ss.st
 	switch p[0] {
 	case mysql.COM_QUIT:
@@ -142,12 +149,12 @@ func streamed(cmd byte) bool {
 // into st.Scan, and returns its class and whether it holds several
 // statements. The digest, for a policy only, goes to the session's buffer.
 func (ss *session) scan(q []byte, st *Statement) (Class, bool) {
-	nbe := ss.status&mysql.SERVER_STATUS_NO_BACKSLASH_ESCAPED != 0
+	mode := st.Mode()
 	if ss.srv.passThrough {
-		c, m, _ := scanText(q, st.Query, nbe, ss.srv.words, &st.Scan, nil, false)
+		c, m, _ := scanText(q, st.Query, mode, ss.srv.words, &st.Scan, nil, false)
 		return c, m
 	}
-	c, m, d := scanText(q, st.Query, nbe, ss.srv.words, &st.Scan, ss.digest, true)
+	c, m, d := scanText(q, st.Query, mode, ss.srv.words, &st.Scan, ss.digest, true)
 	ss.digest = d
 	return c, m
 }
@@ -166,6 +173,7 @@ func (ss *session) stmtCommand(st *Statement, n int) error {
 	if ps != nil {
 		st.Query = ps.query
 		st.Scan = ps.scan
+		st.Charset = ps.charset
 	}
 	switch p[0] {
 	case mysql.COM_STMT_SEND_LONG_DATA, mysql.COM_STMT_CLOSE:
@@ -274,7 +282,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	if err == nil {
 		switch {
 		case st.Command == mysql.COM_STMT_PREPARE && ss.m.Prepared:
-			ps := &prepared{query: st.Query, class: ss.prepClass, scan: st.Scan}
+			ps := &prepared{query: st.Query, class: ss.prepClass, scan: st.Scan, charset: st.Charset}
 			if st.Scan.Digest != nil {
 				ps.digest = bytes.Clone(st.Scan.Digest)
 				ps.scan.Digest = ps.digest
@@ -286,7 +294,10 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 		case st.Command == mysql.COM_RESET_CONNECTION && out.ErrCode == 0:
 			clear(ss.stmts)
 			ss.lastStmt = 0
+			ss.charsetReset(0, false)
 			ss.pol.Event(EventResetConnection, ss.info)
+		case st.Scan.cs.kind != csNone && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE):
+			ss.charsetAfter(st, out)
 		}
 	}
 	ss.pol.After(st, out)
@@ -643,6 +654,7 @@ func (ss *session) changeUser(n int) error {
 	}
 	clear(ss.stmts)
 	ss.lastStmt = 0
+	ss.charsetReset(cu.Collation, cu.HasCollation)
 	if ok {
 		ss.info.User = cu.User
 		ss.pol.Event(EventChangeUser, ss.info)

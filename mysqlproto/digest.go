@@ -1,5 +1,7 @@
 package mysqlproto
 
+import "github.com/rgproxy/rgproxy/sqltext"
+
 // Digest normalizes statements for logs and for runaway watches that match
 // SIMILAR statements. It reuses the classifier's lexer, so both agree on
 // what is a comment, a string or code.
@@ -22,17 +24,20 @@ package mysqlproto
 // function and type names. An unquoted table named like one of them (user,
 // status, date) is upper-cased too, so on a case-sensitive server "user" and
 // "USER" share a digest.
-func Digest(q []byte) string {
+//
+// m is the mode the text is read in: the session's character set and
+// NO_BACKSLASH_ESCAPES (Statement.Mode).
+func Digest(q []byte, m sqltext.Mode) string {
 	var res Scan
-	_, _, out := scanQuery(q, false, nil, &res, make([]byte, 0, len(q)+8), true)
+	_, _, out := scanQuery(q, m, nil, &res, make([]byte, 0, len(q)+8), true)
 	return string(out)
 }
 
-// DigestHash returns the 64-bit FNV-1a hash of Digest(q): a stable id for
-// SIMILAR runaway watches, the same in every process and version that
+// DigestHash returns the 64-bit FNV-1a hash of Digest(q, m): a stable id
+// for SIMILAR runaway watches, the same in every process and version that
 // computes the same digest. Format it with %016x for a watch key.
-func DigestHash(q []byte) uint64 {
-	return HashDigest(Digest(q))
+func DigestHash(q []byte, m sqltext.Mode) uint64 {
+	return HashDigest(Digest(q, m))
 }
 
 // HashDigest returns the 64-bit FNV-1a hash of a digest that Digest
@@ -88,7 +93,7 @@ func spaceBefore(prev, cur dcat) bool {
 }
 
 type digester struct {
-	l       sqlLexer
+	l       sqltext.Lexer
 	out     []byte
 	prev    dcat
 	pending bool // a ";" was read; written only if another token follows
@@ -103,7 +108,7 @@ func (d *digester) emit(c dcat, text []byte) {
 		}
 	}
 	// ".5" after a dot would read as a number: keep "x. 5abc" apart.
-	if spaceBefore(d.prev, c) || d.prev == dDot && len(text) > 0 && sqlDigit(text[0]) {
+	if spaceBefore(d.prev, c) || d.prev == dDot && len(text) > 0 && sqltext.Digit(text[0]) {
 		d.out = append(d.out, ' ')
 	}
 	d.out = append(d.out, text...)
@@ -116,10 +121,10 @@ func (d *digester) emitString(c dcat, text string) {
 
 // token writes the digest of t, the token just read from d.l; for a
 // literal list or a run of signs it reads on through d.l.
-func (d *digester) token(t sqlToken) {
+func (d *digester) token(t sqltext.Token) {
 	var buf [digestMaxKeywordLen]byte
-	text := d.l.q[t.start:t.end]
-	switch t.kind {
+	text := d.l.Text(t)
+	switch t.Kind {
 	case tkEOF:
 	case tkSemicolon:
 		d.pending = true
@@ -148,15 +153,15 @@ func (d *digester) token(t sqlToken) {
 		}
 	case tkPunct:
 		switch {
-		case d.l.isPunct(t, '('):
+		case d.l.IsPunct(t, '('):
 			d.emitString(dOpen, "(")
-		case d.l.isPunct(t, ')'):
+		case d.l.IsPunct(t, ')'):
 			d.emitString(dClose, ")")
-		case d.l.isPunct(t, ','):
+		case d.l.IsPunct(t, ','):
 			d.emitString(dComma, ",")
-		case d.l.isPunct(t, '.'):
+		case d.l.IsPunct(t, '.'):
 			d.emitString(dDot, ".")
-		case (d.l.isPunct(t, '-') || d.l.isPunct(t, '+')) && (d.pending || !d.prev.operand()):
+		case (d.l.IsPunct(t, '-') || d.l.IsPunct(t, '+')) && (d.pending || !d.prev.operand()):
 			// A sign before a literal is part of it: "= -1" is "= ?".
 			p := d.l
 			if literalRun(&p, t) {
@@ -169,12 +174,12 @@ func (d *digester) token(t sqlToken) {
 			d.emit(dOp, text)
 			for {
 				p := d.l
-				n := p.next()
-				if !p.isPunct(n, '-') && !p.isPunct(n, '+') {
+				n := p.Next()
+				if !p.IsPunct(n, '-') && !p.IsPunct(n, '+') {
 					break
 				}
 				d.l = p
-				d.emit(dOp, p.q[n.start:n.end])
+				d.emit(dOp, p.Text(n))
 			}
 		default:
 			d.emit(dOp, text)
@@ -195,7 +200,7 @@ func (d *digester) collapseTuples(rows bool) {
 	d.emitString(dClose, ")")
 	for rows {
 		p := d.l
-		if !p.isPunct(p.next(), ',') {
+		if !p.IsPunct(p.Next(), ',') {
 			return
 		}
 		if p, ok = literalTuple(p); !ok {
@@ -207,17 +212,17 @@ func (d *digester) collapseTuples(rows bool) {
 
 // literalTuple reads "(item, ...)" where every item is a literal, a
 // placeholder, NULL, TRUE, FALSE or "...", and returns the lexer after ")".
-func literalTuple(p sqlLexer) (sqlLexer, bool) {
-	if !p.isPunct(p.next(), '(') {
+func literalTuple(p sqltext.Lexer) (sqltext.Lexer, bool) {
+	if !p.IsPunct(p.Next(), '(') {
 		return p, false
 	}
 	var buf [digestMaxKeywordLen]byte
 	for {
-		t := p.next()
-		switch t.kind {
+		t := p.Next()
+		switch t.Kind {
 		case tkEllipsis:
 		case tkWord:
-			up, _ := upperKeyword(&buf, p.q[t.start:t.end])
+			up, _ := upperKeyword(&buf, p.Text(t))
 			if s := string(up); s != "NULL" && s != "TRUE" && s != "FALSE" {
 				return p, false
 			}
@@ -226,11 +231,11 @@ func literalTuple(p sqlLexer) (sqlLexer, bool) {
 				return p, false
 			}
 		}
-		t = p.next()
+		t = p.Next()
 		switch {
-		case p.isPunct(t, ')'):
+		case p.IsPunct(t, ')'):
 			return p, true
-		case !p.isPunct(t, ','):
+		case !p.IsPunct(t, ','):
 			return p, false
 		}
 	}
@@ -240,17 +245,17 @@ func literalTuple(p sqlLexer) (sqlLexer, bool) {
 // it: signs before a number, string or placeholder ("- -1"), and the
 // strings MySQL concatenates after a string ('a' 'b'). On false the lexer
 // position is unspecified.
-func literalRun(p *sqlLexer, t sqlToken) bool {
-	for p.isPunct(t, '-') || p.isPunct(t, '+') {
-		t = p.next()
+func literalRun(p *sqltext.Lexer, t sqltext.Token) bool {
+	for p.IsPunct(t, '-') || p.IsPunct(t, '+') {
+		t = p.Next()
 	}
-	switch t.kind {
+	switch t.Kind {
 	case tkNumber, tkParam:
 		return true
 	case tkString:
 		for {
 			n := *p
-			if n.next().kind != tkString {
+			if n.Next().Kind != tkString {
 				return true
 			}
 			*p = n
@@ -303,9 +308,9 @@ func unquoteIdent(text []byte) []byte {
 // identifier, else backquoted.
 func (d *digester) emitIdent(name []byte) {
 	var buf [digestMaxKeywordLen]byte
-	bare := len(name) > 0 && !sqlDigit(name[0])
+	bare := len(name) > 0 && !sqltext.Digit(name[0])
 	for _, c := range name {
-		if !sqlIdentByte(c) {
+		if !sqltext.IdentByte(c) {
 			bare = false
 			break
 		}

@@ -4,6 +4,8 @@ import (
 	"hash/fnv"
 	"strings"
 	"testing"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func TestDigest(t *testing.T) {
@@ -53,11 +55,11 @@ func TestDigest(t *testing.T) {
 		{"SELECT -. 0000000A, t.1abc", "SELECT -. 0000000A, t. 1abc"}, // a dot never glues to a digit
 	}
 	for _, tt := range tests {
-		got := Digest([]byte(tt.q))
+		got := Digest([]byte(tt.q), sqltext.Mode{})
 		if got != tt.want {
 			t.Errorf("Digest(%q) = %q, want %q", tt.q, got, tt.want)
 		}
-		if again := Digest([]byte(got)); again != got {
+		if again := Digest([]byte(got), sqltext.Mode{}); again != got {
 			t.Errorf("Digest(Digest(%q)) = %q, want %q", tt.q, again, got)
 		}
 	}
@@ -83,12 +85,12 @@ func TestDigestSame(t *testing.T) {
 		},
 	}
 	for _, g := range groups {
-		want := Digest([]byte(g[0]))
+		want := Digest([]byte(g[0]), sqltext.Mode{})
 		for _, q := range g[1:] {
-			if got := Digest([]byte(q)); got != want {
+			if got := Digest([]byte(q), sqltext.Mode{}); got != want {
 				t.Errorf("Digest(%q) = %q, want %q (as for %q)", q, got, want, g[0])
 			}
-			if DigestHash([]byte(q)) != DigestHash([]byte(g[0])) {
+			if DigestHash([]byte(q), sqltext.Mode{}) != DigestHash([]byte(g[0]), sqltext.Mode{}) {
 				t.Errorf("DigestHash(%q) differs from DigestHash(%q)", q, g[0])
 			}
 		}
@@ -109,10 +111,10 @@ func TestDigestDifferent(t *testing.T) {
 		{"SELECT @a", "SELECT @b"},
 	}
 	for _, p := range pairs {
-		if a, b := Digest([]byte(p[0])), Digest([]byte(p[1])); a == b {
+		if a, b := Digest([]byte(p[0]), sqltext.Mode{}), Digest([]byte(p[1]), sqltext.Mode{}); a == b {
 			t.Errorf("Digest(%q) == Digest(%q) == %q", p[0], p[1], a)
 		}
-		if DigestHash([]byte(p[0])) == DigestHash([]byte(p[1])) {
+		if DigestHash([]byte(p[0]), sqltext.Mode{}) == DigestHash([]byte(p[1]), sqltext.Mode{}) {
 			t.Errorf("DigestHash(%q) == DigestHash(%q)", p[0], p[1])
 		}
 	}
@@ -127,7 +129,7 @@ func TestHashDigest(t *testing.T) {
 		}
 	}
 	q := []byte("select * from t where a = 5")
-	if DigestHash(q) != HashDigest(Digest(q)) {
+	if DigestHash(q, sqltext.Mode{}) != HashDigest(Digest(q, sqltext.Mode{})) {
 		t.Error("DigestHash(q) != HashDigest(Digest(q))")
 	}
 }
@@ -142,7 +144,7 @@ func TestDigestLong(t *testing.T) {
 		b.WriteString(strings.Repeat("9", i%7+1))
 		b.WriteString(", 'abc')")
 	}
-	if got, want := Digest([]byte(b.String())), "INSERT INTO t VALUES (...)"; got != want {
+	if got, want := Digest([]byte(b.String()), sqltext.Mode{}), "INSERT INTO t VALUES (...)"; got != want {
 		t.Errorf("long insert digest = %.80q, want %q", got, want)
 	}
 }
@@ -151,7 +153,7 @@ func BenchmarkDigest(b *testing.B) {
 	q := []byte("/* app=web */ SELECT id, name FROM users WHERE id = 42 AND status IN ('a', 'b')")
 	b.ReportAllocs()
 	for b.Loop() {
-		Digest(q)
+		Digest(q, sqltext.Mode{})
 	}
 }
 
@@ -169,11 +171,11 @@ func FuzzDigest(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, q []byte) {
-		d := Digest(q)
-		if d2 := Digest([]byte(d)); d2 != d {
+		d := Digest(q, sqltext.Mode{})
+		if d2 := Digest([]byte(d), sqltext.Mode{}); d2 != d {
 			t.Fatalf("Digest(%q) = %q, but Digest of that = %q", q, d, d2)
 		}
-		if DigestHash(q) != HashDigest(d) {
+		if DigestHash(q, sqltext.Mode{}) != HashDigest(d) {
 			t.Fatalf("DigestHash(%q) != HashDigest(Digest)", q)
 		}
 		c1, m1 := ClassifyQuery(q)

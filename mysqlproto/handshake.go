@@ -135,6 +135,8 @@ type handshakeResponse struct {
 	Auth      []byte // the auth response, aliasing the payload
 	DB        string
 	Plugin    string
+	// Collation is the client's collation id (its character set).
+	Collation uint8
 }
 
 // sslRequestLen is the payload size of an SSLRequest.
@@ -154,6 +156,7 @@ func parseHandshakeResponse(p []byte) (handshakeResponse, error) {
 	if len(p) < sslRequestLen {
 		return r, fmt.Errorf("%w: handshake response too short", ErrMalformedPacket)
 	}
+	r.Collation = p[8]
 	if r.Caps&mysql.CLIENT_LONG_PASSWORD == 0 {
 		r.MariaCaps = uint32(p[28]) | uint32(p[29])<<8 | uint32(p[30])<<16 | uint32(p[31])<<24
 	}
@@ -221,6 +224,9 @@ func rewriteHandshakeResponse(p []byte, caps, maria uint32) {
 type changeUser struct {
 	User   string
 	Plugin string
+	// Collation is the collation id the packet carries, when HasCollation.
+	Collation    uint16
+	HasCollation bool
 }
 
 // parseChangeUser parses a COM_CHANGE_USER payload (command byte included).
@@ -254,7 +260,8 @@ func parseChangeUser(p []byte, caps uint32) (changeUser, error) {
 	}
 	b = b[k:]
 	if len(b) >= 2 {
-		b = b[2:] // character set
+		c.Collation, c.HasCollation = uint16(b[0])|uint16(b[1])<<8, true
+		b = b[2:]
 		if caps&mysql.CLIENT_PLUGIN_AUTH != 0 && len(b) > 0 {
 			name, _, ok := nulString(b)
 			if !ok {

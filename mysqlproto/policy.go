@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"time"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // Class is a statement's cost class, decided by the classifier.
@@ -63,11 +65,23 @@ type Statement struct {
 	// session's sql_mode has NO_BACKSLASH_ESCAPES: a backslash in a string
 	// literal is then an ordinary character.
 	NoBackslashEscapes bool
+	// Charset is how the session's character_set_client reads: in gbk,
+	// big5, sjis, cp932 (and MySQL's gb18030) a multi-byte character's
+	// trail byte may be '\' or '`'. For COM_STMT_EXECUTE and the other
+	// commands on a prepared statement it is the one the text was
+	// prepared in.
+	Charset sqltext.Charset
 	// Scan is what the single pass over the SQL text found, for
 	// COM_QUERY, COM_STMT_PREPARE and (from the prepared text)
 	// COM_STMT_EXECUTE; zero for other commands. The digest is computed
 	// only for a policy other than PassThrough.
 	Scan Scan
+}
+
+// Mode is how the server reads the statement's text: pass it to sqltext
+// (and to what reads SQL with it) to read the text as the server does.
+func (st *Statement) Mode() sqltext.Mode {
+	return sqltext.Mode{Charset: st.Charset, NoBackslashEscapes: st.NoBackslashEscapes}
 }
 
 // Outcome is what mysqlproto measured while forwarding a statement.

@@ -3,6 +3,8 @@ package mysqlproto
 import (
 	"bytes"
 	"fmt"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // This file holds the single pass over a statement's SQL text: one walk of
@@ -39,6 +41,8 @@ type Scan struct {
 	// appears as an identifier or keyword, bare or backquoted, outside
 	// strings and comments (any letter case).
 	Mentions uint64
+	// cs is what the text may do to the session's character_set_client.
+	cs csEffect
 }
 
 // maxScanWords is how many words a Scan can report in Mentions.
@@ -145,6 +149,9 @@ type scanner struct {
 	// skipBlockWord: the previous word was END, and the block type after
 	// it (END IF, END LOOP, ...) closes no further block.
 	skipBlockWord bool
+	// multiCS: a statement that may change the character set is part of
+	// a multi-statement.
+	multiCS bool
 }
 
 // sub returns the input's bytes [i, j) as a string.
@@ -152,28 +159,28 @@ func (s *scanner) sub(i, j int) string {
 	if s.text != "" {
 		return s.text[i:j]
 	}
-	return string(s.d.l.q[i:j])
+	return string(s.d.l.Src()[i:j])
 }
 
-func (s *scanner) next() sqlToken {
-	t := s.d.l.next()
-	switch t.kind {
+func (s *scanner) next() sqltext.Token {
+	t := s.d.l.Next()
+	switch t.Kind {
 	case tkEOF:
 		return t
 	case tkWord:
 		if s.words != nil {
-			s.res.Mentions |= s.words.match(s.d.l.q[t.start:t.end])
+			s.res.Mentions |= s.words.match(s.d.l.Text(t))
 		}
 	case tkQuotedIdent:
-		if s.words != nil && t.end-t.start >= 2 {
-			s.res.Mentions |= s.words.match(s.d.l.q[t.start+1 : t.end-1])
+		if s.words != nil && t.End-t.Start >= 2 {
+			s.res.Mentions |= s.words.match(s.d.l.Src()[t.Start+1 : t.End-1])
 		}
 	}
 	if s.digest {
 		s.d.token(t) // may read on, through a list of literals
 	}
-	if t.kind != tkSemicolon {
-		s.lastEnd = s.d.l.pos
+	if t.Kind != tkSemicolon {
+		s.lastEnd = s.d.l.Pos()
 	}
 	return t
 }
@@ -184,16 +191,16 @@ func (s *scanner) next() sqlToken {
 // writes the digest into digest[:0], returns that buffer (grown as needed)
 // and sets res.Digest and res.DigestHash. words may be nil. It allocates
 // only to grow the digest buffer.
-func scanQuery(q []byte, noBackslashEscapes bool, words *wordSet, res *Scan, digest []byte, withDigest bool) (Class, bool, []byte) {
-	return scanText(q, "", noBackslashEscapes, words, res, digest, withDigest)
+func scanQuery(q []byte, m sqltext.Mode, words *wordSet, res *Scan, digest []byte, withDigest bool) (Class, bool, []byte) {
+	return scanText(q, "", m, words, res, digest, withDigest)
 }
 
 // scanText is scanQuery for a caller that also holds q as the string
 // text, so that the Scan's strings are substrings of it.
-func scanText(q []byte, text string, noBackslashEscapes bool, words *wordSet, res *Scan, digest []byte, withDigest bool) (Class, bool, []byte) {
+func scanText(q []byte, text string, m sqltext.Mode, words *wordSet, res *Scan, digest []byte, withDigest bool) (Class, bool, []byte) {
 	s := scanner{
 		text:   text,
-		d:      digester{l: sqlLexer{q: q, noBackslash: noBackslashEscapes}, out: digest[:0]},
+		d:      digester{l: sqltext.New(q, m), out: digest[:0]},
 		digest: withDigest,
 		words:  words,
 	}
@@ -211,14 +218,16 @@ func scanText(q []byte, text string, noBackslashEscapes bool, words *wordSet, re
 			break
 		}
 	}
-	l := &s.d.l
-	if l.cmtStart > 0 && l.cmtStart >= s.lastEnd && s.lastEnd > 0 {
-		s.res.TrailingComment = s.sub(l.cmtStart, l.cmtEnd)
+	if cs, ce := s.d.l.Comment(); cs > 0 && cs >= s.lastEnd && s.lastEnd > 0 {
+		s.res.TrailingComment = s.sub(cs, ce)
 	}
 	if parts == 0 {
 		class = ClassOther
 	}
 	s.res.EndsTxn = parts == 1 && endsTxn
+	if s.multiCS && parts > 1 && s.res.cs.kind == csPrepared {
+		s.res.cs.kind = csAsk // the session follows prepared names of single statements only
+	}
 	if withDigest {
 		s.res.Digest = s.d.out
 		s.res.DigestHash = fnv64(s.d.out)
@@ -232,9 +241,9 @@ func scanText(q []byte, text string, noBackslashEscapes bool, words *wordSet, re
 // flags had SERVER_STATUS_NO_BACKSLASH_ESCAPES (0x0200) set. Under that mode
 // 'a\'; DELETE ...' ends the string at the second quote, so the DELETE is
 // a second statement; reading it with escapes would hide the write.
-func ClassifyQueryMode(q []byte, noBackslashEscapes bool) (class Class, multi bool) {
+func ClassifyQueryMode(q []byte, m sqltext.Mode) (class Class, multi bool) {
 	var res Scan
-	class, multi, _ = scanQuery(q, noBackslashEscapes, nil, &res, nil, false)
+	class, multi, _ = scanQuery(q, m, nil, &res, nil, false)
 	return class, multi
 }
 
@@ -246,15 +255,15 @@ func ClassifyQueryMode(q []byte, noBackslashEscapes bool) (class Class, multi bo
 func (s *scanner) classifyNext(first bool) (class Class, empty, more, ends bool) {
 	l := &s.d.l
 	t := s.next()
-	if first && l.cmtStart > 0 && l.cmtEnd <= t.start && t.kind != tkEOF {
-		s.res.LeadingComment = s.sub(l.cmtStart, l.cmtEnd)
+	if cs, ce := l.Comment(); first && cs > 0 && ce <= t.Start && t.Kind != tkEOF {
+		s.res.LeadingComment = s.sub(cs, ce)
 	}
 	parens := false
-	for l.isPunct(t, '(') {
+	for l.IsPunct(t, '(') {
 		t = s.next()
 		parens = true
 	}
-	switch t.kind {
+	switch t.Kind {
 	case tkEOF:
 		if parens {
 			return ClassOther, false, false, false
@@ -271,20 +280,37 @@ func (s *scanner) classifyNext(first bool) (class Class, empty, more, ends bool)
 	}
 	class, depth, program := classifyHead(*l, t)
 	ends = !parens && endsTransaction(*l, t)
-	return class, false, s.skipStatement(depth, program), ends
+	var cs csEffect
+	if n := t.End - t.Start; t.Kind == tkWord && (n == 3 || n == 4 || n == 7 || n == 10) {
+		// SET, DROP (PREPARE), EXECUTE, PREPARE, DEALLOCATE: the few
+		// statements that may change character_set_client.
+		cs = charsetEffect(*l, t)
+	}
+	more = s.skipStatement(depth, program)
+	if cs.kind != csNone {
+		if !first || more {
+			s.multiCS = true
+		}
+		s.res.cs = cs
+		if cs.kind == csTo && more {
+			// The server parses the next statement after running this one.
+			l.SetCharset(cs.to)
+		}
+	}
+	return class, false, more, ends
 }
 
 // hint records the optimizer-hint comment right after t, the first
 // keyword, when t may carry one.
-func (s *scanner) hint(t sqlToken) {
+func (s *scanner) hint(t sqltext.Token) {
 	l := &s.d.l
-	switch l.word(t) {
+	switch word(l, t) {
 	case kwSelect, kwInsert, kwReplace, kwUpdate, kwDelete:
 	default:
 		return
 	}
-	q, p := l.q, l.pos
-	for p < len(q) && sqlSpace(q[p]) {
+	q, p := l.Src(), l.Pos()
+	for p < len(q) && sqltext.Space(q[p]) {
 		p++
 	}
 	if !bytes.HasPrefix(q[p:], []byte("/*+")) {
@@ -298,18 +324,18 @@ func (s *scanner) hint(t sqlToken) {
 // endsTransaction reports whether the statement whose first token is t
 // (read from p) is COMMIT, ROLLBACK [WORK] but not ROLLBACK ... TO, or XA
 // COMMIT / XA ROLLBACK.
-func endsTransaction(p sqlLexer, t sqlToken) bool {
-	switch p.word(t) {
+func endsTransaction(p sqltext.Lexer, t sqltext.Token) bool {
+	switch word(&p, t) {
 	case kwCommit:
 		return true
 	case kwRollback:
-		n := p.next()
-		if p.word(n) == kwWork {
-			n = p.next()
+		n := p.Next()
+		if word(&p, n) == kwWork {
+			n = p.Next()
 		}
-		return p.word(n) != kwTo
+		return word(&p, n) != kwTo
 	case kwXA:
-		switch p.word(p.next()) {
+		switch word(&p, p.Next()) {
 		case kwCommit, kwRollback:
 			return true
 		}
@@ -337,7 +363,7 @@ func (s *scanner) skipStatement(depth int, program bool) bool {
 		t := s.next()
 		openedByIf := afterIf
 		afterIf = false
-		switch t.kind {
+		switch t.Kind {
 		case tkEOF:
 			return false
 		case tkSemicolon:
@@ -356,14 +382,14 @@ func (s *scanner) skipStatement(depth int, program bool) bool {
 				return 1 << (n - 1)
 			}
 			switch {
-			case l.isPunct(t, '('):
+			case l.IsPunct(t, '('):
 				parens++
 				if openedByIf {
 					ifParens |= levelBit(parens)
 				}
-			case l.isPunct(t, ','):
+			case l.IsPunct(t, ','):
 				ifParens &^= levelBit(parens)
-			case l.isPunct(t, ')'):
+			case l.IsPunct(t, ')'):
 				if b := levelBit(parens); ifParens&b != 0 {
 					// The condition of an IF statement.
 					ifParens &^= b
@@ -391,38 +417,38 @@ func (s *scanner) skipStatement(depth int, program bool) bool {
 // program body: +1 for a block opener, -1 for END (and the block type
 // after it, as in END IF, opens nothing), 0 otherwise. ifParen is true for
 // IF followed by "(", which skipStatement resolves.
-func (s *scanner) blockDelta(t sqlToken) (delta int, ifParen bool) {
+func (s *scanner) blockDelta(t sqltext.Token) (delta int, ifParen bool) {
 	l := &s.d.l
-	switch l.word(t) {
+	switch word(l, t) {
 	case kwBegin, kwCase, kwLoop, kwWhile:
 		return 1, false
 	case kwRepeat:
 		// REPEAT(str, n) is a function.
-		if p := *l; p.isPunct(p.next(), '(') {
+		if p := *l; p.IsPunct(p.Next(), '(') {
 			return 0, false
 		}
 		return 1, false
 	case kwIf:
 		// IF [NOT] EXISTS is a clause; IF(a, b, c) a function.
 		p := *l
-		n := p.next()
+		n := p.Next()
 		switch {
-		case p.word(n) == kwNot || p.word(n) == kwExists:
+		case word(&p, n) == kwNot || word(&p, n) == kwExists:
 			return 0, false
-		case p.isPunct(n, '('):
+		case p.IsPunct(n, '('):
 			return 0, true
 		}
 		return 1, false
 	case kwFor:
 		// MariaDB's FOR x IN ... DO loop, not FOR UPDATE, FOR EACH ROW, ...
 		p := *l
-		if p.next().kind == tkWord && p.word(p.next()) == kwIn {
+		if p.Next().Kind == tkWord && word(&p, p.Next()) == kwIn {
 			return 1, false
 		}
 		return 0, false
 	case kwEnd:
 		p := *l
-		switch p.word(p.next()) {
+		switch word(&p, p.Next()) {
 		case kwIf, kwCase, kwLoop, kwWhile, kwRepeat, kwFor:
 			s.skipBlockWord = true
 		}
@@ -437,14 +463,14 @@ func (s *scanner) blockDelta(t sqlToken) (delta int, ifParen bool) {
 // noBackslashEscapes (the session's sql_mode says NO_BACKSLASH_ESCAPES).
 // It allocates, so it is for the rare multi-statement (st.Multi), never
 // for every query.
-func SplitStatements(q []byte, noBackslashEscapes bool) [][]byte {
-	s := scanner{d: digester{l: sqlLexer{q: q, noBackslash: noBackslashEscapes}}}
+func SplitStatements(q []byte, m sqltext.Mode) [][]byte {
+	s := scanner{d: digester{l: sqltext.New(q, m)}}
 	var out [][]byte
 	for {
-		start := s.d.l.pos
+		start := s.d.l.Pos()
 		_, empty, more, _ := s.classifyNext(false)
 		if !empty {
-			part := bytes.TrimSpace(q[start:s.d.l.pos])
+			part := bytes.TrimSpace(q[start:s.d.l.Pos()])
 			if more {
 				part = bytes.TrimSpace(bytes.TrimSuffix(part, []byte(";")))
 			}
@@ -478,6 +504,6 @@ func ScanStatement(st *Statement, words []string) error {
 	if err != nil {
 		return err
 	}
-	st.Class, st.Multi, _ = scanText([]byte(st.Query), st.Query, false, ws, &st.Scan, nil, true)
+	st.Class, st.Multi, _ = scanText([]byte(st.Query), st.Query, st.Mode(), ws, &st.Scan, nil, true)
 	return nil
 }

@@ -4,8 +4,10 @@ package mysqlproto
 // pass (scan.go): the differential tests and fuzz targets check that the
 // single pass gives exactly their answers.
 
-func refClassifyQueryMode(q []byte, noBackslashEscapes bool) (class Class, multi bool) {
-	l := sqlLexer{q: q, noBackslash: noBackslashEscapes}
+import "github.com/rgproxy/rgproxy/sqltext"
+
+func refClassifyQueryMode(q []byte, m sqltext.Mode) (class Class, multi bool) {
+	l := sqltext.New(q, m)
 	class = classNone
 	parts := 0
 	for {
@@ -24,14 +26,14 @@ func refClassifyQueryMode(q []byte, noBackslashEscapes bool) (class Class, multi
 	return class, parts > 1
 }
 
-func refClassifyNext(l *sqlLexer) (class Class, empty, more bool) {
-	t := l.next()
+func refClassifyNext(l *sqltext.Lexer) (class Class, empty, more bool) {
+	t := l.Next()
 	parens := false
-	for l.isPunct(t, '(') {
-		t = l.next()
+	for l.IsPunct(t, '(') {
+		t = l.Next()
 		parens = true
 	}
-	switch t.kind {
+	switch t.Kind {
 	case tkEOF:
 		if parens {
 			return ClassOther, false, false
@@ -44,20 +46,28 @@ func refClassifyNext(l *sqlLexer) (class Class, empty, more bool) {
 		return classNone, true, true
 	}
 	class, depth, program := classifyHead(*l, t)
-	return class, false, l.refSkipStatement(depth, program)
+	// The one rule the separate passes did not have: after a SET NAMES
+	// (or the like) of a known character set, the server reads the next
+	// statement of a multi-statement in that character set.
+	cs := charsetEffect(*l, t)
+	more = refSkipStatement(l, depth, program)
+	if cs.kind == csTo && more {
+		l.SetCharset(cs.to)
+	}
+	return class, false, more
 }
 
-func (l *sqlLexer) refSkipStatement(depth int, program bool) bool {
+func refSkipStatement(l *sqltext.Lexer, depth int, program bool) bool {
 	var (
 		parens   int    // open parentheses
 		ifParens uint64 // bit i: the parenthesis at level i+1 follows IF and has no comma yet
 		afterIf  bool   // the previous token was IF followed by "("
 	)
 	for {
-		t := l.next()
+		t := l.Next()
 		openedByIf := afterIf
 		afterIf = false
-		switch t.kind {
+		switch t.Kind {
 		case tkEOF:
 			return false
 		case tkSemicolon:
@@ -76,14 +86,14 @@ func (l *sqlLexer) refSkipStatement(depth int, program bool) bool {
 				return 1 << (n - 1)
 			}
 			switch {
-			case l.isPunct(t, '('):
+			case l.IsPunct(t, '('):
 				parens++
 				if openedByIf {
 					ifParens |= levelBit(parens)
 				}
-			case l.isPunct(t, ','):
+			case l.IsPunct(t, ','):
 				ifParens &^= levelBit(parens)
-			case l.isPunct(t, ')'):
+			case l.IsPunct(t, ')'):
 				if b := levelBit(parens); ifParens&b != 0 {
 					// The condition of an IF statement.
 					ifParens &^= b
@@ -96,44 +106,44 @@ func (l *sqlLexer) refSkipStatement(depth int, program bool) bool {
 		case tkWord:
 			if program {
 				var d int
-				d, afterIf = l.refBlockDelta(t)
+				d, afterIf = refBlockDelta(l, t)
 				depth += d
 			}
 		}
 	}
 }
 
-func (l *sqlLexer) refBlockDelta(t sqlToken) (delta int, ifParen bool) {
-	switch l.word(t) {
+func refBlockDelta(l *sqltext.Lexer, t sqltext.Token) (delta int, ifParen bool) {
+	switch word(l, t) {
 	case kwBegin, kwCase, kwLoop, kwWhile:
 		return 1, false
 	case kwRepeat:
 		// REPEAT(str, n) is a function.
-		if p := *l; p.isPunct(p.next(), '(') {
+		if p := *l; p.IsPunct(p.Next(), '(') {
 			return 0, false
 		}
 		return 1, false
 	case kwIf:
 		// IF [NOT] EXISTS is a clause; IF(a, b, c) a function.
 		p := *l
-		n := p.next()
+		n := p.Next()
 		switch {
-		case p.word(n) == kwNot || p.word(n) == kwExists:
+		case word(&p, n) == kwNot || word(&p, n) == kwExists:
 			return 0, false
-		case p.isPunct(n, '('):
+		case p.IsPunct(n, '('):
 			return 0, true
 		}
 		return 1, false
 	case kwFor:
 		// MariaDB's FOR x IN ... DO loop, not FOR UPDATE, FOR EACH ROW, ...
 		p := *l
-		if p.next().kind == tkWord && p.word(p.next()) == kwIn {
+		if p.Next().Kind == tkWord && word(&p, p.Next()) == kwIn {
 			return 1, false
 		}
 		return 0, false
 	case kwEnd:
 		p := *l
-		switch p.word(p.next()) {
+		switch word(&p, p.Next()) {
 		case kwIf, kwCase, kwLoop, kwWhile, kwRepeat, kwFor:
 			*l = p
 		}
@@ -142,8 +152,8 @@ func (l *sqlLexer) refBlockDelta(t sqlToken) (delta int, ifParen bool) {
 	return 0, false
 }
 
-func refDigest(q []byte) string {
-	d := digester{l: sqlLexer{q: q}, out: make([]byte, 0, len(q)+8)}
+func refDigest(q []byte, m sqltext.Mode) string {
+	d := digester{l: sqltext.New(q, m), out: make([]byte, 0, len(q)+8)}
 	d.refRun()
 	return string(d.out)
 }
@@ -151,9 +161,9 @@ func refDigest(q []byte) string {
 func (d *digester) refRun() {
 	var buf [digestMaxKeywordLen]byte
 	for {
-		t := d.l.next()
-		text := d.l.q[t.start:t.end]
-		switch t.kind {
+		t := d.l.Next()
+		text := d.l.Text(t)
+		switch t.Kind {
 		case tkEOF:
 			return
 		case tkSemicolon:
@@ -183,15 +193,15 @@ func (d *digester) refRun() {
 			}
 		case tkPunct:
 			switch {
-			case d.l.isPunct(t, '('):
+			case d.l.IsPunct(t, '('):
 				d.emitString(dOpen, "(")
-			case d.l.isPunct(t, ')'):
+			case d.l.IsPunct(t, ')'):
 				d.emitString(dClose, ")")
-			case d.l.isPunct(t, ','):
+			case d.l.IsPunct(t, ','):
 				d.emitString(dComma, ",")
-			case d.l.isPunct(t, '.'):
+			case d.l.IsPunct(t, '.'):
 				d.emitString(dDot, ".")
-			case (d.l.isPunct(t, '-') || d.l.isPunct(t, '+')) && (d.pending || !d.prev.operand()):
+			case (d.l.IsPunct(t, '-') || d.l.IsPunct(t, '+')) && (d.pending || !d.prev.operand()):
 				// A sign before a literal is part of it: "= -1" is "= ?".
 				p := d.l
 				if literalRun(&p, t) {
@@ -204,12 +214,12 @@ func (d *digester) refRun() {
 				d.emit(dOp, text)
 				for {
 					p := d.l
-					n := p.next()
-					if !p.isPunct(n, '-') && !p.isPunct(n, '+') {
+					n := p.Next()
+					if !p.IsPunct(n, '-') && !p.IsPunct(n, '+') {
 						break
 					}
 					d.l = p
-					d.emit(dOp, p.q[n.start:n.end])
+					d.emit(dOp, p.Text(n))
 				}
 			default:
 				d.emit(dOp, text)

@@ -17,6 +17,8 @@ import (
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/pingcap/failpoint"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // Session errors.
@@ -46,9 +48,10 @@ const keepBuf = 1 << 20
 type prepared struct {
 	query    string
 	class    Class
-	scan     Scan   // of query; Digest points into digest
-	digest   []byte // the digest, owned by the statement
-	longData int64  // SEND_LONG_DATA bytes not yet charged to an EXECUTE
+	scan     Scan            // of query; Digest points into digest
+	charset  sqltext.Charset // the character set query was read in
+	digest   []byte          // the digest, owned by the statement
+	longData int64           // SEND_LONG_DATA bytes not yet charged to an EXECUTE
 }
 
 // session is one client connection and its dedicated backend connection.
@@ -104,6 +107,14 @@ type session struct {
 	// execute or bulk is relayed as it arrives).
 	unread int
 	seq    byte // sequence id of the last packet sent to the client
+	// charset is how the backend reads the session's text now
+	// (character_set_client); csStale: a statement may have changed it in
+	// a way its text does not tell, and the backend is asked before the
+	// next text is scanned; sqlPrepared: what each SQL-level prepared
+	// statement (by lower-case name) does to it (charset.go).
+	charset     sqltext.Charset
+	csStale     bool
+	sqlPrepared map[string]csEffect
 	// st and out are the current statement's, reused so that a statement
 	// costs no allocation for them; policies get pointers valid only
 	// during the call.
@@ -379,6 +390,7 @@ func (ss *session) login() error {
 		return fmt.Errorf("%w: client did not use TLS", ErrAuthRefused)
 	}
 	ss.info.User = resp.User
+	ss.setLoginCharset(uint16(resp.Collation))
 	plugin := resp.Plugin
 	if plugin == "" {
 		plugin = g.Plugin

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // Result is what an executed statement returns to the client: a result set
@@ -81,7 +80,7 @@ func Execute(ctx context.Context, st Statement, store Store) (*Result, error) {
 func createGroup(ctx context.Context, s *CreateGroup, store Store) (*Result, error) {
 	g := s.Group.Clone()
 	g.Name, g.Version = NormalizeName(g.Name), 0
-	if err := g.Validate(); err != nil {
+	if err := g.ValidateNew(); err != nil {
 		return nil, err
 	}
 	if err := checkSwitchTarget(ctx, g, store); err != nil {
@@ -176,7 +175,7 @@ func alterUser(ctx context.Context, s *AlterUserGroup, store Store) (*Result, er
 // tag bound to no group leaves statements to the account's binding, which
 // is not `default`.
 func createTagBinding(ctx context.Context, s *CreateTagBinding, store Store) (*Result, error) {
-	if err := ValidateTag(s.Key, s.Value); err != nil {
+	if err := ValidateNewTag(s.Key, s.Value); err != nil {
 		return nil, err
 	}
 	group := NormalizeName(s.Group)
@@ -260,57 +259,4 @@ func selectGroups(ctx context.Context, s *SelectGroups, store Store) (*Result, e
 		res.Rows = append(res.Rows, row)
 	}
 	return res, nil
-}
-
-// HasSuper reports whether SHOW GRANTS lines (MySQL or MariaDB) give SUPER
-// on *.*: ALL [PRIVILEGES] ON *.* or a list naming SUPER. Database- and
-// table-level grants, roles and PROXY grants do not count.
-func HasSuper(grants []string) bool {
-	for _, line := range grants {
-		if grantHasSuper(line) {
-			return true
-		}
-	}
-	return false
-}
-
-func grantHasSuper(line string) bool {
-	u := strings.ToUpper(strings.TrimSpace(line))
-	if !strings.HasPrefix(u, "GRANT ") {
-		return false
-	}
-	u = u[len("GRANT "):]
-	on := strings.Index(u, " ON ")
-	if on < 0 {
-		return false
-	}
-	privs, target := u[:on], strings.TrimSpace(u[on+len(" ON "):])
-	if to := strings.Index(target, " TO "); to >= 0 {
-		target = target[:to]
-	}
-	target = strings.TrimSpace(target)
-	if target != "*.*" && target != "`*`.`*`" {
-		return false
-	}
-	depth, start := 0, 0
-	check := func(p string) bool {
-		p = strings.Join(strings.Fields(p), " ")
-		return p == "SUPER" || p == "ALL" || p == "ALL PRIVILEGES"
-	}
-	for i := 0; i < len(privs); i++ {
-		switch privs[i] {
-		case '(':
-			depth++
-		case ')':
-			depth--
-		case ',':
-			if depth == 0 {
-				if check(privs[start:i]) {
-					return true
-				}
-				start = i + 1
-			}
-		}
-	}
-	return check(privs[start:])
 }

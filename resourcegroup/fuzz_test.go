@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 var fuzzSeeds = []string{
@@ -35,14 +37,14 @@ func FuzzParse(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, sql string) {
-		st, err := Parse(sql)
+		st, err := Parse(sql, sqltext.Mode{})
 		if err != nil {
 			if _, ok := err.(*Error); !ok {
 				t.Fatalf("Parse(%q) error %T is not *Error", sql, err)
 			}
 			return
 		}
-		if !IsAdmin(sql) {
+		if !IsAdmin(sql, sqltext.Mode{}) {
 			t.Fatalf("Parse(%q) succeeded but IsAdmin is false", sql)
 		}
 		c, ok := st.(*CreateGroup)
@@ -53,7 +55,7 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse(%q) returned an invalid group: %v", sql, err)
 		}
 		text := c.Group.SQL()
-		st2, err := Parse(text)
+		st2, err := Parse(text, sqltext.Mode{})
 		if err != nil {
 			t.Fatalf("reparse of %q (from %q): %v", text, sql, err)
 		}
@@ -69,8 +71,8 @@ func FuzzIsAdmin(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, sql string) {
-		admin := IsAdmin(sql)
-		if _, err := Parse(sql); err == nil && !admin {
+		admin := IsAdmin(sql, sqltext.Mode{})
+		if _, err := Parse(sql, sqltext.Mode{}); err == nil && !admin {
 			t.Fatalf("Parse(%q) succeeded but IsAdmin is false", sql)
 		}
 	})

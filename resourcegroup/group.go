@@ -20,7 +20,9 @@ const Unlimited uint64 = math.MaxUint64
 // DefaultGroup is the name of the group that always exists.
 const DefaultGroup = "default"
 
-// MaxNameLength is the longest group name accepted, in characters.
+// MaxNameLength is the longest name of a new group, in bytes, as in TiDB
+// (ValidateNewName). A name that refers to a group may have up to this many
+// characters (ValidateName): the rule of earlier versions.
 const MaxNameLength = 32
 
 // Priority orders admission when a proxy's backend concurrency limit is reached.
@@ -190,7 +192,8 @@ const MaxTagLength = 256
 
 // ValidateTag checks the tag of a tag binding: a key of 1 to MaxTagLength
 // bytes and a value of at most MaxTagLength, both valid UTF-8 (they travel
-// in protobuf strings and JSON).
+// in protobuf strings and JSON). It is the rule for tags read or dropped;
+// a new binding's tag also passes ValidateNewTag.
 func ValidateTag(key, value string) error {
 	switch {
 	case key == "":

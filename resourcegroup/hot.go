@@ -5,16 +5,25 @@ package resourcegroup
 // and HintGroup (on the body of an optimizer-hint comment). Neither
 // allocates unless it finds something (a hint's upper-case name).
 
-// scanner walks tokens of a statement without allocating. It follows the
-// lexer's rules for comments and quotes, so that IsAdmin agrees with Parse.
+import "github.com/rgproxy/rgproxy/sqltext"
+
+// scanner walks a statement's tokens with sqltext's lexer, in the
+// session's mode, without allocating; it stops (end) where Parse would
+// refuse the text lexically (an executable comment, an unterminated quote
+// or comment), so that IsAdmin agrees with Parse.
 type scanner struct {
 	s string
-	i int
+	l sqltext.Lexer
+}
+
+func newScanner(s string, m sqltext.Mode) scanner {
+	return scanner{s: s, l: sqltext.NewString(s, m)}
 }
 
 // scanTok is a token seen by the scanner: word is the text of a bare or
 // backquoted identifier (backquoted ones with quote set), punct a single
-// byte, or both empty at the end or on anything the lexer would refuse.
+// byte (the quote of a string), or both empty at the end or on anything
+// the lexer would refuse.
 type scanTok struct {
 	word   string
 	quoted bool
@@ -23,60 +32,17 @@ type scanTok struct {
 }
 
 func (sc *scanner) next() scanTok {
-	i, ok := skipSpace(sc.s, sc.i)
-	if !ok || i >= len(sc.s) {
-		sc.i = len(sc.s)
+	t := sc.l.Next()
+	if t.Kind == sqltext.EOF || sc.l.SawExec() || sc.l.Unterminated() {
 		return scanTok{end: true}
 	}
-	c := sc.s[i]
-	switch {
-	case isIdentByte(c):
-		j := i
-		for j < len(sc.s) && isIdentByte(sc.s[j]) {
-			j++
-		}
-		sc.i = j
-		return scanTok{word: sc.s[i:j]}
-	case c == '`':
-		j, ok := skipQuoted(sc.s, i, '`', false)
-		if !ok {
-			sc.i = len(sc.s)
-			return scanTok{end: true}
-		}
-		sc.i = j
-		return scanTok{word: sc.s[i+1 : j-1], quoted: true}
-	case c == '\'' || c == '"':
-		j, ok := skipQuoted(sc.s, i, c, true)
-		if !ok {
-			sc.i = len(sc.s)
-			return scanTok{end: true}
-		}
-		sc.i = j
-		return scanTok{punct: c}
+	switch t.Kind {
+	case sqltext.Word:
+		return scanTok{word: sc.s[t.Start:t.End]}
+	case sqltext.QuotedIdent:
+		return scanTok{word: sc.s[t.Start+1 : t.End-1], quoted: true}
 	}
-	sc.i = i + 1
-	return scanTok{punct: c}
-}
-
-// skipQuoted returns the offset after the quoted text at s[i] == q.
-func skipQuoted(s string, i int, q byte, backslash bool) (int, bool) {
-	j := i + 1
-	for j < len(s) {
-		c := s[j]
-		switch {
-		case c == q:
-			if j+1 < len(s) && s[j+1] == q {
-				j += 2
-				continue
-			}
-			return j + 1, true
-		case c == '\\' && backslash && j+1 < len(s):
-			j += 2
-		default:
-			j++
-		}
-	}
-	return j, false
+	return scanTok{punct: sc.s[t.Start]}
 }
 
 // eqFold compares ASCII case-insensitively. Keywords are ASCII; unlike
@@ -119,8 +85,9 @@ func (t scanTok) isKw(kw string) bool { return !t.quoted && eqFold(t.word, kw) }
 // the statements rgproxy executes itself (every statement Parse accepts,
 // and SELECTs on information_schema.resource_groups or runaway_watches).
 // Leading comments are skipped; an executable comment (/*! */) is not.
-func IsAdmin(query string) bool {
-	sc := scanner{s: query}
+// m is the session's mode, as for Parse.
+func IsAdmin(query string, m sqltext.Mode) bool {
+	sc := newScanner(query, m)
 	first := sc.next()
 	switch {
 	case first.isKw("CREATE"), first.isKw("DROP"), first.isKw("SET"):
@@ -159,7 +126,7 @@ func IsAdmin(query string) bool {
 	case first.isKw("SELECT"):
 		// Most SELECTs name neither table nor function: a byte scan rules
 		// them out before tokenizing.
-		if !containsFold(query[sc.i:], "resource_group") && !containsFold(query[sc.i:], "runaway_watches") {
+		if rest := query[sc.l.Pos():]; !containsFold(rest, "resource_group") && !containsFold(rest, "runaway_watches") {
 			return false
 		}
 		// state: 0 nothing, 1 after information_schema, 2 after its dot.
@@ -185,22 +152,22 @@ func IsAdmin(query string) bool {
 // HintGroup returns the group named by RESOURCE_GROUP(name) in the body of
 // an optimizer-hint comment (what is between "/*+" and "*/"); with several,
 // the last one wins, as in TiDB. The name is normalized. It allocates only
-// for a name that is not already lower case.
-func HintGroup(body string) (string, bool) {
-	hs := scanner{s: body}
+// for a name that is not already lower case. m is the session's mode.
+func HintGroup(body string, m sqltext.Mode) (string, bool) {
+	hs := newScanner(body, m)
 	name, found := "", false
 	for t := hs.next(); !t.end; t = hs.next() {
 		if !t.isKw("RESOURCE_GROUP") {
 			continue
 		}
-		save := hs.i
+		save := hs
 		if hs.next().punct != '(' {
-			hs.i = save
+			hs = save
 			continue
 		}
 		arg := hs.next()
 		if arg.word == "" || hs.next().punct != ')' {
-			hs.i = save
+			hs = save
 			continue
 		}
 		name, found = arg.word, true

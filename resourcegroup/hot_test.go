@@ -6,6 +6,7 @@ import (
 	"github.com/go-mysql-org/go-mysql/mysql"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // hintOf is what the proxy does with a COM_QUERY: mysqlproto's single pass
@@ -18,7 +19,7 @@ func hintOf(t testing.TB, q string) (string, bool) {
 	if st.Scan.Hint == "" {
 		return "", false
 	}
-	return HintGroup(st.Scan.Hint)
+	return HintGroup(st.Scan.Hint, sqltext.Mode{})
 }
 
 func TestIsAdmin(t *testing.T) {
@@ -71,9 +72,29 @@ func TestIsAdmin(t *testing.T) {
 		{"select `information_schema`.`resource_groups`.name from x", true},
 	}
 	for _, tt := range tests {
-		if got := IsAdmin(tt.q); got != tt.want {
+		if got := IsAdmin(tt.q, sqltext.Mode{}); got != tt.want {
 			t.Errorf("IsAdmin(%q) = %v, want %v", tt.q, got, tt.want)
 		}
+	}
+}
+
+// In a gbk session 0x81 0x5C is one character: the string ends after it,
+// and what follows is code, as the server reads it; byte by byte the
+// backslash escapes the quote and it is all one string.
+func TestIsAdminCharset(t *testing.T) {
+	q := "ALTER USER app IDENTIFIED BY '\x81\\' RESOURCE GROUP rg1 -- '"
+	if !IsAdmin(q, sqltext.Mode{Charset: sqltext.GBK}) {
+		t.Errorf("IsAdmin(%q) in gbk = false", q)
+	}
+	if IsAdmin(q, sqltext.Mode{}) {
+		t.Errorf("IsAdmin(%q) in utf8mb4 = true", q)
+	}
+	st, err := Parse("SELECT * FROM information_schema.resource_groups WHERE NAME = '\x81\\'", sqltext.Mode{Charset: sqltext.GBK})
+	if err != nil || st.(*SelectGroups).Name != NormalizeName("\x81\\") {
+		t.Errorf("Parse in gbk = %#v, %v", st, err)
+	}
+	if _, err := Parse("SELECT * FROM information_schema.resource_groups WHERE NAME = '\x81\\'", sqltext.Mode{}); err == nil {
+		t.Error("Parse in utf8mb4 accepted an unterminated string")
 	}
 }
 
@@ -123,12 +144,12 @@ func TestHotPathAllocations(t *testing.T) {
 		"select /*+ resource_group(rg1) */ 1",
 	}
 	for _, q := range queries {
-		if n := testing.AllocsPerRun(100, func() { IsAdmin(q) }); n != 0 {
+		if n := testing.AllocsPerRun(100, func() { IsAdmin(q, sqltext.Mode{}) }); n != 0 {
 			t.Errorf("IsAdmin(%q) allocates %v times", q, n)
 		}
 	}
 	for _, body := range []string{" resource_group(rg1) ", " MAX_EXECUTION_TIME(10) ", ""} {
-		if n := testing.AllocsPerRun(100, func() { HintGroup(body) }); n != 0 {
+		if n := testing.AllocsPerRun(100, func() { HintGroup(body, sqltext.Mode{}) }); n != 0 {
 			t.Errorf("HintGroup(%q) allocates %v times", body, n)
 		}
 	}
@@ -138,7 +159,7 @@ func BenchmarkIsAdmin(b *testing.B) {
 	q := "/* app=web */ SELECT id, name, email FROM users WHERE id = 42 AND status = 'active'"
 	b.ReportAllocs()
 	for b.Loop() {
-		IsAdmin(q)
+		IsAdmin(q, sqltext.Mode{})
 	}
 }
 
@@ -146,6 +167,6 @@ func BenchmarkHintGroup(b *testing.B) {
 	body := " RESOURCE_GROUP(rg1) "
 	b.ReportAllocs()
 	for b.Loop() {
-		HintGroup(body)
+		HintGroup(body, sqltext.Mode{})
 	}
 }

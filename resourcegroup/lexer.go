@@ -1,8 +1,13 @@
 package resourcegroup
 
-import "strings"
+import (
+	"strings"
 
-// tokKind is the lexical class of a token.
+	"github.com/rgproxy/rgproxy/sqltext"
+)
+
+// tokKind is the lexical class of a token, as the admin grammar sees
+// sqltext's tokens.
 type tokKind uint8
 
 const (
@@ -11,7 +16,9 @@ const (
 	tkQIdent         // `backquoted` identifier, unescaped
 	tkString         // 'single' or "double" quoted string, unescaped
 	tkNumber         // unsigned decimal integer
-	tkPunct          // one of = ( ) , ; . * @ -
+	tkPunct          // an operator or punctuation: = ( ) , ; . * @ - ...
+	tkVar            // @name, @'name' (user@host lexes so), @@name
+	tkOther          // any other literal (1.5, 0x1F, N'x', ?): no rule takes it
 )
 
 // token is one lexeme; pos is its byte offset in the statement, for 1064.
@@ -21,159 +28,76 @@ type token struct {
 	pos  int
 }
 
-// lexer splits an admin statement into tokens. Comments are skipped;
-// executable comments (/*! */, /*M! */) are refused, as IsAdmin does not
-// look inside them either.
+// lexer reads an admin statement with sqltext's lexer, in the session's
+// mode (character set, NO_BACKSLASH_ESCAPES), so that rgproxy reads the
+// statement as the server would. Comments are skipped; executable
+// comments (/*! */, /*M! */) are refused, as IsAdmin does not take them
+// either; an unterminated comment or quote is a syntax error.
 type lexer struct {
-	src string
-	pos int
+	src  string
+	mode sqltext.Mode
+	l    sqltext.Lexer
 }
 
-// skipSpace skips whitespace and comments; it reports the offset of an
-// unterminated or executable comment as a failure.
-func skipSpace(s string, i int) (int, bool) {
-	for i < len(s) {
-		c := s[i]
-		switch {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
-			i++
-		case c == '#':
-			i = lineEnd(s, i)
-		case c == '-' && i+2 < len(s) && s[i+1] == '-' && isCommentSpace(s[i+2]):
-			i = lineEnd(s, i)
-		case c == '-' && i+2 == len(s) && s[i+1] == '-':
-			// "--" at the very end is an empty comment.
-			i = len(s)
-		case c == '/' && i+1 < len(s) && s[i+1] == '*':
-			if isCodeComment(s, i) {
-				return i, false
-			}
-			end := strings.Index(s[i+2:], "*/")
-			if end < 0 {
-				return i, false
-			}
-			i += 2 + end + 2
-		default:
-			return i, true
-		}
-	}
-	return i, true
-}
-
-// isCommentSpace reports whether c may follow "--" to start a comment
-// (MySQL wants a space or control character there).
-func isCommentSpace(c byte) bool { return c <= ' ' }
-
-// lineEnd returns the offset just past the line that holds offset i.
-func lineEnd(s string, i int) int {
-	if j := strings.IndexByte(s[i:], '\n'); j >= 0 {
-		return i + j + 1
-	}
-	return len(s)
-}
-
-// isCodeComment reports whether the comment at i is /*! or /*M!.
-func isCodeComment(s string, i int) bool {
-	rest := s[i+2:]
-	return strings.HasPrefix(rest, "!") || strings.HasPrefix(rest, "M!")
-}
-
-// isIdentByte reports whether c may appear in a bare identifier; bytes of
-// multi-byte UTF-8 characters are accepted, as MySQL does.
-func isIdentByte(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '$' || c >= 0x80
+func newLexer(src string, m sqltext.Mode) lexer {
+	return lexer{src: src, mode: m, l: sqltext.NewString(src, m)}
 }
 
 // next returns the next token.
-func (l *lexer) next() (token, error) {
-	i, ok := skipSpace(l.src, l.pos)
-	if !ok {
-		return token{}, NewSyntax(l.src, i)
+func (lx *lexer) next() (token, error) {
+	from := lx.l.Pos()
+	t := lx.l.Next()
+	if lx.l.SawExec() {
+		return token{}, NewSyntax(lx.src, commentAt(lx.src, from))
 	}
-	l.pos = i
-	if i >= len(l.src) {
-		return token{kind: tkEOF, pos: i}, nil
-	}
-	c := l.src[i]
-	switch {
-	case isIdentByte(c):
-		j := i
-		digits := true
-		for j < len(l.src) && isIdentByte(l.src[j]) {
-			if l.src[j] < '0' || l.src[j] > '9' {
-				digits = false
+	text := lx.src[t.Start:t.End]
+	switch t.Kind {
+	case sqltext.EOF:
+		if lx.l.Unterminated() {
+			return token{}, NewSyntax(lx.src, commentAt(lx.src, from))
+		}
+		return token{kind: tkEOF, pos: t.Start}, nil
+	case sqltext.Word:
+		return token{kind: tkWord, text: text, pos: t.Start}, nil
+	case sqltext.Number:
+		if strings.Trim(text, "0123456789") == "" {
+			return token{kind: tkNumber, text: text, pos: t.Start}, nil
+		}
+	case sqltext.QuotedIdent, sqltext.String:
+		v, ok := sqltext.Unquote(text, lx.mode)
+		if !ok {
+			if text[0] != '\'' && text[0] != '"' && text[0] != '`' {
+				break // N'...', _charset'...'
 			}
-			j++
+			return token{}, NewSyntax(lx.src, t.Start)
 		}
-		l.pos = j
-		if digits {
-			return token{kind: tkNumber, text: l.src[i:j], pos: i}, nil
+		if t.Kind == sqltext.QuotedIdent {
+			return token{kind: tkQIdent, text: v, pos: t.Start}, nil
 		}
-		return token{kind: tkWord, text: l.src[i:j], pos: i}, nil
-	case c == '`':
-		text, end, ok := unquote(l.src, i, '`', false)
-		if !ok {
-			return token{}, NewSyntax(l.src, i)
+		return token{kind: tkString, text: v, pos: t.Start}, nil
+	case sqltext.Punct, sqltext.Semicolon:
+		return token{kind: tkPunct, text: text, pos: t.Start}, nil
+	case sqltext.Var:
+		if lx.l.Unterminated() {
+			return token{}, NewSyntax(lx.src, t.Start)
 		}
-		l.pos = end
-		return token{kind: tkQIdent, text: text, pos: i}, nil
-	case c == '\'' || c == '"':
-		text, end, ok := unquote(l.src, i, c, true)
-		if !ok {
-			return token{}, NewSyntax(l.src, i)
-		}
-		l.pos = end
-		return token{kind: tkString, text: text, pos: i}, nil
-	case strings.IndexByte("=(),;.*@-", c) >= 0:
-		l.pos = i + 1
-		return token{kind: tkPunct, text: l.src[i : i+1], pos: i}, nil
+		return token{kind: tkVar, text: text, pos: t.Start}, nil
 	}
-	return token{}, NewSyntax(l.src, i)
+	return token{kind: tkOther, text: text, pos: t.Start}, nil
 }
 
-// unquote reads the quoted text starting at s[i] == q: a doubled quote is
-// one quote and, when backslash is true, \x escapes as MySQL's strings do.
-// It returns the text, the offset after the closing quote, and false when
-// the quote is not closed.
-func unquote(s string, i int, q byte, backslash bool) (string, int, bool) {
-	var b strings.Builder
-	j := i + 1
-	for j < len(s) {
-		c := s[j]
-		switch {
-		case c == q:
-			if j+1 < len(s) && s[j+1] == q {
-				b.WriteByte(q)
-				j += 2
-				continue
-			}
-			return b.String(), j + 1, true
-		case c == '\\' && backslash && j+1 < len(s):
-			b.WriteByte(unescape(s[j+1]))
-			j += 2
-		default:
-			b.WriteByte(c)
-			j++
-		}
-	}
-	return "", j, false
+// host reads the unquoted host name of user@host from offset p, as the
+// server's lexer reads a host after '@' (192.168.1.1 is one name).
+func (lx *lexer) host(p int) token {
+	t := lx.l.Host(p)
+	return token{kind: tkWord, text: lx.src[t.Start:t.End], pos: t.Start}
 }
 
-// unescape maps the character after a backslash in a MySQL string.
-func unescape(c byte) byte {
-	switch c {
-	case 'n':
-		return '\n'
-	case 't':
-		return '\t'
-	case 'r':
-		return '\r'
-	case '0':
-		return 0
-	case 'b':
-		return '\b'
-	case 'Z':
-		return 26
+// commentAt returns the offset of the comment that starts at or after
+// from (an executable or unterminated one), for the error's position.
+func commentAt(s string, from int) int {
+	if i := strings.Index(s[from:], "/*"); i >= 0 {
+		return from + i
 	}
-	return c
+	return from
 }

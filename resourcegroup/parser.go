@@ -1,6 +1,6 @@
 package resourcegroup
 
-// The parser is a small hand-written lexer and recursive-descent parser for
+// The parser is a small recursive-descent parser, over sqltext's tokens, for
 // exactly the admin statements rgproxy owns (TiDB's resource-group syntax
 // plus rgproxy's own SHOW statements). TiDB's parser package speaks the same
 // grammar but pulls a large dependency tree into a build that runs on two
@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // infoSchemaColumns are the columns of information_schema.resource_groups,
@@ -40,8 +42,12 @@ type parser struct {
 // Parse parses one admin statement. Errors are *Error: 1064 with the
 // position, 1105 for invalid values (TiDB's wording), 1235 for shapes
 // rgproxy does not implement, 1295 for more than one statement.
-func Parse(sql string) (Statement, error) {
-	p := &parser{lex: lexer{src: sql}}
+//
+// m is the session's mode (Statement.Mode in mysqlproto): the statement is
+// read in its character set and NO_BACKSLASH_ESCAPES, as the server would
+// read it.
+func Parse(sql string, m sqltext.Mode) (Statement, error) {
+	p := &parser{lex: newLexer(sql, m)}
 	if err := p.advance(); err != nil {
 		return nil, err
 	}
@@ -150,13 +156,20 @@ func (p *parser) statement() (Statement, error) {
 	return nil, p.fail()
 }
 
-// groupName reads a group name (bare or backquoted) and normalizes it.
-func (p *parser) groupName() (string, error) {
+// groupName reads the name (bare or backquoted) of an existing group and
+// normalizes it; ValidateName checks it.
+func (p *parser) groupName() (string, error) { return p.name(ValidateName) }
+
+// newGroupName reads the name of a group being created; ValidateNewName
+// checks it.
+func (p *parser) newGroupName() (string, error) { return p.name(ValidateNewName) }
+
+func (p *parser) name(validate func(string) error) (string, error) {
 	if p.tok.kind != tkWord && p.tok.kind != tkQIdent {
 		return "", p.fail()
 	}
 	name := NormalizeName(p.tok.text)
-	if err := ValidateName(name); err != nil {
+	if err := validate(name); err != nil {
 		return "", err
 	}
 	return name, p.advance()
@@ -189,7 +202,7 @@ func (p *parser) create() (Statement, error) {
 		}
 		st.IfNotExists = true
 	}
-	name, err := p.groupName()
+	name, err := p.newGroupName()
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +215,7 @@ func (p *parser) create() (Statement, error) {
 		return nil, p.fail()
 	}
 	g.Name = name
-	if err := g.Validate(); err != nil {
+	if err := g.ValidateNew(); err != nil {
 		return nil, err
 	}
 	st.Group = g
@@ -279,6 +292,9 @@ func (p *parser) createTagBinding() (Statement, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ValidateNewTag(key, value); err != nil {
+		return nil, err
+	}
 	if err := p.expectWords("TO"); err != nil {
 		return nil, err
 	}
@@ -349,28 +365,40 @@ func (p *parser) alterUser() (Statement, error) {
 	if err := p.advance(); err != nil {
 		return nil, err
 	}
-	if ok, err := p.acceptPunct("@"); err != nil {
-		return nil, err
-	} else if ok {
-		if p.tok.kind != tkWord && p.tok.kind != tkQIdent && p.tok.kind != tkString && p.tok.kind != tkNumber {
+	switch {
+	case p.tok.kind == tkVar && !strings.HasPrefix(p.tok.text, "@@"):
+		// user@host and user@'host' lex as a user variable: the host
+		// is what follows the '@'.
+		rest := p.tok.text[1:]
+		if rest != "" && (rest[0] == '\'' || rest[0] == '"' || rest[0] == '`') {
+			h, ok := sqltext.Unquote(rest, p.lex.mode)
+			if !ok {
+				return nil, p.fail()
+			}
+			st.Host = h
+		} else if st.Host = p.lex.host(p.tok.pos + 1).text; badHost(st.Host) {
 			return nil, p.fail()
 		}
-		st.Host = p.tok.text
 		if err := p.advance(); err != nil {
 			return nil, err
 		}
-		// An unquoted IP host lexes as number . number ...
-		for p.isPunct(".") {
-			if err := p.advance(); err != nil {
-				return nil, err
-			}
-			if p.tok.kind != tkWord && p.tok.kind != tkNumber {
-				return nil, p.fail()
-			}
-			st.Host += "." + p.tok.text
-			if err := p.advance(); err != nil {
-				return nil, err
-			}
+	case p.isPunct("@"):
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		switch p.tok.kind {
+		case tkQIdent, tkString:
+			st.Host = p.tok.text
+		case tkWord, tkNumber, tkOther:
+			st.Host = p.lex.host(p.tok.pos).text // an IP address is one name
+		default:
+			return nil, p.fail()
+		}
+		if badHost(st.Host) {
+			return nil, p.fail()
+		}
+		if err := p.advance(); err != nil {
+			return nil, err
 		}
 	}
 	if err := p.expectWords("RESOURCE", "GROUP"); err != nil {
@@ -408,7 +436,6 @@ func (p *parser) show() (Statement, error) {
 		if p.isWord("LIKE") || p.isWord("WHERE") {
 			// The rest is SQL for the backend: taken whole, as written.
 			filter := strings.TrimRight(strings.TrimSpace(p.lex.src[p.tok.pos:]), "; \t\r\n")
-			p.lex.pos = len(p.lex.src)
 			p.tok = token{kind: tkEOF, pos: len(p.lex.src)}
 			return &ShowUsage{Filter: filter}, nil
 		}
@@ -539,6 +566,12 @@ func (p *parser) selectStmt() (Statement, error) {
 	return st, nil
 }
 
+// badHost reports whether an unquoted host name is empty or has an empty
+// label ("10.", ".x", "a..b").
+func badHost(h string) bool {
+	return h == "" || h[0] == '.' || h[len(h)-1] == '.' || strings.Contains(h, "..")
+}
+
 // isIdent reports whether the token is the identifier name, bare or quoted.
 func (p *parser) isIdent(name string) bool {
 	return (p.tok.kind == tkWord || p.tok.kind == tkQIdent) && eqFold(p.tok.text, name)
@@ -571,7 +604,7 @@ func (p *parser) options() (Group, Field, error) {
 			if err := p.optionalEq(); err != nil {
 				return g, 0, err
 			}
-			v, err := p.ruValue(true)
+			v, err := p.ruValue("RU_PER_SEC", true)
 			if err != nil {
 				return g, 0, err
 			}
@@ -661,9 +694,9 @@ func (p *parser) options() (Group, Field, error) {
 			case p.isWord("NULL"), p.isWord("UNLIMITED"):
 				g.MaxConcurrency = 0
 			case p.tok.kind == tkNumber:
-				v, err := strconv.ParseUint(p.tok.text, 10, 32)
-				if err != nil {
-					return g, 0, NewInvalid(fmt.Sprintf("%s: MAX_CONCURRENCY %s is out of range", msgInvalidSetting, p.tok.text))
+				v, err := strconv.ParseUint(p.tok.text, 10, 64)
+				if err != nil || v > MaxConcurrencyCap {
+					return g, 0, errMaxConcurrency(p.tok.text)
 				}
 				g.MaxConcurrency = v // 0 = no cap
 			default:
@@ -702,26 +735,23 @@ func (p *parser) burstValue() (BurstMode, bool) {
 	return 0, false
 }
 
-// ruValue reads an RU amount: a positive integer or, when unlimited is
-// allowed, UNLIMITED.
-func (p *parser) ruValue(unlimited bool) (uint64, error) {
+// ruValue reads the RU amount of option field: an integer from 1 to
+// MaxRU or, when unlimited is allowed, UNLIMITED.
+func (p *parser) ruValue(field string, unlimited bool) (uint64, error) {
 	switch {
 	case unlimited && p.isWord("UNLIMITED"):
 		return Unlimited, p.advance()
 	case p.tok.kind == tkNumber:
 		v, err := strconv.ParseUint(p.tok.text, 10, 64)
-		if err != nil || v == Unlimited {
-			return 0, NewInvalid(fmt.Sprintf("%s: RU value %s is out of range", msgInvalidSetting, p.tok.text))
-		}
-		if v == 0 {
-			return 0, NewInvalid(msgInvalidSetting + ": RU_PER_SEC must be greater than 0 (UNLIMITED for no limit)")
+		if err != nil || v == 0 || v > MaxRU {
+			return 0, errRU(field, p.tok.text, unlimited)
 		}
 		return v, p.advance()
 	case p.isPunct("-"):
 		// A negative amount: say so rather than a bare syntax error.
 		save := *p
 		if err := p.advance(); err == nil && p.tok.kind == tkNumber {
-			return 0, NewInvalid(fmt.Sprintf("%s: an RU amount must be a positive integer, not -%s", msgInvalidSetting, p.tok.text))
+			return 0, errRU(field, "-"+p.tok.text, unlimited)
 		}
 		*p = save
 	}
@@ -761,7 +791,7 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 			if err := p.optionalEq(); err != nil {
 				return nil, err
 			}
-			d, err := p.duration(msgInvalidElapsed, false)
+			d, err := p.duration(msgInvalidElapsed, "EXEC_ELAPSED", MaxExecElapsed, false)
 			if err != nil {
 				return nil, err
 			}
@@ -774,10 +804,7 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 			if err := p.optionalEq(); err != nil {
 				return nil, err
 			}
-			if p.tok.kind == tkNumber && strings.Trim(p.tok.text, "0") == "" {
-				return nil, NewInvalid(msgInvalidSetting + ": QUERY_LIMIT RU must be greater than 0")
-			}
-			v, err := p.ruValue(false)
+			v, err := p.ruValue("QUERY_LIMIT RU", false)
 			if err != nil {
 				return nil, err
 			}
@@ -824,7 +851,7 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 			if err := p.optionalEq(); err != nil {
 				return nil, err
 			}
-			d, err := p.duration(msgInvalidWatch+": invalid DURATION", true)
+			d, err := p.duration(msgInvalidWatch, "DURATION", MaxWatchDuration, true)
 			if err != nil {
 				return nil, err
 			}
@@ -849,9 +876,11 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 	return q, nil
 }
 
-// duration reads a quoted Go duration ('60s', "10m"); UNLIMITED (0) is
-// allowed when unlimited is set. Errors are 1105 starting with msg.
-func (p *parser) duration(msg string, unlimited bool) (time.Duration, error) {
+// duration reads the quoted Go duration ('60s', "10m") of option field,
+// 1ms to max in whole milliseconds; UNLIMITED (0) is allowed when
+// unlimited is set. Errors are 1105 starting with msg, naming the field
+// and its range.
+func (p *parser) duration(msg, field string, max time.Duration, unlimited bool) (time.Duration, error) {
 	if unlimited && p.isWord("UNLIMITED") {
 		return 0, p.advance()
 	}
@@ -860,10 +889,11 @@ func (p *parser) duration(msg string, unlimited bool) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(p.tok.text)
 	if err != nil {
-		return 0, NewInvalid(fmt.Sprintf("%s: %v", msg, err))
+		return 0, NewInvalid(fmt.Sprintf("%s: %s = '%s' is not a duration such as '60s' or '10m'; %s",
+			msg, field, p.tok.text, durationRange(field, max, unlimited)))
 	}
-	if d <= 0 {
-		return 0, NewInvalid(fmt.Sprintf("%s: %q is not positive", msg, p.tok.text))
+	if err := checkDuration(msg, field, p.tok.text, d, max, unlimited); err != nil {
+		return 0, err
 	}
 	return d, p.advance()
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func TestParse(t *testing.T) {
@@ -76,14 +78,14 @@ func TestParse(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.sql, func(t *testing.T) {
-			got, err := Parse(tt.sql)
+			got, err := Parse(tt.sql, sqltext.Mode{})
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got  %#v\nwant %#v", got, tt.want)
 			}
-			if !IsAdmin(tt.sql) {
+			if !IsAdmin(tt.sql, sqltext.Mode{}) {
 				t.Errorf("IsAdmin = false for a statement Parse accepts")
 			}
 		})
@@ -104,14 +106,35 @@ func TestParseErrors(t *testing.T) {
 		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='15s' action kil)", 1064, "near 'kil)'"},
 		{"create resource group x ru_per_sec=1000 EXEC_ELAPSED='15s' action kill", 1064, "near 'EXEC_ELAPSED"},
 		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(action kill)", 1105, "QUERY_LIMIT needs a limit, EXEC_ELAPSED or RU, besides its ACTION"},
-		{"create resource group x ru_per_sec=-5", 1105, "an RU amount must be a positive integer, not -5"},
-		{"alter resource group x ru_per_sec = - 5", 1105, "not -5"},
+		{"create resource group x ru_per_sec=-5", 1105, "RU_PER_SEC = -5 is out of range; RU_PER_SEC is 1 to 1000000000000000, or UNLIMITED"},
+		{"alter resource group x ru_per_sec = - 5", 1105, "RU_PER_SEC = -5 is out of range"},
 		{"create resource group x ru_per_sec=-", 1064, "near '-'"},
 		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='15s')", 1105, "unknown resource group runaway action"},
-		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='15d' action kill)", 1105, `unknown unit "d"`},
+		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='15d' action kill)", 1105, "EXEC_ELAPSED = '15d' is not a duration such as '60s' or '10m'; EXEC_ELAPSED is 1ms to 168h in whole milliseconds"},
 		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED='-1s' action kill)", 1105, "invalid exec elapsed time"},
 		{"create resource group x ru_per_sec=1000 QUERY_LIMIT=(EXEC_ELAPSED=15 action kill)", 1064, "near '15 action"},
-		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=0 action kill)", 1105, "QUERY_LIMIT RU must be greater than 0"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=0 action kill)", 1105, "QUERY_LIMIT RU = 0 is out of range; QUERY_LIMIT RU is 1 to 1000000000000000"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=1000000000000001 action kill)", 1105, "QUERY_LIMIT RU = 1000000000000001 is out of range"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(EXEC_ELAPSED='1ns' action kill)", 1105, "invalid exec elapsed time: EXEC_ELAPSED = '1ns' is out of range; EXEC_ELAPSED is 1ms to 168h"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(EXEC_ELAPSED='999us' action kill)", 1105, "EXEC_ELAPSED = '999us' is out of range"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(EXEC_ELAPSED='1.5ms' action kill)", 1105, "EXEC_ELAPSED = '1.5ms' is not a whole number of milliseconds"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(EXEC_ELAPSED='168h0m0.001s' action kill)", 1105, "EXEC_ELAPSED = '168h0m0.001s' is out of range"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(EXEC_ELAPSED='9999999999h' action kill)", 1105, "EXEC_ELAPSED = '9999999999h' is not a duration"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action kill WATCH=EXACT DURATION='8760h1ms')", 1105, "invalid runaway watch: DURATION = '8760h1ms' is out of range; DURATION is 1ms to 8760h in whole milliseconds, or UNLIMITED"},
+		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action kill WATCH=EXACT DURATION='0s')", 1105, "DURATION = '0s' is out of range"},
+		{"create resource group x ru_per_sec=1 max_concurrency=100001", 1105, "MAX_CONCURRENCY = 100001 is out of range; MAX_CONCURRENCY is 0 to 100000"},
+		{"create resource group x ru_per_sec=1 max_concurrency=99999999999999999999", 1105, "MAX_CONCURRENCY = 99999999999999999999 is out of range"},
+		{"create resource group x ru_per_sec=1000000000000001", 1105, "RU_PER_SEC = 1000000000000001 is out of range"},
+		{"create resource group `a b` ru_per_sec=1", 1105, "resource group name holds U+0020 at character 2; a resource group name is 1 to 32 bytes of letters, digits, '_' and '$'"},
+		{"create resource group `a\x00b` ru_per_sec=1", 1105, "U+0000 at character 2"},
+		{"create resource group `a\nb` ru_per_sec=1", 1105, "U+000A at character 2"},
+		{"create resource group `ab\u202e` ru_per_sec=1", 1105, "U+202E at character 3"},
+		{"create resource group `a'b` ru_per_sec=1", 1105, "''' (U+0027)"},
+		{"create resource group `a-b` ru_per_sec=1", 1105, "'-' (U+002D)"},
+		{"create resource group `a\u200fb` ru_per_sec=1", 1105, "U+200F"},
+		{"create resource group " + strings.Repeat("é", 17) + " ru_per_sec=1", 1105, "has 34 bytes; a resource group name is 1 to 32 bytes"},
+		{"create resource group binding for tag k = 'a\u202eb' to rg", 1105, "invalid tag binding: the tag value holds U+202E at character 2"},
+		{"create resource group binding for tag `k\tx` = 'v' to rg", 1105, "the tag key holds U+0009"},
 		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 EXEC_ELAPSED='1s' action kill)", 1105, "only one of"},
 		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action kill DURATION='1m')", 1105, "DURATION needs WATCH"},
 		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action kill WATCH=EXACT DURATION='bad')", 1105, "invalid runaway watch"},
@@ -122,7 +145,7 @@ func TestParseErrors(t *testing.T) {
 		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action switch_group x)", 1064, "near 'x)'"},
 		{"create resource group x ru_per_sec=1 QUERY_LIMIT=(RU=5 action switch_group(y)", 1064, "near ''"},
 		{"create resource group x ru_per_sec=1 QUERY_LIMIT=5", 1064, "near '5'"},
-		{"create resource group x ru_per_sec=0", 1105, "RU_PER_SEC must be greater than 0"},
+		{"create resource group x ru_per_sec=0", 1105, "RU_PER_SEC = 0 is out of range"},
 		{"create resource group x ru_per_sec=99999999999999999999999", 1105, "out of range"},
 		{"create resource group x ru_per_sec=18446744073709551615", 1105, "out of range"},
 		{"create resource group x priority=high", 1105, "unknown resource group mode"},
@@ -159,8 +182,9 @@ func TestParseErrors(t *testing.T) {
 		{"drop resource group binding for tag k = 'v' to rg", 1064, "near 'to rg'"},
 		{"alter user app resource group", 1064, "near ''"},
 		{"alter user app@ resource group rg", 1064, "near 'group rg'"},
-		{"alter user app@10. resource group rg", 1064, "near 'group rg'"},
-		{"alter user app@10.= resource group rg", 1064, "near '= resource"},
+		{"alter user app@1.2.3.4 resource group rg x", 1064, "near 'x'"},
+		{"alter user app@10. resource group rg", 1064, "near '@10. resource group rg'"},
+		{"alter user app@10.= resource group rg", 1064, "near '@10.= resource"},
 		{"alter user app@= resource group rg", 1064, "near '= resource"},
 		{"alter user = resource group rg", 1064, "near '= resource"},
 		{"alter user app identified by 'x'", 1064, "near 'identified"},
@@ -189,7 +213,7 @@ func TestParseErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.sql, func(t *testing.T) {
-			st, err := Parse(tt.sql)
+			st, err := Parse(tt.sql, sqltext.Mode{})
 			var e *Error
 			if !errors.As(err, &e) {
 				t.Fatalf("Parse = %#v, %v; want an *Error", st, err)
@@ -214,7 +238,7 @@ func TestApply(t *testing.T) {
 		{"alter resource group rg query_limit=(exec_elapsed='1s' action=cooldown)", Group{Name: "rg", RUPerSec: 10, Priority: PriorityHigh, Burst: BurstModerated, QueryLimit: &QueryLimit{ExecElapsed: time.Second, Action: ActionCooldown}, Version: 7}},
 	}
 	for _, tt := range tests {
-		st, err := Parse(tt.sql)
+		st, err := Parse(tt.sql, sqltext.Mode{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +278,7 @@ func TestStatementKinds(t *testing.T) {
 		{"select * from information_schema.resource_groups", false, false},
 	}
 	for _, tt := range tests {
-		st, err := Parse(tt.sql)
+		st, err := Parse(tt.sql, sqltext.Mode{})
 		if err != nil {
 			t.Fatal(err)
 		}

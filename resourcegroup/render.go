@@ -3,6 +3,8 @@ package resourcegroup
 import (
 	"strconv"
 	"strings"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // String names a priority as SQL does.
@@ -142,7 +144,7 @@ func (g Group) SQL() string {
 func identText(name string) string {
 	digits := true
 	for i := 0; i < len(name); i++ {
-		if !isIdentByte(name[i]) {
+		if !sqltext.IdentByte(name[i]) {
 			return QuoteName(name)
 		}
 		if name[i] < '0' || name[i] > '9' {

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func strp(s string) *string { return &s }
@@ -84,27 +87,29 @@ func TestEnumStrings(t *testing.T) {
 }
 
 // randomGroup builds a valid group from r: names mix case-safe letters,
-// digits, spaces, backquotes and non-ASCII so that quoting is exercised.
+// digits, '_', '$' and non-ASCII letters (all a new name may hold), and
+// every number and duration spans its whole range.
 func randomGroup(r *rand.Rand) Group {
 	name := func() string {
-		const alphabet = "abcxyz019_$ `é-"
-		n := 1 + r.IntN(MaxNameLength)
+		rs := []rune("abcxyz019_$é組")
 		var b strings.Builder
-		for range n {
-			// Pick runes, not bytes, so é stays whole.
-			rs := []rune(alphabet)
-			b.WriteRune(rs[r.IntN(len(rs))])
+		for n := 1 + r.IntN(MaxNameLength); n > 0; n-- {
+			c := rs[r.IntN(len(rs))]
+			if b.Len()+utf8.RuneLen(c) > MaxNameLength {
+				break
+			}
+			b.WriteRune(c)
 		}
 		return b.String()
 	}
 	g := Group{Name: name(), Priority: Priority(r.IntN(3)), Burst: BurstMode(r.IntN(3)), Mode: Mode(r.IntN(3))}
 	if r.IntN(2) == 0 {
-		g.MaxConcurrency = 1 + r.Uint64N(1000)
+		g.MaxConcurrency = 1 + r.Uint64N(MaxConcurrencyCap)
 	}
 	if r.IntN(5) == 0 {
 		g.RUPerSec = Unlimited
 	} else {
-		g.RUPerSec = 1 + r.Uint64N(Unlimited-1)
+		g.RUPerSec = 1 + r.Uint64N(MaxRU)
 		if r.IntN(2) == 0 {
 			g.RUPerSec = 1 + r.Uint64N(100000)
 		}
@@ -112,9 +117,9 @@ func randomGroup(r *rand.Rand) Group {
 	if r.IntN(3) > 0 {
 		q := &QueryLimit{Action: Action(1 + r.IntN(4))}
 		if r.IntN(2) == 0 {
-			q.ExecElapsed = time.Duration(1 + r.Int64N(int64(24*time.Hour)))
+			q.ExecElapsed = time.Duration(1+r.Int64N(int64(MaxExecElapsed/DurationUnit))) * DurationUnit
 		} else {
-			q.RU = 1 + r.Uint64N(1<<40)
+			q.RU = 1 + r.Uint64N(MaxRU)
 		}
 		if q.Action == ActionSwitchGroup {
 			for q.SwitchGroup == "" || q.SwitchGroup == g.Name {
@@ -123,14 +128,14 @@ func randomGroup(r *rand.Rand) Group {
 		}
 		q.Watch = WatchType(r.IntN(3))
 		if q.Watch != WatchNone && r.IntN(2) == 0 {
-			q.WatchDuration = time.Duration(1 + r.Int64N(int64(1000*time.Hour)))
+			q.WatchDuration = time.Duration(1+r.Int64N(int64(MaxWatchDuration/DurationUnit))) * DurationUnit
 		}
 		g.QueryLimit = q
 	}
 	return g
 }
 
-// TestRoundTrip is the property Parse(g.SQL()) == g over random valid groups.
+// TestRoundTrip is the property Parse(g.SQL(), sqltext.Mode{}) == g over random valid groups.
 func TestRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for i := range 5000 {
@@ -139,7 +144,7 @@ func TestRoundTrip(t *testing.T) {
 			t.Fatalf("#%d: generator made an invalid group %+v: %v", i, g, err)
 		}
 		sql := g.SQL()
-		st, err := Parse(sql)
+		st, err := Parse(sql, sqltext.Mode{})
 		if err != nil {
 			t.Fatalf("#%d: Parse(%s): %v", i, sql, err)
 		}
@@ -147,7 +152,7 @@ func TestRoundTrip(t *testing.T) {
 		if !ok || !reflect.DeepEqual(c.Group, g) {
 			t.Fatalf("#%d: round trip of %s\n got  %#v\n want %#v", i, sql, st, g)
 		}
-		if !IsAdmin(sql) {
+		if !IsAdmin(sql, sqltext.Mode{}) {
 			t.Fatalf("#%d: IsAdmin(%s) = false", i, sql)
 		}
 	}

@@ -90,7 +90,7 @@ func (s *MemStore) CreateGroup(ctx context.Context, g Group) error {
 		return fmt.Errorf("create resource group: %w", err)
 	}
 	g.Name = NormalizeName(g.Name)
-	if err := g.Validate(); err != nil {
+	if err := g.ValidateNew(); err != nil {
 		return err
 	}
 	s.mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func TestParseWatch(t *testing.T) {
@@ -23,14 +25,14 @@ func TestParseWatch(t *testing.T) {
 		{"SELECT * FROM information_schema.runaway_watches;", &SelectWatches{}},
 	}
 	for _, tt := range tests {
-		got, err := Parse(tt.sql)
+		got, err := Parse(tt.sql, sqltext.Mode{})
 		if err != nil {
 			t.Fatalf("Parse(%s): %v", tt.sql, err)
 		}
 		if !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("Parse(%s)\n got  %#v\n want %#v", tt.sql, got, tt.want)
 		}
-		if !IsAdmin(tt.sql) {
+		if !IsAdmin(tt.sql, sqltext.Mode{}) {
 			t.Errorf("IsAdmin(%s) = false", tt.sql)
 		}
 		_, isSelect := got.(*SelectWatches)
@@ -64,7 +66,7 @@ func TestParseWatch(t *testing.T) {
 		{"SELECT * FROM information_schema.runaway_watches WHERE id = 1", 1235, "runaway_watches"},
 	}
 	for _, tt := range errs {
-		_, err := Parse(tt.sql)
+		_, err := Parse(tt.sql, sqltext.Mode{})
 		var e *Error
 		if !errors.As(err, &e) || e.Code != tt.code || !strings.Contains(e.Message, tt.msg) {
 			t.Errorf("Parse(%s) = %v, want %d containing %q", tt.sql, err, tt.code, tt.msg)

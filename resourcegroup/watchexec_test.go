@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 func TestExecuteWatches(t *testing.T) {
@@ -12,7 +14,7 @@ func TestExecuteWatches(t *testing.T) {
 	store := NewMemStore()
 	run := func(sql string, prep func(*QueryWatchAdd)) (*Result, error) {
 		t.Helper()
-		st, err := Parse(sql)
+		st, err := Parse(sql, sqltext.Mode{})
 		if err != nil {
 			t.Fatalf("Parse(%s): %v", sql, err)
 		}

@@ -165,7 +165,7 @@ func (s *EtcdStore) CreateGroup(ctx context.Context, g resourcegroup.Group) erro
 
 func (s *EtcdStore) createGroup(ctx context.Context, g resourcegroup.Group) (resourcegroup.Group, error) {
 	g.Name = resourcegroup.NormalizeName(g.Name)
-	if err := g.Validate(); err != nil {
+	if err := g.ValidateNew(); err != nil {
 		return g, err
 	}
 	val, err := encodeGroup(g)
@@ -380,6 +380,9 @@ func (s *EtcdStore) bindTag(ctx context.Context, b resourcegroup.Binding) error 
 			return fmt.Errorf("%w: unbind tag %q: %w", ErrEtcd, b.TagKey, err)
 		}
 		return nil
+	}
+	if err := resourcegroup.ValidateNewTag(b.TagKey, b.TagValue); err != nil {
+		return err
 	}
 	val, err := json.Marshal(bindingRecord{Group: b.Group})
 	if err != nil {

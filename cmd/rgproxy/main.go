@@ -85,6 +85,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		}
 		defer tc.Close()
 		var killer rgpolicy.Killer
+		var roles rgpolicy.RoleChecker
 		var reader *binlog.Reader
 		writes, _ := rgpolicy.ParseWriteSource(cfg.WriteSource) // validated
 		if cfg.AdminUser != "" {
@@ -103,7 +104,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			if err != nil {
 				return err
 			}
-			killer = svc
+			killer, roles = svc, svc
 			if writes == rgpolicy.WriteAuto || writes == rgpolicy.WriteBinlog {
 				reader, err = binlog.New(binlog.Config{Addr: cfg.Backend, User: cfg.AdminUser, Password: password,
 					TLS: pcfg.BackendTLS, DialTimeout: cfg.DialTimeout, Logger: logger})
@@ -119,6 +120,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			Tokens:          tc,
 			Cost:            cfg.RU,
 			Killer:          killer,
+			Roles:           roles,
 			ProxyID:         proxyID(cfg),
 			Settings:        policySettings(cfg),
 			Shapes:          cfg.MaxStatementShapes,

@@ -67,6 +67,27 @@ func (s *serviceConn) KillQuery(ctx context.Context, id uint32) error {
 	return nil
 }
 
+// RolesHoldAdmin reports whether any of roles holds SUPER (MariaDB's
+// mysql.user view lists roles with is_role = 'Y' and their global
+// privileges as Y/N columns). The names are bound parameters of a
+// server-side prepared statement: data, never SQL text. An account
+// without SELECT on mysql.user gets an error, and roles then count only
+// through the role rgproxy_admin.
+func (s *serviceConn) RolesHoldAdmin(ctx context.Context, roles []string) (bool, error) {
+	for _, r := range roles {
+		var n int
+		err := s.db.QueryRowContext(ctx,
+			"SELECT COUNT(*) FROM mysql.user WHERE User = ? AND Host = '' AND is_role = 'Y' AND Super_priv = 'Y'", r).Scan(&n)
+		if err != nil {
+			return false, fmt.Errorf("reading role privileges as %s: %w", s.user, err)
+		}
+		if n > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // Ping checks the account at start, so a wrong password shows at once.
 func (s *serviceConn) Ping(ctx context.Context) error {
 	if err := s.db.PingContext(ctx); err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // admin answers one of rgproxy's own statements; nothing reaches the backend.
@@ -22,7 +23,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 	if st.Multi {
 		return errReply(errAdminInMulti)
 	}
-	stmt, err := resourcegroup.Parse(st.Query)
+	stmt, err := resourcegroup.Parse(st.Query, st.Mode())
 	if err != nil {
 		return errReply(err)
 	}
@@ -43,13 +44,32 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 	case *resourcegroup.ShowLastStatementRU:
 		return s.showLast()
 	case *resourcegroup.ShowUsage:
+		readable, err := s.readableGroups(ctx, be)
+		if err != nil {
+			return errReply(err)
+		}
+		t, rows := s.usageTable(readable)
 		if a.Filter != "" {
-			// LIKE / WHERE: the backend filters a derived table of the rows.
-			t, _ := s.usageTable()
-			return mysqlproto.Verdict{Rewrite: "SELECT * FROM " + derivedTable(t, st.NoBackslashEscapes) +
+			// LIKE / WHERE: the backend filters a derived table of the
+			// rows; the filter is the session's own SQL.
+			return mysqlproto.Verdict{Rewrite: "SELECT * FROM " + derivedTable(t) +
 				" AS `resource_group_usage` " + likeOnName(a.Filter)}
 		}
-		return s.showUsage()
+		return resultReply(usageColumns, rows)
+	case *resourcegroup.ShowCreateGroup:
+		readable, err := s.readableGroups(ctx, be)
+		if err != nil {
+			return errReply(err)
+		}
+		if readable != nil && !readable(resourcegroup.NormalizeName(a.Name)) {
+			return errReply(resourcegroup.NewAccessDenied())
+		}
+	case *resourcegroup.SelectGroups:
+		// Only when the rewrite did not find the table (it always
+		// should): the same rows as information_schema.resource_groups.
+		return s.selectVirtual(ctx, be, vtResourceGroups, a.Columns, a.HasWhere, a.Name)
+	case *resourcegroup.SelectWatches:
+		return s.selectVirtual(ctx, be, vtRunawayWatches, nil, false, "")
 	}
 	if resourcegroup.RequiresSuper(stmt) && !s.hasSuperFresh(ctx, be) {
 		return errReply(resourcegroup.NewAccessDenied())
@@ -59,7 +79,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 	}
 	if a, ok := stmt.(*resourcegroup.AlterUserGroup); ok {
 		// Bindings are per account, which must exist on the backend.
-		exists, err := s.accountExists(ctx, be, a.User, a.Host, st.NoBackslashEscapes)
+		exists, err := s.accountExists(ctx, be, a.User, a.Host)
 		if err != nil {
 			return errReply(err)
 		}
@@ -79,7 +99,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			a.Group = s.currentGroup()
 		}
 		if a.Match == resourcegroup.WatchSimilar && a.Digest == "" {
-			a.Digest = mysqlproto.Digest([]byte(a.Text))
+			a.Digest = mysqlproto.Digest([]byte(a.Text), st.Mode())
 		}
 	}
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
@@ -108,9 +128,9 @@ func (s *session) showNotes(st *mysqlproto.Statement) (mysqlproto.Verdict, bool)
 	if st.Command != mysql.COM_QUERY {
 		return mysqlproto.Verdict{}, false
 	}
-	tz := mysqlproto.NewTokenizer(st.Query, st.NoBackslashEscapes)
+	tz := sqltext.NewString(st.Query, st.Mode())
 	var words []string
-	for t := tz.Next(); t.Kind != mysqlproto.TokenEOF && t.Kind != mysqlproto.TokenSemicolon && len(words) < 8; t = tz.Next() {
+	for t := tz.Next(); t.Kind != sqltext.EOF && t.Kind != sqltext.Semicolon && len(words) < 8; t = tz.Next() {
 		words = append(words, strings.ToUpper(st.Query[t.Start:t.End]))
 	}
 	switch strings.Join(words, " ") {
@@ -135,9 +155,20 @@ func errNoAccount(user, host string) *mysqlproto.Error {
 
 // accountExists asks the backend, on the session's own connection (whose
 // user has SUPER: it runs DDL), whether the account user@host exists.
-func (s *session) accountExists(ctx context.Context, be mysqlproto.Backend, user, host string, nbe bool) (bool, error) {
+// SHOW GRANTS FOR takes no hex literal, so the names are written between
+// quotes as they are, with nothing to escape: a name holding a quote, a
+// backslash or a control character is refused. What is left cannot end
+// the string early in any character set: no multi-byte character of
+// MariaDB's has a quote as its second byte.
+func (s *session) accountExists(ctx context.Context, be mysqlproto.Backend, user, host string) (bool, error) {
+	for _, name := range [2]string{user, host} {
+		if strings.ContainsFunc(name, func(r rune) bool { return r == '\'' || r == '\\' || r < ' ' || r == 0x7f }) {
+			return false, resourcegroup.NewInvalid("invalid binding: rgproxy binds no account whose user or host name " +
+				"holds a quote, a backslash or a control character")
+		}
+	}
 	s.cpu.stale()
-	_, _, err := be.Query(ctx, "SHOW GRANTS FOR "+sqlString(user, nbe)+"@"+sqlString(host, nbe))
+	_, _, err := be.Query(ctx, "SHOW GRANTS FOR '"+user+"'@'"+host+"'")
 	var me *mysqlproto.Error
 	switch {
 	case err == nil:
@@ -173,17 +204,46 @@ func (s *session) showLast() mysqlproto.Verdict {
 	}})
 }
 
-func (s *session) showUsage() mysqlproto.Verdict {
-	_, rows := s.usageTable()
-	return resultReply(usageColumns, rows)
+// selectVirtual answers a query resourcegroup parsed on a virtual table:
+// its columns cols (nil: all) of the rows the session may see, only the
+// group name when byName.
+func (s *session) selectVirtual(ctx context.Context, be mysqlproto.Backend, table string, cols []string, byName bool, name string) mysqlproto.Verdict {
+	t, err := s.virtualTable(ctx, table, be)
+	if err != nil {
+		return errReply(err)
+	}
+	if byName {
+		t.keepRows("NAME", func(g string) bool { return g == name })
+	}
+	if cols == nil {
+		for _, c := range t.cols {
+			cols = append(cols, c.name)
+		}
+	}
+	idx := make([]int, len(cols))
+	for i, c := range cols {
+		if idx[i] = t.col(c); idx[i] < 0 {
+			return errReply(resourcegroup.NewUnsupported("column " + c + " of information_schema." + table))
+		}
+	}
+	rows := make([][]*string, 0, len(t.rows))
+	for _, r := range t.rows {
+		row := make([]*string, len(idx))
+		for i, j := range idx {
+			row[i] = r[j]
+		}
+		rows = append(rows, row)
+	}
+	return mysqlproto.Verdict{Reply: &mysqlproto.Reply{Columns: cols, Rows: rows}}
 }
 
 // usageColumns are SHOW RESOURCE GROUP USAGE's columns.
 var usageColumns = []string{"NAME", "RU_PER_SEC_LAST_10S", "TOKENS_LEFT", "THROTTLED", "DEGRADED", "CPU_SOURCE"}
 
-// usageTable is SHOW RESOURCE GROUP USAGE's rows, as a virtual table (its
-// numbers numeric) and as text.
-func (s *session) usageTable() (*vtable, [][]string) {
+// usageTable is SHOW RESOURCE GROUP USAGE's rows of the groups keep
+// accepts (nil: every group), as a virtual table (its numbers numeric) and
+// as text.
+func (s *session) usageTable(keep func(string) bool) (*vtable, [][]string) {
 	t := &vtable{}
 	for i, c := range usageColumns {
 		t.cols = append(t.cols, vcol{name: c, numeric: i >= 1 && i <= 3})
@@ -191,6 +251,9 @@ func (s *session) usageTable() (*vtable, [][]string) {
 	var rows [][]string
 	cpu := s.p.cpu.inForce().String()
 	for _, u := range s.p.tokens.Usage(s.p.clk.Now()) {
+		if keep != nil && !keep(u.Group) {
+			continue
+		}
 		row := []string{u.Group, formatFloat(u.RUPerSec), formatFloat(u.Tokens),
 			strconv.FormatUint(u.Throttled, 10), yesNo(u.Degraded), cpu}
 		rows = append(rows, row)
@@ -219,9 +282,9 @@ var errAdminInMulti = &mysqlproto.Error{Code: resourcegroup.CodeNotAllowedPrepar
 
 // multiHasAdmin reports whether any part of a multi-statement is one of
 // rgproxy's admin statements.
-func multiHasAdmin(q string, noBackslashEscapes bool) bool {
-	for _, part := range mysqlproto.SplitStatements([]byte(q), noBackslashEscapes) {
-		if resourcegroup.IsAdmin(string(part)) {
+func multiHasAdmin(q string, m sqltext.Mode) bool {
+	for _, part := range mysqlproto.SplitStatements([]byte(q), m) {
+		if resourcegroup.IsAdmin(string(part), m) {
 			return true
 		}
 	}

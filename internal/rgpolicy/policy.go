@@ -76,6 +76,15 @@ type Tokens interface {
 	MatchGroupWatch(group, text, digest string) (resourcegroup.Watch, bool)
 }
 
+// RoleChecker tells whether any of a session's enabled roles holds an
+// administrator privilege (SUPER, RESOURCE_GROUP_ADMIN), which a session
+// cannot read of its roles: rgproxy's service account (--admin-user)
+// reads it from the grant tables, the role names passed as data. Safe
+// for concurrent use.
+type RoleChecker interface {
+	RolesHoldAdmin(ctx context.Context, roles []string) (bool, error)
+}
+
 // Killer kills a running statement on the backend: rgproxy's service
 // account (--admin-user). Safe for concurrent use.
 type Killer interface {
@@ -105,6 +114,10 @@ type Config struct {
 	Tokens Tokens
 	// Cost is the RU cost model. Default ru.DefaultConfig().
 	Cost ru.Config
+	// Roles reads the privileges of a session's enabled roles; nil = SUPER
+	// granted only through a role does not count (the role rgproxy_admin
+	// still does).
+	Roles RoleChecker
 	// Killer kills runaway statements; nil = QUERY_LIMIT ACTION=KILL is
 	// refused at CREATE time.
 	Killer Killer
@@ -148,6 +161,7 @@ type Policy struct {
 	tokens   Tokens
 	cost     ru.Config
 	killer   Killer
+	roles    RoleChecker
 	proxyID  string
 	settings atomic.Pointer[Settings]
 	// cooldown lets one statement under a COOLDOWN watch run at a time.
@@ -199,6 +213,7 @@ func New(cfg Config) (*Policy, error) {
 		tokens:    cfg.Tokens,
 		cost:      cfg.Cost,
 		killer:    cfg.Killer,
+		roles:     cfg.Roles,
 		proxyID:   cfg.ProxyID,
 		cooldown:  make(chan struct{}, 1),
 		admission: newAdmission(cfg.Settings.MaxBackendConcurrency),
@@ -430,7 +445,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	var refs []virtualRef
 	if (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) && st.Scan.Mentions&virtualMentions != 0 {
-		refs = findVirtual(st.Query, st.NoBackslashEscapes, func() bool { s.cpu.stale(); return inInformationSchema(ctx, be) })
+		refs = findVirtual(st.Query, st.Mode(), func() bool { s.cpu.stale(); return inInformationSchema(ctx, be) })
 		if refs != nil && st.Command == mysql.COM_STMT_PREPARE {
 			// A prepared statement would keep a stale copy of the rows.
 			return errReply(resourcegroup.NewNotAllowedInPrepare())
@@ -438,7 +453,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	var rewrite string
 	if refs == nil && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) {
-		if st.Scan.Mentions != 0 && resourcegroup.IsAdmin(st.Query) {
+		if st.Scan.Mentions != 0 && resourcegroup.IsAdmin(st.Query, st.Mode()) {
 			v := s.admin(ctx, st, be)
 			if v.Reply != nil || v.Rewrite == "" {
 				return v
@@ -447,7 +462,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 			// USAGE WHERE): metered and forwarded as a rewrite.
 			rewrite = v.Rewrite
 		}
-		if st.Multi && st.Scan.Mentions != 0 && multiHasAdmin(st.Query, st.NoBackslashEscapes) {
+		if st.Multi && st.Scan.Mentions != 0 && multiHasAdmin(st.Query, st.Mode()) {
 			return errReply(errAdminInMulti)
 		}
 	}
@@ -485,7 +500,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		s.cpu.stale() // charged wall time: the thread's CPU goes unread
 	}
 	g, _ := s.group(s.cur.group)
-	s.guard = s.armRunaway(g, st.Query, s.cur.cpuStart, s.cur.cpuOK)
+	s.guard = s.armRunaway(g, st.Query, st.Mode(), s.cur.cpuStart, s.cur.cpuOK)
 	return mysqlproto.Verdict{Rewrite: s.rowCountRewrite(st, rewrite)}
 }
 

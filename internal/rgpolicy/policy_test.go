@@ -162,27 +162,35 @@ func (r *recordingTokens) Store() resourcegroup.Store {
 }
 func (r *recordingTokens) Usage(time.Time) []tokenclient.GroupUsage { return nil }
 
-// grants answers SHOW GRANTS like the backend would.
+// grants answers, like the backend would, CURRENT_USER() and the
+// privilege and role questions (privilegesQuery, rolesQuery) of the
+// account app@'%' holding these global privileges and no role.
 type grants []string
 
 func (g grants) Query(_ context.Context, sql string) ([]string, [][]*string, error) {
-	if sql == "SELECT CURRENT_USER()" {
-		account := "app@%"
-		return []string{"CURRENT_USER()"}, [][]*string{{&account}}, nil
+	const account = "app@%"
+	switch sql {
+	case "SELECT CURRENT_USER()":
+		a := account
+		return []string{"CURRENT_USER()"}, [][]*string{{&a}}, nil
+	case privilegesQuery:
+		var rows [][]*string
+		for _, p := range g {
+			if p == "SUPER" || p == "RESOURCE_GROUP_ADMIN" {
+				cells := []string{hexUpper("'app'@'%'"), hexUpper(p), hexUpper(account)}
+				rows = append(rows, []*string{&cells[0], &cells[1], &cells[2]})
+			}
+		}
+		return []string{"GRANTEE", "PRIVILEGE_TYPE", "CURRENT_USER()"}, rows, nil
+	case rolesQuery:
+		return []string{"ROLE_NAME"}, nil, nil
 	}
-	if sql != "SHOW GRANTS" {
-		return nil, nil, errors.New("unexpected query " + sql)
-	}
-	var rows [][]*string
-	for i := range g {
-		rows = append(rows, []*string{&g[i]})
-	}
-	return []string{"Grants"}, rows, nil
+	return nil, nil, errors.New("unexpected query " + sql)
 }
 
 var (
-	superGrants = grants{"GRANT ALL PRIVILEGES ON *.* TO `root`@`%`"}
-	plainGrants = grants{"GRANT USAGE ON *.* TO `app`@`%`", "GRANT SELECT ON `db`.* TO `app`@`%`"}
+	superGrants = grants{"USAGE", "SUPER"}
+	plainGrants = grants{"USAGE"}
 )
 
 func newTestPolicy(tok *recordingTokens) *Policy {

@@ -2,6 +2,7 @@ package rgpolicy
 
 import (
 	"context"
+	"encoding/hex"
 	"strings"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
@@ -33,7 +34,7 @@ func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysq
 
 func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) string {
 	if st.Command == mysql.COM_QUERY && st.Scan.Hint != "" {
-		if h, ok := resourcegroup.HintGroup(st.Scan.Hint); ok {
+		if h, ok := resourcegroup.HintGroup(st.Scan.Hint, st.Mode()); ok {
 			// A group that does not exist is ignored, as TiDB does (which
 			// also adds warning 8249; rgproxy cannot add one to the
 			// backend's response).
@@ -204,10 +205,10 @@ func (s *session) learnAccount(ctx context.Context, be mysqlproto.Backend) {
 	s.host = strings.ToLower(host)
 }
 
-// mayUse applies strict mode: without SUPER a session may name only the
-// group it is bound to — default only when it is bound to none — whether
-// by hint or by SET RESOURCE GROUP, so that no bound user escapes its
-// quota into the unlimited default.
+// mayUse applies strict mode: without SUPER (hasSuper) a session may name
+// only the group it is bound to — default only when it is bound to none —
+// whether by hint or by SET RESOURCE GROUP, so that no bound user escapes
+// its quota into the unlimited default.
 func (s *session) mayUse(ctx context.Context, group string, be mysqlproto.Backend, set *Settings) bool {
 	if !set.Strict || group == s.bound() {
 		return true
@@ -215,29 +216,118 @@ func (s *session) mayUse(ctx context.Context, group string, be mysqlproto.Backen
 	return s.hasSuper(ctx, be)
 }
 
+// Queries whose answers decide who administers resource groups
+// (resourcegroup.HoldsAdmin). Their text is constant; every value comes
+// back hex-encoded, so the session's character set and SQL mode cannot
+// change a byte that is compared.
+const (
+	// privilegesQuery lists the global administrator privileges the
+	// backend shows this session — its own account's, or every account's
+	// when it may read the grant tables — with the account itself.
+	privilegesQuery = "SELECT HEX(GRANTEE), HEX(PRIVILEGE_TYPE), HEX(CURRENT_USER()) FROM information_schema.USER_PRIVILEGES " +
+		"WHERE PRIVILEGE_TYPE IN ('SUPER', 'RESOURCE_GROUP_ADMIN')"
+	// rolesQuery lists the roles enabled in the session, those granted
+	// to an enabled role included.
+	rolesQuery = "SELECT HEX(ROLE_NAME) FROM information_schema.ENABLED_ROLES WHERE ROLE_NAME IS NOT NULL"
+)
+
+// hasSuper reports whether the session administers resource groups:
+// SUPER (or MySQL 8's RESOURCE_GROUP_ADMIN) held by its account, or the
+// role rgproxy_admin enabled in it. It asks the backend once per session
+// (hasSuperFresh asks again); a failed question counts as no.
 func (s *session) hasSuper(ctx context.Context, be mysqlproto.Backend) bool {
 	if s.super != nil {
 		return *s.super
 	}
 	s.cpu.stale()
-	_, rows, err := be.Query(ctx, "SHOW GRANTS")
+	v := false
+	_, rows, err := be.Query(ctx, privilegesQuery)
 	if err != nil {
-		s.p.logger.Warn("SHOW GRANTS failed", "err", err)
-		return false
-	}
-	var lines []string
-	for _, r := range rows {
-		if len(r) > 0 && r[0] != nil {
-			lines = append(lines, *r[0])
+		s.p.logger.Warn("reading the session's privileges failed", "err", err)
+	} else if v = adminPrivileges(rows); !v {
+		_, roles, err := be.Query(ctx, rolesQuery)
+		if err != nil {
+			// A backend without roles (MySQL 5.7) answers an error.
+			s.p.logger.Debug("reading the session's enabled roles failed", "err", err)
+		}
+		names := roleNames(roles)
+		v = resourcegroup.HoldsAdmin(nil, names)
+		if !v && len(names) > 0 && s.p.roles != nil {
+			// SUPER granted to an enabled role counts as MariaDB counts it;
+			// a session cannot read a role's privileges, the service
+			// account can (as data: the role names are bound parameters).
+			rctx, cancel := context.WithTimeout(ctx, killTimeout)
+			v, err = s.p.roles.RolesHoldAdmin(rctx, names)
+			cancel()
+			if err != nil {
+				s.p.logger.Warn("reading the enabled roles' privileges through the service account failed", "err", err)
+				v = false
+			}
 		}
 	}
-	v := resourcegroup.HasSuper(lines)
 	s.super = &v
 	return v
 }
 
-// hasSuperFresh re-reads the grants: a DDL is rare, and privileges revoked
-// since the session started must count.
+// unhex decodes a hex-encoded cell; ok is false for NULL or non-hex.
+func unhex(c *string) (string, bool) {
+	if c == nil {
+		return "", false
+	}
+	b, err := hex.DecodeString(*c)
+	return string(b), err == nil
+}
+
+// adminPrivileges decides from privilegesQuery's rows: an administrator
+// privilege whose GRANTEE is the session's own account, CURRENT_USER()
+// split at its last '@' (a host cannot hold one). A GRANTEE names an
+// account without escaping ('user'@'host'), so it is unambiguous only
+// while neither part holds a quote: an account whose name holds one is an
+// administrator only through the role.
+func adminPrivileges(rows [][]*string) bool {
+	var privs []string
+	for _, r := range rows {
+		if len(r) != 3 {
+			return false
+		}
+		grantee, ok1 := unhex(r[0])
+		priv, ok2 := unhex(r[1])
+		account, ok3 := unhex(r[2])
+		if !ok1 || !ok2 || !ok3 {
+			continue
+		}
+		at := strings.LastIndexByte(account, '@')
+		if at < 0 {
+			continue
+		}
+		user, host := account[:at], account[at+1:]
+		if strings.ContainsRune(user, '\'') || strings.ContainsRune(host, '\'') || grantee != resourcegroup.Grantee(user, host) {
+			continue
+		}
+		privs = append(privs, priv)
+	}
+	return resourcegroup.HoldsAdmin(privs, nil)
+}
+
+// roleNames reads rolesQuery's rows.
+func roleNames(rows [][]*string) []string {
+	var roles []string
+	for _, r := range rows {
+		if len(r) == 1 {
+			if name, ok := unhex(r[0]); ok {
+				roles = append(roles, name)
+			}
+		}
+	}
+	return roles
+}
+
+// adminRoles decides from rolesQuery's rows.
+func adminRoles(rows [][]*string) bool { return resourcegroup.HoldsAdmin(nil, roleNames(rows)) }
+
+// hasSuperFresh asks the backend again: a DDL is rare, and a privilege
+// revoked, or a role enabled or disabled (SET ROLE), since the session
+// last asked must count.
 func (s *session) hasSuperFresh(ctx context.Context, be mysqlproto.Backend) bool {
 	s.super = nil
 	return s.hasSuper(ctx, be)

@@ -2,6 +2,7 @@ package rgpolicy
 
 import (
 	"context"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // killTimeout bounds one KILL QUERY on the service connection.
@@ -55,16 +57,16 @@ type runawayGuard struct {
 // that wall time; RU fires when the statement's RU so far — its
 // before-cost, plus its backend time and read bytes as they grow — reaches
 // the limit (the timer covers time, Progress the bytes).
-func (s *session) armRunaway(g resourcegroup.Group, query string, cpuStart time.Duration, cpuOK bool) *runawayGuard {
+func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.Mode, cpuStart time.Duration, cpuOK bool) *runawayGuard {
 	q := g.QueryLimit
 	if q == nil || (q.ExecElapsed <= 0 && q.RU == 0) {
 		return nil
 	}
 	after := q.ExecElapsed
 	if q.RU > 0 {
-		after = time.Duration(1<<63 - 1)
+		after = time.Duration(math.MaxInt64)
 		if left := float64(q.RU) - s.cur.before.RU(); s.p.cost.CPUMsCost > 0 {
-			after = time.Duration(max(left, 0) / s.p.cost.CPUMsCost * float64(time.Millisecond))
+			after = msDuration(left / s.p.cost.CPUMsCost)
 		}
 	}
 	gd := &runawayGuard{rule: *q, group: g.Name, start: s.p.clk.Now(), clk: s.p.clk, done: make(chan struct{}),
@@ -83,7 +85,7 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, cpuStart time.
 		s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
 			"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
-			go s.p.addWatch(gd.group, gd.rule, query)
+			go s.p.addWatch(gd.group, gd.rule, query, mode)
 		}
 		if gd.rule.Action == resourcegroup.ActionKill && s.p.killer != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
@@ -97,6 +99,22 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, cpuStart time.
 	gd.timer = s.p.clk.AfterFunc(after, gd.check)
 	gd.mu.Unlock()
 	return gd
+}
+
+// msDuration converts ms milliseconds to a Duration, saturating: at the
+// largest Duration for more than it holds (an RU limit of 10¹³ at a third
+// of an RU per CPU millisecond is 3·10¹⁹ ns), at 0 for a negative or NaN
+// count. A plain conversion of a float beyond int64 gives the smallest
+// int64, a timer that fires at once.
+func msDuration(ms float64) time.Duration {
+	ns := ms * float64(time.Millisecond)
+	switch {
+	case !(ns > 0):
+		return 0
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
 }
 
 // check runs on the timer's goroutine: it fires the guard, or, for an RU
@@ -113,7 +131,7 @@ func (gd *runawayGuard) check() {
 			if now, ok := parseSchedstat(gd.cpuBuf[:n]); ok {
 				used := float64(now-gd.cpuStart) / float64(time.Millisecond) * gd.msCost
 				if left := float64(gd.rule.RU) - gd.baseRU - used; left > 0 {
-					gd.timer = gd.clk.AfterFunc(time.Duration(left/gd.msCost*float64(time.Millisecond))+time.Millisecond, gd.check)
+					gd.timer = gd.clk.AfterFunc(msDuration(left/gd.msCost+1), gd.check)
 					gd.mu.Unlock()
 					return
 				}
@@ -242,7 +260,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	if similar {
 		digest = string(st.Scan.Digest)
 		if st.Scan.Digest == nil {
-			digest = mysqlproto.Digest([]byte(st.Query))
+			digest = mysqlproto.Digest([]byte(st.Query), st.Mode())
 		}
 	}
 	w, ok := s.p.tokens.MatchGroupWatch(s.cur.group, st.Query, digest)
@@ -270,7 +288,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 // addWatch records, through rgserver, a watch for the statement that just
 // crossed its group's limit, so that every proxy acts on its like as soon
 // as it arrives. It runs on its own goroutine: the session does not wait.
-func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text string) {
+func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text string, mode sqltext.Mode) {
 	ws, ok := p.tokens.Store().(resourcegroup.WatchStore)
 	if !ok {
 		return
@@ -278,7 +296,7 @@ func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text stri
 	w := resourcegroup.Watch{Group: group, Action: rule.Action, SwitchGroup: rule.SwitchGroup,
 		Match: rule.Watch, Text: text, Source: p.proxyID}
 	if rule.Watch == resourcegroup.WatchSimilar {
-		w.Text = mysqlproto.Digest([]byte(text))
+		w.Text = mysqlproto.Digest([]byte(text), mode)
 	}
 	if rule.WatchDuration > 0 {
 		w.Expires = p.clk.Now().Add(rule.WatchDuration)

@@ -2,12 +2,14 @@ package rgpolicy
 
 import (
 	"context"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // rgproxy's virtual tables live in information_schema, but rgproxy, not
@@ -18,6 +20,13 @@ import (
 // LIKE, IN, ORDER BY, LIMIT, aggregates, aliases and joins with real
 // tables exactly as for any table. Rows are filtered by privilege before
 // the rewrite: a user sees only what it may see.
+//
+// No value reaches the backend as quoted text: every string — group
+// names, tag keys and values, account names, statement, digest and watch
+// texts — is written as a hex literal of its UTF-8 bytes with the utf8mb4
+// introducer (sqlText), which the backend's lexer reads the same in every
+// character set and SQL mode; numbers are written only once checked to be
+// numbers (sqlNumber).
 
 // Virtual table names, lower case.
 const (
@@ -90,12 +99,12 @@ type virtualRef struct {
 // qualifier) counts only when inDB reports that the session's current
 // database is information_schema; inDB is asked at most once, and only
 // when such a name stands where a table does.
-func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
-	tz := mysqlproto.NewTokenizer(q, nbe)
-	var toks []mysqlproto.Token
+func findVirtual(q string, mode sqltext.Mode, inDB func() bool) []virtualRef {
+	tz := sqltext.NewString(q, mode)
+	var toks []sqltext.Token
 	for {
 		t := tz.Next()
-		if t.Kind == mysqlproto.TokenEOF {
+		if t.Kind == sqltext.EOF {
 			break
 		}
 		toks = append(toks, t)
@@ -106,27 +115,27 @@ func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
 		}
 		t := toks[i]
 		s := q[t.Start:t.End]
-		if t.Kind == mysqlproto.TokenQuotedIdent && len(s) >= 2 {
-			s = strings.ReplaceAll(s[1:len(s)-1], "``", "`")
+		if t.Kind == sqltext.QuotedIdent {
+			s, _ = sqltext.Unquote(s, mode)
 		}
 		return s
 	}
 	isName := func(i int) bool {
-		return i >= 0 && i < len(toks) && (toks[i].Kind == mysqlproto.TokenWord || toks[i].Kind == mysqlproto.TokenQuotedIdent)
+		return i >= 0 && i < len(toks) && (toks[i].Kind == sqltext.Word || toks[i].Kind == sqltext.QuotedIdent)
 	}
 	isPunct := func(i int, p string) bool {
-		return i >= 0 && i < len(toks) && toks[i].Kind == mysqlproto.TokenPunct && q[toks[i].Start:toks[i].End] == p
+		return i >= 0 && i < len(toks) && toks[i].Kind == sqltext.Punct && q[toks[i].Start:toks[i].End] == p
 	}
 	isWord := func(i int, w string) bool {
-		return i >= 0 && i < len(toks) && toks[i].Kind == mysqlproto.TokenWord && strings.EqualFold(text(i), w)
+		return i >= 0 && i < len(toks) && toks[i].Kind == sqltext.Word && strings.EqualFold(text(i), w)
 	}
 	hasAlias := func(i int) bool { // is toks[i] an alias?
 		switch {
 		case i >= len(toks):
 			return false
-		case isWord(i, "AS"), toks[i].Kind == mysqlproto.TokenQuotedIdent:
+		case isWord(i, "AS"), toks[i].Kind == sqltext.QuotedIdent:
 			return true
-		case toks[i].Kind == mysqlproto.TokenWord:
+		case toks[i].Kind == sqltext.Word:
 			return !afterTableRef[strings.ToUpper(text(i))]
 		}
 		return false
@@ -145,10 +154,10 @@ func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
 				clause = clause[:d]
 			}
 			continue
-		case toks[i].Kind == mysqlproto.TokenSemicolon:
+		case toks[i].Kind == sqltext.Semicolon:
 			clause = []string{""}
 			continue
-		case toks[i].Kind == mysqlproto.TokenWord:
+		case toks[i].Kind == sqltext.Word:
 			if c, ok := clauseOf(text(i)); ok {
 				clause[d] = c
 			}
@@ -173,7 +182,7 @@ func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
 				refs = append(refs, virtualRef{start: toks[i].Start, end: toks[i].End, table: strings.ToLower(text(i)),
 					alias: hasAlias(i + 1)})
 			}
-		case toks[i].Kind == mysqlproto.TokenWord && strings.EqualFold(text(i), "current_resource_group") &&
+		case toks[i].Kind == sqltext.Word && strings.EqualFold(text(i), "current_resource_group") &&
 			isPunct(i+1, "(") && isPunct(i+2, ")") && !isPunct(i-1, "."):
 			r := virtualRef{start: toks[i].Start, end: toks[i+2].End}
 			r.selectItem = clause[d] == "select" && (isWord(i-1, "SELECT") || isPunct(i-1, ",") || isWord(i-1, "DISTINCT")) &&
@@ -186,8 +195,9 @@ func findVirtual(q string, nbe bool, inDB func() bool) []virtualRef {
 }
 
 // rewriteVirtual replaces refs in q: each table by a derived table from
-// table(name), CURRENT_RESOURCE_GROUP() by current.
-func rewriteVirtual(q string, nbe bool, refs []virtualRef, current string, table func(name string) (*vtable, error)) (string, error) {
+// table(name), CURRENT_RESOURCE_GROUP() by current. The session's
+// NO_BACKSLASH_ESCAPES does not matter to what it writes.
+func rewriteVirtual(q string, _ bool, refs []virtualRef, current string, table func(name string) (*vtable, error)) (string, error) {
 	var b strings.Builder
 	b.Grow(len(q) + 256)
 	built := map[string]string{}
@@ -197,10 +207,10 @@ func rewriteVirtual(q string, nbe bool, refs []virtualRef, current string, table
 		last = r.end
 		switch {
 		case r.table == "":
-			b.WriteString(sqlString(current, nbe))
+			b.WriteString(sqlText(current))
 			if r.selectItem {
 				b.WriteString(" AS ")
-				b.WriteString(quoteIdent(q[r.start:r.end]))
+				b.WriteString(functionAlias(q[r.start:r.end]))
 			}
 		case r.column:
 			b.WriteString(quoteIdent(r.table))
@@ -211,7 +221,7 @@ func rewriteVirtual(q string, nbe bool, refs []virtualRef, current string, table
 				if err != nil {
 					return "", err
 				}
-				sub = derivedTable(t, nbe)
+				sub = derivedTable(t)
 				built[r.table] = sub
 			}
 			b.WriteString(sub)
@@ -227,7 +237,7 @@ func rewriteVirtual(q string, nbe bool, refs []virtualRef, current string, table
 
 // derivedTable renders t as "(SELECT ... UNION ALL SELECT ...)": the first
 // SELECT names the columns; an empty table is one typed row filtered out.
-func derivedTable(t *vtable, nbe bool) string {
+func derivedTable(t *vtable) string {
 	var b strings.Builder
 	b.WriteString("(")
 	if len(t.rows) == 0 {
@@ -239,7 +249,7 @@ func derivedTable(t *vtable, nbe bool) string {
 			if c.numeric {
 				b.WriteString("CAST(NULL AS DECIMAL(65,6))")
 			} else {
-				b.WriteString("CAST(NULL AS CHAR)")
+				b.WriteString(sqlText("")) // coercible, as the rows' texts
 			}
 			b.WriteString(" AS ")
 			b.WriteString(quoteIdent(c.name))
@@ -266,7 +276,7 @@ func derivedTable(t *vtable, nbe bool) string {
 			case c.numeric:
 				b.WriteString(sqlNumber(*v))
 			default:
-				b.WriteString(sqlString(*v, nbe))
+				b.WriteString(sqlText(*v))
 			}
 			if r == 0 {
 				b.WriteString(" AS ")
@@ -278,42 +288,124 @@ func derivedTable(t *vtable, nbe bool) string {
 	return b.String()
 }
 
-// sqlString quotes s as a string literal of the session's sql_mode.
-func sqlString(s string, nbe bool) string {
-	s = strings.ReplaceAll(s, "'", "''")
-	if !nbe {
-		s = strings.ReplaceAll(s, `\`, `\\`)
-	}
-	return "'" + s + "'"
+// sqlText renders s as a string literal that needs no escaping: the hex
+// literal of its UTF-8 bytes with the utf8mb4 introducer. No byte of s
+// reaches the backend's lexer, so no character set (gbk, big5, sjis,
+// cp932, whose multi-byte characters can swallow an escaping backslash)
+// and no SQL mode changes where it ends. The literal is coercible, as a
+// quoted string is, so it compares and joins with columns of any
+// collation that can hold its characters. Bytes that are not UTF-8
+// (a statement sent in another character set) become U+FFFD.
+func sqlText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	var b strings.Builder
+	b.Grow(len("_utf8mb4 X''") + 2*len(s))
+	b.WriteString("_utf8mb4 X'")
+	b.WriteString(hex.EncodeToString([]byte(s)))
+	b.WriteString("'")
+	return b.String()
 }
 
-// sqlNumber renders a numeric cell; anything that does not parse is NULL.
+// sqlNumber renders a numeric cell: an optional '-', digits and at most
+// one '.' with digits on both sides, written as they are; anything else
+// (NaN, Inf, an exponent, text) is NULL.
 func sqlNumber(s string) string {
-	if _, err := strconv.ParseFloat(s, 64); err != nil {
+	digits, dot := 0, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			digits++
+		case c == '-' && i == 0:
+		case c == '.' && !dot && digits > 0 && i+1 < len(s):
+			dot = true
+		default:
+			return "NULL"
+		}
+	}
+	if digits == 0 {
 		return "NULL"
 	}
 	return s
 }
 
-func quoteIdent(s string) string { return "`" + strings.ReplaceAll(s, "`", "``") + "`" }
+// quoteIdent backquotes one of rgproxy's own names (a virtual table's or a
+// column's); never a user's.
+func quoteIdent(s string) string { return "`" + s + "`" }
 
-// virtualTable builds a virtual table's rows as the session may see them.
+// functionAlias names the column of a bare CURRENT_RESOURCE_GROUP() select
+// item as the client wrote it, as MySQL does, when that text is only
+// letters, '_', parentheses and spaces; else (a comment inside) as
+// CURRENT_RESOURCE_GROUP(). Nothing is escaped.
+func functionAlias(text string) string {
+	for i := 0; i < len(text); i++ {
+		c := text[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '(' || c == ')' || c == ' ') {
+			return "`CURRENT_RESOURCE_GROUP()`"
+		}
+	}
+	return "`" + text + "`"
+}
+
+// virtualTable builds a virtual table's rows as the session may see them:
+// with SUPER every row; else only the rows of the groups it may read
+// (readableGroups), and in runaway_watches the digest of an EXACT watch's
+// text instead of the text, whose literals are another user's.
 func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.Backend) (*vtable, error) {
+	readable, err := s.readableGroups(ctx, be)
+	if err != nil {
+		return nil, err
+	}
 	switch name {
 	case vtResourceGroups:
-		return resultTable(resourcegroup.Execute(ctx, &resourcegroup.SelectGroups{}, s.p.tokens.Store()))
+		t, err := resultTable(resourcegroup.Execute(ctx, &resourcegroup.SelectGroups{}, s.p.tokens.Store()))
+		if err != nil {
+			return nil, err
+		}
+		t.keepRows("NAME", readable)
+		return t, nil
 	case vtRunawayWatches:
 		t, err := resultTable(resourcegroup.Execute(ctx, &resourcegroup.SelectWatches{}, s.p.tokens.Store()))
-		if t != nil {
-			t.cols[0].numeric = true // ID
+		if err != nil {
+			return nil, err
 		}
-		return t, err
+		t.cols[0].numeric = true // ID
+		t.keepRows("RESOURCE_GROUP_NAME", readable)
+		if readable != nil {
+			t.maskExactText()
+		}
+		return t, nil
 	case vtStatementsSummary:
-		return s.summaryTable(ctx, be), nil
+		return s.summaryTable(readable), nil
 	case vtBindings:
 		return s.bindingsTable(ctx, be)
 	}
 	return nil, resourcegroup.NewUnsupported("information_schema." + name)
+}
+
+// readableGroups returns which groups' rows a session without SUPER may
+// read in the virtual tables, SHOW RESOURCE GROUP USAGE and SHOW CREATE
+// RESOURCE GROUP: the groups it may use — its account's (default when it
+// is bound to none), its current one (SET RESOURCE GROUP), and every group
+// a tag is bound to (whoever sends the tag runs there; README asks to bind
+// tags only to groups every user may use). With SUPER it returns nil:
+// every group.
+func (s *session) readableGroups(ctx context.Context, be mysqlproto.Backend) (func(string) bool, error) {
+	if s.hasSuper(ctx, be) {
+		return nil, nil
+	}
+	own := map[string]bool{s.bound(): true, s.currentGroup(): true}
+	if s.p.tokens.HasTagBindings() {
+		bs, err := s.p.tokens.Store().ListBindings(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range bs {
+			if b.IsTag() {
+				own[b.Group] = true
+			}
+		}
+	}
+	return func(g string) bool { return own[g] }, nil
 }
 
 func resultTable(res *resourcegroup.Result, err error) (*vtable, error) {
@@ -325,6 +417,48 @@ func resultTable(res *resourcegroup.Result, err error) (*vtable, error) {
 		t.cols = append(t.cols, vcol{name: c})
 	}
 	return t, nil
+}
+
+// col returns the index of column name, or -1.
+func (t *vtable) col(name string) int {
+	for i, c := range t.cols {
+		if c.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// keepRows keeps the rows whose column col names a group keep accepts;
+// nil keeps every row.
+func (t *vtable) keepRows(col string, keep func(string) bool) {
+	if keep == nil {
+		return
+	}
+	i := t.col(col)
+	rows := t.rows[:0]
+	for _, r := range t.rows {
+		if i >= 0 && i < len(r) && r[i] != nil && keep(*r[i]) {
+			rows = append(rows, r)
+		}
+	}
+	t.rows = rows
+}
+
+// maskExactText replaces the WATCH_TEXT of runaway_watches' EXACT rows,
+// a statement's text with its literals, by its digest (literals replaced
+// by ?), as SIMILAR watches keep it.
+func (t *vtable) maskExactText() {
+	w, text := t.col("WATCH"), t.col("WATCH_TEXT")
+	if w < 0 || text < 0 {
+		return
+	}
+	for _, r := range t.rows {
+		if r[w] != nil && *r[w] == resourcegroup.WatchExact.String() && r[text] != nil {
+			d := mysqlproto.Digest([]byte(*r[text]), sqltext.Mode{}) // stored as the proxy received it; read as UTF-8
+			r[text] = &d
+		}
+	}
 }
 
 // bindingsTable is information_schema.resource_group_bindings: account
@@ -368,15 +502,9 @@ var summaryColumns = []vcol{
 	{name: "ESTIMATED_REQUEST_UNIT", numeric: true},
 }
 
-// summaryTable is statements_summary as the session may see it: every
-// shape with SUPER, else only the shapes of the session's own groups (its
-// binding's and its current one).
-func (s *session) summaryTable(ctx context.Context, be mysqlproto.Backend) *vtable {
-	var keep func(string) bool
-	if !s.hasSuper(ctx, be) {
-		own := map[string]bool{s.bound(): true, s.currentGroup(): true}
-		keep = func(g string) bool { return own[g] }
-	}
+// summaryTable is statements_summary as the session may see it: the
+// shapes of the groups keep accepts (nil: every group).
+func (s *session) summaryTable(keep func(string) bool) *vtable {
 	t := &vtable{cols: summaryColumns}
 	ns := func(d time.Duration) string { return strconv.FormatInt(int64(d), 10) }
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 6, 64) }

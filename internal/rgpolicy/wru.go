@@ -15,6 +15,7 @@ import (
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // This file makes writes pay for what the backend wrote. The before-cost
@@ -232,12 +233,12 @@ func (s *session) writesBefore(ctx context.Context, st *mysqlproto.Statement, be
 	// statements in one may hold one.
 	h := stmtHead{mayWrite: st.Class == mysqlproto.ClassWrite || st.Multi}
 	if st.Class == mysqlproto.ClassOther && !st.Multi {
-		h.verb = firstWord(st.Query, st.NoBackslashEscapes)
+		h.verb = firstWord(st.Query, st.Mode())
 		h.mayWrite = h.verb == "EXECUTE" || h.verb == "DO"
 	}
 	if s.p.writes.inForce() == srcEstimate && !st.Multi &&
 		(st.Class == mysqlproto.ClassWrite || h.verb == "EXECUTE" || h.verb == "PREPARE") {
-		full := readHead(st.Query, st.NoBackslashEscapes)
+		full := readHead(st.Query, st.Mode())
 		h.verb, h.target, h.prepare = full.verb, full.target, full.prepare
 		if h.verb == "EXECUTE" && h.target == (tableName{}) && h.prepare != "" {
 			h.target = w.prepared[strings.ToLower(h.prepare)]
@@ -359,7 +360,7 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 		if own && !st.Multi && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE) {
 			// The query sets ROW_COUNT() to -1; a plain DML statement's
 			// is known, and given back in the next statement.
-			switch firstWord(st.Query, st.NoBackslashEscapes) {
+			switch firstWord(st.Query, st.Mode()) {
 			case "INSERT", "UPDATE", "DELETE", "REPLACE":
 				w.rowCount, w.rowCountSet = int64(out.AffectedRows), true
 				if out.ErrCode != 0 {
@@ -425,7 +426,7 @@ func (s *session) rowCountRewrite(st *mysqlproto.Statement, rewrite string) stri
 	if q == "" {
 		q = st.Query
 	}
-	if out, ok := replaceRowCount(q, st.NoBackslashEscapes, w.rowCount); ok {
+	if out, ok := replaceRowCount(q, st.Mode(), w.rowCount); ok {
 		return out
 	}
 	return rewrite
@@ -434,10 +435,10 @@ func (s *session) rowCountRewrite(st *mysqlproto.Statement, rewrite string) stri
 // replaceRowCount replaces each ROW_COUNT() call in q by n, as a BIGINT;
 // a bare select item is aliased to its own text. ok is false when q calls
 // none.
-func replaceRowCount(q string, nbe bool, n int64) (string, bool) {
-	tz := mysqlproto.NewTokenizer(q, nbe)
-	var toks []mysqlproto.Token
-	for t := tz.Next(); t.Kind != mysqlproto.TokenEOF; t = tz.Next() {
+func replaceRowCount(q string, mode sqltext.Mode, n int64) (string, bool) {
+	tz := sqltext.NewString(q, mode)
+	var toks []sqltext.Token
+	for t := tz.Next(); t.Kind != sqltext.EOF; t = tz.Next() {
 		toks = append(toks, t)
 	}
 	text := func(i int) string {
@@ -446,7 +447,7 @@ func replaceRowCount(q string, nbe bool, n int64) (string, bool) {
 		}
 		return q[toks[i].Start:toks[i].End]
 	}
-	is := func(i int, kind mysqlproto.TokenKind, s string) bool {
+	is := func(i int, kind sqltext.Kind, s string) bool {
 		return i >= 0 && i < len(toks) && toks[i].Kind == kind && strings.EqualFold(text(i), s)
 	}
 	value := "CAST(" + strconv.FormatInt(n, 10) + " AS SIGNED)"
@@ -454,26 +455,26 @@ func replaceRowCount(q string, nbe bool, n int64) (string, bool) {
 	last, depth := 0, 0
 	for i := 0; i < len(toks); i++ {
 		switch {
-		case is(i, mysqlproto.TokenPunct, "("):
+		case is(i, sqltext.Punct, "("):
 			depth++
 			continue
-		case is(i, mysqlproto.TokenPunct, ")"):
+		case is(i, sqltext.Punct, ")"):
 			depth--
 			continue
 		}
-		if !is(i, mysqlproto.TokenWord, "ROW_COUNT") || !is(i+1, mysqlproto.TokenPunct, "(") ||
-			!is(i+2, mysqlproto.TokenPunct, ")") || is(i-1, mysqlproto.TokenPunct, ".") {
+		if !is(i, sqltext.Word, "ROW_COUNT") || !is(i+1, sqltext.Punct, "(") ||
+			!is(i+2, sqltext.Punct, ")") || is(i-1, sqltext.Punct, ".") {
 			continue
 		}
 		start, end := toks[i].Start, toks[i+2].End
 		b.WriteString(q[last:start])
 		b.WriteString(value)
-		bare := depth == 0 && (is(i-1, mysqlproto.TokenWord, "SELECT") || is(i-1, mysqlproto.TokenWord, "DISTINCT") ||
-			is(i-1, mysqlproto.TokenWord, "ALL") || is(i-1, mysqlproto.TokenPunct, ","))
+		bare := depth == 0 && (is(i-1, sqltext.Word, "SELECT") || is(i-1, sqltext.Word, "DISTINCT") ||
+			is(i-1, sqltext.Word, "ALL") || is(i-1, sqltext.Punct, ","))
 		if next := i + 3; bare && next < len(toks) {
 			switch k := toks[next].Kind; {
-			case k == mysqlproto.TokenSemicolon, is(next, mysqlproto.TokenPunct, ","):
-			case k == mysqlproto.TokenWord:
+			case k == sqltext.Semicolon, is(next, sqltext.Punct, ","):
+			case k == sqltext.Word:
 				switch strings.ToUpper(text(next)) {
 				case "FROM", "INTO", "WHERE", "GROUP", "HAVING", "ORDER", "LIMIT", "UNION", "FOR", "LOCK", "WINDOW":
 				default:
@@ -602,12 +603,12 @@ func (t *shapes) lateWRU(k shapeKey, wru float64) {
 
 // firstWord is a statement's first keyword, upper case ("" when it starts
 // with anything else); only its first 64 bytes are read.
-func firstWord(q string, nbe bool) string {
+func firstWord(q string, mode sqltext.Mode) string {
 	if len(q) > 64 {
 		q = q[:64]
 	}
-	tz := mysqlproto.NewTokenizer(q, nbe)
-	if t := tz.Next(); t.Kind == mysqlproto.TokenWord {
+	tz := sqltext.NewString(q, mode)
+	if t := tz.Next(); t.Kind == sqltext.Word {
 		return strings.ToUpper(q[t.Start:t.End])
 	}
 	return ""
@@ -616,18 +617,18 @@ func firstWord(q string, nbe bool) string {
 // readHead reads the first words of a statement: its verb and, when it
 // writes one table, that table. Only the first 1 KiB is read, so a 1 MiB
 // literal costs nothing here.
-func readHead(q string, nbe bool) stmtHead {
+func readHead(q string, mode sqltext.Mode) stmtHead {
 	const prefix = 1024
 	if len(q) > prefix {
 		q = q[:prefix]
 	}
-	tz := mysqlproto.NewTokenizer(q, nbe)
-	next := func() (mysqlproto.Token, string) {
+	tz := sqltext.NewString(q, mode)
+	next := func() (sqltext.Token, string) {
 		t := tz.Next()
 		return t, q[t.Start:t.End]
 	}
-	word := func(t mysqlproto.Token, s string) string {
-		if t.Kind != mysqlproto.TokenWord {
+	word := func(t sqltext.Token, s string) string {
+		if t.Kind != sqltext.Word {
 			return ""
 		}
 		return strings.ToUpper(s)
@@ -656,7 +657,7 @@ func readHead(q string, nbe bool) stmtHead {
 		}
 		tbl, after := tableRef(t, s, &tz, q)
 		// One table: SET follows it, or an alias and SET.
-		for i := 0; i < 3 && (after.Kind == mysqlproto.TokenWord || after.Kind == mysqlproto.TokenQuotedIdent); i++ {
+		for i := 0; i < 3 && (after.Kind == sqltext.Word || after.Kind == sqltext.QuotedIdent); i++ {
 			w := word(after, q[after.Start:after.End])
 			if w == "SET" {
 				h.target = tbl
@@ -671,8 +672,8 @@ func readHead(q string, nbe bool) stmtHead {
 		t, s = next()
 		if word(t, s) == "IMMEDIATE" {
 			t, s = next()
-			if t.Kind == mysqlproto.TokenString {
-				inner := readHead(literalText(s, nbe), nbe)
+			if t.Kind == sqltext.String {
+				inner := readHead(literalText(s, mode), mode)
 				if inner.verb == "INSERT" || inner.verb == "REPLACE" || inner.verb == "UPDATE" {
 					h.target = inner.target
 				}
@@ -688,8 +689,8 @@ func readHead(q string, nbe bool) stmtHead {
 		if t, s = next(); word(t, s) != "FROM" || name == "" {
 			return h
 		}
-		if t, s = next(); t.Kind == mysqlproto.TokenString {
-			inner := readHead(literalText(s, nbe), nbe)
+		if t, s = next(); t.Kind == sqltext.String {
+			inner := readHead(literalText(s, mode), mode)
 			if inner.verb == "INSERT" || inner.verb == "REPLACE" || inner.verb == "UPDATE" {
 				h.target = inner.target
 			}
@@ -702,13 +703,13 @@ func readHead(q string, nbe bool) stmtHead {
 // tableRef reads a table reference, [schema.]table, whose first token is
 // t; it returns the table ("" when t is not a name) and the token after
 // it.
-func tableRef(t mysqlproto.Token, s string, tz *mysqlproto.Tokenizer, q string) (tableName, mysqlproto.Token) {
+func tableRef(t sqltext.Token, s string, tz *sqltext.Lexer, q string) (tableName, sqltext.Token) {
 	first := identText(t, s)
 	if first == "" {
 		return tableName{}, t
 	}
 	n := tz.Next()
-	if n.Kind != mysqlproto.TokenPunct || q[n.Start:n.End] != "." {
+	if n.Kind != sqltext.Punct || q[n.Start:n.End] != "." {
 		return tableName{table: first}, n
 	}
 	n = tz.Next()
@@ -720,48 +721,36 @@ func tableRef(t mysqlproto.Token, s string, tz *mysqlproto.Tokenizer, q string) 
 }
 
 // identText is the name a word or `quoted identifier` token stands for.
-func identText(t mysqlproto.Token, s string) string {
+func identText(t sqltext.Token, s string) string {
 	switch t.Kind {
-	case mysqlproto.TokenWord:
+	case sqltext.Word:
 		return s
-	case mysqlproto.TokenQuotedIdent:
-		if len(s) >= 2 && s[len(s)-1] == '`' {
-			s = s[1 : len(s)-1]
-		} else {
-			s = s[1:]
+	case sqltext.QuotedIdent:
+		if v, ok := sqltext.Unquote(s, sqltext.Mode{}); ok {
+			return v
 		}
-		return strings.ReplaceAll(s, "``", "`")
+		return strings.ReplaceAll(strings.TrimPrefix(s, "`"), "``", "`") // cut by readHead's prefix
 	}
 	return ""
 }
 
 // literalText is the text of a string literal token (an N or _charset
-// prefix, quotes and escapes undone); an unterminated literal (cut by
-// readHead's prefix) gives what there is of it.
-func literalText(s string, nbe bool) string {
+// prefix, quotes and escapes undone, as the server reads it in mode); an
+// unterminated literal (cut by readHead's prefix) gives what there is of
+// it.
+func literalText(s string, mode sqltext.Mode) string {
 	i := strings.IndexAny(s, `'"`)
 	if i < 0 {
 		return ""
 	}
-	quote := s[i]
-	body := s[i+1:]
-	var b strings.Builder
-	for j := 0; j < len(body); j++ {
-		c := body[j]
-		switch {
-		case c == '\\' && !nbe && j+1 < len(body):
-			j++
-			b.WriteByte(body[j])
-		case c == quote && j+1 < len(body) && body[j+1] == quote:
-			j++
-			b.WriteByte(quote)
-		case c == quote:
-			return b.String()
-		default:
-			b.WriteByte(c)
-		}
+	if v, ok := sqltext.Unquote(s[i:], mode); ok {
+		return v
 	}
-	return b.String()
+	// Cut: unquote what there is, closed by its quote.
+	if v, ok := sqltext.Unquote(s[i:]+s[i:i+1], mode); ok {
+		return v
+	}
+	return ""
 }
 
 // rowLengths caches tables' average row lengths (information_schema

@@ -18,6 +18,7 @@ import (
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // fakeBinlog stands for internal/binlog.Reader: txns are the transactions
@@ -450,7 +451,7 @@ func TestReplaceRowCount(t *testing.T) {
 		{"SELECT `row_count`()", ""},
 	}
 	for _, tc := range tests {
-		got, ok := replaceRowCount(tc.q, false, 7)
+		got, ok := replaceRowCount(tc.q, sqltext.Mode{}, 7)
 		if got != tc.want || ok != (tc.want != "") {
 			t.Errorf("%s: %q %v, want %q", tc.q, got, ok, tc.want)
 		}
@@ -485,7 +486,7 @@ func TestReadHead(t *testing.T) {
 		{"  ", "", tableName{}, ""},
 	}
 	for _, tc := range tests {
-		h := readHead(tc.q, false)
+		h := readHead(tc.q, sqltext.Mode{})
 		if h.verb != tc.verb || h.target != tc.target || h.prepare != tc.prepare {
 			t.Errorf("%.60s: %+v, want %s %+v %q", tc.q, h, tc.verb, tc.target, tc.prepare)
 		}
@@ -500,7 +501,7 @@ func FuzzReadHead(f *testing.F) {
 		f.Add(s, true)
 	}
 	f.Fuzz(func(t *testing.T, q string, nbe bool) {
-		h := readHead(q, nbe)
+		h := readHead(q, sqltext.Mode{NoBackslashEscapes: nbe})
 		if len(h.target.table) > len(q) || len(h.target.schema) > len(q) || len(h.prepare) > len(q) {
 			t.Fatalf("%q: %+v longer than the text", q, h)
 		}
