@@ -314,7 +314,39 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 		}
 	}
 	ss.pol.After(st, out)
+	if err == nil && !ss.srv.passThrough {
+		err = ss.followUp(st, out)
+	}
 	return err
+}
+
+// followUp calls the policy's FollowUp, if it has one, with the session's
+// backend connection; an I/O failure of a query it ran ends the session.
+func (ss *session) followUp(st *Statement, out *Outcome) error {
+	if ss.follow == nil {
+		return nil
+	}
+	be := &ss.followBe
+	be.sessionBackend, be.err = sessionBackend{ss}, nil
+	ss.follow.FollowUp(ss.ctx, st, out, be)
+	return be.err
+}
+
+// followBackend is the Backend a FollowUp gets: it remembers an I/O failure
+// (the session's backend connection is closed by then) so that the session
+// ends after the call, rather than at the client's next command.
+type followBackend struct {
+	sessionBackend
+	err error
+}
+
+// Query implements Backend.
+func (b *followBackend) Query(ctx context.Context, sql string) ([]string, [][]*string, error) {
+	cols, rows, err := b.sessionBackend.Query(ctx, sql)
+	if err != nil && errors.Is(err, ErrBackendLost) && b.err == nil {
+		b.err = err
+	}
+	return cols, rows, err
 }
 
 // forward sends the command in ss.buf (first packet of n bytes, of which

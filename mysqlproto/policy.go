@@ -169,8 +169,9 @@ const (
 
 // Backend lets a policy run a text query on the session's own backend
 // connection between statements (for example SHOW GRANTS). Rows are
-// strings; a nil entry is SQL NULL. It is valid only during the Before call
-// that receives it and must not be used from another goroutine.
+// strings; a nil entry is SQL NULL. It is valid only during the Before (or
+// FollowUp) call that receives it and must not be used from another
+// goroutine.
 type Backend interface {
 	Query(ctx context.Context, sql string) (columns []string, rows [][]*string, err error)
 }
@@ -210,6 +211,21 @@ type SessionPolicy interface {
 // It is called from the session goroutine, between Before and After.
 type ErrorRewriter interface {
 	RewriteError(st *Statement, code uint16) *Error
+}
+
+// FollowUpper may be implemented by a SessionPolicy that must read the
+// session's backend connection once a statement is over, for what only
+// that connection knows afterwards (for example a session variable the
+// statement changed, such as MariaDB's @@last_gtid). mysqlproto calls
+// FollowUp right after After, only for a statement that was forwarded and
+// whose whole response was relayed and flushed to the client, so a query
+// it runs adds nothing to the statement's latency; the client's next
+// command waits for it. be is valid during the call only; an I/O failure
+// of one of its queries ends the session once FollowUp returns, as the
+// backend connection is then in an unknown state. ctx ends when the
+// session or the proxy closes. It is called from the session goroutine.
+type FollowUpper interface {
+	FollowUp(ctx context.Context, st *Statement, out *Outcome, be Backend)
 }
 
 // ProgressObserver may be implemented by a SessionPolicy to follow a

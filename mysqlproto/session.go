@@ -88,6 +88,8 @@ type session struct {
 	// The policy's optional hooks, nil when it has none.
 	rewriter ErrorRewriter
 	progress ProgressObserver
+	follow   FollowUpper
+	followBe followBackend // the Backend FollowUp gets, reused
 	m        respMachine
 	rw       replyWriter
 	// bufs holds cwr, brd and bwr while the session works (acquire); nil
@@ -400,6 +402,7 @@ func (ss *session) run() {
 	ss.pol = ss.srv.cfg.Policy.Open(ss.info)
 	ss.rewriter, _ = ss.pol.(ErrorRewriter)
 	ss.progress, _ = ss.pol.(ProgressObserver)
+	ss.follow, _ = ss.pol.(FollowUpper)
 	for {
 		err := ss.command()
 		if err == nil {

@@ -115,6 +115,11 @@ type config struct {
 	// backend thread's CPU time when the backend runs here, else wall
 	// time), wall or proc. Default auto.
 	CPUSource string
+	// WriteSource is where the bytes a statement wrote come from: auto
+	// (the backend's row-based binary log, read with --admin-user, while
+	// rgproxy can follow it; else the estimate), binlog, estimate or
+	// packet. Default auto.
+	WriteSource string
 	// MaxStatementShapes is how many statement shapes (digest within a
 	// group) the proxy remembers for cost estimates and
 	// information_schema.statements_summary. Default 10000.
@@ -167,6 +172,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.AdminPasswordFile, "admin-password-file", "", "`file` holding --admin-user's password")
 	fs.StringVar(&cfg.CacheDir, "cache-dir", "rgproxy-cache", "`directory` keeping the last snapshot of groups and bindings, for starts while rgserver is down (empty = none)")
 	fs.StringVar(&cfg.CPUSource, "cpu-source", "auto", "CPU time charged per statement: auto (the backend thread's CPU time when the backend runs on this host, else wall time), wall, or proc")
+	fs.StringVar(&cfg.WriteSource, "write-source", "auto", "where the bytes a statement wrote come from: auto (the backend's row-based binary log, read as --admin-user, while rgproxy follows it; else the estimate), binlog, estimate (affected rows × the table's average row length) or packet (the statement's own bytes only)")
 	fs.DurationVar(&cfg.GroupIdleExpiry, "group-idle-expiry", time.Hour, "a group with no statement here this long loses its per-group metric series until it is used again")
 	fs.IntVar(&cfg.MaxStatementShapes, "max-statement-shapes", 10000, "statement shapes (digest within a group) remembered for cost estimates and statements_summary; least recently used evicted")
 	return fs
@@ -290,6 +296,11 @@ func (c *config) validate() error {
 	}
 	if _, err := rgpolicy.ParseCPUSource(c.CPUSource); err != nil {
 		errs = append(errs, fmt.Errorf("--cpu-source must be auto, wall or proc, not %q", c.CPUSource))
+	}
+	if ws, err := rgpolicy.ParseWriteSource(c.WriteSource); err != nil {
+		errs = append(errs, fmt.Errorf("--write-source must be auto, binlog, estimate or packet, not %q", c.WriteSource))
+	} else if ws == rgpolicy.WriteBinlog && c.AdminUser == "" {
+		errs = append(errs, errors.New("--write-source=binlog needs --admin-user (with REPLICATION SLAVE) to read the binary log"))
 	}
 	if c.GroupIdleExpiry <= 0 {
 		errs = append(errs, errors.New("--group-idle-expiry must be > 0"))

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/internal/reload"
 	"github.com/rgproxy/rgproxy/internal/rgpolicy"
 	"github.com/rgproxy/rgproxy/mysqlproto"
@@ -85,9 +86,15 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		defer tc.Close()
 		var killer rgpolicy.Killer
 		var roles rgpolicy.RoleChecker
+		var reader *binlog.Reader
+		writes, _ := rgpolicy.ParseWriteSource(cfg.WriteSource) // validated
 		if cfg.AdminUser != "" {
+			password, err := readAdminPassword(cfg.AdminPasswordFile)
+			if err != nil {
+				return err
+			}
 			var svc *serviceConn
-			if svc, err = newServiceConn(cfg.Backend, cfg.AdminUser, cfg.AdminPasswordFile, pcfg.BackendTLS, cfg.DialTimeout); err != nil {
+			if svc, err = newServiceConn(cfg.Backend, cfg.AdminUser, password, pcfg.BackendTLS, cfg.DialTimeout); err != nil {
 				return err
 			}
 			defer svc.Close()
@@ -98,9 +105,18 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 				return err
 			}
 			killer, roles = svc, svc
+			if writes == rgpolicy.WriteAuto || writes == rgpolicy.WriteBinlog {
+				reader, err = binlog.New(binlog.Config{Addr: cfg.Backend, User: cfg.AdminUser, Password: password,
+					TLS: pcfg.BackendTLS, DialTimeout: cfg.DialTimeout, Logger: logger})
+				if err != nil {
+					return err
+				}
+				go reader.Run(ctx)
+				metrics.registerBinlog(reader)
+			}
 		}
 		cpu, _ := rgpolicy.ParseCPUSource(cfg.CPUSource) // validated
-		rp, err = rgpolicy.New(rgpolicy.Config{
+		pol := rgpolicy.Config{
 			Tokens:          tc,
 			Cost:            cfg.RU,
 			Killer:          killer,
@@ -113,8 +129,12 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			BackendAddr:     cfg.Backend,
 			Registerer:      metrics.reg,
 			Logger:          logger,
-		})
-		if err != nil {
+			Writes:          writes,
+		}
+		if reader != nil {
+			pol.Binlog = reader
+		}
+		if rp, err = rgpolicy.New(pol); err != nil {
 			return err
 		}
 		// A group dropped, or idle here for --group-idle-expiry, leaves
@@ -149,6 +169,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		}
 		if rp != nil {
 			r.CPUSource = rp.CPUSourceInForce()
+			r.WriteSource = rp.WriteSourceInForce()
 		}
 		return r, mysqlproto.ProbeBackend(ctx, pcfg)
 	}, cfg.EnablePprof)}

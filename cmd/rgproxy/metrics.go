@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 )
 
@@ -94,6 +95,14 @@ func (m *metrics) registerServer(srv *mysqlproto.Server) {
 	}
 }
 
+// registerBinlog exports how far behind the binary-log reader is.
+func (m *metrics) registerBinlog(r *binlog.Reader) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "rgproxy_binlog_lag_seconds",
+		Help: "Age of the newest event the binary-log reader received, by the event's timestamp (1 s resolution); 0 once the backend had nothing newer to send, and while the reader follows no log.",
+	}, func() float64 { return r.Lag().Seconds() }))
+}
+
 // wrap returns a policy that counts every forwarded statement, then
 // delegates to next.
 func (m *metrics) wrap(next mysqlproto.Policy) mysqlproto.Policy {
@@ -144,6 +153,13 @@ func (s *meteredSession) RewriteError(st *mysqlproto.Statement, code uint16) *my
 		return r.RewriteError(st, code)
 	}
 	return nil
+}
+
+// FollowUp passes mysqlproto's optional FollowUpper through.
+func (s *meteredSession) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *mysqlproto.Outcome, be mysqlproto.Backend) {
+	if f, ok := s.next.(mysqlproto.FollowUpper); ok {
+		f.FollowUp(ctx, st, out, be)
+	}
 }
 
 func (s *meteredSession) Progress(st *mysqlproto.Statement, responseBytes int64) {

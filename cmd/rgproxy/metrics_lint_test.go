@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/internal/rgpolicy"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
@@ -78,6 +79,11 @@ func TestMetricsLint(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.registerServer(srv)
+	reader, err := binlog.New(binlog.Config{Addr: "127.0.0.1:3306", User: "lint", Logger: quiet}) // not started
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.registerBinlog(reader)
 	tc, err := tokenclient.New(tokenclient.Config{Servers: []string{addr}, Logger: quiet, Registerer: m.reg})
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +106,7 @@ func TestMetricsLint(t *testing.T) {
 		t.Fatalf("AcquireShare of 100 RU at 1 RU/s: %v, want ErrThrottled", err)
 	}
 	// The policy as run() builds it, registered on the same registry.
-	rp, err := rgpolicy.New(rgpolicy.Config{Tokens: tc, Registerer: m.reg, CPU: rgpolicy.CPUWall, Logger: quiet,
+	rp, err := rgpolicy.New(rgpolicy.Config{Tokens: tc, Registerer: m.reg, CPU: rgpolicy.CPUWall, Logger: quiet, Binlog: reader,
 		Settings: rgpolicy.Settings{MaxWait: time.Second}})
 	if err != nil {
 		t.Fatal(err)
@@ -131,6 +137,7 @@ func TestMetricsLint(t *testing.T) {
 		"rgproxy_group_tokens", "rgproxy_group_ru_per_sec", "rgproxy_degraded", "rgproxy_cpu_source",
 		"rgproxy_connections_refused_total", "rgproxy_protocol_errors_total", "rgproxy_unauthenticated_connections",
 		"rgproxy_max_connections", "rgproxy_command_buffer_bytes",
+		"rgproxy_write_source", "rgproxy_written_bytes_total", "rgproxy_binlog_lag_seconds",
 		"go_goroutines", "process_cpu_seconds_total",
 	} {
 		if !slices.Contains(names, want) {

@@ -14,7 +14,8 @@ import (
 
 // serviceConn is rgproxy's one credential (docs/design.md): a connection as
 // --admin-user for what a session's own backend connection cannot do while
-// it is busy — KILL QUERY of a runaway statement. It is safe for
+// it is busy — KILL QUERY of a runaway statement. (The same account reads
+// the binary log, on a connection of internal/binlog's own.) It is safe for
 // concurrent use; database/sql keeps at most one connection open and
 // redials it when the backend dropped it.
 //
@@ -25,15 +26,20 @@ type serviceConn struct {
 	user string
 }
 
-// newServiceConn prepares (without dialing) the service connection.
-func newServiceConn(backend, user, passwordFile string, backendTLS *tls.Config, dialTimeout time.Duration) (*serviceConn, error) {
+// readAdminPassword reads --admin-password-file.
+func readAdminPassword(passwordFile string) (string, error) {
 	pw, err := os.ReadFile(passwordFile)
 	if err != nil {
-		return nil, fmt.Errorf("--admin-password-file: %w", err)
+		return "", fmt.Errorf("--admin-password-file: %w", err)
 	}
+	return strings.TrimRight(string(pw), "\r\n"), nil
+}
+
+// newServiceConn prepares (without dialing) the service connection.
+func newServiceConn(backend, user, password string, backendTLS *tls.Config, dialTimeout time.Duration) (*serviceConn, error) {
 	cfg := mysql.NewConfig()
 	cfg.User = user
-	cfg.Passwd = strings.TrimRight(string(pw), "\r\n")
+	cfg.Passwd = password
 	cfg.Net = "tcp"
 	cfg.Addr = backend
 	cfg.Timeout = dialTimeout

@@ -37,6 +37,7 @@ func statusHandler(m *metrics, probe func(context.Context) (readiness, error), w
 		if rd.Metering {
 			h.Degraded = boolText(rd.Degraded)
 			h.CPUSource = rd.CPUSource
+			h.WriteSource = rd.WriteSource
 		}
 		writeHealth(w, h, err)
 	})
@@ -54,13 +55,17 @@ type readiness struct {
 	Degraded bool
 	// CPUSource is where statements' CPU time comes from (proc or wall).
 	CPUSource string
+	// WriteSource is where the bytes statements write come from now
+	// (binlog, estimate or packet).
+	WriteSource string
 }
 
 type health struct {
-	Health    string `json:"health"`
-	Degraded  string `json:"degraded,omitempty"`
-	CPUSource string `json:"cpu_source,omitempty"`
-	Reason    string `json:"reason,omitempty"`
+	Health      string `json:"health"`
+	Degraded    string `json:"degraded,omitempty"`
+	CPUSource   string `json:"cpu_source,omitempty"`
+	WriteSource string `json:"write_source,omitempty"`
+	Reason      string `json:"reason,omitempty"`
 }
 
 func boolText(b bool) string {

@@ -42,7 +42,8 @@ func newPointSelect(tb testing.TB) (mysqlproto.SessionPolicy, *mysqlproto.Statem
 	return p.Open(mysqlproto.SessionInfo{User: "app"}), st, out
 }
 
-// A known shape's statement costs the policy no allocation, Before to After.
+// A known shape's statement costs the policy no allocation, Before to
+// FollowUp.
 func TestPolicyPointSelectAllocatesNothing(t *testing.T) {
 	s, st, out := newPointSelect(t)
 	var be mysqlproto.Backend = plainGrants
@@ -52,6 +53,7 @@ func TestPolicyPointSelectAllocatesNothing(t *testing.T) {
 			t.Fatal(v.Reply.Err)
 		}
 		s.After(st, out)
+		s.(mysqlproto.FollowUpper).FollowUp(ctx, st, out, be)
 	}
 	run() // the first: a new shape, the account's binding
 	if n := testing.AllocsPerRun(1000, run); n != 0 {
@@ -73,5 +75,6 @@ func BenchmarkPolicyPointSelect(b *testing.B) {
 			b.Fatal(v.Reply.Err)
 		}
 		s.After(st, out)
+		s.(mysqlproto.FollowUpper).FollowUp(ctx, st, out, be)
 	}
 }

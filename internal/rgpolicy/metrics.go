@@ -22,6 +22,8 @@ type metrics struct {
 	wouldWaitN   *prometheus.CounterVec
 	wouldWaitSec *prometheus.CounterVec
 	wouldRefuse  *prometheus.CounterVec
+	// written counts the bytes charged as written, by source (wru.go).
+	written *prometheus.CounterVec
 
 	mu   sync.Mutex
 	seen map[string]*groupSeries // groups whose series exist
@@ -41,6 +43,7 @@ type groupSeries struct {
 	at       time.Time // the group's last statement, as seeGroup was told
 	rru, wru prometheus.Counter
 	stmts    [len(statementClasses)]prometheus.Counter
+	written  [nSources]prometheus.Counter
 }
 
 // classIndex maps a statement class label to its index in
@@ -84,11 +87,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rgproxy_would_throttle_total",
 			Help: "Statements of a group in MODE WARN that ENFORCE would have refused with 8252; they ran.",
 		}, []string{"resource_group"}),
+		written: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgproxy_written_bytes_total",
+			Help: "Bytes charged to each resource group as written, by the source that measured them: packet (the statements' own bytes), binlog (what the backend's binary log showed beyond them), estimate (what affected rows × the table's average row length added beyond them).",
+		}, []string{"resource_group", "source"}),
 		seen: map[string]*groupSeries{},
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.ruConsumed, m.groupStatements, m.runaway, m.cpu,
-			m.wouldWaitN, m.wouldWaitSec, m.wouldRefuse} {
+			m.wouldWaitN, m.wouldWaitSec, m.wouldRefuse, m.written} {
 			if err := reg.Register(c); err != nil {
 				return nil, errors.Join(errors.New("rgpolicy: registering metrics"), err)
 			}
@@ -114,6 +121,9 @@ func (m *metrics) seeGroup(group string, now time.Time) *groupSeries {
 	}
 	for i, c := range statementClasses {
 		gs.stmts[i] = m.groupStatements.WithLabelValues(group, c)
+	}
+	for i, s := range srcNames {
+		gs.written[i] = m.written.WithLabelValues(group, s)
 	}
 	m.wouldWaitN.WithLabelValues(group)
 	m.wouldWaitSec.WithLabelValues(group)
@@ -145,6 +155,7 @@ func (m *metrics) forgetGroup(group string) {
 	m.ruConsumed.DeletePartialMatch(prometheus.Labels{"resource_group": group})
 	m.groupStatements.DeletePartialMatch(prometheus.Labels{"resource_group": group})
 	m.runaway.DeletePartialMatch(prometheus.Labels{"resource_group": group})
+	m.written.DeletePartialMatch(prometheus.Labels{"resource_group": group})
 	for _, v := range []*prometheus.CounterVec{m.wouldWaitN, m.wouldWaitSec, m.wouldRefuse} {
 		v.DeleteLabelValues(group)
 	}

@@ -141,6 +141,12 @@ type Config struct {
 	// long loses its per-group series until it is used again, so that many groups do not mean many series on every proxy.
 	// Default 1 h.
 	IdleGroupExpiry time.Duration
+	// Writes is where the bytes a statement wrote come from (wru.go).
+	// Default WriteAuto.
+	Writes WriteSource
+	// Binlog reads the backend's binary log; nil = none (WriteAuto then
+	// means the estimate).
+	Binlog Binlog
 	// Registerer receives the policy's metrics; nil = not exported.
 	Registerer prometheus.Registerer
 	// Logger receives the policy's logs. Default slog.Default().
@@ -167,6 +173,7 @@ type Policy struct {
 	shapes    *shapes
 	cpu       *cpuSource
 	metrics   *metrics
+	writes    *writes
 	logger    *slog.Logger
 	clk       clock.Clock
 	idle      time.Duration
@@ -218,6 +225,9 @@ func New(cfg Config) (*Policy, error) {
 		clk:       cfg.Clock,
 		idle:      cfg.IdleGroupExpiry,
 	}
+	if p.writes, err = newWrites(cfg.Writes, cfg.Binlog, cfg.Registerer); err != nil {
+		return nil, err
+	}
 	s := cfg.Settings
 	p.settings.Store(&s)
 	m.cpuSource(p.cpu.inForce())
@@ -268,10 +278,10 @@ func (p *Policy) CPUSourceInForce() string { return p.cpu.inForce().String() }
 // ScanWords are the words the policy needs mysqlproto's scan to report
 // (mysqlproto.Config.ScanWords): every statement rgproxy answers itself
 // holds one of them, so a statement without any is forwarded without a
-// second look at its text.
+// second look at its text (row_count: wru.go's rowCountRewrite).
 func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
-		"runaway_watches", "statements_summary", "resource_group_bindings"}
+		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count"}
 }
 
 // Open implements mysqlproto.Policy.
@@ -335,6 +345,8 @@ type session struct {
 	purse tokenclient.Purse
 	// shapes is the session's memo of the shapes it used lately.
 	shapes shapeMemo
+	// wr is the session's write accounting (wru.go).
+	wr writeState
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -408,6 +420,9 @@ type lastStatement struct {
 	// estimate is what a refused statement would have been charged.
 	estimate ru.Consumption
 	would    string // MODE WARN: what ENFORCE would have done
+
+	// write is how its written bytes were settled (FollowUp, wru.go).
+	write *writeResult
 }
 
 // Before implements mysqlproto.SessionPolicy.
@@ -471,6 +486,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		return mysqlproto.Verdict{Reply: r}
 	}
 	s.cpu.open(ctx, s.p.cpu, be)
+	s.writesBefore(ctx, st, be)
 	if r := s.charge(ctx, st, set); r != nil {
 		return s.abort(r)
 	}
@@ -485,7 +501,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	g, _ := s.group(s.cur.group)
 	s.guard = s.armRunaway(g, st.Query, st.Mode(), s.cur.cpuStart, s.cur.cpuOK)
-	return mysqlproto.Verdict{Rewrite: rewrite}
+	return mysqlproto.Verdict{Rewrite: s.rowCountRewrite(st, rewrite)}
 }
 
 // The statement lifecycle. Once charge has run, a statement leaves Before
@@ -644,6 +660,7 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 		s.super = nil
 		s.host, s.hostKnown = "", false
 		s.rt.boundOK, s.rt.unbound = false, false
+		s.wr = writeState{}
 	case mysqlproto.EventClose:
 		// A session that ends with a statement in flight (After never
 		// came) releases what it holds rather than wedge its groups.

@@ -724,9 +724,10 @@ func TestPolicySeriesFromBirthAndIdleExpiry(t *testing.T) {
 		}
 		return n
 	}
-	// rru, wru, four classes and the three of MODE WARN.
-	if n := series("default"); n != 9 {
-		t.Fatalf("default has %d series at start, want 9 at 0", n)
+	// rru, wru, four classes, the three of MODE WARN and written bytes by
+	// source.
+	if n := series("default"); n != 12 {
+		t.Fatalf("default has %d series at start, want 12 at 0", n)
 	}
 	if v := testutil.ToFloat64(p.metrics.groupStatements.WithLabelValues("default", "read")); v != 0 {
 		t.Fatalf("default's statements %v", v)
@@ -740,8 +741,8 @@ func TestPolicySeriesFromBirthAndIdleExpiry(t *testing.T) {
 	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
 		t.Fatal(v.Reply.Err)
 	}
-	if n := series("bound"); n != 9 {
-		t.Fatalf("bound has %d series after its first statement, want 9", n)
+	if n := series("bound"); n != 12 {
+		t.Fatalf("bound has %d series after its first statement, want 12", n)
 	}
 	s.After(st, &mysqlproto.Outcome{})
 	for range 5 {
@@ -756,7 +757,7 @@ func TestPolicySeriesFromBirthAndIdleExpiry(t *testing.T) {
 	if n := series("bound"); n != 0 {
 		t.Fatalf("bound keeps %d series after an idle hour", n)
 	}
-	if n := series("default"); n != 9 {
+	if n := series("default"); n != 12 {
 		t.Fatalf("default lost its series: %d", n)
 	}
 	cancel()
