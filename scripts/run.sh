@@ -7,10 +7,10 @@
 # the reason and the last lines of that process's log; the rest is stopped.
 #
 # rgserver authenticates its callers here too: an admin token and a proxy
-# token are made once under $RUN_DIR (admin.token, proxy.token, readable by
-# you only) and given to both processes, unless RGSERVER_FLAGS names its
-# own credentials (--admin-token-file, --proxy-token-file, --tls-ca) or
-# --insecure.
+# credential (for up to 8 proxies) are made once under $RUN_DIR
+# (admin.token, proxy.token, readable by you only) and given to both
+# processes, unless RGSERVER_FLAGS names its own credentials
+# (--admin-token-file, --proxy-token-file, --tls-ca) or --insecure.
 #
 # Environment:
 #   RGPROXY_FLAGS, RGSERVER_FLAGS  extra flags, e.g. RGPROXY_FLAGS="--max-wait 100ms"
@@ -149,15 +149,19 @@ need_free "rgproxy's status address" "$px_status" --status-addr RGPROXY_FLAGS
 bash scripts/ensure-mariadb.sh
 mkdir -p "$RUN_DIR"
 
-# new_token FILE: a random token in FILE (mode 600), unless it holds one.
+# new_token FILE [NAME STREAMS]: a random token in FILE (mode 600), as
+# "NAME token STREAMS" when given, unless FILE holds one already.
 new_token() {
-  [ -s "$1" ] || (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$1")
+  [ -s "$1" ] && return
+  local tok
+  tok=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  (umask 077 && echo "${2:+$2 }$tok${3:+ $3}" >"$1")
 }
 rgs_auth=()
 if ! given admin-token-file "${rgserver_flags[@]}" && ! given proxy-token-file "${rgserver_flags[@]}" &&
   ! given tls-ca "${rgserver_flags[@]}" && ! given insecure "${rgserver_flags[@]}"; then
   new_token "$RUN_DIR/admin.token"
-  new_token "$RUN_DIR/proxy.token"
+  new_token "$RUN_DIR/proxy.token" rgproxy 8 # a line of rgserver's --proxy-token-file: 8 proxies may share it
   rgs_auth=(--admin-token-file "$RUN_DIR/admin.token" --proxy-token-file "$RUN_DIR/proxy.token")
 fi
 
