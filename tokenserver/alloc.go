@@ -486,7 +486,11 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		b.held += h - s.held
 		s.held = h
 		s.idleBound = max(float64(b.settings.RUPerSec), weightHeadroom*h/period)
-		if asking {
+		// An ask lifts the weight for a trickle period, which ends like a
+		// trickle does (endTrickles); only when it lifts it, so that
+		// groups whose demands stay under RU_PER_SEC never walk their
+		// slots for it.
+		if asking && d > s.idleBound {
 			s.askBound = weightHeadroom * (req.Wanted + h) / period
 			s.askEnd = now.Add(cfg.TricklePeriod)
 			if b.nextEnd.IsZero() || s.askEnd.Before(b.nextEnd) {

@@ -151,6 +151,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	case auth.Open():
 		log.Warn("no authentication configured: anyone on this host may change resource groups and take tokens (gRPC listens on loopback only); see README, Security",
 			"addr", cfg.Addr)
+	case cfg.AdminTokenFile == "" && cfg.TLSAdminNames == "":
+		log.Warn("no administrator credential configured (--admin-token-file, --tls-admin-names): every change to groups, bindings and watches is refused")
 	}
 	if host, _, err := net.SplitHostPort(cfg.AdvertiseAddr); err == nil {
 		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
