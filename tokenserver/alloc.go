@@ -211,6 +211,11 @@ type slot struct {
 	// fromPool is what the slot's held tokens drew on the bucket's
 	// unbacked pool (tokens proxies may hold from an earlier leader).
 	fromPool float64
+	// credit is what the proxy can hold of what this leader granted it:
+	// every grant, less the undelivered rest of each trickle a newer
+	// grant replaced (a proxy re-asking every few milliseconds is granted
+	// a whole trickle each time but gets only its rate).
+	credit float64
 }
 
 // weight is the part of the slot's claimed demand that counts for the
@@ -474,7 +479,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 			h = c
 			clamped |= ClampedHeld
 		}
-		if credible := s.granted + s.fromPool; h > credible {
+		if credible := s.credit + s.fromPool; h > credible {
 			take := min(h-credible, b.unbacked)
 			b.unbacked -= take
 			s.fromPool += take
@@ -535,6 +540,9 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	// its reservation ends now.
 	// (nextEnd may now be early; advance then just recomputes.)
 	if s.rate > 0 {
+		if s.trickleEnd.After(now) {
+			s.credit -= s.rate * s.trickleEnd.Sub(now).Seconds()
+		}
 		b.reserved -= s.rate
 		s.rate = 0
 		if b.reserved < 1e-9 {
@@ -577,6 +585,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		}
 	}
 	s.granted += g.Tokens
+	s.credit += g.Tokens
 	b.granted += g.Tokens
 	return g
 }

@@ -260,6 +260,28 @@ func TestAllocatorHostileClaims(t *testing.T) {
 	}
 }
 
+// TestAllocatorHeldCreditIsWhatWasDelivered: a proxy re-asking every
+// 50 ms is granted a whole trickle each time but delivered only its rate:
+// what it may claim to hold is what it was delivered.
+func TestAllocatorHeldCreditIsWhatWasDelivered(t *testing.T) {
+	a := NewAllocator(AllocConfig{TricklePeriod: 2 * time.Second})
+	a.SetGroup("g", Settings{RUPerSec: 10}, t0) // capacity 10
+	if _, err := a.Acquire("g", Request{ProxyID: "h", Wanted: 1000, Demand: 300}, t0); err != nil {
+		t.Fatal(err)
+	}
+	granted := 0.0
+	for i := range 40 {
+		g, _ := a.Acquire("g", Request{ProxyID: "x", Wanted: 1, Demand: 1e308}, at(0.05*float64(i)))
+		granted += g.Tokens
+	}
+	g, _ := a.Acquire("g", Request{ProxyID: "x", ReportOnly: true, Held: 1e15}, at(2))
+	held := a.Group("g").slots["x"].held
+	t.Logf("granted %.2f in 40 asks, may hold %.2f", granted, held)
+	if held >= granted/4 || held > 1 || g.Clamped&ClampedHeld == 0 {
+		t.Fatalf("x may claim %v held after being granted %v in replaced trickles", held, granted)
+	}
+}
+
 // TestAllocatorRemoveSlot: a dropped slot no longer counts, and what was
 // left of its trickle counts as spent.
 func TestAllocatorRemoveSlot(t *testing.T) {
