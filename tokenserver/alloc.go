@@ -142,8 +142,11 @@ func (s Settings) maxWanted(period time.Duration) float64 {
 type Clamped uint8
 
 const (
+	// ClampedDemand: demand_ru_per_sec was over maxDemand.
 	ClampedDemand Clamped = 1 << iota
+	// ClampedWanted: tokens_wanted was over maxWanted.
 	ClampedWanted
+	// ClampedHeld: held_tokens was over the capacity or the slot's credit.
 	ClampedHeld
 )
 
@@ -271,7 +274,7 @@ type Bucket struct {
 	// usage sums the consumption proxies reported, for metrics.
 	usage ru.Consumption
 	// unbacked is how much held_tokens may claim beyond what this leader
-	// granted the claiming slot: the tokens that were outside the bucket
+	// delivered to the claiming slot: the tokens that were outside the bucket
 	// (held by proxies, or spent) when an earlier leader saved the state
 	// this one restored. 0 for a bucket this leader started full.
 	unbacked float64
@@ -471,9 +474,10 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		s.idleBound, s.askEnd = d, time.Time{}
 	} else {
 		// held_tokens is believed up to the capacity and up to what the
-		// proxy can hold: what this leader granted it, plus its part of
-		// what an earlier leader's proxies held (unbacked). A claim
-		// beyond that would stop the bucket saving the group's burst.
+		// proxy can hold: what this leader delivered to it (credit), plus
+		// its part of what an earlier leader's proxies held (unbacked).
+		// A claim beyond that would stop the bucket saving the group's
+		// burst.
 		h := req.Held
 		if c := b.settings.Capacity(); h > c {
 			h = c

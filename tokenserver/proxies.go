@@ -86,7 +86,7 @@ func (r *proxyRegistry) holds(name string) *credHolds {
 
 // forget drops a credential's entry once it holds nothing.
 func (r *proxyRegistry) forget(name string, h *credHolds) {
-	if len(h.ids) == 0 && h.open == [numKinds]int{} {
+	if len(h.ids) == 0 && h.open == [numKinds]int{} && r.creds[name] == h {
 		delete(r.creds, name)
 	}
 }

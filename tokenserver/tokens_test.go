@@ -100,6 +100,27 @@ func TestAcquireTokensBindsProxyIDsToCredentials(t *testing.T) {
 	if _, err := b.Recv(); codeOf(err) != codes.Aborted {
 		t.Fatalf("the replaced stream: %v, want Aborted", err)
 	}
+	// Watch streams: 2 proxies, and one more for a reconnect.
+	rg := pb.NewResourceGroupServiceClient(ts.conn)
+	for i := range 4 {
+		w, err := rg.Watch(proxy, &pb.WatchRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = w.Recv()
+		if want := i < 3; (err == nil) != want || (!want && codeOf(err) != codes.ResourceExhausted) {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+	}
+	for range 4 {
+		w, err := rg.Watch(admin, &pb.WatchRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if err != nil {
+			t.Fatalf("the admin credential is not bounded: %v", err)
+		}
+	}
 }
 
 // TestUnknownGroupsBounded: unknown names are read from etcd at most
