@@ -6,6 +6,12 @@
 # it started that dies (at start or later), ends it with a non-zero status,
 # the reason and the last lines of that process's log; the rest is stopped.
 #
+# rgserver authenticates its callers here too: an admin token and a proxy
+# credential (for up to 8 proxies) are made once under $RUN_DIR
+# (admin.token, proxy.token, readable by you only) and given to both
+# processes, unless RGSERVER_FLAGS names its own credentials
+# (--admin-token-file, --proxy-token-file, --tls-ca) or --insecure.
+#
 # Environment:
 #   RGPROXY_FLAGS, RGSERVER_FLAGS  extra flags, e.g. RGPROXY_FLAGS="--max-wait 100ms"
 #                                  (--listen, --addr, --status-addr move the processes)
@@ -143,6 +149,22 @@ need_free "rgproxy's status address" "$px_status" --status-addr RGPROXY_FLAGS
 bash scripts/ensure-mariadb.sh
 mkdir -p "$RUN_DIR"
 
+# new_token FILE [NAME STREAMS]: a random token in FILE (mode 600), as
+# "NAME token STREAMS" when given, unless FILE holds one already.
+new_token() {
+  [ -s "$1" ] && return
+  local tok
+  tok=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  (umask 077 && echo "${2:+$2 }$tok${3:+ $3}" >"$1")
+}
+rgs_auth=()
+if ! given admin-token-file "${rgserver_flags[@]}" && ! given proxy-token-file "${rgserver_flags[@]}" &&
+  ! given tls-ca "${rgserver_flags[@]}" && ! given insecure "${rgserver_flags[@]}"; then
+  new_token "$RUN_DIR/admin.token"
+  new_token "$RUN_DIR/proxy.token" rgproxy 8 # a line of rgserver's --proxy-token-file: 8 proxies may share it
+  rgs_auth=(--admin-token-file "$RUN_DIR/admin.token" --proxy-token-file "$RUN_DIR/proxy.token")
+fi
+
 stop() {
   trap - INT TERM
   echo
@@ -171,13 +193,20 @@ in_use() {
   printf '%s' "${v:-$4}"
 }
 
-spawn rgserver --data-dir "$RUN_DIR/rgserver-data" "${rgserver_flags[@]}"
+spawn rgserver --data-dir "$RUN_DIR/rgserver-data" "${rgs_auth[@]}" "${rgserver_flags[@]}"
 wait_up rgserver "rgserver started" "$rgs_addr" 30
 rgs_addr=$(in_use rgserver "rgserver started" addr "$rgs_addr")
 rgs_status=$(in_use rgserver "rgserver started" status_addr "$rgs_status")
 
 defaults=()
-given token-server "${rgproxy_flags[@]}" || defaults+=(--token-server "$rgs_addr")
+if ! given token-server "${rgproxy_flags[@]}"; then
+  # A wildcard listen address is dialled on loopback.
+  case ${rgs_addr%:*} in "" | 0.0.0.0 | "[::]") defaults+=(--token-server "127.0.0.1:${rgs_addr##*:}") ;; *) defaults+=(--token-server "$rgs_addr") ;; esac
+  if [ ${#rgs_auth[@]} -gt 0 ]; then
+    given token-server-token-file "${rgproxy_flags[@]}" || defaults+=(--token-server-token-file "$RUN_DIR/admin.token")
+    given token-server-proxy-token-file "${rgproxy_flags[@]}" || defaults+=(--token-server-proxy-token-file "$RUN_DIR/proxy.token")
+  fi
+fi
 given cache-dir "${rgproxy_flags[@]}" || defaults+=(--cache-dir "$RUN_DIR/rgproxy-cache")
 spawn rgproxy "${defaults[@]}" "${rgproxy_flags[@]}"
 # rgproxy waits up to 10 s for rgserver at start.

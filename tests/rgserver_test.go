@@ -115,6 +115,9 @@ func TestRgserverRestartKeepsGroups(t *testing.T) {
 	if _, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "app", RuPerSec: 500}}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("create without the admin token: %v", err)
 	}
+	if _, err := rgsAcquire(ctx, s, "app"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("tokens without a credential: %v", err)
+	}
 	admin := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer e2e-token")
 	if _, err := rg.CreateGroup(admin, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{
 		Name: "app", RuPerSec: 500, Priority: pb.Priority_PRIORITY_HIGH, Burst: pb.BurstMode_BURST_MODERATED,
@@ -125,7 +128,7 @@ func TestRgserverRestartKeepsGroups(t *testing.T) {
 	if _, err := rg.BindUser(admin, &pb.BindUserRequest{Binding: &pb.Binding{User: "webapp", Host: "%", Group: "app"}}); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := rgsAcquire(ctx, s, "app")
+	resp, err := rgsAcquire(admin, s, "app")
 	if err != nil || len(resp.Grants) != 1 || resp.Grants[0].Tokens != 10 {
 		t.Fatalf("grant before restart: %v %v", resp, err)
 	}
@@ -139,7 +142,7 @@ func TestRgserverRestartKeepsGroups(t *testing.T) {
 	s2 := rgsStart(t, addr, statusAddr, args...)
 	rgsWaitReady(t, s2, 15*time.Second)
 	rg2 := pb.NewResourceGroupServiceClient(s2.conn)
-	g, err := rg2.GetGroup(ctx, &pb.GetGroupRequest{Name: "app"})
+	g, err := rg2.GetGroup(admin, &pb.GetGroupRequest{Name: "app"})
 	if err != nil {
 		t.Fatalf("group lost over restart: %v", err)
 	}
@@ -147,11 +150,11 @@ func TestRgserverRestartKeepsGroups(t *testing.T) {
 		g.Group.QueryLimit.GetExecElapsedMs() != 60000 || g.Group.QueryLimit.GetAction() != pb.Action_ACTION_KILL {
 		t.Fatalf("group after restart: %v", g.Group)
 	}
-	b, err := rg2.GetBinding(ctx, &pb.GetBindingRequest{User: "webapp"})
+	b, err := rg2.GetBinding(admin, &pb.GetBindingRequest{User: "webapp"})
 	if err != nil || b.Binding.Group != "app" || b.Binding.Host != "%" {
 		t.Fatalf("binding after restart: %v %v", b, err)
 	}
-	resp, err = rgsAcquire(ctx, s2, "app")
+	resp, err = rgsAcquire(admin, s2, "app")
 	if err != nil || len(resp.Grants) != 1 || resp.Grants[0].Error != "" {
 		t.Fatalf("grant after restart: %v %v", resp, err)
 	}

@@ -183,6 +183,11 @@ func TestRunScriptAddressesAndDeaths(t *testing.T) {
 			if err := openDB(t, listen).QueryRow("SELECT 1").Scan(&one); err != nil {
 				t.Fatalf("through the printed address: %v", err)
 			}
+			// rgserver authenticates, and rgproxy has the credentials.
+			if v := metricSum(t, rgsStatus, "rgserver_insecure"); v != 0 {
+				t.Errorf("make run's rgserver authenticates nobody (rgserver_insecure %v)", v)
+			}
+			adminExec(t, listen, "DROP RESOURCE GROUP IF EXISTS rs_auth", "CREATE RESOURCE GROUP rs_auth RU_PER_SEC = 100", "DROP RESOURCE GROUP rs_auth")
 			if end == "Ctrl-C" {
 				_ = r.cmd.Process.Signal(syscall.SIGINT)
 				if code := r.exit(t); code != 0 {

@@ -21,14 +21,17 @@ import (
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
-// TestAdminTokenGuardsRgserverWrites: with --admin-token-file, rgserver's
-// admin RPCs refuse a missing or wrong bearer token, and an rgproxy with
-// the right token file manages groups through it.
+// TestAdminTokenGuardsRgserverWrites: with --admin-token-file and
+// --proxy-token-file, rgserver's admin RPCs refuse a missing or wrong
+// bearer token and a proxy's; an rgproxy with only the proxy token gets a
+// clear error on DDL, one with the admin token too manages groups.
 func TestAdminTokenGuardsRgserverWrites(t *testing.T) {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "admin.token")
+	proxyFile := filepath.Join(dir, "proxy.token")
 	os.WriteFile(tokenFile, []byte("s3cr3t-token\n"), 0o600)
-	ts := startTokenServer(t, "--admin-token-file", tokenFile)
+	os.WriteFile(proxyFile, []byte("px pr0xy-token-0123456789 2\n"), 0o600)
+	ts := startTokenServer(t, "--admin-token-file", tokenFile, "--proxy-token-file", proxyFile)
 
 	conn, err := grpc.NewClient(ts.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -44,28 +47,32 @@ func TestAdminTokenGuardsRgserverWrites(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ctx  context.Context
+		want codes.Code
 	}{
-		{"no token", bg},
-		{"wrong token", metadata.AppendToOutgoingContext(bg, "authorization", "Bearer nope")},
+		{"no token", bg, codes.Unauthenticated},
+		{"wrong token", metadata.AppendToOutgoingContext(bg, "authorization", "Bearer nope"), codes.Unauthenticated},
+		{"proxy token", metadata.AppendToOutgoingContext(bg, "authorization", "Bearer pr0xy-token-0123456789"), codes.PermissionDenied},
 	} {
-		if err := create(tc.ctx, "sec_"+strings.ReplaceAll(tc.name, " ", "_")); status.Code(err) != codes.Unauthenticated {
-			t.Errorf("%s: want Unauthenticated, got %v", tc.name, err)
+		if err := create(tc.ctx, "sec_"+strings.ReplaceAll(tc.name, " ", "_")); status.Code(err) != tc.want {
+			t.Errorf("%s: want %v, got %v", tc.name, tc.want, err)
 		}
 	}
 	if err := create(metadata.AppendToOutgoingContext(bg, "authorization", "Bearer s3cr3t-token"), "sec_ok"); err != nil {
 		t.Fatalf("right token: %v", err)
 	}
 
-	// A proxy without the token gets a clear error; with it, it works.
-	without := startMeteredProxy(t, ts)
+	// A proxy without the admin token gets a clear error; with it, it works.
+	without := startMeteredProxy(t, ts, "--token-server-proxy-token-file", proxyFile)
 	_, err = openDB(t, without.Addr).Exec("CREATE RESOURCE GROUP sec_px RU_PER_SEC = 10")
-	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "token") {
+	if err == nil || !strings.Contains(strings.ToLower(err.Error()), "administrator credential") {
 		t.Fatalf("CREATE through a proxy without the admin token: %v", err)
 	}
-	with := startMeteredProxy(t, ts, "--token-server-token-file", tokenFile)
+	with := startMeteredProxy(t, ts, "--token-server-token-file", tokenFile, "--token-server-proxy-token-file", proxyFile)
 	adminExec(t, with.Addr, "DROP RESOURCE GROUP IF EXISTS sec_px", "CREATE RESOURCE GROUP sec_px RU_PER_SEC = 10")
-	if strings.Contains(with.log.String(), "s3cr3t-token") || strings.Contains(ts.log.String(), "s3cr3t-token") {
-		t.Fatal("the admin token reached a log")
+	for _, secret := range []string{"s3cr3t-token", "pr0xy-token-0123456789"} {
+		if strings.Contains(with.log.String(), secret) || strings.Contains(without.log.String(), secret) || strings.Contains(ts.log.String(), secret) {
+			t.Fatalf("a token reached a log")
+		}
 	}
 }
 

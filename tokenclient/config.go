@@ -99,9 +99,18 @@ type Config struct {
 	CacheDir string
 	// TLS, when non-nil, is used to dial rgserver; nil = plaintext.
 	TLS *tls.Config
-	// AdminToken is sent as "authorization: Bearer <token>" metadata on
-	// ResourceGroupService writes; "" = none.
+	// AdminToken is sent as "authorization: Bearer <token>" on
+	// ResourceGroupService writes (rgserver --admin-token-file), and on
+	// token and watch streams when ProxyToken is empty; "" = none.
 	AdminToken string
+	// ProxyToken is sent as "authorization: Bearer <token>" on the token
+	// and watch streams (a line of rgserver --proxy-token-file), and on
+	// writes when AdminToken is empty; "" = none.
+	ProxyToken string
+	// InsecureTokens lets the tokens above travel without TLS to an
+	// rgserver address that is not loopback. Default false: they are
+	// sent in clear only to loopback (grpc's RequireTransportSecurity).
+	InsecureTokens bool
 	// Clock is the time source; nil = real time.
 	Clock Clock
 	// Logger receives the client's logs; nil = slog.Default().
@@ -129,6 +138,13 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("%w: no token server address", ErrConfig)
 	}
 	cfg.Servers = servers
+	if (cfg.AdminToken != "" || cfg.ProxyToken != "") && cfg.TLS == nil && !cfg.InsecureTokens {
+		for _, s := range servers {
+			if !isLoopback(s) {
+				return cfg, fmt.Errorf("%w: rgserver %s is not a loopback address: its credentials would travel in clear; dial it with TLS, or allow it explicitly", ErrConfig, s)
+			}
+		}
+	}
 	if cfg.TargetPeriod < 0 || cfg.DegradedAfter < 0 || cfg.ReportPeriod < 0 || cfg.IdleExpiry < 0 {
 		return cfg, fmt.Errorf("%w: negative period", ErrConfig)
 	}

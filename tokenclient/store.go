@@ -8,7 +8,6 @@ import (
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -30,9 +29,7 @@ var _ resourcegroup.Store = rpcStore{}
 // call runs f against the servers in turn, starting with the one that
 // answered last, until one is reachable.
 func (c *Client) call(ctx context.Context, f func(context.Context, tokenpb.ResourceGroupServiceClient) error) error {
-	if c.cfg.AdminToken != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.cfg.AdminToken)
-	}
+	ctx = context.WithValue(ctx, adminCall{}, true) // bearerCreds sends the admin token
 	c.connMu.Lock()
 	start := c.rgNext
 	c.connMu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"github.com/pingcap/failpoint"
 	"math"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -47,16 +48,63 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	// gRPC's own reconnect backoff grows to two minutes; after an outage
 	// that would hold the proxy degraded long after rgserver is back.
 	// Keep it short: a proxy must resync within seconds.
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           grpcbackoff.Config{BaseDelay: backoffMin, Multiplier: 1.6, Jitter: 0.2, MaxDelay: backoffMax},
 			MinConnectTimeout: 2 * time.Second,
-		}))
+		})}
+	if c.cfg.AdminToken != "" || c.cfg.ProxyToken != "" {
+		bc := bearerCreds{proxy: c.cfg.ProxyToken, admin: c.cfg.AdminToken,
+			requireTLS: !c.cfg.InsecureTokens && !isLoopback(addr)}
+		if bc.requireTLS && c.cfg.TLS == nil {
+			// A NOT_LEADER redirect may name an address Config did not.
+			return nil, fmt.Errorf("%w: rgserver %s is not a loopback address: its credentials would travel in clear; dial it with TLS, or allow it explicitly", ErrConfig, addr)
+		}
+		opts = append(opts, grpc.WithPerRPCCredentials(bc))
+	}
+	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("tokenclient: dial %s: %w", addr, err)
 	}
 	c.conns[addr] = cc
 	return cc, nil
+}
+
+// bearerCreds sends rgserver's bearer token on every call of a
+// connection: the admin token on calls made by call (writes, marked by
+// adminCall), the proxy token on the others; either one when only it is
+// configured. With requireTLS, gRPC refuses to send it over a
+// connection without transport security.
+type bearerCreds struct {
+	proxy, admin string
+	requireTLS   bool
+}
+
+// adminCall marks the context of a ResourceGroupService write.
+type adminCall struct{}
+
+func (b bearerCreds) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
+	tok := b.proxy
+	if (ctx.Value(adminCall{}) != nil && b.admin != "") || tok == "" {
+		tok = b.admin
+	}
+	return map[string]string{"authorization": "Bearer " + tok}, nil
+}
+
+func (b bearerCreds) RequireTransportSecurity() bool { return b.requireTLS }
+
+// isLoopback reports whether addr (host:port) is on loopback: localhost
+// or a loopback IP.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // backoff is the wait before reconnect attempt n (1-based): exponential

@@ -91,6 +91,65 @@ func (s Settings) Capacity() float64 {
 	}
 }
 
+// Bounds on what one request may claim. Every number a proxy sends is
+// clamped to them (Request.clamp) before the allocator uses it, so no
+// input, however large, makes a share, a level or a sum infinite or NaN.
+const (
+	// demandRateFactor bounds demand_ru_per_sec at this many times
+	// RU_PER_SEC. An honest proxy's demand is the larger of its consumed
+	// RU/s (at most about RU_PER_SEC + the capacity per second) and the
+	// RU its waiting statements need ÷ 20 ms (tokenclient's waitLead), so
+	// a proxy whose waiting statements need a whole second of the group's
+	// rate reports 50 × RU_PER_SEC. Beyond that a proxy is saturated
+	// whatever it says: clamping there keeps the split in proportion to
+	// waiting statements up to a second of the rate (and 8 sessions each
+	// waiting for a 1 RU statement on a 10 RU/s group are 40 × RU_PER_SEC),
+	// while a claim of 1e308 weighs like any saturated proxy.
+	demandRateFactor = 50
+	// unlimitedBound bounds demand (RU/s), tokens wanted and consumption
+	// (RU) for a group that is never throttled, where no rate gives a
+	// scale: a trillion RU, far beyond any real proxy, still finite when
+	// summed over every proxy and message.
+	unlimitedBound = 1e12
+	// weightHeadroom: beyond RU_PER_SEC, a slot's demand counts for the
+	// split at most this many times what it asks for plus what it holds,
+	// per target period, and only while that ask runs (slot.weight). An
+	// honest proxy asks for 1.1 × its demand × the period minus what it
+	// holds, so its demand always counts in full while it asks.
+	weightHeadroom = 2.0
+)
+
+// maxDemand is the most demand_ru_per_sec counts for, in RU/s.
+func (s Settings) maxDemand() float64 {
+	if s.Unlimited() {
+		return unlimitedBound
+	}
+	return demandRateFactor * float64(s.RUPerSec)
+}
+
+// maxWanted is the most one request may ask for, in RU: what a proxy at
+// maxDemand asks (its demand over twice the target period) plus the
+// capacity. A larger ask could not be granted anyway (a grant is at most
+// the bucket's level or a trickle of the fill rate).
+func (s Settings) maxWanted(period time.Duration) float64 {
+	if s.Unlimited() {
+		return unlimitedBound
+	}
+	return s.maxDemand()*2*period.Seconds() + s.Capacity()
+}
+
+// Clamped says which fields of a Request were clamped to their bound.
+type Clamped uint8
+
+const (
+	// ClampedDemand: demand_ru_per_sec was over maxDemand.
+	ClampedDemand Clamped = 1 << iota
+	// ClampedWanted: tokens_wanted was over maxWanted.
+	ClampedWanted
+	// ClampedHeld: held_tokens was over the capacity or the slot's credit.
+	ClampedHeld
+)
+
 // Request is one group's part of a proxy's token request.
 type Request struct {
 	// ProxyID keys the proxy's slot.
@@ -123,6 +182,9 @@ type Grant struct {
 	// RUPerSec and Version echo the group's settings.
 	RUPerSec uint64
 	Version  int64
+	// Clamped: the request's fields that exceeded their bounds and were
+	// clamped (for rgserver_token_request_clamped_total).
+	Clamped Clamped
 }
 
 // slot is one proxy's view of a group.
@@ -140,6 +202,37 @@ type slot struct {
 	// held is what the proxy said its bucket held at its last request,
 	// plus what it was granted at once then.
 	held float64
+	// claimed is the demand the proxy last sent (clamped); demand is
+	// what of it counts for the split (weight).
+	claimed float64
+	// idleBound and askBound bound demand: idleBound always (RU_PER_SEC,
+	// or weightHeadroom × what the proxy holds per target period, the
+	// larger), askBound until askEnd (weightHeadroom × what it last asked
+	// for plus held, per target period).
+	idleBound, askBound float64
+	askEnd              time.Time
+	// fromPool is what the slot's held tokens drew on the bucket's
+	// unbacked pool (tokens proxies may hold from an earlier leader).
+	fromPool float64
+	// credit is what the proxy can hold of what this leader granted it:
+	// every grant, less the undelivered rest of each trickle a newer
+	// grant replaced (a proxy re-asking every few milliseconds is granted
+	// a whole trickle each time but gets only its rate).
+	credit float64
+}
+
+// weight is the part of the slot's claimed demand that counts for the
+// split: all of it up to RU_PER_SEC (or twice what the proxy holds per
+// target period), beyond that only as far as its running ask backs it. A
+// proxy that claims a demand it does not ask tokens for (a hostile one:
+// 1e308 RU/s, report-only) so weighs at most like a proxy using the whole
+// rate, and the fill it does not take goes to the proxies that ask.
+func (s *slot) weight(now time.Time) float64 {
+	bound := s.idleBound
+	if s.askEnd.After(now) {
+		bound = max(bound, s.askBound)
+	}
+	return min(s.claimed, bound)
 }
 
 // String describes the slot at now, for logs and test failures.
@@ -180,6 +273,11 @@ type Bucket struct {
 	granted float64
 	// usage sums the consumption proxies reported, for metrics.
 	usage ru.Consumption
+	// unbacked is how much held_tokens may claim beyond what this leader
+	// delivered to the claiming slot: the tokens that were outside the bucket
+	// (held by proxies, or spent) when an earlier leader saved the state
+	// this one restored. 0 for a bucket this leader started full.
+	unbacked float64
 
 	// saved is the state last written to etcd (or restored from it), valid
 	// when hasSaved; with none the group counts as saved full.
@@ -244,12 +342,29 @@ func (b *Bucket) fill(t time.Time) {
 	}
 }
 
-// endTrickles stops every trickle that ends at or before t and recomputes
-// reserved and nextEnd.
+// endTrickles stops every trickle that ends at or before t, ends the
+// asks that back a slot's weight until t, and recomputes reserved, the
+// weights and nextEnd (the earliest trickle or ask end to come).
 func (b *Bucket) endTrickles(t time.Time) {
 	b.reserved = 0
 	b.nextEnd = time.Time{}
+	next := func(e time.Time) {
+		if b.nextEnd.IsZero() || e.Before(b.nextEnd) {
+			b.nextEnd = e
+		}
+	}
+	reweigh := false
 	for _, s := range b.slots {
+		if !s.askEnd.IsZero() {
+			if s.askEnd.After(t) {
+				next(s.askEnd)
+			} else {
+				s.askEnd = time.Time{}
+				if w := s.weight(t); w != s.demand {
+					s.demand, reweigh = w, true
+				}
+			}
+		}
 		if s.rate == 0 {
 			continue
 		}
@@ -258,12 +373,13 @@ func (b *Bucket) endTrickles(t time.Time) {
 			continue
 		}
 		b.reserved += s.rate
-		if b.nextEnd.IsZero() || s.trickleEnd.Before(b.nextEnd) {
-			b.nextEnd = s.trickleEnd
-		}
+		next(s.trickleEnd)
 	}
 	if b.reserved < 1e-9 {
 		b.reserved = 0
+	}
+	if reweigh {
+		b.recount()
 	}
 }
 
@@ -280,13 +396,60 @@ func (b *Bucket) expire(now time.Time, expiry time.Duration) int {
 	if n > 0 {
 		b.endTrickles(now)
 	}
-	// Recomputed rather than adjusted, so float rounding never accumulates.
+	b.recount()
+	return n
+}
+
+// recount sums the slots' demand and held again; recomputed rather than
+// adjusted, so float rounding never accumulates.
+func (b *Bucket) recount() {
 	b.demand, b.held = 0, 0
 	for _, s := range b.slots {
 		b.demand += s.demand
 		b.held += s.held
 	}
-	return n
+}
+
+// removeSlot drops one proxy's slot at now (a credential's proxy id that
+// made room for another, proxies.go). What is left of its running trickle
+// counts as spent, as in a persisted state, so that dropping a slot never
+// lets the group spend more than RU_PER_SEC × T + capacity.
+func (b *Bucket) removeSlot(id string, now time.Time) bool {
+	s := b.slots[id]
+	if s == nil {
+		return false
+	}
+	b.advance(now)
+	if s.rate > 0 && s.trickleEnd.After(now) && !b.settings.Unlimited() {
+		b.tokens -= s.rate * s.trickleEnd.Sub(now).Seconds()
+	}
+	delete(b.slots, id)
+	b.endTrickles(now)
+	b.recount()
+	return true
+}
+
+// clamp bounds req's numbers by the group's settings (see maxDemand,
+// maxWanted; held is bounded in acquire, where the slot is known) and
+// says which it changed. Negative and NaN values count as 0 (validation
+// refuses them before; the allocator must hold on any input).
+func (r *Request) clamp(st Settings, period time.Duration) Clamped {
+	var c Clamped
+	bound := func(v *float64, hi float64, flag Clamped) {
+		switch {
+		case !(*v >= 0): // negative or NaN
+			*v = 0
+		case *v > hi:
+			*v = hi
+			c |= flag
+		}
+	}
+	bound(&r.Demand, st.maxDemand(), ClampedDemand)
+	bound(&r.Wanted, st.maxWanted(period), ClampedWanted)
+	if !(r.Held >= 0) {
+		r.Held = 0
+	}
+	return c
 }
 
 // acquire serves one request at now.
@@ -299,20 +462,56 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		b.slots[req.ProxyID] = s
 	}
 	s.lastSeen = now
+	clamped := req.clamp(b.settings, cfg.TargetPeriod)
 	period := cfg.TargetPeriod.Seconds()
 	d := req.Demand
 	if d <= 0 && !req.ReportOnly {
-		d = req.Wanted / period
+		d = min(req.Wanted/period, b.settings.maxDemand())
 	}
-	d = math.Max(d, 0)
-	b.demand += d - s.demand
-	s.demand = d
-	if h := math.Max(req.Held, 0); !b.settings.Unlimited() {
+	asking := !req.ReportOnly && req.Wanted > 0
+	s.claimed = d
+	if b.settings.Unlimited() {
+		s.idleBound, s.askEnd = d, time.Time{}
+	} else {
+		// held_tokens is believed up to the capacity and up to what the
+		// proxy can hold: what this leader delivered to it (credit), plus
+		// its part of what an earlier leader's proxies held (unbacked).
+		// A claim beyond that would stop the bucket saving the group's
+		// burst.
+		h := req.Held
+		if c := b.settings.Capacity(); h > c {
+			h = c
+			clamped |= ClampedHeld
+		}
+		if credible := s.credit + s.fromPool; h > credible {
+			take := min(h-credible, b.unbacked)
+			b.unbacked -= take
+			s.fromPool += take
+			if h > credible+take {
+				h = credible + take
+				clamped |= ClampedHeld
+			}
+		}
 		b.held += h - s.held
 		s.held = h
+		s.idleBound = max(float64(b.settings.RUPerSec), weightHeadroom*h/period)
+		// An ask lifts the weight for a trickle period, which ends like a
+		// trickle does (endTrickles); only when it lifts it, so that
+		// groups whose demands stay under RU_PER_SEC never walk their
+		// slots for it.
+		if asking && d > s.idleBound {
+			s.askBound = weightHeadroom * (req.Wanted + h) / period
+			s.askEnd = now.Add(cfg.TricklePeriod)
+			if b.nextEnd.IsZero() || s.askEnd.Before(b.nextEnd) {
+				b.nextEnd = s.askEnd
+			}
+		}
 	}
+	w := s.weight(now)
+	b.demand += w - s.demand
+	s.demand = w
 
-	g := Grant{Proxies: len(b.slots), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version}
+	g := Grant{Proxies: len(b.slots), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version, Clamped: clamped}
 	if b.settings.Unlimited() {
 		g.Unlimited = true
 		g.RUPerSec = 0
@@ -345,6 +544,9 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	// its reservation ends now.
 	// (nextEnd may now be early; advance then just recomputes.)
 	if s.rate > 0 {
+		if s.trickleEnd.After(now) {
+			s.credit -= s.rate * s.trickleEnd.Sub(now).Seconds()
+		}
 		b.reserved -= s.rate
 		s.rate = 0
 		if b.reserved < 1e-9 {
@@ -387,6 +589,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		}
 	}
 	s.granted += g.Tokens
+	s.credit += g.Tokens
 	b.granted += g.Tokens
 	return g
 }
@@ -570,6 +773,10 @@ func (a *Allocator) Restore(group string, st BucketState, now time.Time) {
 	b.tokens = b.settings.refilled(st, now)
 	b.last = now
 	b.saved, b.hasSaved = st, true
+	// What was not in the bucket when st was taken was spent or is held
+	// by proxies: their held_tokens may claim that much without a grant
+	// from this leader.
+	b.unbacked = math.Max(b.settings.Capacity()-math.Max(st.Tokens, 0), 0)
 }
 
 // Saving thresholds: a state is written when the level differs from what

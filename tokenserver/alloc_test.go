@@ -90,7 +90,8 @@ func TestAllocatorStories(t *testing.T) {
 			settings: Settings{RUPerSec: 100},
 			steps: []step{
 				{at: 0, proxy: "a", report: true, demand: 300, rate: 100, proxies: 1},
-				{at: 0, proxy: "b", report: true, demand: 100, rate: 25, proxies: 2},
+				// a's 300 counts as RU_PER_SEC until it asks for tokens.
+				{at: 0, proxy: "b", report: true, demand: 100, rate: 50, proxies: 2},
 				// a: 3/4 of the fill and of the 100 in the bucket over 5 s:
 				// 75 + 15 = 90 RU/s.
 				{at: 0, proxy: "a", wanted: 1000, demand: 300, tokens: 450, trickle: 5 * time.Second, rate: 75, proxies: 2},
@@ -106,10 +107,10 @@ func TestAllocatorStories(t *testing.T) {
 			name:     "a demand that changes moves the split",
 			settings: Settings{RUPerSec: 100},
 			steps: []step{
-				{at: 0, proxy: "a", report: true, demand: 100, rate: 100, proxies: 1},
-				{at: 0, proxy: "b", report: true, demand: 100, rate: 50, proxies: 2},
-				{at: 1, proxy: "b", report: true, demand: 300, rate: 75, proxies: 2},
-				{at: 1, proxy: "a", report: true, demand: 100, rate: 25, proxies: 2},
+				{at: 0, proxy: "a", report: true, demand: 25, rate: 100, proxies: 1},
+				{at: 0, proxy: "b", report: true, demand: 25, rate: 50, proxies: 2},
+				{at: 1, proxy: "b", report: true, demand: 75, rate: 75, proxies: 2},
+				{at: 1, proxy: "a", report: true, demand: 25, rate: 25, proxies: 2},
 			},
 		},
 		{
@@ -144,10 +145,22 @@ func TestAllocatorStories(t *testing.T) {
 			name:     "tokens a proxy holds count against the capacity",
 			settings: Settings{RUPerSec: 100}, // capacity 100
 			steps: []step{
+				{at: 0, proxy: "a", wanted: 100, demand: 20, tokens: 100, rate: 100, proxies: 1},
 				{at: 0, proxy: "a", report: true, held: 100, rate: 100, proxies: 1},
 				// 10 s idle: the bucket stayed empty. a spent its 100 and
 				// asks for 100 more: no burst on top, a trickle of the fill.
 				{at: 10, proxy: "a", wanted: 100, demand: 20, tokens: 100, trickle: 5 * time.Second, rate: 100, proxies: 1},
+			},
+		},
+		{
+			// held_tokens counts only for what this leader granted the
+			// proxy: a claim of 1e15 from one it never granted anything
+			// does not stop the bucket saving the group's burst.
+			name:     "held tokens never granted do not erase the burst",
+			settings: Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, // capacity 1000
+			steps: []step{
+				{at: 0, proxy: "x", report: true, held: 1e15, rate: 100, proxies: 1},
+				{at: 30, proxy: "b", wanted: 800, demand: 5, tokens: 800, rate: 100, proxies: 2},
 			},
 		},
 		{
@@ -195,6 +208,125 @@ func TestAllocatorStories(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAllocatorHostileClaims: numbers beyond what a group can use are
+// clamped and flagged, and a claimed demand weighs beyond RU_PER_SEC only
+// while the proxy asks for tokens to match.
+func TestAllocatorHostileClaims(t *testing.T) {
+	a := NewAllocator(AllocConfig{TricklePeriod: 2 * time.Second})
+	a.SetGroup("g", Settings{RUPerSec: 10}, t0) // capacity 10, demand ≤ 500, wanted ≤ 5010
+	acquire := func(sec float64, req Request) Grant {
+		t.Helper()
+		g, err := a.Acquire("g", req, at(sec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	// A report-only claim of 1e308 RU/s and 1e15 held: both clamped, and
+	// it weighs like RU_PER_SEC.
+	if g := acquire(0, Request{ProxyID: "x", ReportOnly: true, Demand: 1e308, Held: 1e15}); g.Clamped != ClampedDemand|ClampedHeld {
+		t.Fatalf("clamped = %b, want demand and held", g.Clamped)
+	}
+	g := acquire(0, Request{ProxyID: "h", Wanted: 2200, Demand: 400})
+	if want := 10 * 400.0 / 410; math.Abs(g.FillRate-want) > 1e-9 || g.Clamped != 0 {
+		t.Fatalf("honest share %v (clamped %b), want %v", g.FillRate, g.Clamped, want)
+	}
+	// An ask backs the claim (demand clamped to 500, wanted to 5010) for
+	// one trickle period: 500 of 900.
+	g = acquire(1, Request{ProxyID: "x", Wanted: 1e9, Demand: 1e308})
+	if want := 10 * 500.0 / 900; math.Abs(g.FillRate-want) > 1e-9 || g.Clamped != ClampedDemand|ClampedWanted {
+		t.Fatalf("asking share %v (clamped %b), want %v", g.FillRate, g.Clamped, want)
+	}
+	// 2 s later the ask has run out: back to RU_PER_SEC's weight.
+	g = acquire(3.5, Request{ProxyID: "h", Wanted: 2200, Demand: 400})
+	if want := 10 * 400.0 / 410; math.Abs(g.FillRate-want) > 1e-9 {
+		t.Fatalf("honest share after the ask ended %v, want %v\n%s", g.FillRate, want, a.Group("g").String(at(3.5)))
+	}
+	// Non-finite and negative numbers, unvalidated, count as 0.
+	for _, v := range []float64{math.NaN(), math.Inf(-1), -5} {
+		g := acquire(4, Request{ProxyID: "n", Wanted: v, Demand: v, Held: v})
+		if g.Tokens != 0 || math.IsNaN(g.FillRate) {
+			t.Fatalf("%v: %+v", v, g)
+		}
+	}
+	// An unlimited group's numbers are bounded too.
+	a.SetGroup("u", SettingsOf(resourcegroup.DefaultGroupDefinition()), t0)
+	u, _ := a.Acquire("u", Request{ProxyID: "x", Wanted: 1e308, Demand: 1e308}, t0)
+	if u.Tokens != unlimitedBound || u.FillRate != unlimitedBound || u.Clamped != ClampedDemand|ClampedWanted {
+		t.Fatalf("unlimited: %+v", u)
+	}
+}
+
+// TestAllocatorHeldCreditIsWhatWasDelivered: a proxy re-asking every
+// 50 ms is granted a whole trickle each time but delivered only its rate:
+// what it may claim to hold is what it was delivered.
+func TestAllocatorHeldCreditIsWhatWasDelivered(t *testing.T) {
+	a := NewAllocator(AllocConfig{TricklePeriod: 2 * time.Second})
+	a.SetGroup("g", Settings{RUPerSec: 10}, t0) // capacity 10
+	if _, err := a.Acquire("g", Request{ProxyID: "h", Wanted: 1000, Demand: 300}, t0); err != nil {
+		t.Fatal(err)
+	}
+	granted := 0.0
+	for i := range 40 {
+		g, _ := a.Acquire("g", Request{ProxyID: "x", Wanted: 1, Demand: 1e308}, at(0.05*float64(i)))
+		granted += g.Tokens
+	}
+	g, _ := a.Acquire("g", Request{ProxyID: "x", ReportOnly: true, Held: 1e15}, at(2))
+	held := a.Group("g").slots["x"].held
+	t.Logf("granted %.2f in 40 asks, may hold %.2f", granted, held)
+	if held >= granted/4 || held > 1 || g.Clamped&ClampedHeld == 0 {
+		t.Fatalf("x may claim %v held after being granted %v in replaced trickles", held, granted)
+	}
+}
+
+// TestAllocatorRemoveSlot: a dropped slot no longer counts, and what was
+// left of its trickle counts as spent.
+func TestAllocatorRemoveSlot(t *testing.T) {
+	a := NewAllocator(AllocConfig{TricklePeriod: 2 * time.Second})
+	a.SetGroup("g", Settings{RUPerSec: 100}, t0)
+	for _, id := range []string{"a", "b"} {
+		if _, err := a.Acquire("g", Request{ProxyID: id, Wanted: 1000, Demand: 200}, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := a.Group("g")
+	before := b.Tokens(at(0.5))
+	rate := b.slots["a"].rate
+	if !b.removeSlot("a", at(0.5)) || b.removeSlot("a", at(0.5)) {
+		t.Fatal("removeSlot should drop a once")
+	}
+	if a.Proxies("g") != 1 || b.demand != 200 {
+		t.Fatalf("after removal: %d proxies, demand %v", a.Proxies("g"), b.demand)
+	}
+	// a's first trickle lasts 1 s: 0.5 s of it are left.
+	if got, want := b.Tokens(at(0.5)), before-rate*0.5; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("level %v, want %v (the rest of the trickle spent)", got, want)
+	}
+}
+
+// TestAllocatorHeldFromEarlierLeader: after a restore, held_tokens may
+// claim what was outside the saved bucket, once.
+func TestAllocatorHeldFromEarlierLeader(t *testing.T) {
+	a := NewAllocator(AllocConfig{})
+	a.SetGroup("g", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, t0) // capacity 1000
+	a.Restore("g", BucketState{Tokens: 400, At: t0}, t0)                              // 600 outside
+	for _, tc := range []struct {
+		id          string
+		held, want  float64
+		wantClamped bool
+	}{
+		{"p", 500, 500, false},
+		{"q", 500, 100, true},
+		{"p", 500, 500, false}, // p's claim still stands
+		{"r", 50, 0, true},
+	} {
+		g, _ := a.Acquire("g", Request{ProxyID: tc.id, ReportOnly: true, Held: tc.held}, t0)
+		if got := a.Group("g").slots[tc.id].held; got != tc.want || (g.Clamped&ClampedHeld != 0) != tc.wantClamped {
+			t.Fatalf("%s holds %v (clamped %b), want %v", tc.id, got, g.Clamped, tc.want)
+		}
 	}
 }
 
@@ -372,7 +504,7 @@ func TestAllocatorSimulation(t *testing.T) {
 					left := p.local + p.rate*math.Max(p.end-s, 0)
 					if left < d || math.Abs(d-p.sent) > 0.25*p.sent {
 						p.sent = d
-						g, err := a.Acquire("g", Request{ProxyID: p.id, Wanted: d*5*1.1 - p.local, Demand: d}, now)
+						g, err := a.Acquire("g", Request{ProxyID: p.id, Wanted: d*5*1.1 - p.local, Demand: d, Held: p.local}, now)
 						if err != nil {
 							t.Fatal(err)
 						}

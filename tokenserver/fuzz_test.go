@@ -51,12 +51,56 @@ func FuzzTokenRequest(f *testing.F) {
 			}
 		}
 		req.Groups = known
-		resp := s.serveTokens(context.Background(), &req)
+		resp := s.serveTokens(context.Background(), req.GetProxyId(), &req, newLookupBudget())
 		for i, g := range resp.Grants {
 			asked := req.Groups[i].TokensWanted
-			if math.IsNaN(g.Tokens) || g.Tokens < 0 || g.Tokens > asked || math.IsNaN(g.FillRate) || g.FillRate < 0 {
+			if !finite(g.Tokens) || g.Tokens < 0 || g.Tokens > asked || !finite(g.FillRate) || g.FillRate < 0 {
 				t.Fatalf("request %v got grant %v", req.Groups[i], g)
 			}
+		}
+	})
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// FuzzAllocatorHostile drives one bucket with arbitrary numbers from
+// several proxies, unvalidated (NaN, ±Inf, negatives, 1e308): every grant,
+// share, level and sum must stay finite, every grant within what was
+// asked, and the bucket's demand, held and level within their bounds.
+func FuzzAllocatorHostile(f *testing.F) {
+	f.Add(uint64(10), uint8(1), uint8(0), 1e308, 1e308, 1e15, false, uint16(100))
+	f.Add(uint64(100), uint8(2), uint8(1), math.Inf(1), math.NaN(), math.Inf(-1), false, uint16(0))
+	f.Add(uint64(1), uint8(0), uint8(2), 5.0, 1e-300, 3.0, true, uint16(2000))
+	f.Add(uint64(math.MaxUint64), uint8(3), uint8(3), 1e308, 1e308, 1e308, false, uint16(1))
+	f.Fuzz(func(t *testing.T, rate uint64, burst, proxy uint8, wanted, demand, held float64, report bool, ms uint16) {
+		st := Settings{RUPerSec: max(rate, 1), Burst: resourcegroup.BurstMode(burst % 3)}
+		if burst%4 == 3 {
+			st.Mode = resourcegroup.ModeWarn
+		}
+		a := NewAllocator(AllocConfig{})
+		a.SetGroup("g", st, t0)
+		now := t0
+		ids := []string{"a", "b", "c", "d"}
+		for i := 0; i < 12; i++ {
+			req := Request{ProxyID: ids[(int(proxy)+i)%len(ids)], Wanted: wanted, Demand: demand, Held: held, ReportOnly: report && i%2 == 0}
+			if i%3 == 1 { // an honest neighbour
+				req = Request{ProxyID: "h", Wanted: 10, Demand: 2}
+			}
+			g, err := a.Acquire("g", req, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !finite(g.Tokens) || g.Tokens < 0 || !finite(g.FillRate) || g.FillRate < 0 || (finite(req.Wanted) && g.Tokens > max(req.Wanted, 0)) {
+				t.Fatalf("step %d: %+v got %+v\n%s", i, req, g, a.Group("g").String(now))
+			}
+			b := a.Group("g")
+			if !finite(b.Tokens(now)) || !finite(b.demand) || !finite(b.held) || !finite(b.reserved) || !finite(b.granted) {
+				t.Fatalf("step %d: the bucket went non-finite\n%s", i, b.String(now))
+			}
+			if !st.Unlimited() && b.Tokens(now) > st.Capacity() {
+				t.Fatalf("step %d: level %v over the capacity %v", i, b.Tokens(now), st.Capacity())
+			}
+			now = now.Add(time.Duration(ms) * time.Millisecond)
 		}
 	})
 }

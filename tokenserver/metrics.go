@@ -26,10 +26,29 @@ type metrics struct {
 	acquireSeconds prometheus.Histogram
 	persistErrors  prometheus.Counter
 	statesWritten  prometheus.Counter
+	// clamped counts token request fields clamped to their bound, by field.
+	clamped *prometheus.CounterVec
+	// unknownRefused counts unknown group names answered without reading
+	// etcd, by reason.
+	unknownRefused *prometheus.CounterVec
 }
 
+// Labels of rgserver_token_request_clamped_total{field}.
+const (
+	fieldDemand      = "demand_ru_per_sec"
+	fieldWanted      = "tokens_wanted"
+	fieldHeld        = "held_tokens"
+	fieldConsumption = "consumption"
+)
+
+// Labels of rgserver_unknown_groups_refused_total{reason}.
+const (
+	unknownCached      = "cached"
+	unknownRateLimited = "rate_limited"
+)
+
 func newMetrics() *metrics {
-	return &metrics{
+	m := &metrics{
 		acquireSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "rgserver_acquire_tokens_duration_seconds",
 			Help:    "Time to answer one AcquireTokens stream message.",
@@ -43,7 +62,22 @@ func newMetrics() *metrics {
 			Name: "rgserver_bucket_states_written_total",
 			Help: "Bucket states written to etcd (only those that changed meaningfully since last written).",
 		}),
+		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgserver_token_request_clamped_total",
+			Help: "Group entries of token requests whose field exceeded what the group can use and was clamped: demand_ru_per_sec, tokens_wanted, held_tokens, consumption.",
+		}, []string{"field"}),
+		unknownRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgserver_unknown_groups_refused_total",
+			Help: "Unknown group names in token requests answered UNAVAILABLE without reading etcd: cached (etcd said it does not exist a moment ago), rate_limited (the stream asked about too many unknown names).",
+		}, []string{"reason"}),
 	}
+	for _, f := range []string{fieldDemand, fieldWanted, fieldHeld, fieldConsumption} {
+		m.clamped.WithLabelValues(f)
+	}
+	for _, r := range []string{unknownCached, unknownRateLimited} {
+		m.unknownRefused.WithLabelValues(r)
+	}
+	return m
 }
 
 func (m *metrics) register(r prometheus.Registerer, s *Server) error {
@@ -62,7 +96,7 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 		})
 	}
 	cs := []prometheus.Collector{
-		m.acquireSeconds, m.persistErrors, m.statesWritten,
+		m.acquireSeconds, m.persistErrors, m.statesWritten, m.clamped, m.unknownRefused,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rgserver_is_leader", Help: "1 if this replica is the leader, else 0.",
 		}, boolGauge(s.IsLeader)),

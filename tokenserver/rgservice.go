@@ -167,6 +167,13 @@ func (s *Server) ListBindings(ctx context.Context, _ *pb.ListBindingsRequest) (*
 // revision it brings the watcher to.
 func (s *Server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.WatchResponse]) error {
 	ctx := stream.Context()
+	// Each open Watch costs an etcd watch: a proxy credential holds as
+	// many as it is configured for proxies (plus one, for a reconnect).
+	closeStream, err := s.proxies.open(principalFrom(ctx), kindWatch)
+	if err != nil {
+		return s.auth.refuse(refusedStreamLimit, codes.ResourceExhausted, err.Error())
+	}
+	defer closeStream()
 	after := req.GetAfterRevision()
 	if after < 0 {
 		return status.Errorf(codes.InvalidArgument, "after_revision %d is negative", after)

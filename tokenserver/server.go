@@ -58,6 +58,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the server's metrics; nil = none.
 	Registerer prometheus.Registerer
+	// Auth authenticates callers; the gRPC server must run its
+	// Interceptors. nil = authentication off (every caller an anonymous
+	// administrator).
+	Auth *Authenticator
 }
 
 // Server implements tokenpb's ResourceGroupService and TokenService over etcd.
@@ -88,6 +92,12 @@ type Server struct {
 	// synced is closed once the settings have been loaded.
 	synced   chan struct{}
 	syncOnce sync.Once
+
+	auth *Authenticator
+	// proxies binds proxy ids to credentials (proxies.go).
+	proxies *proxyRegistry
+	// misses remembers groups etcd said do not exist (tokens.go).
+	misses *missCache
 }
 
 // New returns a server over an etcd client. Call Run to load settings and
@@ -105,22 +115,39 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Auth == nil {
+		a, err := NewAuthenticator(AuthConfig{})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Auth = a
+	}
 	s := &Server{
-		cli:    cli,
-		store:  &EtcdStore{cli: cli, now: cfg.Now},
-		cfg:    cfg,
-		log:    cfg.Logger,
-		m:      newMetrics(),
-		alloc:  NewAllocator(cfg.Alloc),
-		synced: make(chan struct{}),
+		cli:     cli,
+		store:   &EtcdStore{cli: cli, now: cfg.Now},
+		cfg:     cfg,
+		log:     cfg.Logger,
+		m:       newMetrics(),
+		alloc:   NewAllocator(cfg.Alloc),
+		synced:  make(chan struct{}),
+		auth:    cfg.Auth,
+		proxies: newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
+		misses:  newMissCache(),
 	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
+		if err := s.auth.Register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+		}
 	}
 	return s, nil
 }
+
+// Insecure reports whether authentication is off: every caller is an
+// administrator.
+func (s *Server) Insecure() bool { return s.auth.Open() }
 
 // Store returns the server's etcd-backed resourcegroup.Store.
 func (s *Server) Store() *EtcdStore { return s.store }
@@ -787,6 +814,7 @@ func (s *Server) loadAndWatchSettings(ctx context.Context) error {
 			s.mu.Lock()
 			s.alloc.SetGroup(name, SettingsOf(g), now)
 			s.mu.Unlock()
+			s.misses.forget(name)
 		}
 	}
 	return fmt.Errorf("%w: settings watch closed", ErrEtcd)

@@ -75,8 +75,13 @@ func (ts *testServer) stop() {
 	<-ts.done
 }
 
+// testProxyToken is the proxy credential ("px", 2 streams) of a test
+// server started with an admin token.
+const testProxyToken = "unit-test-proxy-token"
+
 // startServer runs a Server over cli on a fake clock; it returns once
-// settings are loaded.
+// settings are loaded. With an admin token it authenticates every call:
+// the admin token, or testProxyToken for a proxy.
 func startServer(t *testing.T, cli *clientv3.Client, adminToken string) *testServer {
 	t.Helper()
 	return startServerWith(t, cli, adminToken, nil)
@@ -91,7 +96,16 @@ func startServerWith(t *testing.T, cli *clientv3.Client, adminToken string, muta
 	}
 	reg := prometheus.NewRegistry()
 	clock := &fakeClock{now: t0}
+	var authCfg AuthConfig
+	if adminToken != "" {
+		authCfg = AuthConfig{AdminToken: adminToken, ProxyTokens: []ProxyCredential{{Name: "px", Token: testProxyToken, MaxStreams: 2}}}
+	}
+	auth, err := NewAuthenticator(authCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := Config{
+		Auth:          auth,
 		AdvertiseAddr: lis.Addr().String(),
 		ElectionTTL:   time.Second,
 		Now:           clock.Now,
@@ -105,7 +119,7 @@ func startServerWith(t *testing.T, cli *clientv3.Client, adminToken string, muta
 	if err != nil {
 		t.Fatal(err)
 	}
-	unary, stream := AdminAuth(adminToken)
+	unary, stream := cfg.Auth.Interceptors()
 	gs := grpc.NewServer(grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(stream))
 	srv.Register(gs)
 	go gs.Serve(lis)
@@ -240,6 +254,7 @@ func TestResourceGroupServiceStatusCodes(t *testing.T) {
 	c := pb.NewResourceGroupServiceClient(ts.conn)
 	ctx := context.Background()
 	admin := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer s3cret")
+	proxy := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testProxyToken)
 
 	if _, err := c.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "a", RuPerSec: 10}}); codeOf(err) != codes.Unauthenticated {
 		t.Fatalf("create without token: %v", err)
@@ -275,7 +290,7 @@ func TestResourceGroupServiceStatusCodes(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "missing group"},
 		{"get unknown", func() error {
-			_, err := c.GetGroup(ctx, &pb.GetGroupRequest{Name: "nope"})
+			_, err := c.GetGroup(proxy, &pb.GetGroupRequest{Name: "nope"})
 			return err
 		}, codes.NotFound, "Unknown resource group 'nope'"},
 		{"drop default", func() error {
@@ -294,10 +309,18 @@ func TestResourceGroupServiceStatusCodes(t *testing.T) {
 			_, err := c.BindUser(admin, &pb.BindUserRequest{Binding: &pb.Binding{User: "u", Host: "%", Group: "rg1"}})
 			return err
 		}, codes.OK, ""},
-		{"reads need no token", func() error {
+		{"reads need a credential", func() error {
 			_, err := c.ListGroups(ctx, &pb.ListGroupsRequest{})
 			return err
+		}, codes.Unauthenticated, "requires authentication"},
+		{"a proxy credential reads", func() error {
+			_, err := c.ListBindings(proxy, &pb.ListBindingsRequest{})
+			return err
 		}, codes.OK, ""},
+		{"a proxy credential cannot write", func() error {
+			_, err := c.CreateGroup(proxy, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "px", RuPerSec: 1}})
+			return err
+		}, codes.PermissionDenied, "administrator"},
 	}
 	for _, tc := range tests {
 		err := tc.call()
@@ -315,7 +338,7 @@ func TestResourceGroupServiceStatusCodes(t *testing.T) {
 			_, err := c.CreateGroup(admin, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "rg1", RuPerSec: 1}})
 			return err
 		}, resourcegroup.ErrExists, resourcegroup.CodeExists},
-		{func() error { _, err := c.GetGroup(ctx, &pb.GetGroupRequest{Name: "nope"}); return err }, resourcegroup.ErrNotFound, resourcegroup.CodeNotFound},
+		{func() error { _, err := c.GetGroup(proxy, &pb.GetGroupRequest{Name: "nope"}); return err }, resourcegroup.ErrNotFound, resourcegroup.CodeNotFound},
 		{func() error { _, err := c.DropGroup(admin, &pb.DropGroupRequest{Name: "default"}); return err }, resourcegroup.ErrInvalid, resourcegroup.CodeUnknown},
 	}
 	for i, tc := range rgErrs {
@@ -329,11 +352,11 @@ func TestResourceGroupServiceStatusCodes(t *testing.T) {
 		t.Error("a plain status must come back unchanged")
 	}
 
-	got, err := c.GetGroup(ctx, &pb.GetGroupRequest{Name: "RG1"})
+	got, err := c.GetGroup(proxy, &pb.GetGroupRequest{Name: "RG1"})
 	if err != nil || got.Group.GetRuPerSec() != 100 || got.Group.GetBurst() != pb.BurstMode_BURST_MODERATED || got.Group.GetVersion() == 0 {
 		t.Fatalf("get rg1 = %v, %v", got, err)
 	}
-	d, err := c.GetGroup(ctx, &pb.GetGroupRequest{Name: "default"})
+	d, err := c.GetGroup(proxy, &pb.GetGroupRequest{Name: "default"})
 	if err != nil || !d.Group.GetUnlimited() || d.Group.GetBurst() != pb.BurstMode_BURST_UNLIMITED {
 		t.Fatalf("default = %v, %v", d, err)
 	}

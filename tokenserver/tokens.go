@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -22,11 +23,108 @@ import (
 // leader hold its lock for long.
 const maxGroupsPerRequest = 10000
 
+// maxProxyIDLen bounds proxy_id, in bytes: it keys a slot in every group
+// the proxy uses.
+const maxProxyIDLen = 256
+
+// Unknown group names: a name etcd said does not exist is remembered for
+// missTTL (at most missCacheMax names), and one stream may have at most
+// unknownLookupBurst names read from etcd at once, unknownLookupRate per
+// second after that. Either way the answer is GRANT_ERROR_UNAVAILABLE,
+// never NOT_FOUND: a proxy drops a NOT_FOUND group (its sessions fall back
+// to default, unlimited), so only an etcd read made for this request may
+// say NOT_FOUND; a group created a moment ago is then never refused
+// because of a cache, only asked about again a second later.
+const (
+	missTTL            = 2 * time.Second
+	missCacheMax       = 4096
+	unknownLookupBurst = 64
+	unknownLookupRate  = 32
+)
+
+// Messages of the grants answered without reading etcd.
+const (
+	errCachedMiss   = "unavailable: the resource group did not exist a moment ago; ask again later"
+	errLookupsLimit = "unavailable: too many unknown resource groups asked about on this stream; ask again later"
+)
+
+// missCache remembers, for missTTL, group names etcd said do not exist.
+type missCache struct {
+	mu      sync.Mutex
+	expires map[string]time.Time
+}
+
+func newMissCache() *missCache { return &missCache{expires: map[string]time.Time{}} }
+
+// has reports whether name was found missing less than missTTL before now.
+func (c *missCache) has(name string, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	exp, ok := c.expires[name]
+	if ok && !now.Before(exp) {
+		delete(c.expires, name)
+		return false
+	}
+	return ok
+}
+
+// add remembers name as missing at now; when the cache is full of live
+// entries the name is not remembered (the per-stream limit still holds).
+func (c *missCache) add(name string, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.expires) >= missCacheMax {
+		for n, exp := range c.expires {
+			if !now.Before(exp) {
+				delete(c.expires, n)
+			}
+		}
+		if len(c.expires) >= missCacheMax {
+			return
+		}
+	}
+	c.expires[name] = now.Add(missTTL)
+}
+
+// forget drops name (the settings watch saw it created).
+func (c *missCache) forget(name string) {
+	c.mu.Lock()
+	delete(c.expires, name)
+	c.mu.Unlock()
+}
+
+// lookupBudget is one stream's token bucket of etcd reads for unknown
+// group names.
+type lookupBudget struct {
+	tokens float64
+	last   time.Time
+}
+
+func newLookupBudget() *lookupBudget { return &lookupBudget{tokens: unknownLookupBurst} }
+
+// take spends one read at now, false when none is left.
+func (b *lookupBudget) take(now time.Time) bool {
+	if !b.last.IsZero() {
+		if el := now.Sub(b.last).Seconds(); el > 0 {
+			b.tokens = min(b.tokens+el*unknownLookupRate, unknownLookupBurst)
+		}
+	}
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
 // validateTokenRequest checks one stream message. proxyID is the id the
 // stream started with ("" before the first message).
 func validateTokenRequest(req *pb.TokenRequest, proxyID string) error {
 	if req.GetProxyId() == "" {
 		return errors.New("proxy_id is empty")
+	}
+	if n := len(req.GetProxyId()); n > maxProxyIDLen {
+		return fmt.Errorf("proxy_id is %d bytes, at most %d", n, maxProxyIDLen)
 	}
 	if proxyID != "" && req.GetProxyId() != proxyID {
 		return fmt.Errorf("proxy_id changed within the stream from %q to %q", proxyID, req.GetProxyId())
@@ -75,9 +173,19 @@ func checkNumbers(g *pb.GroupTokenRequest) error {
 	return nil
 }
 
-// AcquireTokens implements tokenpb.TokenServiceServer.
+// AcquireTokens implements tokenpb.TokenServiceServer. The proxy id of
+// the first message binds the stream to the caller's credential
+// (proxies.go); every later message must carry the same id.
 func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, pb.TokenResponse]) error {
-	var proxyID string
+	p := principalFrom(stream.Context())
+	closeStream, err := s.proxies.open(p, kindTokens)
+	if err != nil {
+		return s.auth.refuse(refusedStreamLimit, codes.ResourceExhausted, err.Error())
+	}
+	defer closeStream()
+	var proxyID, slot string
+	var ticket *streamTicket
+	budget := newLookupBudget()
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -90,10 +198,24 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 		if err := validateTokenRequest(req, proxyID); err != nil {
 			return status.Errorf(codes.InvalidArgument, "malformed token request: %v", err)
 		}
-		proxyID = req.GetProxyId()
+		if ticket == nil {
+			t, evict, release, err := s.proxies.bind(p, req.GetProxyId(), s.now())
+			if err != nil {
+				return s.auth.refuse(refusedStreamLimit, codes.ResourceExhausted, err.Error()+
+					": another proxy must stop first, or give the credential more streams (--proxy-token-file: <name> <token> <max-streams>)")
+			}
+			defer func() { release(s.now()) }()
+			ticket, proxyID, slot = t, req.GetProxyId(), slotID(p, req.GetProxyId())
+			if len(evict) > 0 {
+				s.removeSlots(evict)
+			}
+		}
+		if ticket.superseded.Load() {
+			return status.Errorf(codes.Aborted, "proxy id %q is used by a newer stream of the same credential", proxyID)
+		}
 		var resp *pb.TokenResponse
 		if s.IsLeader() {
-			resp = s.serveTokens(stream.Context(), req)
+			resp = s.serveTokens(stream.Context(), slot, req, budget)
 		} else {
 			resp = &pb.TokenResponse{RequestId: req.GetRequestId(), NotLeader: &pb.NotLeader{LeaderAddr: s.LeaderAddr()}}
 		}
@@ -104,31 +226,75 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 	}
 }
 
-// serveTokens answers one validated request as the leader. Consumption is
-// counted only for groups that exist.
-func (s *Server) serveTokens(ctx context.Context, req *pb.TokenRequest) *pb.TokenResponse {
+// removeSlots drops the slots of the given slot ids from every group.
+func (s *Server) removeSlots(ids []string) {
+	now := s.now()
+	n := 0
+	s.walkGroups(func(b *Bucket) {
+		for _, id := range ids {
+			if b.removeSlot(id, now) {
+				n++
+			}
+		}
+	})
+	s.log.Debug("dropped the slots of proxy ids replaced under their credential", "ids", ids, "slots", n)
+}
+
+// countClamped adds a grant's clamped fields to the metric.
+func (s *Server) countClamped(c Clamped, consumption bool) {
+	if c&ClampedDemand != 0 {
+		s.m.clamped.WithLabelValues(fieldDemand).Inc()
+	}
+	if c&ClampedWanted != 0 {
+		s.m.clamped.WithLabelValues(fieldWanted).Inc()
+	}
+	if c&ClampedHeld != 0 {
+		s.m.clamped.WithLabelValues(fieldHeld).Inc()
+	}
+	if consumption {
+		s.m.clamped.WithLabelValues(fieldConsumption).Inc()
+	}
+}
+
+// serveTokens answers one validated request as the leader; slot keys the
+// proxy's slots, budget bounds the stream's etcd reads for unknown groups.
+// Consumption is counted only for groups that exist.
+func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequest, budget *lookupBudget) *pb.TokenResponse {
 	now := s.now()
 	resp := &pb.TokenResponse{RequestId: req.GetRequestId(), Grants: make([]*pb.GroupGrant, len(req.GetGroups()))}
 	var missing []int
 	s.mu.Lock()
 	for i, gr := range req.GetGroups() {
 		name := resourcegroup.NormalizeName(gr.GetGroup())
-		g, err := s.alloc.Acquire(name, allocRequest(req.GetProxyId(), gr), now)
+		g, err := s.alloc.Acquire(name, allocRequest(slot, gr), now)
 		if err != nil {
 			missing = append(missing, i)
 			continue
 		}
-		s.alloc.Report(name, usageOf(gr.GetConsumption()))
+		u, uc := usageOf(gr.GetConsumption())
+		s.alloc.Report(name, u)
+		s.countClamped(g.Clamped, uc)
 		resp.Grants[i] = grantToPB(name, g)
 		if s.log.Enabled(ctx, slog.LevelDebug) && !gr.GetReportOnly() {
-			s.log.Debug("grant", "resource_group", name, "proxy", req.GetProxyId(),
+			s.log.Debug("grant", "resource_group", name, "proxy", slot,
 				"demand", gr.GetDemandRuPerSec(), "wanted", gr.GetTokensWanted(),
 				"tokens", g.Tokens, "trickle", g.Trickle, "share", g.FillRate)
 		}
 	}
 	s.mu.Unlock()
 	for _, i := range missing {
-		resp.Grants[i] = s.serveMissing(ctx, req.GetProxyId(), req.GetGroups()[i], now)
+		gr := req.GetGroups()[i]
+		name := resourcegroup.NormalizeName(gr.GetGroup())
+		switch {
+		case s.misses.has(name, now):
+			s.m.unknownRefused.WithLabelValues(unknownCached).Inc()
+			resp.Grants[i] = &pb.GroupGrant{Group: name, Error: errCachedMiss, ErrorCode: pb.GrantError_GRANT_ERROR_UNAVAILABLE}
+		case !budget.take(now):
+			s.m.unknownRefused.WithLabelValues(unknownRateLimited).Inc()
+			resp.Grants[i] = &pb.GroupGrant{Group: name, Error: errLookupsLimit, ErrorCode: pb.GrantError_GRANT_ERROR_UNAVAILABLE}
+		default:
+			resp.Grants[i] = s.serveMissing(ctx, slot, gr, now)
+		}
 	}
 	return resp
 }
@@ -136,8 +302,9 @@ func (s *Server) serveTokens(ctx context.Context, req *pb.TokenRequest) *pb.Toke
 // serveMissing handles a group the allocator does not know yet: it may have
 // been created a moment ago, before the settings watch caught up. When etcd
 // cannot say, the error is GRANT_ERROR_UNAVAILABLE, which a proxy must not
-// take for a dropped group (that would lift its limit).
-func (s *Server) serveMissing(ctx context.Context, proxyID string, gr *pb.GroupTokenRequest, now time.Time) *pb.GroupGrant {
+// take for a dropped group (that would lift its limit). A group etcd does
+// not hold is remembered for missTTL.
+func (s *Server) serveMissing(ctx context.Context, slot string, gr *pb.GroupTokenRequest, now time.Time) *pb.GroupGrant {
 	name := resourcegroup.NormalizeName(gr.GetGroup())
 	// Bounded: while etcd is away this read must not hold up the proxy's
 	// whole stream (its other groups' grants wait behind it).
@@ -146,6 +313,7 @@ func (s *Server) serveMissing(ctx context.Context, proxyID string, gr *pb.GroupT
 	cancel()
 	if err != nil {
 		if errors.Is(err, resourcegroup.ErrNotFound) {
+			s.misses.add(name, now)
 			return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
 		}
 		return &pb.GroupGrant{Group: name, Error: "unavailable: " + err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_UNAVAILABLE}
@@ -155,24 +323,51 @@ func (s *Server) serveMissing(ctx context.Context, proxyID string, gr *pb.GroupT
 	if s.alloc.Group(name) == nil {
 		s.alloc.SetGroup(name, SettingsOf(g), now)
 	}
-	grant, err := s.alloc.Acquire(name, allocRequest(proxyID, gr), now)
+	grant, err := s.alloc.Acquire(name, allocRequest(slot, gr), now)
 	if err != nil {
 		// Dropped between the read and now.
 		return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
 	}
-	s.alloc.Report(name, usageOf(gr.GetConsumption()))
+	u, uc := usageOf(gr.GetConsumption())
+	s.alloc.Report(name, u)
+	s.countClamped(grant.Clamped, uc)
 	return grantToPB(name, grant)
 }
 
-// usageOf converts a reported consumption.
-func usageOf(c *pb.Consumption) ru.Consumption {
-	return ru.Consumption{RRU: c.GetRru(), WRU: c.GetWru(), ReadBytes: float64(c.GetReadBytes()), WriteBytes: float64(c.GetWriteBytes()),
+// Bounds of one reported consumption (one group, one message): far
+// beyond what a proxy meters between two reports, and finite however many
+// reports are summed.
+const (
+	maxReportRU      = 1e12 // RRU, WRU, statements
+	maxReportBytes   = 1e15
+	maxReportSeconds = 1e9
+)
+
+// usageOf converts a reported consumption, clamped to the bounds above;
+// clamped says whether any field was.
+func usageOf(c *pb.Consumption) (u ru.Consumption, clamped bool) {
+	u = ru.Consumption{RRU: c.GetRru(), WRU: c.GetWru(), ReadBytes: float64(c.GetReadBytes()), WriteBytes: float64(c.GetWriteBytes()),
 		BackendSeconds: c.GetBackendSeconds(), Statements: float64(c.GetStatements())}
+	bound := func(v *float64, hi float64) {
+		switch {
+		case !(*v >= 0):
+			*v = 0
+		case *v > hi:
+			*v, clamped = hi, true
+		}
+	}
+	bound(&u.RRU, maxReportRU)
+	bound(&u.WRU, maxReportRU)
+	bound(&u.Statements, maxReportRU)
+	bound(&u.ReadBytes, maxReportBytes)
+	bound(&u.WriteBytes, maxReportBytes)
+	bound(&u.BackendSeconds, maxReportSeconds)
+	return u, clamped
 }
 
-func allocRequest(proxyID string, gr *pb.GroupTokenRequest) Request {
+func allocRequest(slot string, gr *pb.GroupTokenRequest) Request {
 	return Request{
-		ProxyID:    proxyID,
+		ProxyID:    slot,
 		Wanted:     gr.GetTokensWanted(),
 		Demand:     gr.GetDemandRuPerSec(),
 		ReportOnly: gr.GetReportOnly(),

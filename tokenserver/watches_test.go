@@ -197,8 +197,15 @@ func TestWatchBadInputAndAuth(t *testing.T) {
 	if _, err := c.RemoveWatch(ctx, &pb.RemoveWatchRequest{Id: 1}); codeOf(err) != codes.Unauthenticated {
 		t.Fatalf("remove without token: %v", err)
 	}
-	if _, err := c.ListWatches(ctx, &pb.ListWatchesRequest{}); err != nil {
-		t.Fatalf("list is a read and needs no token: %v", err)
+	if _, err := c.ListWatches(ctx, &pb.ListWatchesRequest{}); codeOf(err) != codes.Unauthenticated {
+		t.Fatalf("list without a credential: %v", err)
+	}
+	proxy := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testProxyToken)
+	if _, err := c.ListWatches(proxy, &pb.ListWatchesRequest{}); err != nil {
+		t.Fatalf("list is a read, a proxy credential may: %v", err)
+	}
+	if _, err := c.AddWatch(proxy, &pb.AddWatchRequest{Watch: exactWatch("rg1", "x")}); codeOf(err) != codes.PermissionDenied {
+		t.Fatalf("add with a proxy credential: %v", err)
 	}
 	edit := func(f func(*pb.RunawayWatch)) *pb.RunawayWatch {
 		w := exactWatch("rg1", "select 1")

@@ -83,6 +83,18 @@ type config struct {
 	// TokenServerTokenFile holds the bearer token rgserver's admin RPCs
 	// need (rgserver --admin-token-file); empty = none. Default empty.
 	TokenServerTokenFile string
+	// TokenServerProxyTokenFile holds this proxy's bearer token for
+	// rgserver's token and watch streams and reads (a token of rgserver's
+	// --proxy-token-file); empty = none. Default empty.
+	TokenServerProxyTokenFile string
+	// TokenServerTLSCA (PEM) turns on TLS to rgserver and verifies its
+	// certificate; with TokenServerTLSCert and TokenServerTLSKey the proxy
+	// also presents a client certificate (rgserver --tls-ca). Default
+	// empty: plaintext.
+	TokenServerTLSCA, TokenServerTLSCert, TokenServerTLSKey string
+	// TokenServerInsecure lets the tokens above travel in clear to an
+	// rgserver that is not on loopback. Default false.
+	TokenServerInsecure bool
 	// ProxyID identifies this proxy to rgserver; default hostname:listen-port.
 	ProxyID string
 	// StrictResourceGroups: without SUPER, SET RESOURCE GROUP and the hint
@@ -162,6 +174,11 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.BoolVar(&cfg.Metering, "metering", true, "meter and throttle statements by resource group and answer resource-group SQL; false = a pure proxy")
 	fs.StringVar(&cfg.TokenServers, "token-server", "127.0.0.1:3379", "rgserver gRPC `addresses`, comma-separated (any replica; NOT_LEADER is followed)")
 	fs.StringVar(&cfg.TokenServerTokenFile, "token-server-token-file", "", "`file` holding the bearer token for rgserver's admin RPCs (rgserver --admin-token-file)")
+	fs.StringVar(&cfg.TokenServerProxyTokenFile, "token-server-proxy-token-file", "", "`file` holding this proxy's bearer token for rgserver's token streams, watches and reads (one of rgserver's --proxy-token-file)")
+	fs.StringVar(&cfg.TokenServerTLSCA, "token-server-tls-ca", "", "PEM CA `file`: dial rgserver with TLS and verify its certificate against it")
+	fs.StringVar(&cfg.TokenServerTLSCert, "token-server-tls-cert", "", "PEM client certificate `file` presented to rgserver (its --tls-ca)")
+	fs.StringVar(&cfg.TokenServerTLSKey, "token-server-tls-key", "", "PEM `file` of the key of --token-server-tls-cert")
+	fs.BoolVar(&cfg.TokenServerInsecure, "token-server-insecure", false, "send rgserver's bearer tokens without TLS to an address that is not loopback")
 	fs.StringVar(&cfg.ProxyID, "proxy-id", "", "this proxy's id at rgserver (default hostname:listen-port)")
 	fs.BoolVar(&cfg.StrictResourceGroups, "strict-resource-groups", true, "without SUPER, SET RESOURCE GROUP and the RESOURCE_GROUP hint may name only the user's bound group or default (else 1227)")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", 30*time.Second, "longest wait for tokens before a statement gets 8252 (fails at once when the estimate exceeds it)")
@@ -264,6 +281,12 @@ func (c *config) validate() error {
 	}
 	if c.BackendTLSCA != "" && c.BackendTLS != "verify" {
 		errs = append(errs, errors.New("--backend-tls-ca needs --backend-tls=verify"))
+	}
+	if (c.TokenServerTLSCert == "") != (c.TokenServerTLSKey == "") {
+		errs = append(errs, errors.New("--token-server-tls-cert and --token-server-tls-key go together"))
+	}
+	if c.TokenServerTLSCert != "" && c.TokenServerTLSCA == "" {
+		errs = append(errs, errors.New("--token-server-tls-cert needs --token-server-tls-ca"))
 	}
 	if c.HandshakeTimeout <= 0 {
 		errs = append(errs, errors.New("--handshake-timeout must be > 0"))

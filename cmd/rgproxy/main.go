@@ -230,15 +230,32 @@ func startTokenClient(ctx context.Context, cfg config, m *metrics, logger *slog.
 		}
 	}
 	tcfg.ProxyID = proxyID(cfg)
-	if cfg.TokenServerTokenFile != "" {
-		b, err := os.ReadFile(cfg.TokenServerTokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("--token-server-token-file: %w", err)
+	var err error
+	if tcfg.AdminToken, err = readToken("--token-server-token-file", cfg.TokenServerTokenFile); err != nil {
+		return nil, err
+	}
+	if tcfg.ProxyToken, err = readToken("--token-server-proxy-token-file", cfg.TokenServerProxyTokenFile); err != nil {
+		return nil, err
+	}
+	// The file may also hold this proxy's line of rgserver's
+	// --proxy-token-file: "<name> <token> [max-streams]".
+	switch f := strings.Fields(tcfg.ProxyToken); {
+	case strings.Contains(tcfg.ProxyToken, "\n") || len(f) > 3:
+		return nil, fmt.Errorf("--token-server-proxy-token-file: %s must hold one token, or one line \"<name> <token> [max-streams]\"", cfg.TokenServerProxyTokenFile)
+	case len(f) > 1:
+		tcfg.ProxyToken = f[1]
+	}
+	tcfg.InsecureTokens = cfg.TokenServerInsecure
+	if cfg.TokenServerTLSCA != "" {
+		if tcfg.TLS, err = tokenServerTLS(cfg); err != nil {
+			return nil, err
 		}
-		tcfg.AdminToken = strings.TrimSpace(string(b))
 	}
 	tc, err := tokenclient.New(tcfg)
 	if err != nil {
+		if errors.Is(err, tokenclient.ErrConfig) && (tcfg.AdminToken != "" || tcfg.ProxyToken != "") {
+			return nil, fmt.Errorf("%w (TLS: --token-server-tls-ca; in clear: --token-server-insecure)", err)
+		}
 		return nil, err
 	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -246,6 +263,45 @@ func startTokenClient(ctx context.Context, cfg config, m *metrics, logger *slog.
 	if err := tc.Start(sctx); err != nil {
 		logger.Warn("rgserver unreachable and no cached snapshot: serving the default group only until it answers",
 			"token_servers", cfg.TokenServers, "err", err)
+	}
+	return tc, nil
+}
+
+// readToken reads a bearer token file ("" = none): its content, trimmed.
+func readToken(flagName, file string) (string, error) {
+	if file == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flagName, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("%s: %s is empty", flagName, file)
+	}
+	return tok, nil
+}
+
+// tokenServerTLS is the TLS configuration rgproxy dials rgserver with:
+// rgserver's certificate verified against --token-server-tls-ca, and the
+// client certificate of --token-server-tls-cert when given.
+func tokenServerTLS(cfg config) (*tls.Config, error) {
+	pem, err := os.ReadFile(cfg.TokenServerTLSCA)
+	if err != nil {
+		return nil, fmt.Errorf("--token-server-tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--token-server-tls-ca: no certificate in %s", cfg.TokenServerTLSCA)
+	}
+	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if cfg.TokenServerTLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TokenServerTLSCert, cfg.TokenServerTLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("--token-server-tls-cert: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
 	}
 	return tc, nil
 }

@@ -60,8 +60,26 @@ type config struct {
 	// TLSCA (PEM file) requires and verifies client certificates (mTLS).
 	// Default "" (no client certificates).
 	TLSCA string `toml:"tls-ca"`
-	// AdminTokenFile holds the bearer token admin RPCs need. Default "" (none).
+	// AdminTokenFile holds the administrators' bearer token: it may call
+	// every RPC. Default "" (none).
 	AdminTokenFile string `toml:"admin-token-file"`
+	// ProxyTokenFile holds the proxies' bearer tokens, one per line as
+	// "<name> <token> [max-streams]" (or one bare token): a proxy token
+	// may stream tokens, watch and read, not change anything. Default ""
+	// (none).
+	ProxyTokenFile string `toml:"proxy-token-file"`
+	// TLSAdminNames, comma-separated, are the client certificate
+	// identities (subject CN, DNS, URI or e-mail SAN) that are
+	// administrators under --tls-ca; every other verified certificate is
+	// a proxy. Default "" (none).
+	TLSAdminNames string `toml:"tls-admin-names"`
+	// TLSProxyMaxStreams is how many proxies one proxy certificate
+	// identity may be at once (AcquireTokens streams, proxy ids). Default 1.
+	TLSProxyMaxStreams int `toml:"tls-proxy-max-streams"`
+	// Insecure lets rgserver listen beyond loopback with no
+	// authentication at all (anyone who reaches it may change groups).
+	// Default false.
+	Insecure bool `toml:"insecure"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `toml:"log-level"`
 
@@ -78,6 +96,8 @@ func defaultConfig() config {
 		ElectionTTL:  3 * time.Second,
 		ClientExpiry: 60 * time.Second,
 		LogLevel:     "info",
+
+		TLSProxyMaxStreams: 1,
 
 		PersistInterval:         tokenserver.DefaultPersistInterval,
 		EtcdCompactionRetention: tokenserver.DefaultCompactionRetention,
@@ -105,7 +125,11 @@ func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate for gRPC TLS")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key for gRPC TLS")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "PEM CA bundle: require client certificates signed by it (mTLS)")
-	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding the bearer token required by admin RPCs")
+	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding the administrators' bearer token (every RPC)")
+	fs.StringVar(&c.ProxyTokenFile, "proxy-token-file", c.ProxyTokenFile, "file of proxy bearer tokens, lines \"<name> <token> [max-streams]\" (token streams, watches and reads)")
+	fs.StringVar(&c.TLSAdminNames, "tls-admin-names", c.TLSAdminNames, "comma-separated client certificate identities (CN or SAN) that are administrators under --tls-ca; other certificates are proxies")
+	fs.IntVar(&c.TLSProxyMaxStreams, "tls-proxy-max-streams", c.TLSProxyMaxStreams, "proxies one proxy certificate identity may be at once")
+	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "accept every caller without authentication, even beyond loopback (anyone who reaches --addr may change groups)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
 }
 
@@ -182,6 +206,16 @@ func (c *config) check() error {
 		return fmt.Errorf("%w: --etcd-endpoints excludes --etcd-peer-addr and --etcd-initial-cluster", errUsage)
 	case c.EtcdEndpoints == "" && c.DataDir == "":
 		return fmt.Errorf("%w: --data-dir is empty", errUsage)
+	case c.TLSAdminNames != "" && c.TLSCA == "":
+		return fmt.Errorf("%w: --tls-admin-names needs --tls-ca (client certificates)", errUsage)
+	case c.TLSProxyMaxStreams < 1:
+		return fmt.Errorf("%w: --tls-proxy-max-streams must be at least 1", errUsage)
+	case c.Insecure && c.authenticates():
+		return fmt.Errorf("%w: --insecure turns authentication off; it cannot go with --admin-token-file, --proxy-token-file or --tls-ca", errUsage)
+	case !c.authenticates() && !c.Insecure && !isLoopback(c.Addr):
+		return fmt.Errorf("%w: --addr %s is not a loopback address and no authentication is configured, so anyone who reaches it could change resource groups and take their tokens. "+
+			"Add --admin-token-file and --proxy-token-file (bearer tokens; with --tls-cert and --tls-key so they do not travel in clear), "+
+			"or --tls-cert, --tls-key, --tls-ca and --tls-admin-names (mutual TLS); or --insecure to run without authentication on a trusted network", errUsage, c.Addr)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return fmt.Errorf("%w: --log-level: %w", errUsage, err)
@@ -193,6 +227,12 @@ func (c *config) check() error {
 		c.AdvertiseAddr = c.Addr
 	}
 	return nil
+}
+
+// authenticates reports whether some authentication is configured: a
+// token file or client certificates.
+func (c *config) authenticates() bool {
+	return c.AdminTokenFile != "" || c.ProxyTokenFile != "" || c.TLSCA != ""
 }
 
 // parseLevel reads --log-level: debug, info, warn or error, any case.

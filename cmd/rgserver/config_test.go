@@ -19,6 +19,7 @@ addr = "0.0.0.0:4000"
 election-ttl = "5s"
 client-expiry = "2m"
 etcd-endpoints = "http://a:2379, http://b:2379"
+insecure = true
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ etcd-endpoints = "http://a:2379, http://b:2379"
 		{"no persist interval", []string{"--persist-interval", "0s"}, nil, errUsage},
 		{"file", []string{"--config", file}, func(c config) bool {
 			return c.Addr == "0.0.0.0:4000" && c.ElectionTTL == 5*time.Second && c.ClientExpiry == 2*time.Minute &&
-				c.StatusAddr == "127.0.0.1:3380" && c.AdvertiseAddr == "0.0.0.0:4000"
+				c.StatusAddr == "127.0.0.1:3380" && c.AdvertiseAddr == "0.0.0.0:4000" && c.Insecure
 		}, nil},
 		{"flags win over file", []string{"--election-ttl", "4s", "--config", file}, func(c config) bool {
 			return c.ElectionTTL == 4*time.Second && c.Addr == "0.0.0.0:4000"
@@ -62,6 +63,20 @@ etcd-endpoints = "http://a:2379, http://b:2379"
 		{"ttl under a second", []string{"--election-ttl", "500ms"}, nil, errUsage},
 		{"endpoints with peer", []string{"--config", file, "--etcd-peer-addr", "http://x:1"}, nil, errUsage},
 		{"help", []string{"--help"}, nil, flag.ErrHelp},
+		// Beyond loopback, some authentication or --insecure.
+		{"wildcard without auth", []string{"--addr", "0.0.0.0:3379"}, nil, errUsage},
+		{"empty host without auth", []string{"--addr", ":3379"}, nil, errUsage},
+		{"wildcard, insecure", []string{"--addr", "0.0.0.0:3379", "--insecure"}, func(c config) bool { return c.Insecure }, nil},
+		{"wildcard with tokens", []string{"--addr", "0.0.0.0:3379", "--admin-token-file", "a", "--proxy-token-file", "p"}, func(c config) bool {
+			return c.AdminTokenFile == "a" && c.ProxyTokenFile == "p" && c.TLSProxyMaxStreams == 1
+		}, nil},
+		{"wildcard with mTLS", []string{"--addr", "[::]:3379", "--tls-cert", "c", "--tls-key", "k", "--tls-ca", "ca", "--tls-admin-names", "ops, admin2", "--tls-proxy-max-streams", "4"}, func(c config) bool {
+			return c.TLSAdminNames == "ops, admin2" && c.TLSProxyMaxStreams == 4
+		}, nil},
+		{"loopback without auth", []string{"--addr", "localhost:3379"}, func(c config) bool { return !c.authenticates() }, nil},
+		{"insecure with a token", []string{"--insecure", "--admin-token-file", "a"}, nil, errUsage},
+		{"admin names without ca", []string{"--tls-admin-names", "ops"}, nil, errUsage},
+		{"no proxy streams", []string{"--tls-proxy-max-streams", "0"}, nil, errUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,7 +102,8 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	var out bytes.Buffer
 	usage(&out)
 	for _, f := range []string{"addr", "status-addr", "data-dir", "etcd-endpoints", "etcd-peer-addr", "etcd-initial-cluster",
-		"name", "advertise-addr", "election-ttl", "client-expiry", "tls-cert", "tls-key", "tls-ca", "admin-token-file", "config", "version"} {
+		"name", "advertise-addr", "election-ttl", "client-expiry", "tls-cert", "tls-key", "tls-ca", "admin-token-file",
+		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version"} {
 		if !strings.Contains(out.String(), "-"+f+" ") && !strings.Contains(out.String(), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
 		}

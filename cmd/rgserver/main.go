@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/rgproxy/rgproxy/internal/reload"
@@ -113,16 +114,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	defer cli.Close()
 
-	var adminToken string
-	if cfg.AdminTokenFile != "" {
-		b, err := os.ReadFile(cfg.AdminTokenFile)
-		if err != nil {
-			return fmt.Errorf("admin token: %w", err)
-		}
-		adminToken = strings.TrimSpace(string(b))
-		if adminToken == "" {
-			return fmt.Errorf("admin token file %s is empty", cfg.AdminTokenFile)
-		}
+	auth, err := authenticator(cfg)
+	if err != nil {
+		return err
 	}
 
 	reg := prometheus.NewRegistry()
@@ -134,6 +128,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		PersistInterval: cfg.PersistInterval,
 		Logger:          log,
 		Registerer:      reg,
+		Auth:            auth,
 	})
 	if err != nil {
 		return err
@@ -146,16 +141,29 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		creds = credentials.NewTLS(tc)
-	} else if !isLoopback(cfg.Addr) {
-		log.Warn("gRPC listens beyond loopback without TLS", "addr", cfg.Addr)
+	} else if !isLoopback(cfg.Addr) && !auth.Open() {
+		log.Warn("gRPC listens beyond loopback without TLS: bearer tokens travel in clear; add --tls-cert and --tls-key", "addr", cfg.Addr)
+	}
+	switch {
+	case auth.Open() && cfg.Insecure:
+		log.Warn("INSECURE: --insecure given, rgserver authenticates nobody: anyone who reaches its gRPC address may create, alter and drop resource groups, bind users and take tokens",
+			"addr", cfg.Addr)
+	case auth.Open():
+		log.Warn("no authentication configured: anyone on this host may change resource groups and take tokens (gRPC listens on loopback only); see README, Security",
+			"addr", cfg.Addr)
+	case cfg.AdminTokenFile == "" && cfg.TLSAdminNames == "":
+		log.Warn("no administrator credential configured (--admin-token-file, --tls-admin-names): every change to groups, bindings and watches is refused")
 	}
 	if host, _, err := net.SplitHostPort(cfg.AdvertiseAddr); err == nil {
 		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 			log.Warn("--advertise-addr is not an address proxies can dial; followers will send it as the leader's", "advertise", cfg.AdvertiseAddr)
 		}
 	}
-	unary, streamAuth := tokenserver.AdminAuth(adminToken)
-	gs := grpc.NewServer(grpc.Creds(creds), grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(streamAuth))
+	unary, streamAuth := auth.Interceptors()
+	// Keepalive pings find a vanished proxy's half-open connection, so
+	// that its streams stop counting against its credential.
+	gs := grpc.NewServer(grpc.Creds(creds), grpc.UnaryInterceptor(unary), grpc.StreamInterceptor(streamAuth),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}))
 	srv.Register(gs)
 	reflection.Register(gs)
 
@@ -181,7 +189,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}()
 	reload.OnSignal(ctx, hup, rl.reload)
 	log.Info("rgserver started", "version", versionString(), "addr", lis.Addr().String(),
-		"status_addr", statusLis.Addr().String(), "advertise", cfg.AdvertiseAddr, "tls", cfg.TLSCert != "", "mtls", cfg.TLSCA != "")
+		"status_addr", statusLis.Addr().String(), "advertise", cfg.AdvertiseAddr, "tls", cfg.TLSCert != "", "mtls", cfg.TLSCA != "",
+		"auth", !auth.Open())
 
 	// Run returns after ctx ends, having persisted the buckets and resigned.
 	runErr := srv.Run(ctx)
@@ -201,6 +210,32 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	_ = hs.Shutdown(sctx)
 	return runErr
+}
+
+// authenticator builds who may call rgserver from the token files and
+// the certificate names.
+func authenticator(cfg config) (*tokenserver.Authenticator, error) {
+	ac := tokenserver.AuthConfig{ClientCerts: cfg.TLSCA != "", TLSAdminNames: splitList(cfg.TLSAdminNames), TLSProxyMaxStreams: cfg.TLSProxyMaxStreams}
+	if cfg.AdminTokenFile != "" {
+		b, err := os.ReadFile(cfg.AdminTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("admin token: %w", err)
+		}
+		ac.AdminToken = strings.TrimSpace(string(b))
+		if ac.AdminToken == "" {
+			return nil, fmt.Errorf("admin token file %s is empty", cfg.AdminTokenFile)
+		}
+	}
+	if cfg.ProxyTokenFile != "" {
+		b, err := os.ReadFile(cfg.ProxyTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("proxy tokens: %w", err)
+		}
+		if ac.ProxyTokens, err = tokenserver.ParseProxyTokens(b); err != nil {
+			return nil, fmt.Errorf("%s: %w", cfg.ProxyTokenFile, err)
+		}
+	}
+	return tokenserver.NewAuthenticator(ac)
 }
 
 func splitList(s string) []string {
@@ -258,6 +293,8 @@ type health struct {
 	// Etcd says why etcd refuses writes (NOSPACE, no quorum) while the
 	// server still serves: the leader grants from memory, DDL fails.
 	Etcd string `json:"etcd,omitempty"`
+	// Insecure is "true" when no authentication is configured.
+	Insecure string `json:"insecure,omitempty"`
 }
 
 func writeHealth(w http.ResponseWriter, h health) {
@@ -289,6 +326,9 @@ func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Re
 	// into an outage.
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		h := health{Leader: srv.LeaderAddr(), Etcd: srv.EtcdProblem()}
+		if srv.Insecure() {
+			h.Insecure = "true"
+		}
 		if !srv.Ready() {
 			h.Reason, h.Leader = "no leader known yet", ""
 		}
