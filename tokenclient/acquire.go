@@ -281,6 +281,7 @@ func (c *Client) CountThrottled(group string) {
 
 func (c *Client) throttledLocked(gs *groupState) {
 	gs.throttled++
+	gs.pendingThrottled++
 	c.met.throttled.WithLabelValues(gs.name).Inc()
 }
 

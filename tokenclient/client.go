@@ -158,8 +158,11 @@ type groupState struct {
 	queue []*queued
 
 	// Reporting.
-	pending    ru.Consumption
-	lastReport time.Time
+	pending ru.Consumption
+	// pendingThrottled counts the statements refused since the last
+	// report (Consumption.throttled).
+	pendingThrottled uint64
+	lastReport       time.Time
 	// heldSent is the held_tokens of the last message for the group.
 	heldSent float64
 
@@ -179,9 +182,10 @@ type groupState struct {
 
 // sentRequest is a TokenRequest awaiting its answer.
 type sentRequest struct {
-	at      time.Time
-	reports map[string]ru.Consumption // consumption sent per group
-	asked   map[string]bool           // group → tokens were asked (not report-only)
+	at        time.Time
+	reports   map[string]ru.Consumption // consumption sent per group
+	throttled map[string]uint64         // refusals sent per group (nil: none)
+	asked     map[string]bool           // group → tokens were asked (not report-only)
 }
 
 // New returns a Client for cfg; Start connects it.

@@ -3,6 +3,7 @@ package tokenclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -590,6 +591,44 @@ func TestNotLeaderRestoresConsumption(t *testing.T) {
 	}
 }
 
+// Refusals (CountThrottled) ride with the consumption as
+// Consumption.throttled: a group that only refused reports too, each
+// refusal is sent once, and a NOT_LEADER answer puts them back.
+func TestThrottledReported(t *testing.T) {
+	c, clk := newTestClient(t, func(cfg *Config) { cfg.ReportPeriod = 2 * time.Second })
+	setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 10})
+	c.CountThrottled("g")
+	c.CountThrottled("g")
+	if req := build(c, false); req != nil {
+		t.Fatalf("report before the period: %v", req)
+	}
+	clk.Advance(2 * time.Second)
+	req := build(c, false)
+	if g := groupEntry(req, "g"); g == nil || g.GetConsumption().GetThrottled() != 2 || !g.GetReportOnly() {
+		t.Fatalf("want a report of 2 refusals, got %v", req)
+	}
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(),
+		NotLeader: &tokenpb.NotLeader{LeaderAddr: "10.0.0.1:3379"}}); err == nil {
+		t.Fatal("NOT_LEADER answered without an error")
+	}
+	c.CountThrottled("g")
+	clk.Advance(2 * time.Second)
+	req = build(c, false)
+	if g := groupEntry(req, "g"); g == nil || g.GetConsumption().GetThrottled() != 3 {
+		t.Fatalf("after NOT_LEADER want the 2 refusals back plus 1, got %v", req)
+	}
+	if err := c.applyResponse(grantAll(req, 10)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Second)
+	if req := build(c, false); groupEntry(req, "g") != nil {
+		t.Fatalf("refusals reported twice: %v", req)
+	}
+	if u := c.Usage(clk.Now()); len(u) != 1 || u[0].Group != "g" || u[0].Throttled != 3 {
+		t.Fatalf("usage %+v: THROTTLED counts every refusal since start", u)
+	}
+}
+
 func TestGrantErrorDropsGroup(t *testing.T) {
 	c, clk := newTestClient(t, nil)
 	done := make(chan error, 1)
@@ -980,5 +1019,60 @@ func TestAcquireShareAndChargeAllocateNothing(t *testing.T) {
 	run()
 	if n := testing.AllocsPerRun(1000, run); n != 0 {
 		t.Fatalf("%v allocations per statement, want 0", n)
+	}
+}
+
+// Overview lists the groups in use here first, busiest first, then the
+// others by name, within the limit; it counts every group, default
+// included before rgserver sends it, and walks many groups in chunks.
+func TestOverview(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	groups := []resourcegroup.Group{
+		{Name: "busy", RUPerSec: 100}, {Name: "light", RUPerSec: resourcegroup.Unlimited},
+		{Name: "warned", RUPerSec: 5, Mode: resourcegroup.ModeWarn},
+	}
+	for i := range 3000 {
+		groups = append(groups, resourcegroup.Group{Name: fmt.Sprintf("idle%04d", i), RUPerSec: uint64(i + 1)})
+	}
+	setGroups(c, groups...)
+	for range 10 {
+		c.Charge("busy", ru.Consumption{RRU: 20, Statements: 2})
+		c.Charge("light", rruOf(1))
+		clk.Advance(time.Second)
+	}
+	c.CountThrottled("busy")
+	c.Charge("gone", rruOf(1)) // used here, unknown to the cache
+
+	o := c.Overview(clk.Now(), 6)
+	// No rgserver answered for 10 s: degraded.
+	if o.Total != 3000+4+1 || o.InUse != 3 || len(o.Groups) != 6 || o.Connected || !o.Degraded {
+		t.Fatalf("total %d, in use %d, listed %d, connected %v, degraded %v", o.Total, o.InUse, len(o.Groups), o.Connected, o.Degraded)
+	}
+	var names []string
+	for _, g := range o.Groups {
+		names = append(names, g.Definition.Name)
+	}
+	if want := "[busy light gone default idle0000 idle0001]"; fmt.Sprint(names) != want {
+		t.Fatalf("order %v, want %s", names, want)
+	}
+	busy, light, gone, def, idle := o.Groups[0], o.Groups[1], o.Groups[2], o.Groups[3], o.Groups[4]
+	if !busy.InUse || !busy.Defined || busy.Definition.RUPerSec != 100 || !near(busy.RUPerSec, 18) ||
+		!near(busy.StatementsPerSec, 1.8) || busy.Throttled != 1 || busy.Unlimited {
+		t.Fatalf("busy: %+v", busy) // the first second left the window
+	}
+	if !light.Unlimited || !near(light.RUPerSec, 0.9) {
+		t.Fatalf("light: %+v", light)
+	}
+	if gone.Defined || !gone.InUse || gone.Definition.Name != "gone" {
+		t.Fatalf("gone: %+v", gone)
+	}
+	if def.InUse || !def.Defined || def.Definition.RUPerSec != resourcegroup.Unlimited || !def.Unlimited {
+		t.Fatalf("default: %+v", def)
+	}
+	if idle.InUse || idle.Definition.RUPerSec != 1 || idle.Unlimited || idle.RUPerSec != 0 {
+		t.Fatalf("idle0000: %+v", idle)
+	}
+	if o := c.Overview(clk.Now(), 0); len(o.Groups) != 0 || o.Total != 3005 {
+		t.Fatalf("limit 0: %d listed of %d", len(o.Groups), o.Total)
 	}
 }

@@ -207,7 +207,7 @@ func (gs *groupState) resetWaiting(now time.Time) {
 func (gs *groupState) record(now time.Time, cons ru.Consumption) {
 	gs.pending.Add(cons)
 	gs.ewmaAcc += cons.RU()
-	gs.usage.add(now, cons.RU())
+	gs.usage.add(now, cons.RU(), cons.Statements)
 }
 
 // updateEWMA folds the consumption since the last sample into the EWMA
@@ -275,11 +275,14 @@ func (c *Client) Usage(now time.Time) []GroupUsage {
 	return out
 }
 
-// usageRing sums RU in one-second slots over the last usageWindow seconds.
+// usageRing sums RU and statements in one-second slots over the last
+// usageWindow seconds.
 type usageRing struct {
-	slots [usageWindow]float64
+	slots [usageWindow]usageSlot
 	sec   int64 // Unix second of the newest slot
 }
+
+type usageSlot struct{ ru, statements float64 }
 
 func (u *usageRing) advance(now time.Time) {
 	s := now.Unix()
@@ -287,27 +290,37 @@ func (u *usageRing) advance(now time.Time) {
 		return
 	}
 	if s-u.sec >= usageWindow {
-		u.slots = [usageWindow]float64{}
+		u.slots = [usageWindow]usageSlot{}
 	} else {
 		for i := u.sec + 1; i <= s; i++ {
-			u.slots[i%usageWindow] = 0
+			u.slots[i%usageWindow] = usageSlot{}
 		}
 	}
 	u.sec = s
 }
 
-func (u *usageRing) add(now time.Time, x float64) {
+func (u *usageRing) add(now time.Time, ru, statements float64) {
 	u.advance(now)
 	if now.Unix() == u.sec {
-		u.slots[u.sec%usageWindow] += x
+		sl := &u.slots[u.sec%usageWindow]
+		sl.ru += ru
+		sl.statements += statements
 	}
 }
 
+// rate is the RU consumed per second over the window that ends at now.
 func (u *usageRing) rate(now time.Time) float64 {
+	r, _ := u.rates(now)
+	return r
+}
+
+// rates are the RU and the statements per second over the window that
+// ends at now.
+func (u *usageRing) rates(now time.Time) (ru, statements float64) {
 	u.advance(now)
-	var sum float64
-	for _, x := range u.slots {
-		sum += x
+	for _, sl := range u.slots {
+		ru += sl.ru
+		statements += sl.statements
 	}
-	return math.Max(sum, 0) / usageWindow
+	return math.Max(ru, 0) / usageWindow, math.Max(statements, 0) / usageWindow
 }

@@ -384,6 +384,14 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			ReportOnly:     !ask,
 			HeldTokens:     gs.held(now),
 		}
+		if n := gs.pendingThrottled; n > 0 {
+			gr.Consumption.Throttled = n
+			if sent.throttled == nil {
+				sent.throttled = map[string]uint64{}
+			}
+			sent.throttled[gs.name] = n
+			gs.pendingThrottled = 0
+		}
 		gs.heldSent = gr.HeldTokens
 		if ask {
 			gr.TokensWanted = gs.wanted(now, c.cfg.TargetPeriod)
@@ -444,10 +452,12 @@ func (gs *groupState) held(now time.Time) float64 {
 	return max(gs.bucket.Tokens(now), 0)
 }
 
-// hasReport: some consumption can be reported (positive; see takeReport).
+// hasReport: some consumption (positive; see takeReport) or refusals can
+// be reported.
 func (gs *groupState) hasReport() bool {
 	p := gs.pending
-	return p.RRU > 0 || p.WRU > 0 || p.ReadBytes >= 1 || p.WriteBytes >= 1 || p.BackendSeconds > 0 || p.Statements >= 1
+	return p.RRU > 0 || p.WRU > 0 || p.ReadBytes >= 1 || p.WriteBytes >= 1 || p.BackendSeconds > 0 || p.Statements >= 1 ||
+		gs.pendingThrottled > 0
 }
 
 // takeReport returns the consumption to report and keeps what cannot be
@@ -498,6 +508,7 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 			for name, cons := range sent.reports {
 				if gs, ok := c.groups[name]; ok {
 					gs.pending.Add(cons)
+					gs.pendingThrottled += sent.throttled[name]
 					gs.inFlight = false
 				}
 			}

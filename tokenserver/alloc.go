@@ -273,6 +273,13 @@ type Bucket struct {
 	granted float64
 	// usage sums the consumption proxies reported, for metrics.
 	usage ru.Consumption
+	// throttled sums the statements proxies reported refused with 8252,
+	// for metrics.
+	throttled float64
+	// recent holds the last seconds' reports, for the console's rates
+	// (Overview): nil until the group's first report to this replica,
+	// and again once it is idle with no slot left.
+	recent *recentUsage
 	// unbacked is how much held_tokens may claim beyond what this leader
 	// delivered to the claiming slot: the tokens that were outside the bucket
 	// (held by proxies, or spent) when an earlier leader saved the state
@@ -397,6 +404,9 @@ func (b *Bucket) expire(now time.Time, expiry time.Duration) int {
 		b.endTrickles(now)
 	}
 	b.recount()
+	if len(b.slots) == 0 && b.recent != nil && b.recent.idle(now) {
+		b.recent = nil // a group nobody uses keeps no ring
+	}
 	return n
 }
 
@@ -664,14 +674,22 @@ func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, er
 	return b.acquire(req, now, a.cfg), nil
 }
 
-// Report adds a proxy's reported consumption to a group's usage; false
-// when the group is not held.
-func (a *Allocator) Report(group string, u ru.Consumption) bool {
+// Report adds a proxy's reported consumption, and the statements it
+// refused (throttled), to a group's usage at now; false when the group is
+// not held.
+func (a *Allocator) Report(group string, u ru.Consumption, throttled float64, now time.Time) bool {
 	b := a.groups[group]
 	if b == nil {
 		return false
 	}
 	b.usage.Add(u)
+	b.throttled += throttled
+	if r := u.RU(); r > 0 || u.Statements > 0 || throttled > 0 {
+		if b.recent == nil {
+			b.recent = &recentUsage{}
+		}
+		b.recent.add(now, r, u.Statements, throttled)
+	}
 	return true
 }
 

@@ -122,13 +122,14 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 
 // groupRow is one group's series at one scrape.
 type groupRow struct {
-	name    string
-	usage   ru.Consumption
-	granted float64
-	rate    float64 // RU_PER_SEC, +Inf when unlimited
-	tokens  float64 // with limited only
-	limited bool
-	clients int
+	name      string
+	usage     ru.Consumption
+	granted   float64
+	throttled float64
+	rate      float64 // RU_PER_SEC, +Inf when unlimited
+	tokens    float64 // with limited only
+	limited   bool
+	clients   int
 }
 
 // groupRows reads every group's series (walkGroups: a chunk of groups
@@ -139,7 +140,7 @@ func (s *Server) groupRows() []groupRow {
 	rows := make([]groupRow, 0, s.alloc.Len())
 	s.mu.Unlock()
 	s.walkGroups(func(b *Bucket) {
-		r := groupRow{name: b.name, usage: b.usage, granted: b.granted, rate: float64(b.settings.RUPerSec),
+		r := groupRow{name: b.name, usage: b.usage, granted: b.granted, throttled: b.throttled, rate: float64(b.settings.RUPerSec),
 			clients: len(b.slots), limited: !b.settings.Unlimited()}
 		if b.settings.RUPerSec == resourcegroup.Unlimited {
 			r.rate = math.Inf(1)
@@ -183,6 +184,8 @@ var groupFamilies = []groupFamily{
 		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.BackendSeconds, true }},
 	{name: "rgserver_statements_total", typ: "counter", help: "Statements run, as reported by proxies.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.Statements, true }},
+	{name: "rgserver_throttled_total", typ: "counter", help: "Statements refused with 8252 (throttled), as reported by proxies.",
+		value: func(r *groupRow, _ int) (float64, bool) { return r.throttled, true }},
 	{name: "rgserver_tokens_granted_total", typ: "counter", help: "Tokens (RU) granted to proxies.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.granted, true }},
 	{name: "rgserver_group_ru_per_sec", typ: "gauge", help: "The group's configured RU_PER_SEC; +Inf when RU_PER_SEC = UNLIMITED.",

@@ -103,7 +103,7 @@ func perGroupSeries(g string) []string {
 		`rgserver_ru_consumed_total{` + l + `,type="rru"}`, `rgserver_ru_consumed_total{` + l + `,type="wru"}`,
 		`rgserver_read_bytes_total{` + l + `}`, `rgserver_write_bytes_total{` + l + `}`,
 		`rgserver_backend_seconds_total{` + l + `}`, `rgserver_statements_total{` + l + `}`,
-		`rgserver_tokens_granted_total{` + l + `}`, `rgserver_group_ru_per_sec{` + l + `}`,
+		`rgserver_throttled_total{` + l + `}`, `rgserver_tokens_granted_total{` + l + `}`, `rgserver_group_ru_per_sec{` + l + `}`,
 		`rgserver_group_tokens{` + l + `}`, `rgserver_group_clients{` + l + `}`,
 	}
 }
@@ -155,7 +155,7 @@ func TestGroupSeriesFromCreationToDrop(t *testing.T) {
 		t.Fatal(err)
 	}
 	acquire(t, s, &pb.TokenRequest{ProxyId: "p", Groups: []*pb.GroupTokenRequest{{Group: "fresh", TokensWanted: 30,
-		Consumption: &pb.Consumption{Rru: 1.5, Wru: 2, ReadBytes: 10, WriteBytes: 20, BackendSeconds: 0.25, Statements: 3}}}})
+		Consumption: &pb.Consumption{Rru: 1.5, Wru: 2, ReadBytes: 10, WriteBytes: 20, BackendSeconds: 0.25, Statements: 3, Throttled: 2}}}})
 	want := map[string]float64{
 		`rgserver_ru_consumed_total{resource_group="fresh",type="rru"}`: 1.5,
 		`rgserver_ru_consumed_total{resource_group="fresh",type="wru"}`: 2,
@@ -163,6 +163,7 @@ func TestGroupSeriesFromCreationToDrop(t *testing.T) {
 		`rgserver_write_bytes_total{resource_group="fresh"}`:            20,
 		`rgserver_backend_seconds_total{resource_group="fresh"}`:        0.25,
 		`rgserver_statements_total{resource_group="fresh"}`:             3,
+		`rgserver_throttled_total{resource_group="fresh"}`:              2,
 		`rgserver_tokens_granted_total{resource_group="fresh"}`:         30,
 		`rgserver_group_tokens{resource_group="fresh"}`:                 70,
 		`rgserver_group_clients{resource_group="fresh"}`:                1,

@@ -174,6 +174,8 @@ func (s *Server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 		return s.auth.refuse(refusedStreamLimit, codes.ResourceExhausted, err.Error())
 	}
 	defer closeStream()
+	s.openStreams[kindWatch].Add(1)
+	defer s.openStreams[kindWatch].Add(-1)
 	after := req.GetAfterRevision()
 	if after < 0 {
 		return status.Errorf(codes.InvalidArgument, "after_revision %d is negative", after)

@@ -98,6 +98,9 @@ type Server struct {
 	proxies *proxyRegistry
 	// misses remembers groups etcd said do not exist (tokens.go).
 	misses *missCache
+	// openStreams counts the AcquireTokens and Watch streams open on this
+	// replica, for the console (Overview).
+	openStreams [numKinds]atomic.Int64
 }
 
 // New returns a server over an etcd client. Call Run to load settings and
@@ -403,7 +406,7 @@ func (s *Server) freshAllocator(now time.Time) *Allocator {
 	for name, old := range s.alloc.groups {
 		a.SetGroup(name, old.settings, now)
 		b := a.groups[name]
-		b.usage, b.granted = old.usage, old.granted
+		b.usage, b.granted, b.throttled, b.recent = old.usage, old.granted, old.throttled, old.recent
 	}
 	return a
 }

@@ -183,6 +183,8 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 		return s.auth.refuse(refusedStreamLimit, codes.ResourceExhausted, err.Error())
 	}
 	defer closeStream()
+	s.openStreams[kindTokens].Add(1)
+	defer s.openStreams[kindTokens].Add(-1)
 	var proxyID, slot string
 	var ticket *streamTicket
 	budget := newLookupBudget()
@@ -271,8 +273,8 @@ func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequ
 			missing = append(missing, i)
 			continue
 		}
-		u, uc := usageOf(gr.GetConsumption())
-		s.alloc.Report(name, u)
+		u, thr, uc := usageOf(gr.GetConsumption())
+		s.alloc.Report(name, u, thr, now)
 		s.countClamped(g.Clamped, uc)
 		resp.Grants[i] = grantToPB(name, g)
 		if s.log.Enabled(ctx, slog.LevelDebug) && !gr.GetReportOnly() {
@@ -328,8 +330,8 @@ func (s *Server) serveMissing(ctx context.Context, slot string, gr *pb.GroupToke
 		// Dropped between the read and now.
 		return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
 	}
-	u, uc := usageOf(gr.GetConsumption())
-	s.alloc.Report(name, u)
+	u, thr, uc := usageOf(gr.GetConsumption())
+	s.alloc.Report(name, u, thr, now)
 	s.countClamped(grant.Clamped, uc)
 	return grantToPB(name, grant)
 }
@@ -338,14 +340,14 @@ func (s *Server) serveMissing(ctx context.Context, slot string, gr *pb.GroupToke
 // beyond what a proxy meters between two reports, and finite however many
 // reports are summed.
 const (
-	maxReportRU      = 1e12 // RRU, WRU, statements
+	maxReportRU      = 1e12 // RRU, WRU, statements, throttled
 	maxReportBytes   = 1e15
 	maxReportSeconds = 1e9
 )
 
-// usageOf converts a reported consumption, clamped to the bounds above;
-// clamped says whether any field was.
-func usageOf(c *pb.Consumption) (u ru.Consumption, clamped bool) {
+// usageOf converts a reported consumption and its refusals (throttled),
+// clamped to the bounds above; clamped says whether any field was.
+func usageOf(c *pb.Consumption) (u ru.Consumption, throttled float64, clamped bool) {
 	u = ru.Consumption{RRU: c.GetRru(), WRU: c.GetWru(), ReadBytes: float64(c.GetReadBytes()), WriteBytes: float64(c.GetWriteBytes()),
 		BackendSeconds: c.GetBackendSeconds(), Statements: float64(c.GetStatements())}
 	bound := func(v *float64, hi float64) {
@@ -362,7 +364,9 @@ func usageOf(c *pb.Consumption) (u ru.Consumption, clamped bool) {
 	bound(&u.ReadBytes, maxReportBytes)
 	bound(&u.WriteBytes, maxReportBytes)
 	bound(&u.BackendSeconds, maxReportSeconds)
-	return u, clamped
+	throttled = float64(c.GetThrottled())
+	bound(&throttled, maxReportRU)
+	return u, throttled, clamped
 }
 
 func allocRequest(slot string, gr *pb.GroupTokenRequest) Request {

@@ -2017,8 +2017,12 @@ type Consumption struct {
 	WriteBytes     uint64  `protobuf:"varint,4,opt,name=write_bytes,json=writeBytes,proto3" json:"write_bytes,omitempty"`
 	BackendSeconds float64 `protobuf:"fixed64,5,opt,name=backend_seconds,json=backendSeconds,proto3" json:"backend_seconds,omitempty"`
 	Statements     uint64  `protobuf:"varint,6,opt,name=statements,proto3" json:"statements,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Statements of the group refused with 8252 since the last report
+	// (rgproxy_throttled_total's increase); rgserver sums them per group
+	// (rgserver_throttled_total). 0 from a proxy that does not say.
+	Throttled     uint64 `protobuf:"varint,7,opt,name=throttled,proto3" json:"throttled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Consumption) Reset() {
@@ -2089,6 +2093,13 @@ func (x *Consumption) GetBackendSeconds() float64 {
 func (x *Consumption) GetStatements() uint64 {
 	if x != nil {
 		return x.Statements
+	}
+	return 0
+}
+
+func (x *Consumption) GetThrottled() uint64 {
+	if x != nil {
+		return x.Throttled
 	}
 	return 0
 }
@@ -2612,7 +2623,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x124\n" +
 	"\x06events\x18\x03 \x03(\v2\x1c.rgproxy.token.v1.WatchEventR\x06events\x12\x12\n" +
-	"\x04more\x18\x04 \x01(\bR\x04more\"\xba\x01\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xd8\x01\n" +
 	"\vConsumption\x12\x10\n" +
 	"\x03rru\x18\x01 \x01(\x01R\x03rru\x12\x10\n" +
 	"\x03wru\x18\x02 \x01(\x01R\x03wru\x12\x1d\n" +
@@ -2623,7 +2634,8 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x0fbackend_seconds\x18\x05 \x01(\x01R\x0ebackendSeconds\x12\x1e\n" +
 	"\n" +
 	"statements\x18\x06 \x01(\x04R\n" +
-	"statements\"\xa3\x02\n" +
+	"statements\x12\x1c\n" +
+	"\tthrottled\x18\a \x01(\x04R\tthrottled\"\xa3\x02\n" +
 	"\x11GroupTokenRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12#\n" +
 	"\rtokens_wanted\x18\x02 \x01(\x01R\ftokensWanted\x12)\n" +
