@@ -71,6 +71,9 @@ type Tokens interface {
 	TagGroup(key, value string) (string, bool)
 	Store() resourcegroup.Store
 	Usage(now time.Time) []tokenclient.GroupUsage
+	// Overview lists at most limit groups, those in use here first
+	// (tokenclient.Client.Overview), for the status console.
+	Overview(now time.Time, limit int) tokenclient.Overview
 	// The runaway watch list, cached from rgserver.
 	HasWatches() (exact, similar bool)
 	MatchGroupWatch(group, text, digest string) (resourcegroup.Watch, bool)

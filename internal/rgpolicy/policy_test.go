@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -161,6 +163,17 @@ func (r *recordingTokens) Store() resourcegroup.Store {
 	return r.store
 }
 func (r *recordingTokens) Usage(time.Time) []tokenclient.GroupUsage { return nil }
+
+// Overview lists the fake's groups by name, each in use, at most limit.
+func (r *recordingTokens) Overview(_ time.Time, limit int) tokenclient.Overview {
+	o := tokenclient.Overview{Total: len(r.groups), InUse: len(r.groups)}
+	for _, name := range slices.Sorted(maps.Keys(r.groups)) {
+		if len(o.Groups) < limit {
+			o.Groups = append(o.Groups, tokenclient.GroupOverview{Definition: r.groups[name], Defined: true, InUse: true})
+		}
+	}
+	return o
+}
 
 // grants answers, like the backend would, CURRENT_USER() and the
 // privilege and role questions (privilegesQuery, rolesQuery) of the

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/topn"
 	"github.com/rgproxy/rgproxy/ru"
 )
 
@@ -328,6 +329,8 @@ type ShapeSummary struct {
 	FirstSeen, LastSeen       time.Time
 	// EstimateRU is what the proxy charges before the next execution.
 	EstimateRU float64
+	// TotalRU is every execution's RU (RRU + WRU) summed.
+	TotalRU float64
 }
 
 // AvgLatency is SumLatency / ExecCount.
@@ -349,20 +352,7 @@ func (t *shapes) summary(keep func(group string) bool) []ShapeSummary {
 			if keep != nil && !keep(s.key.group) {
 				continue
 			}
-			n := float64(max(s.execCount, 1))
-			out = append(out, ShapeSummary{
-				Group:      s.key.group,
-				Digest:     fmt.Sprintf("%016x", s.key.hash),
-				DigestText: s.digest,
-				ExecCount:  s.execCount,
-				SumLatency: s.sumLatency, MaxLatency: s.maxLat,
-				AvgRRU: s.sumRRU / n, MaxRRU: s.maxRRU,
-				AvgWRU: s.sumWRU / n, MaxWRU: s.maxWRU,
-				AvgQueued: s.sumQueued / time.Duration(max(s.execCount, 1)), MaxQueued: s.maxQueued,
-				SumErrors: s.sumErrors,
-				FirstSeen: s.firstSeen, LastSeen: s.lastSeen,
-				EstimateRU: s.estRRU + s.estWRU,
-			})
+			out = append(out, s.summary())
 		}
 		sh.mu.Unlock()
 	}
@@ -373,6 +363,67 @@ func (t *shapes) summary(keep func(group string) bool) []ShapeSummary {
 		return out[i].Digest < out[j].Digest
 	})
 	return out
+}
+
+// summary is the shape's row; its shard's lock is held.
+func (s *shape) summary() ShapeSummary {
+	n := float64(max(s.execCount, 1))
+	return ShapeSummary{
+		Group:      s.key.group,
+		Digest:     fmt.Sprintf("%016x", s.key.hash),
+		DigestText: s.digest,
+		ExecCount:  s.execCount,
+		SumLatency: s.sumLatency, MaxLatency: s.maxLat,
+		AvgRRU: s.sumRRU / n, MaxRRU: s.maxRRU,
+		AvgWRU: s.sumWRU / n, MaxWRU: s.maxWRU,
+		AvgQueued: s.sumQueued / time.Duration(max(s.execCount, 1)), MaxQueued: s.maxQueued,
+		SumErrors: s.sumErrors,
+		FirstSeen: s.firstSeen, LastSeen: s.lastSeen,
+		EstimateRU: s.estRRU + s.estWRU,
+		TotalRU:    s.sumRRU + s.sumWRU,
+	}
+}
+
+// heaviest returns the n shapes with the most RU in all (TotalRU), the
+// heaviest first, and how many shapes the table holds. It holds one
+// shard's lock at a time and builds rows only for each shard's n
+// heaviest shapes.
+func (t *shapes) heaviest(n int) ([]ShapeSummary, int) {
+	// Heaviest first; ties by group and digest (Digest is the hash in
+	// fixed-width hex, so both orders agree).
+	before := func(ta, tb float64, ga, gb string, ha, hb uint64) bool {
+		if ta != tb {
+			return ta > tb
+		}
+		if ga != gb {
+			return ga < gb
+		}
+		return ha < hb
+	}
+	all := topn.New(n, func(a, b ShapeSummary) bool {
+		if a.TotalRU != b.TotalRU || a.Group != b.Group {
+			return before(a.TotalRU, b.TotalRU, a.Group, b.Group, 0, 0)
+		}
+		return a.Digest < b.Digest
+	})
+	held := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		held += len(sh.m)
+		// Shapes are reused once evicted: rows are made under the lock.
+		local := topn.New(n, func(a, b *shape) bool {
+			return before(a.sumRRU+a.sumWRU, b.sumRRU+b.sumWRU, a.key.group, b.key.group, a.key.hash, b.key.hash)
+		})
+		for s := sh.head.next; s != &sh.head; s = s.next {
+			local.Offer(s)
+		}
+		for _, s := range local.Sorted() {
+			all.Offer(s.summary())
+		}
+		sh.mu.Unlock()
+	}
+	return all.Sorted(), held
 }
 
 // String shows a shape's estimate on one line, for tests and logs.

@@ -1,8 +1,10 @@
 package rgpolicy
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -140,7 +142,7 @@ func TestShapesSummary(t *testing.T) {
 	want := ShapeSummary{Group: "rg", Digest: "0000000000000abc", DigestText: "SELECT * FROM t WHERE id = ?",
 		ExecCount: 2, SumLatency: 40 * time.Millisecond, MaxLatency: 30 * time.Millisecond,
 		AvgRRU: 3, MaxRRU: 4, AvgWRU: 0.5, MaxWRU: 1, AvgQueued: 10 * time.Millisecond, MaxQueued: 20 * time.Millisecond,
-		SumErrors: 1, FirstSeen: t0, LastSeen: t0.Add(time.Second), EstimateRU: 2 + 0.3*2 + 0.3}
+		SumErrors: 1, FirstSeen: t0, LastSeen: t0.Add(time.Second), EstimateRU: 2 + 0.3*2 + 0.3, TotalRU: 7}
 	if fmt.Sprint(r) != fmt.Sprint(want) {
 		t.Fatalf("summary\n got %+v\nwant %+v", r, want)
 	}
@@ -262,5 +264,34 @@ func TestShapesFloorPerGroup(t *testing.T) {
 	}
 	if n := tab.len(); n > 10000+shapeShards {
 		t.Fatalf("the table holds %d shapes", n)
+	}
+}
+
+// heaviest agrees with sorting every shape's row by total RU.
+func TestShapesHeaviest(t *testing.T) {
+	tab := newShapes(1000)
+	now := time.Unix(1000, 0)
+	for i := range 500 {
+		k := shapeKey{group: fmt.Sprintf("g%d", i%7), hash: uint64(i) * 0x9e3779b97f4a7c15}
+		for j := range 1 + i%5 {
+			tab.observe(k, nil, []byte(fmt.Sprintf("SELECT %d", i)), ru.Consumption{RRU: float64((i * 37) % 101), WRU: float64(j)}, 0, 0, false, now)
+		}
+	}
+	all := tab.summary(nil)
+	slices.SortFunc(all, func(a, b ShapeSummary) int {
+		if c := cmp.Compare(b.TotalRU, a.TotalRU); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Group, b.Group); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Digest, b.Digest)
+	})
+	for _, n := range []int{0, 1, 10, 499, 500, 600} {
+		got, held := tab.heaviest(n)
+		want := all[:min(n, len(all))]
+		if held != 500 || fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("heaviest(%d): %d held\n got %v\nwant %v", n, held, got, want)
+		}
 	}
 }
