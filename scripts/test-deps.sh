@@ -21,6 +21,7 @@ declare -A pkgs=(
   [npm]=npm
   [java]=default-jre-headless
   [script]=bsdutils
+  [chromium]=chromium
 )
 # `test-deps.sh bench` also installs what only `make bench` drives.
 if [ "${1:-}" = bench ]; then

@@ -219,6 +219,10 @@ type slot struct {
 	// grant replaced (a proxy re-asking every few milliseconds is granted
 	// a whole trickle each time but gets only its rate).
 	credit float64
+	// reportedAt is when the proxy last sent a message for the group,
+	// rates what it reported per second (overview.go), for the console.
+	reportedAt time.Time
+	rates      [numRates]float64
 }
 
 // weight is the part of the slot's claimed demand that counts for the
@@ -276,10 +280,6 @@ type Bucket struct {
 	// throttled sums the statements proxies reported refused with 8252,
 	// for metrics.
 	throttled float64
-	// recent holds the last seconds' reports, for the console's rates
-	// (Overview): nil until the group's first report to this replica,
-	// and again once it is idle with no slot left.
-	recent *recentUsage
 	// unbacked is how much held_tokens may claim beyond what this leader
 	// delivered to the claiming slot: the tokens that were outside the bucket
 	// (held by proxies, or spent) when an earlier leader saved the state
@@ -404,9 +404,6 @@ func (b *Bucket) expire(now time.Time, expiry time.Duration) int {
 		b.endTrickles(now)
 	}
 	b.recount()
-	if len(b.slots) == 0 && b.recent != nil && b.recent.idle(now) {
-		b.recent = nil // a group nobody uses keeps no ring
-	}
 	return n
 }
 
@@ -674,21 +671,19 @@ func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, er
 	return b.acquire(req, now, a.cfg), nil
 }
 
-// Report adds a proxy's reported consumption, and the statements it
-// refused (throttled), to a group's usage at now; false when the group is
-// not held.
-func (a *Allocator) Report(group string, u ru.Consumption, throttled float64, now time.Time) bool {
+// Report adds the consumption a proxy reported in a message at now, and
+// the statements it refused (throttled), to a group's usage, and to the
+// recent rates of the proxy's slot (slotID; none before its first
+// Acquire); false when the group is not held.
+func (a *Allocator) Report(group, slotID string, u ru.Consumption, throttled float64, now time.Time) bool {
 	b := a.groups[group]
 	if b == nil {
 		return false
 	}
 	b.usage.Add(u)
 	b.throttled += throttled
-	if r := u.RU(); r > 0 || u.Statements > 0 || throttled > 0 {
-		if b.recent == nil {
-			b.recent = &recentUsage{}
-		}
-		b.recent.add(now, r, u.Statements, throttled)
+	if s := b.slots[slotID]; s != nil {
+		s.report(now, [numRates]float64{u.RU(), u.Statements, throttled})
 	}
 	return true
 }

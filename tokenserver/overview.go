@@ -1,6 +1,7 @@
 package tokenserver
 
 import (
+	"math"
 	"time"
 
 	"github.com/rgproxy/rgproxy/internal/topn"
@@ -8,71 +9,68 @@ import (
 
 // What rgserver's status console shows (cmd/rgserver serves it as
 // /api/console): every group's settings, its global bucket, the proxies
-// using it, and the consumption and refusals proxies reported to this
-// replica over the last recentWindow seconds.
+// using it, and the rates of consumption and refusals they report.
+//
+// Reports are lumpy — a proxy that needs no tokens reports every 5 s, one
+// that asks with every message — so a group's recent rate is kept per
+// proxy (its slot), from the interval each message covers: consumption ÷
+// time since the proxy's previous message for the group, averaged with a
+// weight that follows that time (rateTau). A proxy silent for longer than
+// a report period has consumed nothing since its last report (a
+// consuming group reports at least every reportPeriod), so its rates fade
+// then. The group's rate is the sum over its proxies.
 
-// recentWindow is the span, in seconds, of a group's recent rates, as
-// SHOW RESOURCE GROUP USAGE's on a proxy. Proxies report a consuming
-// group at least every 5 s, so a shorter window would show their reports'
-// steps rather than a rate.
-const recentWindow = 10
+// The rates a slot keeps: RU, statements, statements refused with 8252.
+const (
+	rateRU = iota
+	rateStatements
+	rateThrottled
+	numRates
+)
 
-// recentUsage sums a group's reports in one-second slots over the last
-// recentWindow seconds: O(1) per report, 128 bytes per group in use.
-type recentUsage struct {
-	sec   int64 // Unix second of the newest slot
-	slots [recentWindow]struct{ ru, statements, throttled float32 }
-}
+const (
+	// reportPeriod is the longest a proxy that consumes goes without
+	// reporting (tokenclient's ReportPeriod, docs/design.md §7.2); a
+	// slot's first message is taken to cover that much.
+	reportPeriod = 5 * time.Second
+	// rateTau is the time constant of a slot's rates: a report covering
+	// dt weighs 1 − e^(−dt/rateTau), so a steady load reads right after
+	// a report or two, and many small reports add up to what one large
+	// one would.
+	rateTau = 5 * time.Second
+	// fadeTau is how fast a silent slot's rates fade once it missed its
+	// report by a second.
+	fadeTau = 2 * time.Second
+)
 
-// advance brings the ring to now's second, emptying the slots it passes.
-func (r *recentUsage) advance(now time.Time) {
-	s := now.Unix()
-	if s <= r.sec {
-		return
+// report folds one message's figures (what accrued since the proxy's
+// previous message for the group) into the slot's rates at now.
+func (s *slot) report(now time.Time, x [numRates]float64) {
+	first := s.reportedAt.IsZero()
+	dt := reportPeriod
+	if !first {
+		dt = now.Sub(s.reportedAt)
 	}
-	if s-r.sec >= recentWindow {
-		r.slots = [recentWindow]struct{ ru, statements, throttled float32 }{}
-	} else {
-		for i := r.sec + 1; i <= s; i++ {
-			r.slots[i%recentWindow] = struct{ ru, statements, throttled float32 }{}
+	s.reportedAt = now
+	sec := min(max(dt.Seconds(), 0.001), 60)
+	w := 1 - math.Exp(-sec/rateTau.Seconds())
+	for i, v := range x {
+		if first {
+			s.rates[i] = v / sec
+		} else {
+			s.rates[i] += w * (v/sec - s.rates[i])
 		}
 	}
-	r.sec = s
 }
 
-func (r *recentUsage) add(now time.Time, ru, statements, throttled float64) {
-	r.advance(now)
-	if now.Unix() != r.sec {
-		return // older than the newest slot: a clock step back
+// reported is the slot's rate i at now, faded when the proxy has been silent
+// for longer than a report period and a second.
+func (s *slot) reported(now time.Time, i int) float64 {
+	r := s.rates[i]
+	if quiet := now.Sub(s.reportedAt) - reportPeriod - time.Second; quiet > 0 && r != 0 {
+		r *= math.Exp(-quiet.Seconds() / fadeTau.Seconds())
 	}
-	sl := &r.slots[r.sec%recentWindow]
-	sl.ru += float32(ru)
-	sl.statements += float32(statements)
-	sl.throttled += float32(throttled)
-}
-
-// rates returns RU, statements and refusals per second over the window
-// that ends at now.
-func (r *recentUsage) rates(now time.Time) (ru, statements, throttled float64) {
-	r.advance(now)
-	for _, sl := range r.slots {
-		ru += float64(sl.ru)
-		statements += float64(sl.statements)
-		throttled += float64(sl.throttled)
-	}
-	return ru / recentWindow, statements / recentWindow, throttled / recentWindow
-}
-
-// idle reports whether nothing was reported within the window that ends
-// at now.
-func (r *recentUsage) idle(now time.Time) bool {
-	r.advance(now)
-	for _, sl := range r.slots {
-		if sl.ru != 0 || sl.statements != 0 || sl.throttled != 0 {
-			return false
-		}
-	}
-	return true
+	return r
 }
 
 // GroupOverview is one group as this replica sees it.
@@ -89,9 +87,10 @@ type GroupOverview struct {
 	Tokens, Capacity float64
 	// Proxies is the number of proxies holding a live slot in the group.
 	Proxies int
-	// RUPerSec, StatementsPerSec and ThrottledPerSec are what proxies
-	// reported to this replica over the last 10 s, per second: RU
-	// consumed, statements run, statements refused with 8252.
+	// RUPerSec, StatementsPerSec and ThrottledPerSec are what the
+	// group's proxies report to this replica, per second, averaged over
+	// about the last 5 s of their reports: RU consumed, statements run,
+	// statements refused with 8252.
 	RUPerSec, StatementsPerSec, ThrottledPerSec float64
 	// RU, Statements and Throttled are the same counted since this
 	// replica first led (rgserver_ru_consumed_total,
@@ -99,11 +98,9 @@ type GroupOverview struct {
 	RU, Statements, Throttled float64
 }
 
-// InUse reports whether a proxy holds a slot in the group or reported
-// something about it within the last 10 s.
-func (g *GroupOverview) InUse() bool {
-	return g.Proxies > 0 || g.RUPerSec > 0 || g.StatementsPerSec > 0 || g.ThrottledPerSec > 0
-}
+// InUse reports whether a proxy holds a slot in the group (it used the
+// group within --client-expiry).
+func (g *GroupOverview) InUse() bool { return g.Proxies > 0 }
 
 // Overview is what this replica knows of the cluster at one moment.
 type Overview struct {
@@ -185,8 +182,10 @@ func (b *Bucket) overview(now time.Time) GroupOverview {
 	if g.Limited {
 		g.Tokens, g.Capacity = b.Tokens(now), b.settings.Capacity()
 	}
-	if b.recent != nil {
-		g.RUPerSec, g.StatementsPerSec, g.ThrottledPerSec = b.recent.rates(now)
+	for _, s := range b.slots {
+		g.RUPerSec += s.reported(now, rateRU)
+		g.StatementsPerSec += s.reported(now, rateStatements)
+		g.ThrottledPerSec += s.reported(now, rateThrottled)
 	}
 	return g
 }

@@ -10,45 +10,61 @@ import (
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
-// The ring sums reports per second over the last 10 s: a report counts
-// for exactly 10 s, whatever second it came in.
-func TestRecentUsageWindow(t *testing.T) {
-	var r recentUsage
+// A slot's rates follow what each message reports over the time since
+// the proxy's previous one: steady reports read steady whatever their
+// spacing, a slot's first message counts over a report period, and a
+// proxy silent beyond a report period fades out.
+func TestSlotRates(t *testing.T) {
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
-	r.add(at(0), 50, 10, 1)
-	r.add(at(0.5), 50, 10, 1)
-	r.add(at(4), 100, 0, 0)
-	for _, tc := range []struct {
-		at                  float64
-		ru, stmts, throttle float64
-		idle                bool
-	}{
-		{4, 20, 2, 0.2, false},
-		{9.99, 20, 2, 0.2, false},
-		{10, 10, 0, 0, false}, // the first second left the window
-		{13.9, 10, 0, 0, false},
-		{14, 0, 0, 0, true},
-		{100, 0, 0, 0, true},
-	} {
-		ru, stmts, thr := r.rates(at(tc.at))
-		if ru != tc.ru || stmts != tc.stmts || math.Abs(thr-tc.throttle) > 1e-6 || r.idle(at(tc.at)) != tc.idle {
-			t.Errorf("at %vs: %v RU/s, %v statements/s, %v throttled/s, idle %v; want %v, %v, %v, %v",
-				tc.at, ru, stmts, thr, r.idle(at(tc.at)), tc.ru, tc.stmts, tc.throttle, tc.idle)
+	rate := func(s *slot, now float64) float64 { return s.reported(at(now), rateRU) }
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 0.01*math.Max(1, math.Abs(b)) }
+
+	// 20 RU/s reported every 5 s (report-only), or every 0.1 s (asking).
+	for _, every := range []float64{5, 0.1} {
+		var s slot
+		for tm := 0.0; tm <= 30; tm += every {
+			s.report(at(tm), [numRates]float64{20 * every, 2 * every, 0})
+		}
+		if r := rate(&s, 30); !near(r, 20) || !near(s.reported(at(30), rateStatements), 2) {
+			t.Errorf("every %vs: %v RU/s, want 20", every, r)
 		}
 	}
-	// A report timed before the newest slot (a clock step back) is not
-	// put in the wrong second.
-	r.add(at(200), 10, 0, 0)
-	r.add(at(150), 1000, 0, 0)
-	if ru, _, _ := r.rates(at(200)); ru != 1 {
-		t.Errorf("after a step back: %v RU/s, want 1", ru)
+	// A first message counts over a report period.
+	var s slot
+	s.report(at(0), [numRates]float64{50, 0, 5})
+	if r := rate(&s, 0); r != 10 || s.reported(at(0), rateThrottled) != 1 {
+		t.Fatalf("first report: %v RU/s, want 10", r)
+	}
+	// A load that stops: the next report covers less, then silence.
+	for tm := 5.0; tm <= 20; tm += 5 {
+		s.report(at(tm), [numRates]float64{50, 0, 0})
+	}
+	s.report(at(25), [numRates]float64{10, 0, 0}) // 1 s of load in the last 5 s
+	if r := rate(&s, 25); !(r < 10 && r > 2) {
+		t.Fatalf("after the load stopped: %v RU/s", r)
+	}
+	if r := rate(&s, 31); r != rate(&s, 25) {
+		t.Fatalf("within a report period and a second: %v, want %v", r, rate(&s, 25))
+	}
+	if r := rate(&s, 41); !(r < 0.01*rate(&s, 25)) {
+		t.Fatalf("after 16 s of silence: %v RU/s", r)
+	}
+	// Many small reports add up to what one report of their sum reads.
+	var a, b slot
+	a.report(at(0), [numRates]float64{})
+	b.report(at(0), [numRates]float64{})
+	for i := 1; i <= 100; i++ {
+		a.report(at(float64(i)*0.001), [numRates]float64{1, 0, 0})
+	}
+	b.report(at(0.1), [numRates]float64{100, 0, 0})
+	if ra, rb := rate(&a, 0.1), rate(&b, 0.1); !near(ra, rb) {
+		t.Fatalf("100 reports of 1 RU read %v RU/s, one of 100 RU %v", ra, rb)
 	}
 }
 
 // Overview lists groups in use first, busiest first, then the others by
-// name, within the limit; its rates are what proxies reported over the
-// last 10 s, its totals what they reported since; a follower names the
-// leader.
+// name, within the limit; its rates follow what proxies report, its
+// totals add it up; a follower names the leader.
 func TestOverview(t *testing.T) {
 	cli := startEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -90,35 +106,31 @@ func TestOverview(t *testing.T) {
 	if want := "[busy warned light default idle1 idle2]"; fmt.Sprint(names) != want {
 		t.Fatalf("order %v, want %s", names, want)
 	}
+	// A slot's first message counts over a report period (5 s).
 	busy := o.Groups[0]
 	if !busy.Limited || busy.Tokens != 70 || busy.Capacity != 100 || busy.Proxies != 1 ||
-		busy.RUPerSec != 50 || busy.StatementsPerSec != 4 || busy.ThrottledPerSec != 0.5 ||
+		busy.RUPerSec != 100 || busy.StatementsPerSec != 8 || busy.ThrottledPerSec != 1 ||
 		busy.RU != 500 || busy.Statements != 40 || busy.Throttled != 5 {
 		t.Fatalf("busy: %+v", busy)
 	}
-	if w := o.Groups[1]; w.Limited || w.Proxies != 1 || w.RUPerSec != 10 {
+	if w := o.Groups[1]; w.Limited || w.Proxies != 1 || w.RUPerSec != 20 {
 		t.Fatalf("warned (MODE WARN is never throttled): %+v", w)
 	}
-	if l := o.Groups[2]; l.Capacity != 100 || l.Tokens != 100 || l.StatementsPerSec != 1 {
+	if l := o.Groups[2]; l.Capacity != 100 || l.Tokens != 100 || l.StatementsPerSec != 2 {
 		t.Fatalf("light (BURSTABLE: 10 s of its rate): %+v", l)
 	}
-	// Ten seconds later the rates are gone, the totals stay, and the
-	// groups are still in use while their proxy holds its slot.
-	a.clock.Advance(10 * time.Second)
+	// A proxy silent for 30 s consumed nothing: the rates are gone, the
+	// totals stay, and the groups are in use while it holds its slots.
+	a.clock.Advance(30 * time.Second)
 	o = a.srv.Overview(2)
-	if len(o.Groups) != 2 || o.Groups[0].RUPerSec != 0 || o.Groups[0].Name != "busy" || o.Groups[0].RU != 500 || o.InUse != 3 {
-		t.Fatalf("10 s later, limit 2: %+v", o.Groups)
+	if len(o.Groups) != 2 || o.Groups[0].RUPerSec > 0.01 || o.Groups[0].Name != "busy" || o.Groups[0].RU != 500 || o.InUse != 3 {
+		t.Fatalf("30 s later, limit 2: %+v", o.Groups)
 	}
-	// Once the slots expire and nothing is reported, the group is idle
-	// and its ring is given back.
+	// Once the slots expire, nothing is in use.
 	a.clock.Advance(time.Minute)
 	a.srv.mu.Lock()
 	a.srv.alloc.Expire(a.clock.Now())
-	ring := a.srv.alloc.Group("busy").recent
 	a.srv.mu.Unlock()
-	if ring != nil {
-		t.Fatal("an idle group with no slot kept its ring")
-	}
 	if o = a.srv.Overview(100); o.InUse != 0 || o.Groups[0].Name != "busy" || o.Groups[0].Throttled != 5 {
 		t.Fatalf("after expiry: %d in use, %+v", o.InUse, o.Groups[0])
 	}

@@ -406,7 +406,7 @@ func (s *Server) freshAllocator(now time.Time) *Allocator {
 	for name, old := range s.alloc.groups {
 		a.SetGroup(name, old.settings, now)
 		b := a.groups[name]
-		b.usage, b.granted, b.throttled, b.recent = old.usage, old.granted, old.throttled, old.recent
+		b.usage, b.granted, b.throttled = old.usage, old.granted, old.throttled
 	}
 	return a
 }

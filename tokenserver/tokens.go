@@ -274,7 +274,7 @@ func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequ
 			continue
 		}
 		u, thr, uc := usageOf(gr.GetConsumption())
-		s.alloc.Report(name, u, thr, now)
+		s.alloc.Report(name, slot, u, thr, now)
 		s.countClamped(g.Clamped, uc)
 		resp.Grants[i] = grantToPB(name, g)
 		if s.log.Enabled(ctx, slog.LevelDebug) && !gr.GetReportOnly() {
@@ -331,7 +331,7 @@ func (s *Server) serveMissing(ctx context.Context, slot string, gr *pb.GroupToke
 		return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
 	}
 	u, thr, uc := usageOf(gr.GetConsumption())
-	s.alloc.Report(name, u, thr, now)
+	s.alloc.Report(name, slot, u, thr, now)
 	s.countClamped(grant.Clamped, uc)
 	return grantToPB(name, grant)
 }

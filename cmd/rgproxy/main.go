@@ -162,7 +162,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		ln.Close()
 		return fmt.Errorf("status listen %s: %w", cfg.StatusAddr, err)
 	}
-	status := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: statusHandler(metrics, func(ctx context.Context) (readiness, error) {
+	handler, err := statusHandler(metrics, func(ctx context.Context) (readiness, error) {
 		r := readiness{Metering: cfg.Metering}
 		if tc != nil {
 			r.Degraded = tc.Degraded()
@@ -172,7 +172,14 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			r.WriteSource = rp.WriteSourceInForce()
 		}
 		return r, mysqlproto.ProbeBackend(ctx, pcfg)
-	}, cfg.EnablePprof)}
+	}, cfg.EnablePprof, &consoleSource{proxyID: proxyID(cfg), policy: rp, now: time.Now,
+		conns: func() (int64, int) { return srv.Stats().Connections, srv.MaxConnections() }})
+	if err != nil {
+		ln.Close()
+		statusLn.Close()
+		return err
+	}
+	status := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: handler}
 	go func() {
 		if err := status.Serve(statusLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("status server", "err", err)

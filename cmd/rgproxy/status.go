@@ -9,15 +9,25 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/rgproxy/rgproxy/internal/statuspage"
 )
 
 // statusHandler serves /metrics, /healthz (the process is up) and /readyz
 // (the backend answers), with etcd-style JSON bodies and 503 on failure;
+// the console (console.go): its page at / and its JSON at /api/console;
 // with withPprof also Go's profiles under /debug/pprof/, which show the
-// command line, memory and goroutines to whoever reaches the port.
-func statusHandler(m *metrics, probe func(context.Context) (readiness, error), withPprof bool) http.Handler {
+// command line, memory and goroutines to whoever reaches the port. Any
+// other path is 404.
+func statusHandler(m *metrics, probe func(context.Context) (readiness, error), withPprof bool, console *consoleSource) (http.Handler, error) {
+	page, err := statuspage.NewPage(consoleHTML)
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
+	mux.Handle("GET /{$}", page)
+	mux.HandleFunc("GET /api/console", console.serveJSON)
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -41,7 +51,7 @@ func statusHandler(m *metrics, probe func(context.Context) (readiness, error), w
 		}
 		writeHealth(w, h, err)
 	})
-	return mux
+	return mux, nil
 }
 
 // readiness is what /readyz reports besides the backend probe.

@@ -2,12 +2,18 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/rgproxy/rgproxy/internal/rgpolicy"
+	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
 // TestPprofOnlyWithTheFlag: the status port serves Go's profiles only when
@@ -18,7 +24,10 @@ func TestPprofOnlyWithTheFlag(t *testing.T) {
 		on   bool
 		want int
 	}{{false, http.StatusNotFound}, {true, http.StatusOK}} {
-		h := statusHandler(newMetrics(), ready, tc.on)
+		h, err := statusHandler(newMetrics(), ready, tc.on, testConsole(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, path := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/goroutine"} {
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
@@ -91,5 +100,72 @@ func TestConcurrentReadyzShareOneProbe(t *testing.T) {
 	// A finished probe is not an answer for later requests.
 	if _, err := probe(context.Background()); err == nil || probes.Load() != p+1 {
 		t.Fatalf("a later request: %v, %d probes (was %d)", err, probes.Load(), p)
+	}
+}
+
+// testConsole is a console source without connections.
+func testConsole(p *rgpolicy.Policy) *consoleSource {
+	return &consoleSource{proxyID: "px:4000", policy: p, now: time.Now, conns: func() (int64, int) { return 2, 100 }}
+}
+
+// GET / is the console's page, GET /api/console its JSON (bounded by
+// ?groups= and ?shapes=); every other path stays 404.
+func TestConsoleRoutes(t *testing.T) {
+	ready := func(context.Context) (readiness, error) { return readiness{}, nil }
+	tc, err := tokenclient.New(tokenclient.Config{Servers: []string{"127.0.0.1:1"}, ProxyID: "px"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	pol, err := rgpolicy.New(rgpolicy.Config{Tokens: tc, CPU: rgpolicy.CPUWall})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, metering := range []bool{false, true} {
+		var p *rgpolicy.Policy
+		if metering {
+			p = pol
+		}
+		h, err := statusHandler(newMetrics(), ready, false, testConsole(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		get := func(method, path string) *httptest.ResponseRecorder {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+			return rec
+		}
+		page := get("GET", "/")
+		if page.Code != 200 || !strings.Contains(page.Body.String(), "rgproxy console") ||
+			!strings.Contains(page.Header().Get("Content-Security-Policy"), "script-src 'sha256-") {
+			t.Fatalf("GET / = %d %v", page.Code, page.Header())
+		}
+		rec := get("GET", "/api/console")
+		var c proxyConsole
+		if err := json.Unmarshal(rec.Body.Bytes(), &c); err != nil || rec.Code != 200 {
+			t.Fatalf("GET /api/console = %d %q: %v", rec.Code, rec.Body.String(), err)
+		}
+		if c.Kind != "rgproxy" || c.ProxyID != "px:4000" || c.Metering != metering || c.Connections != 2 || c.MaxConnections != 100 {
+			t.Fatalf("metering %v: %+v", metering, c)
+		}
+		if metering {
+			// Before rgserver answers, the built-in default.
+			if c.GroupsTotal != 1 || len(c.Groups) != 1 || c.Groups[0].Name != "default" || c.Groups[0].RUPerSec != nil ||
+				c.Groups[0].Mode != "ENFORCE" || c.CPUSource != "wall" || c.Shapes == nil {
+				t.Fatalf("metering: %+v", c)
+			}
+			if rec := get("GET", "/api/console?groups=0"); !strings.Contains(rec.Body.String(), `"groups":[]`) {
+				t.Fatalf("?groups=0: %s", rec.Body.String())
+			}
+		}
+		for path, code := range map[string]int{"/api/console?groups=x": 400, "/api/console?shapes=1001": 400,
+			"/nope": 404, "/index.html": 404, "/api/": 404, "/api/console/x": 404} {
+			if rec := get("GET", path); rec.Code != code {
+				t.Errorf("GET %s = %d, want %d", path, rec.Code, code)
+			}
+		}
+		if rec := get("POST", "/"); rec.Code == 200 {
+			t.Errorf("POST / = %d", rec.Code)
+		}
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/rgproxy/rgproxy/internal/reload"
+	"github.com/rgproxy/rgproxy/internal/statuspage"
 	"github.com/rgproxy/rgproxy/tokenserver"
 )
 
@@ -177,7 +178,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 		lis.Close()
 		return fmt.Errorf("status listen: %w", err)
 	}
-	hs := &http.Server{Handler: statusMux(srv, cli, reg), ReadHeaderTimeout: 5 * time.Second}
+	mux, err := statusMux(srv, cli, reg, &consoleSource{srv: srv, name: cfg.Name, advertise: cfg.AdvertiseAddr})
+	if err != nil {
+		lis.Close()
+		statusLis.Close()
+		return err
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := hs.Serve(statusLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("status server", "err", err)
@@ -308,9 +315,17 @@ func writeHealth(w http.ResponseWriter, h health) {
 	_ = json.NewEncoder(w).Encode(h)
 }
 
-func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Registry) *http.ServeMux {
+// statusMux serves /metrics, /healthz, /readyz and the console (its page
+// at /, its JSON at /api/console); any other path is 404.
+func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Registry, console *consoleSource) (*http.ServeMux, error) {
+	page, err := statuspage.NewPage(consoleHTML)
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", srv.MetricsHandler(reg))
+	mux.Handle("GET /{$}", page)
+	mux.HandleFunc("GET /api/console", console.serveJSON)
 	// /healthz: the process is up and etcd answers.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
@@ -335,5 +350,5 @@ func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Re
 		}
 		writeHealth(w, h)
 	})
-	return mux
+	return mux, nil
 }

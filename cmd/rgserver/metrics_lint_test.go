@@ -81,7 +81,11 @@ func TestMetricsLint(t *testing.T) {
 	if err := tc.Store().CreateGroup(ctx, resourcegroup.Group{Name: "lint", RUPerSec: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(statusMux(srv, cli, reg))
+	mux, err := statusMux(srv, cli, reg, &consoleSource{srv: srv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(mux)
 	defer hs.Close()
 	cost := ru.Consumption{RRU: 2, WRU: 1, ReadBytes: 100, WriteBytes: 10, BackendSeconds: 0.001, Statements: 1}
 	// Reports travel every ReportPeriod; wait until one has been recorded.
@@ -105,7 +109,7 @@ func TestMetricsLint(t *testing.T) {
 	}
 	for _, want := range []string{
 		"rgserver_ru_consumed_total", "rgserver_read_bytes_total", "rgserver_write_bytes_total",
-		"rgserver_backend_seconds_total", "rgserver_statements_total", "rgserver_tokens_granted_total",
+		"rgserver_backend_seconds_total", "rgserver_statements_total", "rgserver_throttled_total", "rgserver_tokens_granted_total",
 		"rgserver_acquire_tokens_duration_seconds", "rgserver_is_leader", "rgserver_group_ru_per_sec",
 		"rgserver_group_tokens", "rgserver_group_clients",
 	} {

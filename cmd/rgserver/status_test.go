@@ -54,7 +54,11 @@ func TestStatusEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(statusMux(srv, cli, reg))
+	mux, err := statusMux(srv, cli, reg, &consoleSource{srv: srv, name: "r1", advertise: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(mux)
 	defer hs.Close()
 
 	// Before Run: healthy (etcd answers) but not ready (no settings, no leader).
@@ -76,6 +80,24 @@ func TestStatusEndpoints(t *testing.T) {
 	}
 	if code, h, _ := get(t, hs.URL+"/readyz"); code != 200 || h.Health != "true" || h.Leader != "127.0.0.1:1" {
 		t.Fatalf("/readyz as leader = %d %+v", code, h)
+	}
+	// The console: its page at /, its JSON at /api/console, nothing else.
+	if code, _, body := get(t, hs.URL+"/"); code != 200 || !strings.Contains(body, "rgserver console") {
+		t.Fatalf("GET / = %d", code)
+	}
+	code, _, body := get(t, hs.URL+"/api/console")
+	var c serverConsole
+	if err := json.Unmarshal([]byte(body), &c); err != nil || code != 200 {
+		t.Fatalf("/api/console = %d %q: %v", code, body, err)
+	}
+	if c.Kind != "rgserver" || !c.Leader || c.LeaderAddr != "127.0.0.1:1" || c.Name != "r1" || c.GroupsTotal != 1 ||
+		len(c.Groups) != 1 || c.Groups[0].Name != "default" || c.Groups[0].RUPerSec != nil || c.Groups[0].Limited || c.Etcd != "" {
+		t.Fatalf("/api/console: %+v", c)
+	}
+	for path, want := range map[string]int{"/api/console?groups=10001": 400, "/nope": 404, "/api/console/": 404} {
+		if code, _, _ := get(t, hs.URL+path); code != want {
+			t.Errorf("GET %s = %d, want %d", path, code, want)
+		}
 	}
 	if code, _, body := get(t, hs.URL+"/metrics"); code != 200 || !strings.Contains(body, "rgserver_is_leader 1") ||
 		!strings.Contains(body, `rgserver_group_ru_per_sec{resource_group="default"} +Inf`) {

@@ -1,0 +1,128 @@
+package main
+
+import (
+	_ "embed"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/rgproxy/rgproxy/internal/statuspage"
+	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/tokenserver"
+)
+
+// The console: GET / on the status port is a page (console.html, inline
+// style and script, nothing fetched from elsewhere) that reads GET
+// /api/console every 2 s and shows every group cluster-wide: its limit,
+// its global bucket, the proxies using it and what they reported. Every
+// replica answers; a follower shows what it knows and names the leader.
+// README, "Console", documents the JSON.
+
+//go:embed console.html
+var consoleHTML []byte
+
+// How many groups /api/console lists by default (?groups=) and at most.
+const (
+	consoleGroups    = 500
+	consoleMaxGroups = 10000
+)
+
+// consoleSource is what /api/console reads.
+type consoleSource struct {
+	srv *tokenserver.Server
+	// name and advertise are --name and --advertise-addr.
+	name, advertise string
+}
+
+// serverConsole is /api/console's answer.
+type serverConsole struct {
+	Kind          string    `json:"kind"`
+	Version       string    `json:"version"`
+	Name          string    `json:"name"`
+	AdvertiseAddr string    `json:"advertise_addr"`
+	Time          time.Time `json:"time"`
+	Leader        bool      `json:"leader"`
+	LeaderAddr    string    `json:"leader_addr"`
+	// Etcd says why etcd refuses writes; "" while it does not.
+	Etcd               string        `json:"etcd"`
+	GrantingFromMemory bool          `json:"granting_from_memory"`
+	Insecure           bool          `json:"insecure"`
+	TokenStreams       int64         `json:"token_streams"`
+	WatchStreams       int64         `json:"watch_streams"`
+	GroupsTotal        int           `json:"groups_total"`
+	GroupsInUse        int           `json:"groups_in_use"`
+	GroupsLimit        int           `json:"groups_limit"`
+	Groups             []serverGroup `json:"groups"`
+}
+
+// serverGroup is one group as this replica sees it.
+type serverGroup struct {
+	Name string `json:"name"`
+	// RUPerSec is RU_PER_SEC; null when UNLIMITED.
+	RUPerSec  *uint64 `json:"ru_per_sec"`
+	Burstable string  `json:"burstable"`
+	Mode      string  `json:"mode"`
+	// Limited: the group can be throttled; Tokens and Capacity (its
+	// global bucket's level and size, RU) are null when it cannot.
+	Limited  bool     `json:"limited"`
+	Tokens   *float64 `json:"tokens"`
+	Capacity *float64 `json:"capacity"`
+	// Proxies holding a live slot in the group.
+	Proxies int `json:"proxies"`
+	// What the group's proxies report, per second (averaged over about
+	// the last 5 s of their reports), and in all since this replica first
+	// led: RU consumed, statements run, statements refused with 8252.
+	RUReported         float64 `json:"ru_per_sec_reported"`
+	StatementsReported float64 `json:"statements_per_sec_reported"`
+	ThrottledReported  float64 `json:"throttled_per_sec_reported"`
+	RUTotal            float64 `json:"ru_total"`
+	StatementsTotal    float64 `json:"statements_total"`
+	ThrottledTotal     float64 `json:"throttled_total"`
+}
+
+// snapshot gathers the console's answer, listing at most groups groups.
+func (c *consoleSource) snapshot(groups int) serverConsole {
+	o := c.srv.Overview(groups)
+	out := serverConsole{
+		Kind: "rgserver", Version: versionString(), Name: c.name, AdvertiseAddr: c.advertise, Time: o.At.UTC(),
+		Leader: o.Leader, LeaderAddr: o.LeaderAddr, Etcd: o.Etcd, GrantingFromMemory: o.GrantingFromMemory,
+		Insecure: o.Insecure, TokenStreams: o.TokenStreams, WatchStreams: o.WatchStreams,
+		GroupsTotal: o.Total, GroupsInUse: o.InUse, GroupsLimit: groups, Groups: make([]serverGroup, 0, len(o.Groups)),
+	}
+	for _, g := range o.Groups {
+		sg := serverGroup{
+			Name: g.Name, Burstable: g.Settings.Burst.String(), Mode: g.Settings.Mode.String(), Limited: g.Limited,
+			Proxies: g.Proxies, RUReported: round3(g.RUPerSec), StatementsReported: round3(g.StatementsPerSec),
+			ThrottledReported: round3(g.ThrottledPerSec), RUTotal: round3(g.RU), StatementsTotal: g.Statements,
+			ThrottledTotal: g.Throttled,
+		}
+		if g.Settings.RUPerSec != resourcegroup.Unlimited {
+			v := g.Settings.RUPerSec
+			sg.RUPerSec = &v
+		}
+		if g.Limited {
+			tokens, capacity := round3(g.Tokens), round3(g.Capacity)
+			sg.Tokens, sg.Capacity = &tokens, &capacity
+		}
+		out.Groups = append(out.Groups, sg)
+	}
+	return out
+}
+
+// serveJSON answers /api/console; ?groups= sets how many groups it lists.
+func (c *consoleSource) serveJSON(w http.ResponseWriter, r *http.Request) {
+	groups, err := statuspage.Limit(r, "groups", consoleGroups, consoleMaxGroups)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	statuspage.WriteJSON(w, c.snapshot(groups))
+}
+
+// round3 rounds to three decimals: the JSON's figures are for people.
+func round3(x float64) float64 {
+	if math.IsInf(x, 0) || math.IsNaN(x) {
+		return 0
+	}
+	return math.Round(x*1000) / 1000
+}

@@ -1,0 +1,324 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestConsoleInABrowser loads the status consoles of a running rgproxy and
+// rgserver in headless Chromium while groups are under load, and checks
+// what the rendered page shows: every group with its limit, the live RU/s
+// of the loaded group, the heaviest shape's digest text (and none of its
+// literals) on rgproxy, the cluster figures on rgserver. It takes the
+// screenshots README shows; RGPROXY_UPDATE_SCREENSHOTS=1 writes them to
+// docs/.
+func TestConsoleInABrowser(t *testing.T) {
+	chromium := requireTool(t, "chromium", "chromium")
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts, "--max-wait", "50ms", "--proxy-id", "console-px")
+	limits := map[string]string{ // group → the limit the page must show
+		"default":           "UNLIMITED",
+		"console_limited":   "20",
+		"console_free":      "UNLIMITED",
+		"console_warn":      "2",
+		"console_reporting": "500",
+	}
+	adminExec(t, px.Addr,
+		"CREATE RESOURCE GROUP console_limited RU_PER_SEC = 20",
+		"CREATE RESOURCE GROUP console_free RU_PER_SEC = UNLIMITED QUERY_LIMIT = (EXEC_ELAPSED = '30s', ACTION = DRYRUN)",
+		"CREATE RESOURCE GROUP console_warn RU_PER_SEC = 2 MODE = WARN",
+		"CREATE RESOURCE GROUP console_reporting RU_PER_SEC = 500 BURSTABLE PRIORITY = HIGH MAX_CONCURRENCY = 4")
+
+	// Load until the pages are read: a heavy statement in the limited
+	// group (refused now and then: 8252) and in the WARN group, a light
+	// one in the unlimited group. The literal must never reach a page.
+	const secret = "console_secret_literal"
+	heavy := "SELECT /*+ RESOURCE_GROUP(%s) */ COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA <> '" + secret + "'"
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var ran, refused atomic.Int64
+	var loadErr atomic.Value
+	db := openDB(t, px.Addr)
+	db.SetMaxOpenConns(8)
+	for _, l := range []struct {
+		query    string
+		sessions int
+	}{
+		{fmt.Sprintf(heavy, "console_limited"), 3},
+		{fmt.Sprintf(heavy, "console_warn"), 1},
+		{"SELECT /*+ RESOURCE_GROUP(console_free) */ 1", 1},
+	} {
+		for range l.sessions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					_, err := db.ExecContext(ctx, l.query)
+					switch {
+					case err == nil:
+						ran.Add(1)
+					case mysqlErrNo(err) == 8252:
+						refused.Add(1)
+					case ctx.Err() == nil:
+						loadErr.CompareAndSwap(nil, err.Error())
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+		}
+	}
+	defer func() { stop(); wg.Wait() }()
+
+	// Both consoles' JSON show the load (rgserver hears reports within
+	// 5 s) before the browser looks.
+	var pj proxyConsoleJSON
+	var sj serverConsoleJSON
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		getJSON(t, "http://"+px.StatusAddr+"/api/console", &pj)
+		getJSON(t, "http://"+ts.StatusAddr+"/api/console", &sj)
+		pg, sg := pj.group("console_limited"), sj.group("console_limited")
+		if pg.RUPerSecLast10s > 0 && pg.Throttled > 0 && sg.RUPerSecLast10s > 0 && sg.ThrottledTotal > 0 && len(pj.Shapes) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no load seen within 20 s (%d ran, %d refused, error %v): proxy %+v, rgserver %+v",
+				ran.Load(), refused.Load(), loadErr.Load(), pg, sg)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if e := loadErr.Load(); e != nil {
+		t.Fatalf("load: %v", e)
+	}
+
+	shots := t.TempDir()
+	if os.Getenv("RGPROXY_UPDATE_SCREENSHOTS") != "" {
+		// README's pictures: the load fills the proxy's 10 s window first.
+		shots = filepath.Join("..", "docs")
+		time.Sleep(10 * time.Second)
+	}
+	proxyDOM := browse(t, chromium, "http://"+px.StatusAddr+"/", filepath.Join(shots, "console-rgproxy.png"))
+	serverDOM := browse(t, chromium, "http://"+ts.StatusAddr+"/", filepath.Join(shots, "console-rgserver.png"))
+	stop()
+	wg.Wait()
+	t.Logf("load: %d statements ran, %d refused with 8252", ran.Load(), refused.Load())
+
+	// rgproxy's page: every group and its limit, the live rate of the
+	// loaded group, the heaviest shape's text and none of its literals.
+	rows := domRows(t, proxyDOM, "groups")
+	for g, limit := range limits {
+		r, ok := rows[g]
+		if !ok || len(r) != 10 || r[1] != limit {
+			t.Errorf("rgproxy's page: group %s row %q, want its limit %q", g, r, limit)
+		}
+	}
+	if v := domNumber(t, rows["console_limited"][2]); !(v > 0) {
+		t.Errorf("rgproxy's page: console_limited's RU/s %q, want > 0", rows["console_limited"][2])
+	}
+	if v := domNumber(t, rows["console_limited"][5]); !(v > 0) {
+		t.Errorf("rgproxy's page: console_limited's throttled %q, want > 0", rows["console_limited"][5])
+	}
+	if r := rows["console_warn"]; r[8] != "WARN" || !(domNumber(t, r[6]) > 0) {
+		t.Errorf("rgproxy's page: console_warn %q, want MODE WARN and statements it would have throttled", r)
+	}
+	if r := rows["console_free"]; !strings.Contains(r[9], "QUERY_LIMIT=(EXEC_ELAPSED='30s', ACTION=DRYRUN)") {
+		t.Errorf("rgproxy's page: console_free's settings %q", r[9])
+	}
+	if r := rows["console_reporting"]; r[9] != "PRIORITY=HIGH BURSTABLE=MODERATED MAX_CONCURRENCY=4" {
+		t.Errorf("rgproxy's page: console_reporting's settings %q", r[9])
+	}
+	var heavyText string
+	for _, s := range pj.Shapes {
+		if s.Group == "console_limited" && strings.Contains(s.DigestText, "COLUMNS") {
+			heavyText = s.DigestText
+		}
+	}
+	shapes := domSection(t, proxyDOM, "shapes")
+	if heavyText == "" || !strings.Contains(shapes, strings.Join(strings.Fields(domText(heavyText)), " ")) {
+		t.Errorf("rgproxy's page: the heavy shape %q is not among the shapes shown:\n%s", heavyText, shapes)
+	}
+	if strings.Contains(proxyDOM, secret) {
+		t.Errorf("rgproxy's page shows a statement's literal %q", secret)
+	}
+
+	// rgserver's page: every group and its limit, cluster-wide figures:
+	// the loaded group's RU/s across proxies, its proxy, its refusals.
+	rows = domRows(t, serverDOM, "groups")
+	for g, limit := range limits {
+		r, ok := rows[g]
+		if !ok || len(r) != 10 || r[1] != limit {
+			t.Errorf("rgserver's page: group %s row %q, want its limit %q", g, r, limit)
+		}
+	}
+	if r := rows["console_limited"]; !(domNumber(t, r[2]) > 0) || domNumber(t, r[7]) != 1 || !(domNumber(t, r[5]) > 0) ||
+		!strings.Contains(r[6], " of 20") {
+		t.Errorf("rgserver's page: console_limited %q, want RU/s > 0, 1 proxy, refusals, a bucket of 20", r)
+	}
+	for _, want := range []string{"role: leader", "etcd: healthy", "proxies connected (token streams): 1"} {
+		if !strings.Contains(domSection(t, serverDOM, "facts"), want) {
+			t.Errorf("rgserver's page lacks %q:\n%s", want, domSection(t, serverDOM, "facts"))
+		}
+	}
+}
+
+// browse loads url in headless Chromium, lets its script run, and returns
+// the rendered DOM; it also takes a 1280×900 screenshot into shot.
+func browse(t *testing.T, chromium, url, shot string) string {
+	t.Helper()
+	run := func(args ...string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+			"--disable-background-networking", "--disable-component-update", "--disable-sync",
+			"--hide-scrollbars", "--force-device-scale-factor=1", "--user-data-dir=" + t.TempDir(),
+			"--virtual-time-budget=4000"}
+		cmd := exec.CommandContext(ctx, chromium, append(append(base, args...), url)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("chromium %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		}
+		return out
+	}
+	dom := string(run("--dump-dom"))
+	run("--screenshot="+shot, "--window-size=1280,900")
+	png, err := os.ReadFile(shot)
+	if err != nil || len(png) < 10_000 || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Fatalf("screenshot %s: %d bytes, %v", shot, len(png), err)
+	}
+	return dom
+}
+
+var (
+	rowRE  = regexp.MustCompile(`(?s)<tr data-group="([^"]*)"[^>]*>(.*?)</tr>`)
+	cellRE = regexp.MustCompile(`(?s)<td[^>]*>(.*?)</td>`)
+	tagRE  = regexp.MustCompile(`<[^>]*>`)
+)
+
+// domSection is the text of the element with id in dom (up to the next
+// closing tag of its kind), runs of white space as one space.
+func domSection(t *testing.T, dom, id string) string {
+	t.Helper()
+	i := strings.Index(dom, `id="`+id+`"`)
+	if i < 0 {
+		t.Fatalf("no element %q in the page:\n%s", id, dom)
+	}
+	start := strings.LastIndexByte(dom[:i], '<')
+	tag := strings.Fields(dom[start+1:])[0]
+	end := strings.Index(dom[i:], "</"+tag+">")
+	if end < 0 {
+		t.Fatalf("element %q does not end", id)
+	}
+	return strings.Join(strings.Fields(tagRE.ReplaceAllString(dom[i:i+end], " ")), " ")
+}
+
+// domRows are the rows of table id by group: each cell's text.
+func domRows(t *testing.T, dom, id string) map[string][]string {
+	t.Helper()
+	i := strings.Index(dom, `<table id="`+id+`"`)
+	j := strings.Index(dom[max(i, 0):], "</table>")
+	if i < 0 || j < 0 {
+		t.Fatalf("no table %q in the page:\n%s", id, dom)
+	}
+	rows := map[string][]string{}
+	for _, m := range rowRE.FindAllStringSubmatch(dom[i:i+j], -1) {
+		var cells []string
+		for _, c := range cellRE.FindAllStringSubmatch(m[2], -1) {
+			cells = append(cells, strings.TrimSpace(tagRE.ReplaceAllString(c[1], "")))
+		}
+		rows[m[1]] = cells
+	}
+	if len(rows) == 0 {
+		t.Fatalf("table %q has no rows: did the page's script run?\n%s", id, dom)
+	}
+	return rows
+}
+
+// domText is text as the DOM serializes it in an element.
+func domText(s string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", "\u00a0", "&nbsp;").Replace(s)
+}
+
+// domNumber reads the number a cell starts with, as the page formats
+// it ("1,234.5"); -1 if none.
+func domNumber(t *testing.T, s string) float64 {
+	t.Helper()
+	f := strings.Fields(strings.ReplaceAll(s, ",", ""))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// The parts of the consoles' JSON the test reads.
+type proxyGroupJSON struct {
+	Name            string  `json:"name"`
+	RUPerSecLast10s float64 `json:"ru_per_sec_last_10s"`
+	Throttled       uint64  `json:"throttled"`
+}
+
+type proxyConsoleJSON struct {
+	Groups []proxyGroupJSON `json:"groups"`
+	Shapes []struct {
+		Group      string `json:"resource_group"`
+		DigestText string `json:"digest_text"`
+	} `json:"shapes"`
+}
+
+func (c *proxyConsoleJSON) group(name string) proxyGroupJSON {
+	for _, x := range c.Groups {
+		if x.Name == name {
+			return x
+		}
+	}
+	return proxyGroupJSON{}
+}
+
+type serverGroupJSON struct {
+	Name            string  `json:"name"`
+	RUPerSecLast10s float64 `json:"ru_per_sec_reported"`
+	ThrottledTotal  float64 `json:"throttled_total"`
+	Proxies         int     `json:"proxies"`
+}
+
+type serverConsoleJSON struct {
+	Groups []serverGroupJSON `json:"groups"`
+}
+
+func (c *serverConsoleJSON) group(name string) serverGroupJSON {
+	for _, x := range c.Groups {
+		if x.Name == name {
+			return x
+		}
+	}
+	return serverGroupJSON{}
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	code, body := httpGet(t, url)
+	if code != 200 {
+		t.Fatalf("GET %s = %d %s", url, code, body)
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		t.Fatalf("GET %s: %v\n%s", url, err, body)
+	}
+}
