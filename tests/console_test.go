@@ -43,7 +43,9 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	// Load until the pages are read: a heavy statement in the limited
 	// group (refused now and then: 8252) and in the WARN group, a light
-	// one in the unlimited group. The literal must never reach a page.
+	// one in the unlimited group. The literal must never reach a page,
+	// and the light one's alias, markup that a client chose, must stay
+	// text.
 	const secret = "console_secret_literal"
 	heavy := "SELECT /*+ RESOURCE_GROUP(%s) */ COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA <> '" + secret + "'"
 	ctx, stop := context.WithCancel(context.Background())
@@ -58,7 +60,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	}{
 		{fmt.Sprintf(heavy, "console_limited"), 3},
 		{fmt.Sprintf(heavy, "console_warn"), 1},
-		{"SELECT /*+ RESOURCE_GROUP(console_free) */ 1", 1},
+		{"SELECT /*+ RESOURCE_GROUP(console_free) */ 1 AS `<img src=x id=injected>`", 1},
 	} {
 		for range l.sessions {
 			wg.Add(1)
@@ -151,6 +153,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	if strings.Contains(proxyDOM, secret) {
 		t.Errorf("rgproxy's page shows a statement's literal %q", secret)
+	}
+	if strings.Contains(proxyDOM, `id="injected"`) || !strings.Contains(shapes, "&lt;img src=x id=injected&gt;") {
+		t.Errorf("rgproxy's page: a statement's markup is not shown as text:\n%s", shapes)
 	}
 
 	// rgserver's page: every group and its limit, cluster-wide figures:

@@ -32,6 +32,7 @@ import (
 //	lifecycle.go when a group's state is born and forgotten
 //	store.go     the gRPC Store of admin statements
 //	runaway.go   the runaway watch list's index and writes
+//	overview.go  every group known, with its live state, for the console
 
 // Client is the proxy side of the token protocol. All its methods are safe
 // for concurrent use by many sessions; AcquireShare is the only one that

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rgproxy/rgproxy/ru"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -142,5 +143,32 @@ func TestOverview(t *testing.T) {
 	waitFor(t, "b's groups", func() bool { return b.srv.Overview(100).Total == 6 })
 	if o := b.srv.Overview(100); o.Leader || o.LeaderAddr != a.addr || o.InUse != 0 {
 		t.Fatalf("follower: leader %v %q, %d in use", o.Leader, o.LeaderAddr, o.InUse)
+	}
+}
+
+// With many groups Overview walks them all (a chunk per hold of the grant
+// lock) and lists only the limit: the busiest in use, then by name.
+func TestOverviewManyGroups(t *testing.T) {
+	ts := startServer(t, startEtcd(t), "")
+	now := ts.clock.Now()
+	const n = 20000
+	ts.srv.mu.Lock()
+	for i := range n {
+		ts.srv.alloc.SetGroup(fmt.Sprintf("g%05d", i), Settings{RUPerSec: 10}, now)
+	}
+	for i, g := range []string{"g00100", "g19999"} {
+		if _, err := ts.srv.alloc.Acquire(g, Request{ProxyID: "p", ReportOnly: true}, now); err != nil {
+			t.Fatal(err)
+		}
+		ts.srv.alloc.Report(g, "p", ru.Consumption{RRU: float64(10 * (i + 1))}, 0, now)
+	}
+	ts.srv.mu.Unlock()
+	o := ts.srv.Overview(5)
+	var names []string
+	for _, g := range o.Groups {
+		names = append(names, g.Name)
+	}
+	if want := "[g19999 g00100 default g00000 g00001]"; o.Total != n+1 || o.InUse != 2 || fmt.Sprint(names) != want {
+		t.Fatalf("%d groups, %d in use, listed %v; want %d, 2, %s", o.Total, o.InUse, names, n+1, want)
 	}
 }
