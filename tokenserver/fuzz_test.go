@@ -66,7 +66,9 @@ func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 // FuzzAllocatorHostile drives one bucket with arbitrary numbers from
 // several proxies, unvalidated (NaN, ±Inf, negatives, 1e308): every grant,
 // share, level and sum must stay finite, every grant within what was
-// asked, and the bucket's demand, held and level within their bounds.
+// asked, and the bucket's demand, held and level within their bounds; so
+// must the usage and rates their reports add up to (after usageOf's
+// bounds, as served).
 func FuzzAllocatorHostile(f *testing.F) {
 	f.Add(uint64(10), uint8(1), uint8(0), 1e308, 1e308, 1e15, false, uint16(100))
 	f.Add(uint64(100), uint8(2), uint8(1), math.Inf(1), math.NaN(), math.Inf(-1), false, uint16(0))
@@ -99,6 +101,14 @@ func FuzzAllocatorHostile(f *testing.F) {
 			}
 			if !st.Unlimited() && b.Tokens(now) > st.Capacity() {
 				t.Fatalf("step %d: level %v over the capacity %v", i, b.Tokens(now), st.Capacity())
+			}
+			u, thr, _ := usageOf(&pb.Consumption{Rru: wanted, Wru: demand, BackendSeconds: held,
+				Statements: uint64(ms) << 50, Throttled: math.MaxUint64 >> (i % 64)})
+			a.Report("g", req.ProxyID, u, thr, now)
+			o := b.overview(now)
+			if !finite(o.RUPerSec) || !finite(o.StatementsPerSec) || !finite(o.ThrottledPerSec) || o.RUPerSec < 0 ||
+				!finite(o.RU) || !finite(o.Throttled) {
+				t.Fatalf("step %d: the group's usage went non-finite or negative: %+v", i, o)
 			}
 			now = now.Add(time.Duration(ms) * time.Millisecond)
 		}

@@ -1,6 +1,7 @@
 package rgpolicy
 
 import (
+	"cmp"
 	"fmt"
 	"sort"
 	"sync"
@@ -389,22 +390,8 @@ func (s *shape) summary() ShapeSummary {
 // shard's lock at a time and builds rows only for each shard's n
 // heaviest shapes.
 func (t *shapes) heaviest(n int) ([]ShapeSummary, int) {
-	// Heaviest first; ties by group and digest (Digest is the hash in
-	// fixed-width hex, so both orders agree).
-	before := func(ta, tb float64, ga, gb string, ha, hb uint64) bool {
-		if ta != tb {
-			return ta > tb
-		}
-		if ga != gb {
-			return ga < gb
-		}
-		return ha < hb
-	}
 	all := topn.New(n, func(a, b ShapeSummary) bool {
-		if a.TotalRU != b.TotalRU || a.Group != b.Group {
-			return before(a.TotalRU, b.TotalRU, a.Group, b.Group, 0, 0)
-		}
-		return a.Digest < b.Digest
+		return heavier(a.TotalRU, b.TotalRU, a.Group, b.Group, a.Digest, b.Digest)
 	})
 	held := 0
 	for i := range t.shards {
@@ -413,7 +400,7 @@ func (t *shapes) heaviest(n int) ([]ShapeSummary, int) {
 		held += len(sh.m)
 		// Shapes are reused once evicted: rows are made under the lock.
 		local := topn.New(n, func(a, b *shape) bool {
-			return before(a.sumRRU+a.sumWRU, b.sumRRU+b.sumWRU, a.key.group, b.key.group, a.key.hash, b.key.hash)
+			return heavier(a.sumRRU+a.sumWRU, b.sumRRU+b.sumWRU, a.key.group, b.key.group, a.key.hash, b.key.hash)
 		})
 		for s := sh.head.next; s != &sh.head; s = s.next {
 			local.Offer(s)
@@ -424,6 +411,18 @@ func (t *shapes) heaviest(n int) ([]ShapeSummary, int) {
 		sh.mu.Unlock()
 	}
 	return all.Sorted(), held
+}
+
+// heavier orders shapes for heaviest: more RU in all first, then by group
+// and digest (its hash, or the hash in fixed-width hex: the same order).
+func heavier[D cmp.Ordered](ta, tb float64, ga, gb string, da, db D) bool {
+	if ta != tb {
+		return ta > tb
+	}
+	if ga != gb {
+		return ga < gb
+	}
+	return da < db
 }
 
 // String shows a shape's estimate on one line, for tests and logs.
