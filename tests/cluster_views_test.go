@@ -9,6 +9,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
 // queryStrings runs q and returns every row as strings ("NULL" for NULL).
@@ -292,5 +297,121 @@ func TestClusterViews(t *testing.T) {
 	}
 	if _, err := db.Exec("SELECT 1"); err != nil {
 		t.Errorf("the session after the error: %v", err)
+	}
+}
+
+// TestInspectStreamsBoundToCredentials: the Inspect stream speaks only for
+// a proxy id its credential streams tokens under, and a credential holds
+// at most max-streams + 1 of them, so a proxy credential cannot add made-up
+// instances to the cluster views; without a credential neither RPC is
+// served. The honest rgproxy, with the same credential, stays the one
+// instance the view names.
+func TestInspectStreamsBoundToCredentials(t *testing.T) {
+	s := startAuthedServer(t, "honest honest-token-0123456789 1")
+	px := s.honestProxy(t, "honest")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn := dialRaw(t, s.Addr)
+	insp := pb.NewInspectServiceClient(conn)
+	honest := as(ctx, s.proxyTokens["honest"])
+
+	// The honest proxy shows in the view, asked with its own credential.
+	var view *pb.ClusterInspectResponse
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var err error
+		view, err = insp.ClusterInspect(honest, &pb.ClusterInspectRequest{Kind: pb.InspectKind_INSPECT_KIND_USAGE, AllGroups: true})
+		if err == nil && len(view.GetInstances()) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the honest proxy is not in the view: %v, %v", view, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := view.GetInstances()[0].GetInstance(); got != px.Addr {
+		t.Fatalf("INSTANCE %q, want %q", got, px.Addr)
+	}
+
+	// Made-up proxy ids under the same credential: refused, whatever the
+	// instance they claim; and no more than max-streams + 1 streams.
+	var held []pb.InspectService_InspectClient
+	refusedIDs, refusedStreams := 0, 0
+	for i := range 6 {
+		st, err := insp.Inspect(honest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hello := &pb.InspectReply{Hello: &pb.InspectHello{ProxyId: fmt.Sprintf("fake-%d", i), Instance: fmt.Sprintf("10.6.6.6:%d", 4000+i)}}
+		if err := st.Send(hello); err != nil {
+			t.Fatal(err)
+		}
+		recvd := make(chan error, 1)
+		go func() { _, err := st.Recv(); recvd <- err }()
+		select {
+		case err := <-recvd:
+			switch status.Code(err) {
+			case codes.FailedPrecondition:
+				refusedIDs++
+			case codes.ResourceExhausted:
+				refusedStreams++
+			default:
+				t.Fatalf("fake id %d: %v", i, err)
+			}
+		case <-time.After(2 * time.Second):
+			held = append(held, st) // accepted: the leader sends nothing until asked
+		}
+	}
+	// Streams that say nothing count too: with the honest proxy's, the
+	// credential holds max-streams + 1 = 2.
+	silent := 0
+	for range 4 {
+		st, err := insp.Inspect(honest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recvd := make(chan error, 1)
+		go func() { _, err := st.Recv(); recvd <- err }()
+		select {
+		case err := <-recvd:
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("a silent stream: %v", err)
+			}
+			refusedStreams++
+		case <-time.After(time.Second):
+			silent++
+		}
+	}
+	if silent != 1 {
+		t.Errorf("%d silent inspect streams held open beside the honest proxy's, want 1 (max-streams + 1 in all)", silent)
+	}
+	view, err := insp.ClusterInspect(honest, &pb.ClusterInspectRequest{Kind: pb.InspectKind_INSPECT_KIND_USAGE, AllGroups: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("6 fake ids: %d refused as ids, %d as streams, %d accepted; the view names %d instances, %d unanswered",
+		refusedIDs, refusedStreams, len(held), len(view.GetInstances()), len(view.GetUnanswered()))
+	if len(held) != 0 || len(view.GetInstances()) != 1 || len(view.GetUnanswered()) != 0 {
+		t.Errorf("fake inspect streams: %d accepted; view %v: want none accepted and the honest proxy alone", len(held), view)
+	}
+
+	// Without a credential, or with a wrong one: nothing.
+	for _, c := range []context.Context{ctx, as(ctx, "not-a-token")} {
+		if _, err := insp.ClusterInspect(c, &pb.ClusterInspectRequest{Kind: pb.InspectKind_INSPECT_KIND_USAGE, AllGroups: true}); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("ClusterInspect without a credential: %v", err)
+		}
+		st, err := insp.Inspect(c)
+		if err == nil {
+			_ = st.Send(&pb.InspectReply{Hello: &pb.InspectHello{ProxyId: "x", Instance: "x:1"}})
+			_, err = st.Recv()
+		}
+		if status.Code(err) != codes.Unauthenticated {
+			t.Errorf("Inspect without a credential: %v", err)
+		}
+	}
+	// The honest proxy still answers.
+	rows, _ := timedQuery(t, openDB(t, px.Addr), "SELECT DISTINCT INSTANCE FROM information_schema.cluster_resource_group_usage")
+	if fmt.Sprint(rows) != fmt.Sprintf("[[%s]]", px.Addr) {
+		t.Errorf("the view through the honest proxy: %v", rows)
 	}
 }
