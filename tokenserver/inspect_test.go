@@ -77,7 +77,9 @@ func TestInspectFanOut(t *testing.T) {
 	fakeProxy(t, b, false, 1)
 	fakeProxy(t, silent, true, 0)
 	res := runInspect(h, context.Background(), usageAll)
-	waitFor(t, "the two replies", func() bool { return len(res) == 0 && a.pendingLen() == 0 && b.pendingLen() == 0 && silent.pendingLen() == 1 })
+	waitFor(t, "the two replies", func() bool {
+		return len(res) == 0 && a.pendingLen() == 0 && b.pendingLen() == 0 && silent.pendingLen() == 1
+	})
 	select {
 	case r := <-res:
 		t.Fatalf("answered before the deadline without the silent proxy: %v", r)
