@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,9 +20,10 @@ import (
 )
 
 // fakeProxy plays one proxy of the hub: it answers each request from its
-// queue with rows unless it is silent.
-func fakeProxy(t *testing.T, c *inspectConn, silent bool, rows int) {
+// queue with rows unless it is silent; it counts what it answered.
+func fakeProxy(t *testing.T, c *inspectConn, silent bool, rows int) *atomic.Int32 {
 	t.Helper()
+	var answered atomic.Int32
 	go func() {
 		for req := range c.queue {
 			if silent {
@@ -33,8 +35,10 @@ func fakeProxy(t *testing.T, c *inspectConn, silent bool, rows int) {
 				r.Statements = append(r.Statements, &pb.StatementSummaryRow{ResourceGroup: fmt.Sprintf("g%d", i), Digest: "00ff", DigestText: "SELECT ?", ExecCount: 1})
 			}
 			c.deliver(r)
+			answered.Add(1)
 		}
 	}()
+	return &answered
 }
 
 // runInspect starts hub.inspect in the background.
@@ -73,13 +77,10 @@ func TestInspectFanOut(t *testing.T) {
 	clk := clock.NewFake()
 	h := newInspectHub(clk)
 	a, b, silent := h.add("px/a", "10.0.0.2:4000"), h.add("px/b", "10.0.0.1:4000"), h.add("px/c", "10.0.0.3:4000")
-	fakeProxy(t, a, false, 2)
-	fakeProxy(t, b, false, 1)
+	na, nb := fakeProxy(t, a, false, 2), fakeProxy(t, b, false, 1)
 	fakeProxy(t, silent, true, 0)
 	res := runInspect(h, context.Background(), usageAll)
-	waitFor(t, "the two replies", func() bool {
-		return len(res) == 0 && a.pendingLen() == 0 && b.pendingLen() == 0 && silent.pendingLen() == 1
-	})
+	waitFor(t, "the two replies", func() bool { return na.Load() == 1 && nb.Load() == 1 && silent.pendingLen() == 1 })
 	select {
 	case r := <-res:
 		t.Fatalf("answered before the deadline without the silent proxy: %v", r)
