@@ -415,3 +415,81 @@ func TestInspectStreamsBoundToCredentials(t *testing.T) {
 		t.Errorf("the view through the honest proxy: %v", rows)
 	}
 }
+
+// BenchmarkClusterViews: rgserver and 10 rgproxies, each having run 1,000
+// statement shapes; one op is one cluster view read through one proxy
+// with the mariadb protocol (the whole way: the fan-out through rgserver,
+// the rewrite, the backend's evaluation of the rows). Reports the slowest
+// op and the rows; "stalled" stops one proxy first (SIGSTOP), so each op
+// waits out rgserver's deadline. `make bench-cluster-views`.
+func BenchmarkClusterViews(b *testing.B) {
+	const proxies, shapes = 10, 1000
+	ts := startTokenServer(b)
+	var pxs []*proxy
+	for range proxies {
+		pxs = append(pxs, startMeteredProxy(b, ts))
+	}
+	errs := make(chan error, proxies)
+	for i, px := range pxs {
+		go func() {
+			db, err := sql.Open("mysql", dsn(px.Addr))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer db.Close()
+			for j := range shapes {
+				if _, err := db.Exec(fmt.Sprintf("SELECT %d AS shape_%d_%d", j, i, j)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range pxs {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	db := openDB(b, pxs[0].Addr)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rows, err := queryStrings(b, db, "SELECT COUNT(DISTINCT INSTANCE) FROM information_schema.cluster_resource_group_usage")
+		if err == nil && fmt.Sprint(rows) == fmt.Sprintf("[[%d]]", proxies) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the view does not name the %d proxies: %v, %v", proxies, rows, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	run := func(b *testing.B, q string) {
+		var worst time.Duration
+		var got string
+		for b.Loop() {
+			start := time.Now()
+			rows, err := queryStrings(b, db, q)
+			if err != nil {
+				b.Fatal(err)
+			}
+			worst = max(worst, time.Since(start))
+			got = fmt.Sprint(rows)
+		}
+		b.ReportMetric(float64(worst.Microseconds())/1000, "max-ms")
+		b.Logf("%s: %s, slowest %v", q, got, worst)
+	}
+	const summary = "SELECT COUNT(*), COUNT(DISTINCT INSTANCE), SUM(EXEC_COUNT) FROM information_schema.cluster_statements_summary"
+	b.Run("statements_summary", func(b *testing.B) { run(b, summary) })
+	b.Run("usage", func(b *testing.B) {
+		run(b, "SELECT COUNT(*), COUNT(DISTINCT INSTANCE) FROM information_schema.cluster_resource_group_usage")
+	})
+	b.Run("stalled", func(b *testing.B) {
+		stalled := pxs[proxies-1]
+		if err := stalled.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			b.Fatal(err)
+		}
+		defer stalled.cmd.Process.Signal(syscall.SIGCONT)
+		run(b, summary)
+	})
+}
