@@ -420,8 +420,9 @@ func TestInspectStreamsBoundToCredentials(t *testing.T) {
 // statement shapes; one op is one cluster view read through one proxy
 // with the mariadb protocol (the whole way: the fan-out through rgserver,
 // the rewrite, the backend's evaluation of the rows). Reports the slowest
-// op, rgserver's part of an op (rgserver_cluster_inspect_duration_seconds)
-// and the rows; "stalled" stops one proxy first (SIGSTOP), so each op
+// op, rgserver's part of an op (rgserver_cluster_inspect_duration_seconds),
+// the bytes the asking proxy exchanged with the backend per op (the
+// rewritten statement, mostly) and the rows; "stalled" stops one proxy first (SIGSTOP), so each op
 // waits out rgserver's deadline. `make bench-cluster-views`.
 func BenchmarkClusterViews(b *testing.B) {
 	const proxies, shapes = 10, 1000
@@ -473,6 +474,7 @@ func BenchmarkClusterViews(b *testing.B) {
 				metricSum(b, ts.StatusAddr, "rgserver_cluster_inspect_duration_seconds_count")
 		}
 		sum0, n0 := fanout()
+		bytes0 := metricSum(b, pxs[0].StatusAddr, "rgproxy_backend_bytes_total")
 		for b.Loop() {
 			start := time.Now()
 			rows, err := queryStrings(b, db, q)
@@ -483,6 +485,7 @@ func BenchmarkClusterViews(b *testing.B) {
 			got = fmt.Sprint(rows)
 		}
 		sum1, n1 := fanout()
+		b.ReportMetric((metricSum(b, pxs[0].StatusAddr, "rgproxy_backend_bytes_total")-bytes0)/float64(b.N), "backend-B/op")
 		b.ReportMetric(float64(worst.Microseconds())/1000, "max-ms")
 		b.ReportMetric((sum1-sum0)/max(n1-n0, 1)*1000, "rgserver-ms/op")
 		b.Logf("%s: %s, slowest %v", q, got, worst)
