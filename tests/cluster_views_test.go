@@ -276,7 +276,7 @@ func TestClusterViews(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if took > 300*time.Millisecond {
+	if took >= 450*time.Millisecond { // waiting for it would take rgserver's 500 ms
 		t.Errorf("without the killed proxy the view took %v: was it waited for?", took)
 	}
 
