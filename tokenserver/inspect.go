@@ -1,6 +1,7 @@
 package tokenserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -384,12 +385,18 @@ func (h *inspectHub) inspect(ctx context.Context, req *pb.ClusterInspectRequest,
 		}
 	}()
 	answered := make(map[*inspectConn]*pb.InstanceRows, len(asked))
-	got := 0
+	waiting := make(map[*inspectConn]bool, len(asked))
+	for _, c := range asked {
+		waiting[c] = true
+	}
 collect:
-	for got < len(asked) {
+	for len(waiting) > 0 {
 		select {
 		case a := <-call.replies:
-			got++
+			if !waiting[a.conn] {
+				continue // a stream that ended before its request was queued
+			}
+			delete(waiting, a.conn)
 			if a.rows != nil {
 				answered[a.conn] = a.rows
 			}
@@ -407,24 +414,12 @@ collect:
 			unanswered = append(unanswered, c.instance)
 		}
 	}
-	slices.SortFunc(resp.Instances, func(a, b *pb.InstanceRows) int {
-		return cmpString(a.GetInstance(), b.GetInstance())
-	})
+	slices.SortFunc(resp.Instances, func(a, b *pb.InstanceRows) int { return cmp.Compare(a.GetInstance(), b.GetInstance()) })
 	slices.Sort(unanswered)
 	resp.Unanswered = unanswered
 	h.unanswered.Add(float64(len(unanswered)))
 	h.duration.Observe(h.clk.Now().Sub(start).Seconds())
 	return resp, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // inspectService implements tokenpb.InspectServiceServer over a Server.
