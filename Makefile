@@ -8,7 +8,7 @@ FUZZTIME  ?= 60s
 # How long `make soak` loads the system.
 SOAK_DURATION ?= 10m
 
-.PHONY: all build run test test-deps tidy-check test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-deps bench-proxy bench-server bench-metering bench-isolation soak demo-load generate tools clean
+.PHONY: all build run test test-deps tidy-check test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-deps bench-proxy bench-server bench-metering bench-isolation bench-cluster-views soak demo-load generate tools clean
 
 all: build
 
@@ -67,7 +67,7 @@ demo-load: build
 fuzz:
 	bash scripts/fuzz.sh $(FUZZTIME)
 
-bench: bench-proxy bench-server bench-metering bench-isolation
+bench: bench-proxy bench-server bench-metering bench-isolation bench-cluster-views
 
 # What the benchmarks drive (sysbench, HAProxy, Connector/J, MariaDB).
 bench-deps:
@@ -96,6 +96,12 @@ bench-metering: build bench-deps
 # beside 8 direct copies. BENCH_ISOLATION_FLAGS passes flags.
 bench-isolation: build bench-deps
 	$(BIN)/bench-isolation --bin-dir $(BIN) $(BENCH_ISOLATION_FLAGS)
+
+# Cluster-wide views with rgserver and 10 rgproxies of 1,000 statement
+# shapes each: one view read through one proxy, whole (fan-out, rewrite,
+# the backend's evaluation), and with one proxy stopped (target: < 1 s).
+bench-cluster-views: build
+	$(GO) test -count=1 -run '^$$' -bench ClusterViews -benchtime 20x ./tests/
 
 # The long-run test, not part of `make test`: rgserver x3 (embedded etcd
 # cluster), rgproxy x3 and a private MariaDB under mixed load with group

@@ -23,6 +23,7 @@ var fuzzSeeds = []string{
 	"SHOW CREATE RESOURCE GROUP rg1",
 	"SELECT name FROM information_schema.resource_groups WHERE NAME = 'rg1'",
 	"SHOW RESOURCE GROUP USAGE",
+	"SHOW CLUSTER RESOURCE GROUP USAGE WHERE THROTTLED > 0",
 	"SHOW LAST STATEMENT RU",
 	"/* c */ -- x\n# y\nSELECT /*+ RESOURCE_GROUP(rg1) */ 1",
 	"/*!40101 SET NAMES utf8 */",

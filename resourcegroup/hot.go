@@ -117,6 +117,8 @@ func IsAdmin(query string, m sqltext.Mode) bool {
 			return sc.next().isKw("RESOURCE")
 		case t.isKw("RESOURCE"):
 			return true
+		case t.isKw("CLUSTER"):
+			return sc.next().isKw("RESOURCE")
 		case t.isKw("LAST"):
 			return sc.next().isKw("STATEMENT")
 		}

@@ -44,6 +44,8 @@ func TestIsAdmin(t *testing.T) {
 		{"SHOW CREATE RESOURCE GROUP rg1", true},
 		{"SHOW CREATE TABLE t", false},
 		{"SHOW RESOURCE GROUP USAGE", true},
+		{"SHOW CLUSTER RESOURCE GROUP USAGE", true},
+		{"SHOW CLUSTER STATUS", false},
 		{"SHOW LAST STATEMENT RU", true},
 		{"SHOW TABLES", false},
 		{"SHOW", false},

@@ -429,7 +429,13 @@ func (p *parser) show() (Statement, error) {
 			return nil, err
 		}
 		return &ShowCreateGroup{Name: name}, nil
-	case p.isWord("RESOURCE"):
+	case p.isWord("RESOURCE"), p.isWord("CLUSTER"):
+		cluster := p.isWord("CLUSTER")
+		if cluster {
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+		}
 		if err := p.expectWords("RESOURCE", "GROUP", "USAGE"); err != nil {
 			return nil, err
 		}
@@ -437,9 +443,9 @@ func (p *parser) show() (Statement, error) {
 			// The rest is SQL for the backend: taken whole, as written.
 			filter := strings.TrimRight(strings.TrimSpace(p.lex.src[p.tok.pos:]), "; \t\r\n")
 			p.tok = token{kind: tkEOF, pos: len(p.lex.src)}
-			return &ShowUsage{Filter: filter}, nil
+			return &ShowUsage{Filter: filter, Cluster: cluster}, nil
 		}
-		return &ShowUsage{}, nil
+		return &ShowUsage{Cluster: cluster}, nil
 	case p.isWord("LAST"):
 		if err := p.expectWords("LAST", "STATEMENT", "RU"); err != nil {
 			return nil, err

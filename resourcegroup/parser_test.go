@@ -70,6 +70,8 @@ func TestParse(t *testing.T) {
 		{"select current_resource_group ( ) ;", &CurrentGroup{}},
 		{"SHOW CREATE RESOURCE GROUP rg1", &ShowCreateGroup{Name: "rg1"}},
 		{"SHOW RESOURCE GROUP USAGE", &ShowUsage{}},
+		{"SHOW CLUSTER RESOURCE GROUP USAGE", &ShowUsage{Cluster: true}},
+		{"show cluster resource group usage like 'rg%';", &ShowUsage{Filter: "like 'rg%'", Cluster: true}},
 		{"show last statement ru;", &ShowLastStatementRU{}},
 		{"SELECT * FROM information_schema.resource_groups", &SelectGroups{Columns: InfoSchemaColumns()}},
 		{"SELECT * FROM INFORMATION_SCHEMA.RESOURCE_GROUPS WHERE NAME = 'RG1';", &SelectGroups{Columns: InfoSchemaColumns(), Name: "rg1", HasWhere: true}},

@@ -116,10 +116,14 @@ type SelectGroups struct {
 	HasWhere bool
 }
 
-// ShowUsage is SHOW RESOURCE GROUP USAGE [LIKE 'pattern' | WHERE expr]
-// (executed by the proxy). Filter is the LIKE or WHERE clause as written,
-// "" when there is none; its SQL is the backend's to evaluate.
-type ShowUsage struct{ Filter string }
+// ShowUsage is SHOW [CLUSTER] RESOURCE GROUP USAGE [LIKE 'pattern' |
+// WHERE expr] (executed by the proxy). Filter is the LIKE or WHERE clause
+// as written, "" when there is none; its SQL is the backend's to
+// evaluate. Cluster: every proxy's usage, gathered through rgserver.
+type ShowUsage struct {
+	Filter  string
+	Cluster bool
+}
 
 // ShowLastStatementRU is SHOW LAST STATEMENT RU (executed by the proxy session).
 type ShowLastStatementRU struct{}

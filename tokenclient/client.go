@@ -32,6 +32,7 @@ import (
 //	lifecycle.go when a group's state is born and forgotten
 //	store.go     the gRPC Store of admin statements
 //	runaway.go   the runaway watch list's index and writes
+//	inspect.go   the Inspect stream and ClusterInspect (cluster views)
 //	overview.go  every group known, with its live state, for the console
 
 // Client is the proxy side of the token protocol. All its methods are safe
@@ -107,6 +108,11 @@ type Client struct {
 	// their state and series back; kept for droppedMemory.
 	droppedAt   map[string]time.Time
 	onForgotten atomic.Pointer[func(group string)]
+
+	// runCtx is the background loops' context (Start), for StartInspect.
+	runCtx context.Context
+	// insp is the Inspect stream's state (inspect.go).
+	insp inspectState
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -233,7 +239,7 @@ func (c *Client) Start(ctx context.Context) error {
 		cancel()
 		return fmt.Errorf("tokenclient: start: %w", ErrClosed)
 	}
-	c.cancel = cancel
+	c.cancel, c.runCtx = cancel, runCtx
 	c.stateLocked(resourcegroup.DefaultGroup, c.clk.Now()) // default's series from start
 	c.mu.Unlock()
 

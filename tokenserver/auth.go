@@ -38,8 +38,9 @@ var ErrAuthConfig = errors.New("tokenserver: invalid authentication config")
 type Role uint8
 
 const (
-	// RoleProxy may call AcquireTokens, Watch and the reads
-	// (GetGroup, ListGroups, GetBinding, ListBindings, ListWatches).
+	// RoleProxy may call AcquireTokens, Watch, the reads (GetGroup,
+	// ListGroups, GetBinding, ListBindings, ListWatches) and the cluster
+	// views (Inspect, ClusterInspect).
 	RoleProxy Role = iota + 1
 	// RoleAdmin may call everything.
 	RoleAdmin

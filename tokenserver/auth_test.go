@@ -95,6 +95,8 @@ func TestAuthorize(t *testing.T) {
 		list   = pb.ResourceGroupService_ListWatches_FullMethodName
 		acq    = pb.TokenService_AcquireTokens_FullMethodName
 		refl   = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+		insp   = pb.InspectService_Inspect_FullMethodName
+		view   = pb.InspectService_ClusterInspect_FullMethodName
 	)
 	tests := []struct {
 		name   string
@@ -116,6 +118,11 @@ func TestAuthorize(t *testing.T) {
 		{"proxy streams", tokens, bearer(bg, proxyTok), acq, codes.OK, Principal{Name: "px", Role: RoleProxy, MaxStreams: 3}, ""},
 		{"proxy reflects", tokens, bearer(bg, proxyTok), refl, codes.OK, Principal{Name: "px", Role: RoleProxy, MaxStreams: 3}, ""},
 		{"proxy cannot create", tokens, bearer(bg, proxyTok), create, codes.PermissionDenied, Principal{}, refusedNotAdmin},
+		{"no credential: no inspect stream", tokens, bg, insp, codes.Unauthenticated, Principal{}, refusedNoCredential},
+		{"no credential: no cluster view", tokens, bg, view, codes.Unauthenticated, Principal{}, refusedNoCredential},
+		{"proxy inspect stream", tokens, bearer(bg, proxyTok), insp, codes.OK, Principal{Name: "px", Role: RoleProxy, MaxStreams: 3}, ""},
+		{"proxy cluster view", tokens, bearer(bg, proxyTok), view, codes.OK, Principal{Name: "px", Role: RoleProxy, MaxStreams: 3}, ""},
+		{"admin cluster view", tokens, bearer(bg, adminTok), view, codes.OK, Principal{Name: "admin", Role: RoleAdmin}, ""},
 		{"admin creates", tokens, bearer(bg, adminTok), create, codes.OK, Principal{Name: "admin", Role: RoleAdmin}, ""},
 		{"admin streams unbounded", tokens, bearer(bg, adminTok), acq, codes.OK, Principal{Name: "admin", Role: RoleAdmin}, ""},
 		{"a certificate means nothing without mTLS", tokens, certCtx("ops"), create, codes.Unauthenticated, Principal{}, refusedNoCredential},

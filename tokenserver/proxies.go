@@ -28,6 +28,7 @@ var errStreamLimit = errors.New("tokenserver: credential at its stream limit")
 const (
 	kindTokens = iota
 	kindWatch
+	kindInspect
 	numKinds
 )
 
@@ -161,4 +162,22 @@ func (r *proxyRegistry) bind(p Principal, proxyID string, now time.Time) (t *str
 	}
 	h.ids[proxyID] = &idHold{live: t}
 	return t, evict, release, nil
+}
+
+// streams reports whether proxyID has a live AcquireTokens stream under
+// p, or p is not bounded (administrators, authentication off): an
+// Inspect stream may only speak for such a proxy id, so a credential
+// shows no more instances in a cluster view than it streams tokens for.
+func (r *proxyRegistry) streams(p Principal, proxyID string) bool {
+	if p.MaxStreams == 0 {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := r.creds[p.Name]
+	if h == nil {
+		return false
+	}
+	e := h.ids[proxyID]
+	return e != nil && e.live != nil
 }

@@ -1,7 +1,7 @@
 // Package tokenserver is rgserver's core: one global token bucket per
 // resource group shared by every proxy (Allocator), group settings and user
 // bindings in etcd (EtcdStore), leader election among replicas, and the gRPC
-// services of tokenpb (ResourceGroupService, TokenService).
+// services of tokenpb (ResourceGroupService, TokenService, InspectService).
 package tokenserver
 
 import (
@@ -25,6 +25,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
 
+	"github.com/rgproxy/rgproxy/internal/clock"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -98,6 +99,8 @@ type Server struct {
 	proxies *proxyRegistry
 	// misses remembers groups etcd said do not exist (tokens.go).
 	misses *missCache
+	// inspect holds the proxies' Inspect streams (inspect.go).
+	inspect *inspectHub
 	// openStreams counts the AcquireTokens and Watch streams open on this
 	// replica, for the console (Overview).
 	openStreams [numKinds]atomic.Int64
@@ -136,12 +139,16 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		auth:    cfg.Auth,
 		proxies: newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
 		misses:  newMissCache(),
+		inspect: newInspectHub(clock.Real{}),
 	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.auth.Register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+		}
+		if err := s.inspect.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 	}
@@ -155,10 +162,11 @@ func (s *Server) Insecure() bool { return s.auth.Open() }
 // Store returns the server's etcd-backed resourcegroup.Store.
 func (s *Server) Store() *EtcdStore { return s.store }
 
-// Register adds both services to a gRPC server.
+// Register adds the services to a gRPC server.
 func (s *Server) Register(g *grpc.Server) {
 	pb.RegisterResourceGroupServiceServer(g, s)
 	pb.RegisterTokenServiceServer(g, s)
+	pb.RegisterInspectServiceServer(g, inspectService{s: s})
 }
 
 func (s *Server) now() time.Time { return s.cfg.Now() }

@@ -153,13 +153,9 @@ func (c *consoleSource) snapshot(groups, shapes int) proxyConsole {
 		out.Groups = append(out.Groups, cg)
 	}
 	for _, s := range o.Shapes {
-		avg := 0.0
-		if s.ExecCount > 0 {
-			avg = s.TotalRU / float64(s.ExecCount)
-		}
 		out.Shapes = append(out.Shapes, consoleShape{
 			Group: s.Group, Digest: s.Digest, DigestText: truncateText(s.DigestText, consoleDigestBytes),
-			ExecCount: s.ExecCount, TotalRU: round3(s.TotalRU), AvgRU: round3(avg),
+			ExecCount: s.ExecCount, TotalRU: round3(s.TotalRU()), AvgRU: round3(s.AvgRRU + s.AvgWRU),
 			AvgLatencySeconds: s.AvgLatency().Seconds(), MaxLatencySeconds: s.MaxLatency.Seconds(),
 			Errors: s.SumErrors, LastSeen: s.LastSeen.UTC(),
 		})

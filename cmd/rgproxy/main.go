@@ -120,6 +120,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			Tokens:          tc,
 			Cost:            cfg.RU,
 			Killer:          killer,
+			Cluster:         tc,
 			Roles:           roles,
 			ProxyID:         proxyID(cfg),
 			Settings:        policySettings(cfg),
@@ -161,6 +162,12 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("status listen %s: %w", cfg.StatusAddr, err)
+	}
+	if tc != nil {
+		// Cluster-wide views name this proxy by the address clients reach.
+		if err := tc.StartInspect(instanceName(ln.Addr()), rp); err != nil {
+			logger.Warn("cluster-wide views will not show this proxy", "err", err)
+		}
 	}
 	handler, err := statusHandler(metrics, func(ctx context.Context) (readiness, error) {
 		r := readiness{Metering: cfg.Metering}
@@ -311,6 +318,22 @@ func tokenServerTLS(cfg config) (*tls.Config, error) {
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	return tc, nil
+}
+
+// instanceName is what cluster-wide views show as this proxy's INSTANCE:
+// its MySQL listen address, the host's name in place of an unspecified
+// IP (--listen :4000).
+func instanceName(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // proxyID is --proxy-id, or hostname:listen-port.

@@ -13,6 +13,7 @@ import (
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/sqltext"
+	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
 // admin answers one of rgproxy's own statements; nothing reaches the backend.
@@ -44,6 +45,9 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 	case *resourcegroup.ShowLastStatementRU:
 		return s.showLast()
 	case *resourcegroup.ShowUsage:
+		if a.Cluster {
+			return s.showClusterUsage(ctx, be, a.Filter)
+		}
 		readable, err := s.readableGroups(ctx, be)
 		if err != nil {
 			return errReply(err)
@@ -254,16 +258,17 @@ func (s *session) usageTable(keep func(string) bool) (*vtable, [][]string) {
 		if keep != nil && !keep(u.Group) {
 			continue
 		}
-		row := []string{u.Group, formatFloat(u.RUPerSec), formatFloat(u.Tokens),
-			strconv.FormatUint(u.Throttled, 10), yesNo(u.Degraded), cpu}
+		row := usageRow(u, cpu)
 		rows = append(rows, row)
-		cells := make([]*string, len(row))
-		for i := range row {
-			cells[i] = &row[i]
-		}
-		t.rows = append(t.rows, cells)
+		t.rows = append(t.rows, cellsOf(row))
 	}
 	return t, rows
+}
+
+// usageRow is one group's row of SHOW RESOURCE GROUP USAGE, as text.
+func usageRow(u tokenclient.GroupUsage, cpu string) []string {
+	return []string{u.Group, formatFloat(u.RUPerSec), formatFloat(u.Tokens),
+		strconv.FormatUint(u.Throttled, 10), yesNo(u.Degraded), cpu}
 }
 
 // likeOnName turns SHOW ...'s "LIKE 'p'" into "WHERE NAME LIKE 'p'"; a

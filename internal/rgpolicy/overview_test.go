@@ -61,7 +61,7 @@ func TestOverviewCountsAndHeaviestShapes(t *testing.T) {
 	}
 	heavy, next := o.Shapes[0], o.Shapes[1]
 	if heavy.Group != "warned" || !strings.Contains(heavy.DigestText, "SLEEP") || heavy.ExecCount != 2 ||
-		next.Group != "bound" || next.ExecCount != 3 || heavy.TotalRU <= next.TotalRU {
+		next.Group != "bound" || next.ExecCount != 3 || heavy.TotalRU() <= next.TotalRU() {
 		t.Fatalf("shapes: %+v", o.Shapes)
 	}
 	for _, s := range o.Shapes {

@@ -124,6 +124,9 @@ type Config struct {
 	// Killer kills runaway statements; nil = QUERY_LIMIT ACTION=KILL is
 	// refused at CREATE time.
 	Killer Killer
+	// Cluster gathers the cluster-wide views through rgserver
+	// (tokenclient.Client); nil = they answer an error (cluster.go).
+	Cluster ClusterInspector
 	// ProxyID names this proxy as the source of the watches it adds.
 	ProxyID string
 	// Settings are the reloadable settings.
@@ -164,6 +167,7 @@ type Policy struct {
 	tokens   Tokens
 	cost     ru.Config
 	killer   Killer
+	cluster  ClusterInspector
 	roles    RoleChecker
 	proxyID  string
 	settings atomic.Pointer[Settings]
@@ -216,6 +220,7 @@ func New(cfg Config) (*Policy, error) {
 		tokens:    cfg.Tokens,
 		cost:      cfg.Cost,
 		killer:    cfg.Killer,
+		cluster:   cfg.Cluster,
 		roles:     cfg.Roles,
 		proxyID:   cfg.ProxyID,
 		cooldown:  make(chan struct{}, 1),
@@ -284,7 +289,8 @@ func (p *Policy) CPUSourceInForce() string { return p.cpu.inForce().String() }
 // second look at its text (row_count: wru.go's rowCountRewrite).
 func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
-		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count"}
+		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
+		"cluster_statements_summary", "cluster_resource_group_usage"}
 }
 
 // Open implements mysqlproto.Policy.

@@ -330,9 +330,11 @@ type ShapeSummary struct {
 	FirstSeen, LastSeen       time.Time
 	// EstimateRU is what the proxy charges before the next execution.
 	EstimateRU float64
-	// TotalRU is every execution's RU (RRU + WRU) summed.
-	TotalRU float64
 }
+
+// TotalRU is every execution's RU (RRU + WRU) summed. (A method, not a
+// field: tokenclient.StatementSummary converts from this struct.)
+func (s ShapeSummary) TotalRU() float64 { return (s.AvgRRU + s.AvgWRU) * float64(s.ExecCount) }
 
 // AvgLatency is SumLatency / ExecCount.
 func (s ShapeSummary) AvgLatency() time.Duration {
@@ -381,7 +383,6 @@ func (s *shape) summary() ShapeSummary {
 		SumErrors: s.sumErrors,
 		FirstSeen: s.firstSeen, LastSeen: s.lastSeen,
 		EstimateRU: s.estRRU + s.estWRU,
-		TotalRU:    s.sumRRU + s.sumWRU,
 	}
 }
 
@@ -391,7 +392,7 @@ func (s *shape) summary() ShapeSummary {
 // heaviest shapes.
 func (t *shapes) heaviest(n int) ([]ShapeSummary, int) {
 	all := topn.New(n, func(a, b ShapeSummary) bool {
-		return heavier(a.TotalRU, b.TotalRU, a.Group, b.Group, a.Digest, b.Digest)
+		return heavier(a.TotalRU(), b.TotalRU(), a.Group, b.Group, a.Digest, b.Digest)
 	})
 	held := 0
 	for i := range t.shards {

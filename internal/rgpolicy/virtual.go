@@ -34,12 +34,15 @@ const (
 	vtRunawayWatches    = "runaway_watches"
 	vtStatementsSummary = "statements_summary"
 	vtBindings          = "resource_group_bindings"
+	// The cluster-wide views (cluster.go).
+	vtClusterSummary = "cluster_statements_summary"
+	vtClusterUsage   = "cluster_resource_group_usage"
 )
 
 // isVirtualTable reports whether name (any case) is a virtual table.
 func isVirtualTable(name string) bool {
 	switch strings.ToLower(name) {
-	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings:
+	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings, vtClusterSummary, vtClusterUsage:
 		return true
 	}
 	return false
@@ -378,6 +381,8 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 		return s.summaryTable(readable), nil
 	case vtBindings:
 		return s.bindingsTable(ctx, be)
+	case vtClusterSummary, vtClusterUsage:
+		return s.clusterTable(ctx, be, name)
 	}
 	return nil, resourcegroup.NewUnsupported("information_schema." + name)
 }
@@ -390,6 +395,15 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 // tags only to groups every user may use). With SUPER it returns nil:
 // every group.
 func (s *session) readableGroups(ctx context.Context, be mysqlproto.Backend) (func(string) bool, error) {
+	own, err := s.readableSet(ctx, be)
+	if own == nil || err != nil {
+		return nil, err
+	}
+	return func(g string) bool { return own[g] }, nil
+}
+
+// readableSet is readableGroups as a set; nil with SUPER (every group).
+func (s *session) readableSet(ctx context.Context, be mysqlproto.Backend) (map[string]bool, error) {
 	if s.hasSuper(ctx, be) {
 		return nil, nil
 	}
@@ -405,7 +419,7 @@ func (s *session) readableGroups(ctx context.Context, be mysqlproto.Backend) (fu
 			}
 		}
 	}
-	return func(g string) bool { return own[g] }, nil
+	return own, nil
 }
 
 func resultTable(res *resourcegroup.Result, err error) (*vtable, error) {
@@ -506,21 +520,30 @@ var summaryColumns = []vcol{
 // shapes of the groups keep accepts (nil: every group).
 func (s *session) summaryTable(keep func(string) bool) *vtable {
 	t := &vtable{cols: summaryColumns}
+	for _, r := range s.p.shapes.summary(keep) {
+		t.rows = append(t.rows, cellsOf(summaryRow(r)))
+	}
+	return t
+}
+
+// summaryRow is one shape's row of statements_summary, as text.
+func summaryRow(r ShapeSummary) []string {
 	ns := func(d time.Duration) string { return strconv.FormatInt(int64(d), 10) }
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 6, 64) }
 	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
 	ts := func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
-	for _, r := range s.p.shapes.summary(keep) {
-		row := []string{r.Group, r.Digest, r.DigestText, u(r.ExecCount), ns(r.SumLatency), ns(r.AvgLatency()),
-			ns(r.MaxLatency), f(r.AvgRRU), f(r.MaxRRU), f(r.AvgWRU), f(r.MaxWRU), ns(r.AvgQueued), ns(r.MaxQueued),
-			u(r.SumErrors), ts(r.FirstSeen), ts(r.LastSeen), f(r.EstimateRU)}
-		cells := make([]*string, len(row))
-		for i := range row {
-			cells[i] = &row[i]
-		}
-		t.rows = append(t.rows, cells)
+	return []string{r.Group, r.Digest, r.DigestText, u(r.ExecCount), ns(r.SumLatency), ns(r.AvgLatency()),
+		ns(r.MaxLatency), f(r.AvgRRU), f(r.MaxRRU), f(r.AvgWRU), f(r.MaxWRU), ns(r.AvgQueued), ns(r.MaxQueued),
+		u(r.SumErrors), ts(r.FirstSeen), ts(r.LastSeen), f(r.EstimateRU)}
+}
+
+// cellsOf is a row of text as a virtual table's cells (none NULL).
+func cellsOf(row []string) []*string {
+	cells := make([]*string, len(row))
+	for i := range row {
+		cells[i] = &row[i]
 	}
-	return t
+	return cells
 }
 
 // virtualMentions is the Scan.Mentions bits of the words that may name a
@@ -529,7 +552,8 @@ var virtualMentions = func() uint64 {
 	var m uint64
 	for i, w := range ScanWords() {
 		switch w {
-		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings:
+		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings,
+			vtClusterSummary, vtClusterUsage:
 			m |= 1 << i
 		}
 	}

@@ -1,5 +1,6 @@
 // Package tokenpb holds the rgserver's gRPC API: ResourceGroupService (group
-// settings, bindings, Watch) and TokenService (AcquireTokens). The Go code is
+// settings, bindings, Watch), TokenService (AcquireTokens) and
+// InspectService (cluster-wide views). The Go code is
 // generated from tokenpb.proto by protoc with protoc-gen-go v1.36.12 and
 // protoc-gen-go-grpc v1.5.1.
 package tokenpb

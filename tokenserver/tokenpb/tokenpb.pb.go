@@ -291,6 +291,58 @@ func (GrantError) EnumDescriptor() ([]byte, []int) {
 	return file_tokenpb_proto_rawDescGZIP(), []int{4}
 }
 
+// InspectKind says which of a proxy's views an inspection asks for.
+type InspectKind int32
+
+const (
+	InspectKind_INSPECT_KIND_NONE InspectKind = 0
+	// The proxy's statement shapes (information_schema.statements_summary).
+	InspectKind_INSPECT_KIND_STATEMENTS_SUMMARY InspectKind = 1
+	// The proxy's groups' usage (SHOW RESOURCE GROUP USAGE).
+	InspectKind_INSPECT_KIND_USAGE InspectKind = 2
+)
+
+// Enum value maps for InspectKind.
+var (
+	InspectKind_name = map[int32]string{
+		0: "INSPECT_KIND_NONE",
+		1: "INSPECT_KIND_STATEMENTS_SUMMARY",
+		2: "INSPECT_KIND_USAGE",
+	}
+	InspectKind_value = map[string]int32{
+		"INSPECT_KIND_NONE":               0,
+		"INSPECT_KIND_STATEMENTS_SUMMARY": 1,
+		"INSPECT_KIND_USAGE":              2,
+	}
+)
+
+func (x InspectKind) Enum() *InspectKind {
+	p := new(InspectKind)
+	*p = x
+	return p
+}
+
+func (x InspectKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (InspectKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_tokenpb_proto_enumTypes[5].Descriptor()
+}
+
+func (InspectKind) Type() protoreflect.EnumType {
+	return &file_tokenpb_proto_enumTypes[5]
+}
+
+func (x InspectKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use InspectKind.Descriptor instead.
+func (InspectKind) EnumDescriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{5}
+}
+
 type WatchEvent_Type int32
 
 const (
@@ -321,11 +373,11 @@ func (x WatchEvent_Type) String() string {
 }
 
 func (WatchEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_tokenpb_proto_enumTypes[5].Descriptor()
+	return file_tokenpb_proto_enumTypes[6].Descriptor()
 }
 
 func (WatchEvent_Type) Type() protoreflect.EnumType {
-	return &file_tokenpb_proto_enumTypes[5]
+	return &file_tokenpb_proto_enumTypes[6]
 }
 
 func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
@@ -2518,6 +2570,688 @@ func (x *TokenResponse) GetNotLeader() *NotLeader {
 	return nil
 }
 
+// StatementSummaryRow is one row of a proxy's statements_summary: one
+// statement shape (digest within a group) since the proxy first saw it.
+type StatementSummaryRow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ResourceGroup string                 `protobuf:"bytes,1,opt,name=resource_group,json=resourceGroup,proto3" json:"resource_group,omitempty"`
+	// The digest's 64-bit hash, 16 hex digits.
+	Digest string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The normalized text (literals replaced by ?), at most 4096 bytes.
+	DigestText   string  `protobuf:"bytes,3,opt,name=digest_text,json=digestText,proto3" json:"digest_text,omitempty"`
+	ExecCount    uint64  `protobuf:"varint,4,opt,name=exec_count,json=execCount,proto3" json:"exec_count,omitempty"`
+	SumLatencyNs int64   `protobuf:"varint,5,opt,name=sum_latency_ns,json=sumLatencyNs,proto3" json:"sum_latency_ns,omitempty"`
+	MaxLatencyNs int64   `protobuf:"varint,6,opt,name=max_latency_ns,json=maxLatencyNs,proto3" json:"max_latency_ns,omitempty"`
+	AvgRru       float64 `protobuf:"fixed64,7,opt,name=avg_rru,json=avgRru,proto3" json:"avg_rru,omitempty"`
+	MaxRru       float64 `protobuf:"fixed64,8,opt,name=max_rru,json=maxRru,proto3" json:"max_rru,omitempty"`
+	AvgWru       float64 `protobuf:"fixed64,9,opt,name=avg_wru,json=avgWru,proto3" json:"avg_wru,omitempty"`
+	MaxWru       float64 `protobuf:"fixed64,10,opt,name=max_wru,json=maxWru,proto3" json:"max_wru,omitempty"`
+	// Time spent waiting for tokens, per execution and at most.
+	AvgQueuedNs     int64  `protobuf:"varint,11,opt,name=avg_queued_ns,json=avgQueuedNs,proto3" json:"avg_queued_ns,omitempty"`
+	MaxQueuedNs     int64  `protobuf:"varint,12,opt,name=max_queued_ns,json=maxQueuedNs,proto3" json:"max_queued_ns,omitempty"`
+	SumErrors       uint64 `protobuf:"varint,13,opt,name=sum_errors,json=sumErrors,proto3" json:"sum_errors,omitempty"`
+	FirstSeenUnixMs int64  `protobuf:"varint,14,opt,name=first_seen_unix_ms,json=firstSeenUnixMs,proto3" json:"first_seen_unix_ms,omitempty"`
+	LastSeenUnixMs  int64  `protobuf:"varint,15,opt,name=last_seen_unix_ms,json=lastSeenUnixMs,proto3" json:"last_seen_unix_ms,omitempty"`
+	// What the proxy charges before the shape's next execution.
+	EstimatedRu   float64 `protobuf:"fixed64,16,opt,name=estimated_ru,json=estimatedRu,proto3" json:"estimated_ru,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatementSummaryRow) Reset() {
+	*x = StatementSummaryRow{}
+	mi := &file_tokenpb_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatementSummaryRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatementSummaryRow) ProtoMessage() {}
+
+func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatementSummaryRow.ProtoReflect.Descriptor instead.
+func (*StatementSummaryRow) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *StatementSummaryRow) GetResourceGroup() string {
+	if x != nil {
+		return x.ResourceGroup
+	}
+	return ""
+}
+
+func (x *StatementSummaryRow) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *StatementSummaryRow) GetDigestText() string {
+	if x != nil {
+		return x.DigestText
+	}
+	return ""
+}
+
+func (x *StatementSummaryRow) GetExecCount() uint64 {
+	if x != nil {
+		return x.ExecCount
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetSumLatencyNs() int64 {
+	if x != nil {
+		return x.SumLatencyNs
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetMaxLatencyNs() int64 {
+	if x != nil {
+		return x.MaxLatencyNs
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetAvgRru() float64 {
+	if x != nil {
+		return x.AvgRru
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetMaxRru() float64 {
+	if x != nil {
+		return x.MaxRru
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetAvgWru() float64 {
+	if x != nil {
+		return x.AvgWru
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetMaxWru() float64 {
+	if x != nil {
+		return x.MaxWru
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetAvgQueuedNs() int64 {
+	if x != nil {
+		return x.AvgQueuedNs
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetMaxQueuedNs() int64 {
+	if x != nil {
+		return x.MaxQueuedNs
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetSumErrors() uint64 {
+	if x != nil {
+		return x.SumErrors
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetFirstSeenUnixMs() int64 {
+	if x != nil {
+		return x.FirstSeenUnixMs
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetLastSeenUnixMs() int64 {
+	if x != nil {
+		return x.LastSeenUnixMs
+	}
+	return 0
+}
+
+func (x *StatementSummaryRow) GetEstimatedRu() float64 {
+	if x != nil {
+		return x.EstimatedRu
+	}
+	return 0
+}
+
+// GroupUsageRow is one row of a proxy's SHOW RESOURCE GROUP USAGE.
+type GroupUsageRow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ResourceGroup string                 `protobuf:"bytes,1,opt,name=resource_group,json=resourceGroup,proto3" json:"resource_group,omitempty"`
+	// RU consumed per second on the proxy over the last 10 s.
+	RuPerSecLast_10S float64 `protobuf:"fixed64,2,opt,name=ru_per_sec_last_10s,json=ruPerSecLast10s,proto3" json:"ru_per_sec_last_10s,omitempty"`
+	// What the proxy's local bucket holds; negative is debt.
+	TokensLeft float64 `protobuf:"fixed64,3,opt,name=tokens_left,json=tokensLeft,proto3" json:"tokens_left,omitempty"`
+	// Statements refused with 8252 on the proxy since it started.
+	Throttled uint64 `protobuf:"varint,4,opt,name=throttled,proto3" json:"throttled,omitempty"`
+	// The proxy refills the group locally (rgserver unreachable).
+	Degraded bool `protobuf:"varint,5,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// "proc" or "wall".
+	CpuSource     string `protobuf:"bytes,6,opt,name=cpu_source,json=cpuSource,proto3" json:"cpu_source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupUsageRow) Reset() {
+	*x = GroupUsageRow{}
+	mi := &file_tokenpb_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupUsageRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupUsageRow) ProtoMessage() {}
+
+func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupUsageRow.ProtoReflect.Descriptor instead.
+func (*GroupUsageRow) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *GroupUsageRow) GetResourceGroup() string {
+	if x != nil {
+		return x.ResourceGroup
+	}
+	return ""
+}
+
+func (x *GroupUsageRow) GetRuPerSecLast_10S() float64 {
+	if x != nil {
+		return x.RuPerSecLast_10S
+	}
+	return 0
+}
+
+func (x *GroupUsageRow) GetTokensLeft() float64 {
+	if x != nil {
+		return x.TokensLeft
+	}
+	return 0
+}
+
+func (x *GroupUsageRow) GetThrottled() uint64 {
+	if x != nil {
+		return x.Throttled
+	}
+	return 0
+}
+
+func (x *GroupUsageRow) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
+	}
+	return false
+}
+
+func (x *GroupUsageRow) GetCpuSource() string {
+	if x != nil {
+		return x.CpuSource
+	}
+	return ""
+}
+
+// InspectRequest is what the leader sends a proxy on its Inspect stream.
+type InspectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Echoed in the reply.
+	RequestId uint64      `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Kind      InspectKind `protobuf:"varint,2,opt,name=kind,proto3,enum=rgproxy.token.v1.InspectKind" json:"kind,omitempty"`
+	// Every group's rows; else only those of groups.
+	AllGroups bool     `protobuf:"varint,3,opt,name=all_groups,json=allGroups,proto3" json:"all_groups,omitempty"`
+	Groups    []string `protobuf:"bytes,4,rep,name=groups,proto3" json:"groups,omitempty"`
+	// The reply's rows must fit in this many bytes (their encoded size):
+	// the proxy leaves out the rest (heaviest statement shapes first) and
+	// sets truncated. rgserver cuts a reply that does not.
+	MaxBytes uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// Set when this replica is not the leader (the other fields empty):
+	// the stream ends and the proxy reconnects to leader_addr.
+	NotLeader     *NotLeader `protobuf:"bytes,6,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectRequest) Reset() {
+	*x = InspectRequest{}
+	mi := &file_tokenpb_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectRequest) ProtoMessage() {}
+
+func (x *InspectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
+func (*InspectRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *InspectRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *InspectRequest) GetKind() InspectKind {
+	if x != nil {
+		return x.Kind
+	}
+	return InspectKind_INSPECT_KIND_NONE
+}
+
+func (x *InspectRequest) GetAllGroups() bool {
+	if x != nil {
+		return x.AllGroups
+	}
+	return false
+}
+
+func (x *InspectRequest) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *InspectRequest) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *InspectRequest) GetNotLeader() *NotLeader {
+	if x != nil {
+		return x.NotLeader
+	}
+	return nil
+}
+
+// InspectHello names the proxy on its Inspect stream.
+type InspectHello struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The proxy id of its AcquireTokens stream (bound to its credential),
+	// at most 256 bytes.
+	ProxyId string `protobuf:"bytes,1,opt,name=proxy_id,json=proxyId,proto3" json:"proxy_id,omitempty"`
+	// What cluster views show as INSTANCE: the proxy's MySQL address
+	// (host:port), at most 256 bytes.
+	Instance      string `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectHello) Reset() {
+	*x = InspectHello{}
+	mi := &file_tokenpb_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectHello) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectHello) ProtoMessage() {}
+
+func (x *InspectHello) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectHello.ProtoReflect.Descriptor instead.
+func (*InspectHello) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *InspectHello) GetProxyId() string {
+	if x != nil {
+		return x.ProxyId
+	}
+	return ""
+}
+
+func (x *InspectHello) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+// InspectReply is what a proxy sends on its Inspect stream: first a hello
+// (nothing else set), then one reply per InspectRequest.
+type InspectReply struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Hello      *InspectHello          `protobuf:"bytes,1,opt,name=hello,proto3" json:"hello,omitempty"`
+	RequestId  uint64                 `protobuf:"varint,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Statements []*StatementSummaryRow `protobuf:"bytes,3,rep,name=statements,proto3" json:"statements,omitempty"`
+	Usage      []*GroupUsageRow       `protobuf:"bytes,4,rep,name=usage,proto3" json:"usage,omitempty"`
+	// Rows were left out to fit max_bytes.
+	Truncated     bool `protobuf:"varint,5,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectReply) Reset() {
+	*x = InspectReply{}
+	mi := &file_tokenpb_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectReply) ProtoMessage() {}
+
+func (x *InspectReply) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectReply.ProtoReflect.Descriptor instead.
+func (*InspectReply) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *InspectReply) GetHello() *InspectHello {
+	if x != nil {
+		return x.Hello
+	}
+	return nil
+}
+
+func (x *InspectReply) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *InspectReply) GetStatements() []*StatementSummaryRow {
+	if x != nil {
+		return x.Statements
+	}
+	return nil
+}
+
+func (x *InspectReply) GetUsage() []*GroupUsageRow {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *InspectReply) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type ClusterInspectRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  InspectKind            `protobuf:"varint,1,opt,name=kind,proto3,enum=rgproxy.token.v1.InspectKind" json:"kind,omitempty"`
+	// Every group's rows; else only those of groups (at most 1,000 names).
+	AllGroups     bool     `protobuf:"varint,2,opt,name=all_groups,json=allGroups,proto3" json:"all_groups,omitempty"`
+	Groups        []string `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterInspectRequest) Reset() {
+	*x = ClusterInspectRequest{}
+	mi := &file_tokenpb_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterInspectRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterInspectRequest) ProtoMessage() {}
+
+func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterInspectRequest.ProtoReflect.Descriptor instead.
+func (*ClusterInspectRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ClusterInspectRequest) GetKind() InspectKind {
+	if x != nil {
+		return x.Kind
+	}
+	return InspectKind_INSPECT_KIND_NONE
+}
+
+func (x *ClusterInspectRequest) GetAllGroups() bool {
+	if x != nil {
+		return x.AllGroups
+	}
+	return false
+}
+
+func (x *ClusterInspectRequest) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+// InstanceRows are one proxy's rows in a cluster view.
+type InstanceRows struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Instance   string                 `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	Statements []*StatementSummaryRow `protobuf:"bytes,2,rep,name=statements,proto3" json:"statements,omitempty"`
+	Usage      []*GroupUsageRow       `protobuf:"bytes,3,rep,name=usage,proto3" json:"usage,omitempty"`
+	// Rows were left out to fit the answer's size bound.
+	Truncated     bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InstanceRows) Reset() {
+	*x = InstanceRows{}
+	mi := &file_tokenpb_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InstanceRows) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InstanceRows) ProtoMessage() {}
+
+func (x *InstanceRows) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InstanceRows.ProtoReflect.Descriptor instead.
+func (*InstanceRows) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *InstanceRows) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *InstanceRows) GetStatements() []*StatementSummaryRow {
+	if x != nil {
+		return x.Statements
+	}
+	return nil
+}
+
+func (x *InstanceRows) GetUsage() []*GroupUsageRow {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *InstanceRows) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+type ClusterInspectResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The proxies that answered in time, sorted by instance.
+	Instances []*InstanceRows `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	// The instances of the proxies that did not answer in time, sorted.
+	Unanswered []string `protobuf:"bytes,2,rep,name=unanswered,proto3" json:"unanswered,omitempty"`
+	// Set when this replica is not the leader: ask leader_addr.
+	NotLeader     *NotLeader `protobuf:"bytes,3,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterInspectResponse) Reset() {
+	*x = ClusterInspectResponse{}
+	mi := &file_tokenpb_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterInspectResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterInspectResponse) ProtoMessage() {}
+
+func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterInspectResponse.ProtoReflect.Descriptor instead.
+func (*ClusterInspectResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ClusterInspectResponse) GetInstances() []*InstanceRows {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+func (x *ClusterInspectResponse) GetUnanswered() []string {
+	if x != nil {
+		return x.Unanswered
+	}
+	return nil
+}
+
+func (x *ClusterInspectResponse) GetNotLeader() *NotLeader {
+	if x != nil {
+		return x.NotLeader
+	}
+	return nil
+}
+
 var File_tokenpb_proto protoreflect.FileDescriptor
 
 const file_tokenpb_proto_rawDesc = "" +
@@ -2675,6 +3409,77 @@ const file_tokenpb_proto_rawDesc = "" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x124\n" +
 	"\x06grants\x18\x02 \x03(\v2\x1c.rgproxy.token.v1.GroupGrantR\x06grants\x12:\n" +
 	"\n" +
+	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\xa6\x04\n" +
+	"\x13StatementSummaryRow\x12%\n" +
+	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1f\n" +
+	"\vdigest_text\x18\x03 \x01(\tR\n" +
+	"digestText\x12\x1d\n" +
+	"\n" +
+	"exec_count\x18\x04 \x01(\x04R\texecCount\x12$\n" +
+	"\x0esum_latency_ns\x18\x05 \x01(\x03R\fsumLatencyNs\x12$\n" +
+	"\x0emax_latency_ns\x18\x06 \x01(\x03R\fmaxLatencyNs\x12\x17\n" +
+	"\aavg_rru\x18\a \x01(\x01R\x06avgRru\x12\x17\n" +
+	"\amax_rru\x18\b \x01(\x01R\x06maxRru\x12\x17\n" +
+	"\aavg_wru\x18\t \x01(\x01R\x06avgWru\x12\x17\n" +
+	"\amax_wru\x18\n" +
+	" \x01(\x01R\x06maxWru\x12\"\n" +
+	"\ravg_queued_ns\x18\v \x01(\x03R\vavgQueuedNs\x12\"\n" +
+	"\rmax_queued_ns\x18\f \x01(\x03R\vmaxQueuedNs\x12\x1d\n" +
+	"\n" +
+	"sum_errors\x18\r \x01(\x04R\tsumErrors\x12+\n" +
+	"\x12first_seen_unix_ms\x18\x0e \x01(\x03R\x0ffirstSeenUnixMs\x12)\n" +
+	"\x11last_seen_unix_ms\x18\x0f \x01(\x03R\x0elastSeenUnixMs\x12!\n" +
+	"\festimated_ru\x18\x10 \x01(\x01R\vestimatedRu\"\xde\x01\n" +
+	"\rGroupUsageRow\x12%\n" +
+	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12,\n" +
+	"\x13ru_per_sec_last_10s\x18\x02 \x01(\x01R\x0fruPerSecLast10s\x12\x1f\n" +
+	"\vtokens_left\x18\x03 \x01(\x01R\n" +
+	"tokensLeft\x12\x1c\n" +
+	"\tthrottled\x18\x04 \x01(\x04R\tthrottled\x12\x1a\n" +
+	"\bdegraded\x18\x05 \x01(\bR\bdegraded\x12\x1d\n" +
+	"\n" +
+	"cpu_source\x18\x06 \x01(\tR\tcpuSource\"\xf2\x01\n" +
+	"\x0eInspectRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x121\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x1d.rgproxy.token.v1.InspectKindR\x04kind\x12\x1d\n" +
+	"\n" +
+	"all_groups\x18\x03 \x01(\bR\tallGroups\x12\x16\n" +
+	"\x06groups\x18\x04 \x03(\tR\x06groups\x12\x1b\n" +
+	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\x12:\n" +
+	"\n" +
+	"not_leader\x18\x06 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"E\n" +
+	"\fInspectHello\x12\x19\n" +
+	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\"\xff\x01\n" +
+	"\fInspectReply\x124\n" +
+	"\x05hello\x18\x01 \x01(\v2\x1e.rgproxy.token.v1.InspectHelloR\x05hello\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\x04R\trequestId\x12E\n" +
+	"\n" +
+	"statements\x18\x03 \x03(\v2%.rgproxy.token.v1.StatementSummaryRowR\n" +
+	"statements\x125\n" +
+	"\x05usage\x18\x04 \x03(\v2\x1f.rgproxy.token.v1.GroupUsageRowR\x05usage\x12\x1c\n" +
+	"\ttruncated\x18\x05 \x01(\bR\ttruncated\"\x81\x01\n" +
+	"\x15ClusterInspectRequest\x121\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1d.rgproxy.token.v1.InspectKindR\x04kind\x12\x1d\n" +
+	"\n" +
+	"all_groups\x18\x02 \x01(\bR\tallGroups\x12\x16\n" +
+	"\x06groups\x18\x03 \x03(\tR\x06groups\"\xc6\x01\n" +
+	"\fInstanceRows\x12\x1a\n" +
+	"\binstance\x18\x01 \x01(\tR\binstance\x12E\n" +
+	"\n" +
+	"statements\x18\x02 \x03(\v2%.rgproxy.token.v1.StatementSummaryRowR\n" +
+	"statements\x125\n" +
+	"\x05usage\x18\x03 \x03(\v2\x1f.rgproxy.token.v1.GroupUsageRowR\x05usage\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xb2\x01\n" +
+	"\x16ClusterInspectResponse\x12<\n" +
+	"\tinstances\x18\x01 \x03(\v2\x1e.rgproxy.token.v1.InstanceRowsR\tinstances\x12\x1e\n" +
+	"\n" +
+	"unanswered\x18\x02 \x03(\tR\n" +
+	"unanswered\x12:\n" +
+	"\n" +
 	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader*D\n" +
 	"\bPriority\x12\x13\n" +
 	"\x0fPRIORITY_MEDIUM\x10\x00\x12\x10\n" +
@@ -2699,7 +3504,11 @@ const file_tokenpb_proto_rawDesc = "" +
 	"GrantError\x12\x14\n" +
 	"\x10GRANT_ERROR_NONE\x10\x00\x12\x19\n" +
 	"\x15GRANT_ERROR_NOT_FOUND\x10\x01\x12\x1b\n" +
-	"\x17GRANT_ERROR_UNAVAILABLE\x10\x022\x88\t\n" +
+	"\x17GRANT_ERROR_UNAVAILABLE\x10\x02*a\n" +
+	"\vInspectKind\x12\x15\n" +
+	"\x11INSPECT_KIND_NONE\x10\x00\x12#\n" +
+	"\x1fINSPECT_KIND_STATEMENTS_SUMMARY\x10\x01\x12\x16\n" +
+	"\x12INSPECT_KIND_USAGE\x10\x022\x88\t\n" +
 	"\x14ResourceGroupService\x12Z\n" +
 	"\vCreateGroup\x12$.rgproxy.token.v1.CreateGroupRequest\x1a%.rgproxy.token.v1.CreateGroupResponse\x12W\n" +
 	"\n" +
@@ -2719,7 +3528,10 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\vListWatches\x12$.rgproxy.token.v1.ListWatchesRequest\x1a%.rgproxy.token.v1.ListWatchesResponse\x12J\n" +
 	"\x05Watch\x12\x1e.rgproxy.token.v1.WatchRequest\x1a\x1f.rgproxy.token.v1.WatchResponse0\x012d\n" +
 	"\fTokenService\x12T\n" +
-	"\rAcquireTokens\x12\x1e.rgproxy.token.v1.TokenRequest\x1a\x1f.rgproxy.token.v1.TokenResponse(\x010\x01B0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
+	"\rAcquireTokens\x12\x1e.rgproxy.token.v1.TokenRequest\x1a\x1f.rgproxy.token.v1.TokenResponse(\x010\x012\xc6\x01\n" +
+	"\x0eInspectService\x12O\n" +
+	"\aInspect\x12\x1e.rgproxy.token.v1.InspectReply\x1a .rgproxy.token.v1.InspectRequest(\x010\x01\x12c\n" +
+	"\x0eClusterInspect\x12'.rgproxy.token.v1.ClusterInspectRequest\x1a(.rgproxy.token.v1.ClusterInspectResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
 
 var (
 	file_tokenpb_proto_rawDescOnce sync.Once
@@ -2733,116 +3545,139 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 	return file_tokenpb_proto_rawDescData
 }
 
-var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_tokenpb_proto_goTypes = []any{
-	(Priority)(0),                // 0: rgproxy.token.v1.Priority
-	(BurstMode)(0),               // 1: rgproxy.token.v1.BurstMode
-	(Action)(0),                  // 2: rgproxy.token.v1.Action
-	(WatchType)(0),               // 3: rgproxy.token.v1.WatchType
-	(GrantError)(0),              // 4: rgproxy.token.v1.GrantError
-	(WatchEvent_Type)(0),         // 5: rgproxy.token.v1.WatchEvent.Type
-	(*QueryLimit)(nil),           // 6: rgproxy.token.v1.QueryLimit
-	(*ResourceGroup)(nil),        // 7: rgproxy.token.v1.ResourceGroup
-	(*Binding)(nil),              // 8: rgproxy.token.v1.Binding
-	(*CreateGroupRequest)(nil),   // 9: rgproxy.token.v1.CreateGroupRequest
-	(*CreateGroupResponse)(nil),  // 10: rgproxy.token.v1.CreateGroupResponse
-	(*AlterGroupRequest)(nil),    // 11: rgproxy.token.v1.AlterGroupRequest
-	(*AlterGroupResponse)(nil),   // 12: rgproxy.token.v1.AlterGroupResponse
-	(*DropGroupRequest)(nil),     // 13: rgproxy.token.v1.DropGroupRequest
-	(*DropGroupResponse)(nil),    // 14: rgproxy.token.v1.DropGroupResponse
-	(*GetGroupRequest)(nil),      // 15: rgproxy.token.v1.GetGroupRequest
-	(*GetGroupResponse)(nil),     // 16: rgproxy.token.v1.GetGroupResponse
-	(*ListGroupsRequest)(nil),    // 17: rgproxy.token.v1.ListGroupsRequest
-	(*ListGroupsResponse)(nil),   // 18: rgproxy.token.v1.ListGroupsResponse
-	(*BindUserRequest)(nil),      // 19: rgproxy.token.v1.BindUserRequest
-	(*BindUserResponse)(nil),     // 20: rgproxy.token.v1.BindUserResponse
-	(*UnbindUserRequest)(nil),    // 21: rgproxy.token.v1.UnbindUserRequest
-	(*UnbindUserResponse)(nil),   // 22: rgproxy.token.v1.UnbindUserResponse
-	(*GetBindingRequest)(nil),    // 23: rgproxy.token.v1.GetBindingRequest
-	(*GetBindingResponse)(nil),   // 24: rgproxy.token.v1.GetBindingResponse
-	(*ListBindingsRequest)(nil),  // 25: rgproxy.token.v1.ListBindingsRequest
-	(*ListBindingsResponse)(nil), // 26: rgproxy.token.v1.ListBindingsResponse
-	(*RunawayWatch)(nil),         // 27: rgproxy.token.v1.RunawayWatch
-	(*AddWatchRequest)(nil),      // 28: rgproxy.token.v1.AddWatchRequest
-	(*AddWatchResponse)(nil),     // 29: rgproxy.token.v1.AddWatchResponse
-	(*RemoveWatchRequest)(nil),   // 30: rgproxy.token.v1.RemoveWatchRequest
-	(*RemoveWatchResponse)(nil),  // 31: rgproxy.token.v1.RemoveWatchResponse
-	(*ListWatchesRequest)(nil),   // 32: rgproxy.token.v1.ListWatchesRequest
-	(*ListWatchesResponse)(nil),  // 33: rgproxy.token.v1.ListWatchesResponse
-	(*WatchRequest)(nil),         // 34: rgproxy.token.v1.WatchRequest
-	(*WatchEvent)(nil),           // 35: rgproxy.token.v1.WatchEvent
-	(*WatchResponse)(nil),        // 36: rgproxy.token.v1.WatchResponse
-	(*Consumption)(nil),          // 37: rgproxy.token.v1.Consumption
-	(*GroupTokenRequest)(nil),    // 38: rgproxy.token.v1.GroupTokenRequest
-	(*TokenRequest)(nil),         // 39: rgproxy.token.v1.TokenRequest
-	(*GroupGrant)(nil),           // 40: rgproxy.token.v1.GroupGrant
-	(*NotLeader)(nil),            // 41: rgproxy.token.v1.NotLeader
-	(*TokenResponse)(nil),        // 42: rgproxy.token.v1.TokenResponse
+	(Priority)(0),                  // 0: rgproxy.token.v1.Priority
+	(BurstMode)(0),                 // 1: rgproxy.token.v1.BurstMode
+	(Action)(0),                    // 2: rgproxy.token.v1.Action
+	(WatchType)(0),                 // 3: rgproxy.token.v1.WatchType
+	(GrantError)(0),                // 4: rgproxy.token.v1.GrantError
+	(InspectKind)(0),               // 5: rgproxy.token.v1.InspectKind
+	(WatchEvent_Type)(0),           // 6: rgproxy.token.v1.WatchEvent.Type
+	(*QueryLimit)(nil),             // 7: rgproxy.token.v1.QueryLimit
+	(*ResourceGroup)(nil),          // 8: rgproxy.token.v1.ResourceGroup
+	(*Binding)(nil),                // 9: rgproxy.token.v1.Binding
+	(*CreateGroupRequest)(nil),     // 10: rgproxy.token.v1.CreateGroupRequest
+	(*CreateGroupResponse)(nil),    // 11: rgproxy.token.v1.CreateGroupResponse
+	(*AlterGroupRequest)(nil),      // 12: rgproxy.token.v1.AlterGroupRequest
+	(*AlterGroupResponse)(nil),     // 13: rgproxy.token.v1.AlterGroupResponse
+	(*DropGroupRequest)(nil),       // 14: rgproxy.token.v1.DropGroupRequest
+	(*DropGroupResponse)(nil),      // 15: rgproxy.token.v1.DropGroupResponse
+	(*GetGroupRequest)(nil),        // 16: rgproxy.token.v1.GetGroupRequest
+	(*GetGroupResponse)(nil),       // 17: rgproxy.token.v1.GetGroupResponse
+	(*ListGroupsRequest)(nil),      // 18: rgproxy.token.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),     // 19: rgproxy.token.v1.ListGroupsResponse
+	(*BindUserRequest)(nil),        // 20: rgproxy.token.v1.BindUserRequest
+	(*BindUserResponse)(nil),       // 21: rgproxy.token.v1.BindUserResponse
+	(*UnbindUserRequest)(nil),      // 22: rgproxy.token.v1.UnbindUserRequest
+	(*UnbindUserResponse)(nil),     // 23: rgproxy.token.v1.UnbindUserResponse
+	(*GetBindingRequest)(nil),      // 24: rgproxy.token.v1.GetBindingRequest
+	(*GetBindingResponse)(nil),     // 25: rgproxy.token.v1.GetBindingResponse
+	(*ListBindingsRequest)(nil),    // 26: rgproxy.token.v1.ListBindingsRequest
+	(*ListBindingsResponse)(nil),   // 27: rgproxy.token.v1.ListBindingsResponse
+	(*RunawayWatch)(nil),           // 28: rgproxy.token.v1.RunawayWatch
+	(*AddWatchRequest)(nil),        // 29: rgproxy.token.v1.AddWatchRequest
+	(*AddWatchResponse)(nil),       // 30: rgproxy.token.v1.AddWatchResponse
+	(*RemoveWatchRequest)(nil),     // 31: rgproxy.token.v1.RemoveWatchRequest
+	(*RemoveWatchResponse)(nil),    // 32: rgproxy.token.v1.RemoveWatchResponse
+	(*ListWatchesRequest)(nil),     // 33: rgproxy.token.v1.ListWatchesRequest
+	(*ListWatchesResponse)(nil),    // 34: rgproxy.token.v1.ListWatchesResponse
+	(*WatchRequest)(nil),           // 35: rgproxy.token.v1.WatchRequest
+	(*WatchEvent)(nil),             // 36: rgproxy.token.v1.WatchEvent
+	(*WatchResponse)(nil),          // 37: rgproxy.token.v1.WatchResponse
+	(*Consumption)(nil),            // 38: rgproxy.token.v1.Consumption
+	(*GroupTokenRequest)(nil),      // 39: rgproxy.token.v1.GroupTokenRequest
+	(*TokenRequest)(nil),           // 40: rgproxy.token.v1.TokenRequest
+	(*GroupGrant)(nil),             // 41: rgproxy.token.v1.GroupGrant
+	(*NotLeader)(nil),              // 42: rgproxy.token.v1.NotLeader
+	(*TokenResponse)(nil),          // 43: rgproxy.token.v1.TokenResponse
+	(*StatementSummaryRow)(nil),    // 44: rgproxy.token.v1.StatementSummaryRow
+	(*GroupUsageRow)(nil),          // 45: rgproxy.token.v1.GroupUsageRow
+	(*InspectRequest)(nil),         // 46: rgproxy.token.v1.InspectRequest
+	(*InspectHello)(nil),           // 47: rgproxy.token.v1.InspectHello
+	(*InspectReply)(nil),           // 48: rgproxy.token.v1.InspectReply
+	(*ClusterInspectRequest)(nil),  // 49: rgproxy.token.v1.ClusterInspectRequest
+	(*InstanceRows)(nil),           // 50: rgproxy.token.v1.InstanceRows
+	(*ClusterInspectResponse)(nil), // 51: rgproxy.token.v1.ClusterInspectResponse
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
 	3,  // 1: rgproxy.token.v1.QueryLimit.watch:type_name -> rgproxy.token.v1.WatchType
 	0,  // 2: rgproxy.token.v1.ResourceGroup.priority:type_name -> rgproxy.token.v1.Priority
 	1,  // 3: rgproxy.token.v1.ResourceGroup.burst:type_name -> rgproxy.token.v1.BurstMode
-	6,  // 4: rgproxy.token.v1.ResourceGroup.query_limit:type_name -> rgproxy.token.v1.QueryLimit
-	7,  // 5: rgproxy.token.v1.CreateGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
-	7,  // 6: rgproxy.token.v1.CreateGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	7,  // 7: rgproxy.token.v1.AlterGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
-	7,  // 8: rgproxy.token.v1.AlterGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	7,  // 9: rgproxy.token.v1.GetGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	7,  // 10: rgproxy.token.v1.ListGroupsResponse.groups:type_name -> rgproxy.token.v1.ResourceGroup
-	8,  // 11: rgproxy.token.v1.BindUserRequest.binding:type_name -> rgproxy.token.v1.Binding
-	8,  // 12: rgproxy.token.v1.GetBindingResponse.binding:type_name -> rgproxy.token.v1.Binding
-	8,  // 13: rgproxy.token.v1.ListBindingsResponse.bindings:type_name -> rgproxy.token.v1.Binding
+	7,  // 4: rgproxy.token.v1.ResourceGroup.query_limit:type_name -> rgproxy.token.v1.QueryLimit
+	8,  // 5: rgproxy.token.v1.CreateGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 6: rgproxy.token.v1.CreateGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 7: rgproxy.token.v1.AlterGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 8: rgproxy.token.v1.AlterGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 9: rgproxy.token.v1.GetGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 10: rgproxy.token.v1.ListGroupsResponse.groups:type_name -> rgproxy.token.v1.ResourceGroup
+	9,  // 11: rgproxy.token.v1.BindUserRequest.binding:type_name -> rgproxy.token.v1.Binding
+	9,  // 12: rgproxy.token.v1.GetBindingResponse.binding:type_name -> rgproxy.token.v1.Binding
+	9,  // 13: rgproxy.token.v1.ListBindingsResponse.bindings:type_name -> rgproxy.token.v1.Binding
 	2,  // 14: rgproxy.token.v1.RunawayWatch.action:type_name -> rgproxy.token.v1.Action
 	3,  // 15: rgproxy.token.v1.RunawayWatch.match:type_name -> rgproxy.token.v1.WatchType
-	27, // 16: rgproxy.token.v1.AddWatchRequest.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	27, // 17: rgproxy.token.v1.AddWatchResponse.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	27, // 18: rgproxy.token.v1.ListWatchesResponse.watches:type_name -> rgproxy.token.v1.RunawayWatch
-	5,  // 19: rgproxy.token.v1.WatchEvent.type:type_name -> rgproxy.token.v1.WatchEvent.Type
-	7,  // 20: rgproxy.token.v1.WatchEvent.group:type_name -> rgproxy.token.v1.ResourceGroup
-	8,  // 21: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
-	27, // 22: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	35, // 23: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
-	37, // 24: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
-	38, // 25: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
+	28, // 16: rgproxy.token.v1.AddWatchRequest.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	28, // 17: rgproxy.token.v1.AddWatchResponse.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	28, // 18: rgproxy.token.v1.ListWatchesResponse.watches:type_name -> rgproxy.token.v1.RunawayWatch
+	6,  // 19: rgproxy.token.v1.WatchEvent.type:type_name -> rgproxy.token.v1.WatchEvent.Type
+	8,  // 20: rgproxy.token.v1.WatchEvent.group:type_name -> rgproxy.token.v1.ResourceGroup
+	9,  // 21: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
+	28, // 22: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	36, // 23: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
+	38, // 24: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
+	39, // 25: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
 	4,  // 26: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
-	40, // 27: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
-	41, // 28: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	9,  // 29: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	11, // 30: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	13, // 31: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	15, // 32: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	17, // 33: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	19, // 34: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	21, // 35: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	23, // 36: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	25, // 37: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	28, // 38: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
-	30, // 39: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
-	32, // 40: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
-	34, // 41: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	39, // 42: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	10, // 43: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	12, // 44: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	14, // 45: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	16, // 46: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	18, // 47: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	20, // 48: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	22, // 49: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	24, // 50: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	26, // 51: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	29, // 52: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	31, // 53: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	33, // 54: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	36, // 55: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	42, // 56: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	43, // [43:57] is the sub-list for method output_type
-	29, // [29:43] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	41, // 27: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
+	42, // 28: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	5,  // 29: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	42, // 30: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	47, // 31: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
+	44, // 32: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	45, // 33: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	5,  // 34: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	44, // 35: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	45, // 36: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	50, // 37: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
+	42, // 38: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	10, // 39: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	12, // 40: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	14, // 41: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	16, // 42: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	18, // 43: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	20, // 44: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	22, // 45: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	24, // 46: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	26, // 47: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	29, // 48: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	31, // 49: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	33, // 50: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	35, // 51: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	40, // 52: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	48, // 53: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
+	49, // 54: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
+	11, // 55: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	13, // 56: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	15, // 57: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	17, // 58: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	19, // 59: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	21, // 60: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	23, // 61: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	25, // 62: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	27, // 63: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	30, // 64: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	32, // 65: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	34, // 66: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	37, // 67: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	43, // 68: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	46, // 69: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
+	51, // 70: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
+	55, // [55:71] is the sub-list for method output_type
+	39, // [39:55] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -2855,10 +3690,10 @@ func file_tokenpb_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   37,
+			NumEnums:      7,
+			NumMessages:   45,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_tokenpb_proto_goTypes,
 		DependencyIndexes: file_tokenpb_proto_depIdxs,

@@ -709,3 +709,158 @@ var TokenService_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "tokenpb.proto",
 }
+
+const (
+	InspectService_Inspect_FullMethodName        = "/rgproxy.token.v1.InspectService/Inspect"
+	InspectService_ClusterInspect_FullMethodName = "/rgproxy.token.v1.InspectService/ClusterInspect"
+)
+
+// InspectServiceClient is the client API for InspectService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// InspectService gathers cluster-wide views from every proxy connected to
+// the leader. Both RPCs are open to proxy and administrator credentials.
+type InspectServiceClient interface {
+	// One bidirectional stream per proxy, to the leader: the proxy sends
+	// its hello, then answers each request. A follower sends one
+	// InspectRequest with not_leader and ends the stream; so does a leader
+	// that steps down.
+	Inspect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[InspectReply, InspectRequest], error)
+	// ClusterInspect asks every proxy with an Inspect stream for its rows
+	// and answers within 500 ms (or the call's deadline, if sooner), naming
+	// the proxies that did not answer in time.
+	ClusterInspect(ctx context.Context, in *ClusterInspectRequest, opts ...grpc.CallOption) (*ClusterInspectResponse, error)
+}
+
+type inspectServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewInspectServiceClient(cc grpc.ClientConnInterface) InspectServiceClient {
+	return &inspectServiceClient{cc}
+}
+
+func (c *inspectServiceClient) Inspect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[InspectReply, InspectRequest], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InspectService_ServiceDesc.Streams[0], InspectService_Inspect_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[InspectReply, InspectRequest]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InspectService_InspectClient = grpc.BidiStreamingClient[InspectReply, InspectRequest]
+
+func (c *inspectServiceClient) ClusterInspect(ctx context.Context, in *ClusterInspectRequest, opts ...grpc.CallOption) (*ClusterInspectResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClusterInspectResponse)
+	err := c.cc.Invoke(ctx, InspectService_ClusterInspect_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// InspectServiceServer is the server API for InspectService service.
+// All implementations must embed UnimplementedInspectServiceServer
+// for forward compatibility.
+//
+// InspectService gathers cluster-wide views from every proxy connected to
+// the leader. Both RPCs are open to proxy and administrator credentials.
+type InspectServiceServer interface {
+	// One bidirectional stream per proxy, to the leader: the proxy sends
+	// its hello, then answers each request. A follower sends one
+	// InspectRequest with not_leader and ends the stream; so does a leader
+	// that steps down.
+	Inspect(grpc.BidiStreamingServer[InspectReply, InspectRequest]) error
+	// ClusterInspect asks every proxy with an Inspect stream for its rows
+	// and answers within 500 ms (or the call's deadline, if sooner), naming
+	// the proxies that did not answer in time.
+	ClusterInspect(context.Context, *ClusterInspectRequest) (*ClusterInspectResponse, error)
+	mustEmbedUnimplementedInspectServiceServer()
+}
+
+// UnimplementedInspectServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedInspectServiceServer struct{}
+
+func (UnimplementedInspectServiceServer) Inspect(grpc.BidiStreamingServer[InspectReply, InspectRequest]) error {
+	return status.Errorf(codes.Unimplemented, "method Inspect not implemented")
+}
+func (UnimplementedInspectServiceServer) ClusterInspect(context.Context, *ClusterInspectRequest) (*ClusterInspectResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ClusterInspect not implemented")
+}
+func (UnimplementedInspectServiceServer) mustEmbedUnimplementedInspectServiceServer() {}
+func (UnimplementedInspectServiceServer) testEmbeddedByValue()                        {}
+
+// UnsafeInspectServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to InspectServiceServer will
+// result in compilation errors.
+type UnsafeInspectServiceServer interface {
+	mustEmbedUnimplementedInspectServiceServer()
+}
+
+func RegisterInspectServiceServer(s grpc.ServiceRegistrar, srv InspectServiceServer) {
+	// If the following call pancis, it indicates UnimplementedInspectServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&InspectService_ServiceDesc, srv)
+}
+
+func _InspectService_Inspect_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(InspectServiceServer).Inspect(&grpc.GenericServerStream[InspectReply, InspectRequest]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InspectService_InspectServer = grpc.BidiStreamingServer[InspectReply, InspectRequest]
+
+func _InspectService_ClusterInspect_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClusterInspectRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InspectServiceServer).ClusterInspect(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InspectService_ClusterInspect_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InspectServiceServer).ClusterInspect(ctx, req.(*ClusterInspectRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// InspectService_ServiceDesc is the grpc.ServiceDesc for InspectService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var InspectService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "rgproxy.token.v1.InspectService",
+	HandlerType: (*InspectServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ClusterInspect",
+			Handler:    _InspectService_ClusterInspect_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Inspect",
+			Handler:       _InspectService_Inspect_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "tokenpb.proto",
+}
