@@ -150,6 +150,7 @@ func TestOverview(t *testing.T) {
 // lock) and lists only the limit: the busiest in use, then by name.
 func TestOverviewManyGroups(t *testing.T) {
 	ts := startServer(t, startEtcd(t), "")
+	waitFor(t, "leadership", ts.srv.IsLeader) // a new term starts a fresh allocator
 	now := ts.clock.Now()
 	const n = 20000
 	ts.srv.mu.Lock()
