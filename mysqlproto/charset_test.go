@@ -94,8 +94,9 @@ func TestSessionFollowsCharset(t *testing.T) {
 		if _, m := rc.cmd(respGeneric, false, query(q)); m.ErrCode != 0 {
 			t.Fatalf("%s: error %d", q, m.ErrCode)
 		}
-		stmts := pol.outcomes()
-		return stmts[len(stmts)-1].st.Charset
+		// The policy hears After once the reply is on its way, so the
+		// client may read the reply first: wait for this statement's outcome.
+		return pol.waitOutcome(t, q).st.Charset
 	}
 	if cs := charsetOf("SELECT 1"); cs != sqltext.ASCIISafe {
 		t.Fatalf("after login: %v", cs)

@@ -46,6 +46,25 @@ func (p *recPolicy) outcomes() []recStmt {
 	return append([]recStmt(nil), p.stmts...)
 }
 
+// waitOutcome returns the last outcome recorded for query q, waiting up
+// to five seconds for it: After runs once the reply is on its way.
+func (p *recPolicy) waitOutcome(t *testing.T, q string) recStmt {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		stmts := p.outcomes()
+		for i := len(stmts) - 1; i >= 0; i-- {
+			if stmts[i].st.Query == q {
+				return stmts[i]
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no outcome for %q in %d outcomes", q, len(stmts))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 type recSession struct{ p *recPolicy }
 
 func str(s string) *string { return &s }
@@ -361,6 +380,10 @@ func TestPolicyStreamedRequestBytes(t *testing.T) {
 	if raw, m := rc.cmd(respGeneric, false, query(big)); m.ErrCode != 0 || !strings.Contains(string(raw), "17825792") {
 		t.Fatalf("big query: %d %q", m.ErrCode, raw[len(raw)-20:])
 	}
+	// After runs in order, once the reply is on its way: when this one's
+	// outcome is in, so are the big query's.
+	rc.cmd(respGeneric, false, query("SELECT 'sync'"))
+	pol.waitOutcome(t, "SELECT 'sync'")
 
 	var sawLoad, sawExec, sawBig bool
 	for _, r := range pol.outcomes() {
