@@ -103,7 +103,7 @@ func (p *nopPolicy) Event(EventKind, SessionInfo)                        {}
 // in-memory backend: read the command, ask the policy, forward it, relay a
 // one-row result set, report the outcome. "passthrough" is the bare wire
 // path; "policy" is what production runs (a policy that may block, so the
-// session arms its client watch).
+// session arms its hangup check).
 func BenchmarkStatement(b *testing.B) {
 	for _, bc := range []struct {
 		name string

@@ -232,7 +232,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 	if ss.srv.passThrough {
 		v = ss.pol.Before(ss.ctx, st, sessionBackend{ss})
 	} else {
-		// The client watch reads the client while Before waits, as long
+		// the hangup check reads the client while Before waits, as long
 		// as it waits: not under the bound of a command's rest.
 		ss.disarmRead()
 		ss.beginBefore()

@@ -28,15 +28,15 @@
 // COM_STMT_EXECUTE (or COM_STMT_BULK_EXECUTE) of the same statement. For a multi-packet COM_QUERY,
 // Statement.Query and the class are taken from the first packet (16 MiB - 2
 // bytes of text). While a non-PassThrough Before blocks for more than a few
-// milliseconds, the session watches the client so that a disconnect
+// milliseconds, the session reads the client (the hangup check) so that a disconnect
 // cancels Before's context.
 //
 // # Backend closes
 //
 // A backend that closes an idle session's connection (wait_timeout, KILL,
 // a restart) closes the client's too, at once, after its last ERR packet,
-// if any, is relayed as it came: one epoll set per Server watches every
-// backend socket for EPOLLRDHUP (bwatch_linux.go) and wakes the session,
+// if any, is relayed as it came: one epoll set per Server polls every
+// backend socket for EPOLLRDHUP (backendpoll_linux.go) and wakes the session,
 // which is blocked reading its client, with a read deadline in the past.
 // The same holds during login, which HandshakeTimeout bounds. A statement
 // in flight when the backend dies gets ERR 1927 (SQLSTATE 08S01); a client

@@ -41,7 +41,7 @@ func TestBackendUnreachable(t *testing.T) {
 
 // A backend that accepts and closes at once (a load balancer with no
 // healthy server behind it): the client still hears 9001 and why, though
-// the backend watch saw the close while the login was "idle".
+// the backend poller saw the close while the login was "idle".
 func TestBackendAcceptsThenCloses(t *testing.T) {
 	ln := serveTCP(t, func(c net.Conn) {
 		time.Sleep(50 * time.Millisecond) // the proxy is waiting for the greeting
@@ -178,7 +178,7 @@ func TestBackendClosedWhilePolicyHolds(t *testing.T) {
 	victim.write(0, query("SELECT 'block'"))
 	<-p.entered
 	cp.cut()
-	time.Sleep(100 * time.Millisecond) // the watch has seen it
+	time.Sleep(100 * time.Millisecond) // the poller has seen it
 	close(p.release)
 	pl, _ := victim.read()
 	if e := parseErrPacket(pl); pl[0] != mysql.ERR_HEADER || e.Code != errCodeBackendLost {
@@ -402,7 +402,7 @@ func TestBeforeCancelledWhenClientLeaves(t *testing.T) {
 func TestSlowBeforeKeepsPipelinedCommand(t *testing.T) {
 	setupSchema(t)
 	pol := &blockPolicy{entered: make(chan struct{}, 1), release: make(chan struct{}), cancelled: make(chan struct{}, 1)}
-	_, addr := startProxy(t, Config{Policy: pol}, func(s *Server) { s.watchDelay = 0 }) // watch the client at once
+	_, addr := startProxy(t, Config{Policy: pol}, func(s *Server) { s.hangupDelay = 0 }) // check the client at once
 	rc := dialRaw(t, addr, "root", "")
 	rc.write(0, query("SELECT 'block'"))
 	<-pol.entered

@@ -13,7 +13,7 @@ func (p countingPolicy) WrapsPassThrough() bool {
 type blockingPolicy struct{ PassThrough }
 
 // A wrapper of PassThrough keeps the server's pass-through shortcuts (no
-// digest, no client watch during Before); a wrapper of a real policy, or a
+// digest, no hangup check during Before); a wrapper of a real policy, or a
 // policy of its own, does not.
 func TestPassesThrough(t *testing.T) {
 	for _, tc := range []struct {

@@ -242,7 +242,7 @@ type PassThrough struct{}
 
 // PassThroughWrapper is implemented by a Policy that wraps another (to
 // count or log) and never blocks when what it wraps is PassThrough: the
-// server then skips, as for PassThrough itself, the client watch during
+// server then skips, as for PassThrough itself, the hangup check during
 // Before and the digest of every statement.
 type PassThroughWrapper interface {
 	Policy

@@ -17,7 +17,7 @@ import (
 // as a quarter of the proxy's CPU at one client.
 //
 // Reads and writes keep separate state, as a net.Conn may be read and
-// written from two goroutines (the client watch reads while the session
+// written from two goroutines (the hangup check reads while the session
 // writes to the backend).
 type rawSock struct {
 	rc syscall.RawConn

@@ -135,13 +135,13 @@ type Server struct {
 	// words indexes Config.ScanWords; nil when there are none.
 	words *wordSet
 	// passThrough is true when the policy never blocks, so that sessions
-	// need not watch for a client leaving during Before.
+	// need not check for a client leaving during Before.
 	passThrough bool
-	// watchDelay: see defaultWatchDelay; tests shorten it.
-	watchDelay time.Duration
-	// bwatch tells idle sessions that their backend closed (bwatch_linux.go);
+	// hangupDelay: see defaultHangupDelay; tests shorten it.
+	hangupDelay time.Duration
+	// bpoll tells idle sessions that their backend closed (backendpoll_linux.go);
 	// nil before the first Serve and where it is not supported.
-	bwatch atomic.Pointer[backendWatch]
+	bpoll atomic.Pointer[backendPoller]
 	// maxConns is Config.MaxConnections in force (reload.go).
 	maxConns atomic.Int64
 	// clientCert, when set, replaces ClientTLS's certificate (reload.go).
@@ -170,13 +170,13 @@ type Server struct {
 
 	mu      sync.Mutex
 	closing bool
-	// watchdogOn: the client-watch sampler (watch.go) runs.
-	watchdogOn bool
-	// bwatchTried: Serve has started the backend watch (or failed to).
-	bwatchTried bool
-	listeners   map[net.Listener]struct{}
-	sessions    map[*session]struct{}
-	wg          sync.WaitGroup
+	// hangupSamplerOn: the hangup sampler (hangup.go) runs.
+	hangupSamplerOn bool
+	// bpollTried: Serve has started the backend poller (or failed to).
+	bpollTried bool
+	listeners  map[net.Listener]struct{}
+	sessions   map[*session]struct{}
+	wg         sync.WaitGroup
 	// hardCtx ends when Shutdown gives up waiting: every session's context
 	// derives from it.
 	hardCtx    context.Context
@@ -240,12 +240,12 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg.BackendTLS.ServerName = host
 	}
 	s := &Server{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		now:        time.Now,
-		watchDelay: defaultWatchDelay,
-		listeners:  make(map[net.Listener]struct{}),
-		sessions:   make(map[*session]struct{}),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		now:         time.Now,
+		hangupDelay: defaultHangupDelay,
+		listeners:   make(map[net.Listener]struct{}),
+		sessions:    make(map[*session]struct{}),
 	}
 	s.maxConns.Store(int64(effectiveMaxConnections(cfg.MaxConnections)))
 	s.gate.byHost = make(map[netip.Prefix]int)
@@ -278,13 +278,13 @@ func (s *Server) Serve(ln net.Listener) error {
 		return ErrServerClosed
 	}
 	s.listeners[ln] = struct{}{}
-	if !s.passThrough && !s.watchdogOn && s.watchDelay > 0 {
-		s.watchdogOn = true
-		go s.watchdog(s.hardCtx)
+	if !s.passThrough && !s.hangupSamplerOn && s.hangupDelay > 0 {
+		s.hangupSamplerOn = true
+		go s.hangupSampler(s.hardCtx)
 	}
-	if !s.bwatchTried {
-		s.bwatchTried = true
-		s.startBackendWatch()
+	if !s.bpollTried {
+		s.bpollTried = true
+		s.startBackendPoller()
 	}
 	s.mu.Unlock()
 	defer func() {
@@ -371,15 +371,15 @@ func acceptErrorKey(err error) string {
 	return "timeout"
 }
 
-// startBackendWatch starts the watch of idle backend connections, which
+// startBackendPoller starts the poller of idle backend connections, which
 // stops once Shutdown is over.
-func (s *Server) startBackendWatch() {
-	w, err := newBackendWatch(s.log)
+func (s *Server) startBackendPoller() {
+	w, err := newBackendPoller(s.log)
 	if err != nil {
-		s.log.Debug("backend connections are not watched: a close by the backend is seen at the next statement", "err", err)
+		s.log.Debug("backend connections are not polled: a close by the backend is seen at the next statement", "err", err)
 		return
 	}
-	s.bwatch.Store(w)
+	s.bpoll.Store(w)
 	go w.run()
 	go func() {
 		<-s.hardCtx.Done()

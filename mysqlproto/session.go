@@ -128,17 +128,17 @@ type session struct {
 	st  Statement
 	out Outcome
 
-	// The client watch (watch.go): bgen is shared with the watchdog,
-	// wdSeen is the watchdog's own, wdone tells a watch's end.
-	bgen   atomic.Uint64
-	wdSeen uint64
-	wdone  chan struct{}
+	// the hangup check (hangup.go): bgen is shared with the hangupSampler,
+	// hangupSeen is the hangupSampler's own, hangupDone tells a check's end.
+	bgen       atomic.Uint64
+	hangupSeen uint64
+	hangupDone chan struct{}
 
 	// resetClient closes the client connection with a reset (the backend
 	// reset its own).
 	resetClient bool
 
-	// bstate is shared with the backend watch (bwatch_linux.go): bwIdle
+	// bstate is shared with the backend poller (backendpoll_linux.go): bwIdle
 	// while the session waits for its client only, bwGone once the
 	// backend closed.
 	bstate atomic.Uint32
@@ -154,7 +154,7 @@ const (
 	bwGone
 )
 
-// backendClosed is called by the backend watch when the backend connection
+// backendClosed is called by the backend poller when the backend connection
 // closed. A session waiting for its client is woken by a read deadline in
 // the past; a busy one sees the close by itself (its next read of the
 // backend fails) or, if its statement ended first, when it next goes idle.
@@ -199,10 +199,10 @@ func (ss *session) backendGone() error {
 
 func newSession(s *Server, c net.Conn) *session {
 	ss := &session{
-		srv:       s,
-		rawClient: &countingConn{Conn: c, raw: newRawSock(c), n: &s.clientBytes, now: s.now, timed: true},
-		stmts:     make(map[uint32]*prepared),
-		wdone:     make(chan struct{}, 1),
+		srv:        s,
+		rawClient:  &countingConn{Conn: c, raw: newRawSock(c), n: &s.clientBytes, now: s.now, timed: true},
+		stmts:      make(map[uint32]*prepared),
+		hangupDone: make(chan struct{}, 1),
 	}
 	ss.info.ID = s.nextID.Add(1)
 	ss.info.ClientAddr = c.RemoteAddr()
@@ -363,7 +363,7 @@ func (ss *session) isClosing() bool {
 func (ss *session) close() {
 	ss.cancel()
 	if ss.backend != nil {
-		ss.srv.bwatch.Load().remove(ss.info.ID)
+		ss.srv.bpoll.Load().remove(ss.info.ID)
 		if ss.bstate.Load()&bwGone == 0 && ss.pol != nil {
 			// A polite COM_QUIT after a login; the backend would otherwise
 			// log an aborted connection. (Before one, the backend waits for
@@ -508,7 +508,7 @@ func (ss *session) sendError(seq byte, e *Error) error {
 
 // login dials the backend and relays the handshake both ways. The whole
 // login is bounded by HandshakeTimeout, and the session is "idle" for the
-// backend watch meanwhile: a backend that gives up on a client that does
+// backend poller meanwhile: a backend that gives up on a client that does
 // not answer (MariaDB's connect_timeout) closes that client at once.
 func (ss *session) login() error {
 	cfg := &ss.srv.cfg
@@ -640,7 +640,7 @@ func earliest(a, b time.Time) time.Time {
 // packet in place of its greeting, which went to the client as is.
 var errBackendRefused = errors.New("mysqlproto: backend refused the connection")
 
-// dialBackend connects to the backend, starts watching it and reads its
+// dialBackend connects to the backend, registers it with the backend poller and reads its
 // greeting. Every error but errBackendRefused means the backend cannot be
 // reached.
 func (ss *session) dialBackend(deadline time.Time) ([]byte, greeting, error) {
@@ -665,7 +665,7 @@ func (ss *session) dialBackend(deadline time.Time) ([]byte, greeting, error) {
 	ss.mu.Unlock()
 	ss.setBackend(ss.rawBackend)
 	ss.enterIdle()
-	ss.srv.bwatch.Load().add(ss)
+	ss.srv.bpoll.Load().add(ss)
 	_ = bc.SetDeadline(dl)
 	if cfg.BackendProxyProtocol {
 		if _, err := ss.bwr.WriteString(proxyHeader(ss.info.ClientAddr, ss.rawClient.LocalAddr())); err != nil {
@@ -703,7 +703,7 @@ func (ss *session) backendUnreachable(cause error, deadline time.Time) error {
 	// the client's reads (a backend that accepted, then closed, would
 	// otherwise cut the client off before it hears why).
 	ss.leaveIdle()
-	ss.srv.bwatch.Load().remove(ss.info.ID)
+	ss.srv.bpoll.Load().remove(ss.info.ID)
 	_ = ss.rawClient.SetDeadline(deadline)
 	ss.srv.backendErrors.Add(1)
 	err := fmt.Errorf("%w: cannot connect to %s: %w", ErrBackendLost, cfg.BackendAddr, cause)

@@ -27,7 +27,7 @@ import (
 //	shadow.go    MODE WARN's shadow bucket (WouldAcquire)
 //	degraded.go  degraded mode: local refill when rgserver is silent
 //	stream.go    the token stream (requests, reports, grants)
-//	watch.go     the Watch cache of groups, bindings and watches
+//	watch.go     the settings cache of groups, bindings and watches
 //	purse.go     a session's advance on its group's tokens
 //	lifecycle.go when a group's state is born and forgotten
 //	store.go     the gRPC Store of admin statements
@@ -38,7 +38,7 @@ import (
 // Client is the proxy side of the token protocol. All its methods are safe
 // for concurrent use by many sessions; AcquireShare is the only one that
 // blocks (bounded by its maxWait and ctx), Charge never blocks, and Store's
-// writes block on one RPC plus at most 1 s for the Watch cache.
+// writes block on one RPC plus at most 1 s for the settings cache.
 //
 // The protocol choices (docs/design.md §7, "Token protocol"): a group asks
 // when its bucket falls below the notify threshold, demand × 1 s (demand =
@@ -77,11 +77,11 @@ type Client struct {
 	nextReqID   uint64
 	finalID     uint64        // the request id of Close's final report
 	finalAck    chan struct{} // closed when that report is answered
-	// Watch cache.
-	cache        snapshot
-	cacheLoaded  bool
-	watchSynced  bool          // the cache came from a Watch (not only from the file)
-	cacheChanged chan struct{} // closed and replaced on every cache change
+	// settings cache.
+	cache          snapshot
+	cacheLoaded    bool
+	settingsSynced bool          // the cache came from a Watch (not only from the file)
+	cacheChanged   chan struct{} // closed and replaced on every cache change
 	// cacheGen counts the cache's changes (CacheGeneration); written under
 	// mu, read without it.
 	cacheGen atomic.Uint64
@@ -224,7 +224,7 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Start starts the token stream and the Watch loop in background
+// Start starts the token stream and the settings loop (the Watch RPC) in background
 // goroutines, which run until Close. It returns once the first Watch
 // snapshot arrived; or, when no rgserver answers, once the snapshot under
 // CacheDir is loaded (the client then starts in degraded mode); or an error
@@ -245,7 +245,7 @@ func (c *Client) Start(ctx context.Context) error {
 
 	first := make(chan error, 1)
 	c.wg.Add(4)
-	go func() { defer c.wg.Done(); c.watchLoop(runCtx, first) }()
+	go func() { defer c.wg.Done(); c.settingsLoop(runCtx, first) }()
 	go func() { defer c.wg.Done(); c.tokenLoop(runCtx) }()
 	go func() { defer c.wg.Done(); c.expireLoop(runCtx) }()
 	go func() { defer c.wg.Done(); c.purseLoop(runCtx) }()
@@ -360,7 +360,7 @@ func isUnlimited(g resourcegroup.Group) bool {
 
 // servesLocked reports whether a charge, a held demand or a refusal may
 // (re)create group's state: not for a group dropped lately and not back
-// in the Watch cache (a statement that settles after the DROP must not
+// in the settings cache (a statement that settles after the DROP must not
 // bring back its state and series for --group-idle-expiry).
 func (c *Client) servesLocked(group string) bool {
 	if _, ok := c.groups[group]; ok {

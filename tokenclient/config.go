@@ -66,7 +66,7 @@ const (
 	// backoffMin and backoffMax bound the reconnect backoff.
 	backoffMin = 100 * time.Millisecond
 	backoffMax = 2 * time.Second
-	// syncWait bounds how long a Store write waits for the Watch cache to
+	// syncWait bounds how long a Store write waits for the settings cache to
 	// show it (read-your-writes through one proxy).
 	syncWait = time.Second
 	// usageWindow is the window of Usage's RU/s, in one-second slots.

@@ -247,7 +247,7 @@ type GroupUsage struct {
 	Degraded bool
 }
 
-// Usage returns, sorted by name, every group known from the Watch cache or
+// Usage returns, sorted by name, every group known from the settings cache or
 // used on this proxy, with its live state at now.
 func (c *Client) Usage(now time.Time) []GroupUsage {
 	c.mu.Lock()

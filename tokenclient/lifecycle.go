@@ -10,7 +10,7 @@ import (
 // A group's local state (groupState) and its per-group series live
 // together: both are born when the proxy first serves the group (default's
 // when the client starts) and both go when the group is dropped — it
-// leaves the Watch cache, or rgserver answers NOT_FOUND — or when it has
+// leaves the settings cache, or rgserver answers NOT_FOUND — or when it has
 // been idle here for Config.IdleExpiry. Either way the hook registered
 // with OnGroupForgotten is told, so that the caller forgets the group too.
 

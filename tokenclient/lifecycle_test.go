@@ -65,7 +65,7 @@ func hasState(c *Client, group string) bool {
 
 // Right after Start, default's series exist at 0; a group's appear, at 0,
 // at its first use, and not before; groups this proxy never served have
-// none, whatever the Watch cache holds.
+// none, whatever the settings cache holds.
 func TestSeriesFromBirth(t *testing.T) {
 	s := startServer(t)
 	for _, g := range []string{"a", "never"} {
@@ -118,7 +118,7 @@ func TestSeriesFromBirth(t *testing.T) {
 	}
 }
 
-// A group dropped from the Watch cache loses its state and series at once,
+// A group dropped from the settings cache loses its state and series at once,
 // the hook is told (once), a statement waiting on it gets ErrUnknownGroup,
 // and default is never dropped. A NOT_FOUND grant does the same.
 func TestDroppedGroupForgotten(t *testing.T) {

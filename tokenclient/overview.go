@@ -13,7 +13,7 @@ import (
 
 // GroupOverview is one group as this proxy sees it.
 type GroupOverview struct {
-	// Definition is the group's definition from the Watch cache
+	// Definition is the group's definition from the settings cache
 	// (default's built-in one until rgserver sends one). Defined is false
 	// for a group used here that the cache no longer holds (dropped a
 	// moment ago): Definition is then the zero Group with its name.
@@ -48,14 +48,14 @@ type Overview struct {
 	// Groups are the groups listed: those in use here, most RU/s first,
 	// then the others by name; at most the limit asked for.
 	Groups []GroupOverview
-	// Total is the number of groups known (the Watch cache and those in
+	// Total is the number of groups known (the settings cache and those in
 	// use here), InUse how many are in use here; Groups may list fewer.
 	Total, InUse int
 	// Degraded: no grant from rgserver lately; buckets refill locally.
 	Degraded bool
 	// Connected: the token stream is open and has answered.
 	Connected bool
-	// Revision is the etcd revision the Watch cache is at.
+	// Revision is the etcd revision the settings cache is at.
 	Revision int64
 }
 

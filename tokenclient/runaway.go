@@ -62,7 +62,7 @@ func normalizeWatch(w resourcegroup.Watch) resourcegroup.Watch {
 	return w
 }
 
-// Watches returns the live runaway watches from the Watch cache, sorted by
+// Watches returns the live runaway watches from the settings cache, sorted by
 // id.
 func (c *Client) Watches() []resourcegroup.Watch {
 	now := c.clk.Now()
@@ -132,7 +132,7 @@ func mapWatchError(op string, id uint64, group string, err error) error {
 
 // AddWatch adds w through rgserver (which assigns the id, or returns the
 // live entry watching the same statements) and waits, at most 1 s, until
-// the Watch cache holds it, so MatchWatch on this proxy sees it at once.
+// the settings cache holds it, so MatchWatch on this proxy sees it at once.
 func (s rpcStore) AddWatch(ctx context.Context, w resourcegroup.Watch) (resourcegroup.Watch, error) {
 	w = normalizeWatch(w)
 	var resp *tokenpb.AddWatchResponse
@@ -152,7 +152,7 @@ func (s rpcStore) AddWatch(ctx context.Context, w resourcegroup.Watch) (resource
 }
 
 // RemoveWatch deletes watch id through rgserver and waits, at most 1 s,
-// until the Watch cache no longer holds it.
+// until the settings cache no longer holds it.
 func (s rpcStore) RemoveWatch(ctx context.Context, id uint64) error {
 	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) error {
 		_, err := cl.RemoveWatch(ctx, &tokenpb.RemoveWatchRequest{Id: id})
@@ -165,7 +165,7 @@ func (s rpcStore) RemoveWatch(ctx context.Context, id uint64) error {
 	return nil
 }
 
-// ListWatches reads the Watch cache: the live watches sorted by id.
+// ListWatches reads the settings cache: the live watches sorted by id.
 func (s rpcStore) ListWatches(ctx context.Context) ([]resourcegroup.Watch, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list runaway watches: %w", err)

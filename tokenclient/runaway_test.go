@@ -140,7 +140,7 @@ func TestWatchCacheMatchAndExpiry(t *testing.T) {
 	}
 }
 
-// AddWatch and RemoveWatch return only once the Watch cache shows them (at
+// AddWatch and RemoveWatch return only once the settings cache shows them (at
 // most 1 s).
 func TestWatchStoreReadYourWrites(t *testing.T) {
 	s := startServer(t)
@@ -181,11 +181,11 @@ func TestApplyWatchEvents(t *testing.T) {
 	put := func(id uint64, text string) *tokenpb.WatchEvent {
 		return &tokenpb.WatchEvent{Watch: &tokenpb.RunawayWatch{Id: id, Group: "RG", Match: tokenpb.WatchType_WATCH_EXACT, Text: text}}
 	}
-	c.applyWatch(&tokenpb.WatchResponse{Revision: 1, Snapshot: true, Events: []*tokenpb.WatchEvent{put(1, "a"), put(2, "b"), put(0, "no id")}})
+	c.applySettings(&tokenpb.WatchResponse{Revision: 1, Snapshot: true, Events: []*tokenpb.WatchEvent{put(1, "a"), put(2, "b"), put(0, "no id")}})
 	if ws := c.Watches(); len(ws) != 2 || ws[0].ID != 1 || ws[0].Group != "rg" || ws[1].ID != 2 {
 		t.Fatalf("after snapshot: %+v", ws)
 	}
-	c.applyWatch(&tokenpb.WatchResponse{Revision: 2, Events: []*tokenpb.WatchEvent{
+	c.applySettings(&tokenpb.WatchResponse{Revision: 2, Events: []*tokenpb.WatchEvent{
 		{Type: tokenpb.WatchEvent_DELETE, Watch: &tokenpb.RunawayWatch{Id: 1}}, put(3, "c")}})
 	if _, ok := c.MatchWatch("a", ""); ok {
 		t.Fatal("deleted watch matches")
@@ -193,13 +193,13 @@ func TestApplyWatchEvents(t *testing.T) {
 	if w, ok := c.MatchWatch("c", ""); !ok || w.ID != 3 {
 		t.Fatalf("added watch: %+v %v", w, ok)
 	}
-	c.applyWatch(&tokenpb.WatchResponse{Revision: 3, Snapshot: true, Events: []*tokenpb.WatchEvent{put(9, "z")}})
+	c.applySettings(&tokenpb.WatchResponse{Revision: 3, Snapshot: true, Events: []*tokenpb.WatchEvent{put(9, "z")}})
 	if ws := c.Watches(); len(ws) != 1 || ws[0].ID != 9 {
 		t.Fatalf("a snapshot must replace the list: %+v", ws)
 	}
 	// Two watches on one text (two groups): the lowest id wins, the group
 	// filter picks its own.
-	c.applyWatch(&tokenpb.WatchResponse{Revision: 4, Events: []*tokenpb.WatchEvent{
+	c.applySettings(&tokenpb.WatchResponse{Revision: 4, Events: []*tokenpb.WatchEvent{
 		{Watch: &tokenpb.RunawayWatch{Id: 12, Group: "b", Match: tokenpb.WatchType_WATCH_SIMILAR, Text: "d"}},
 		{Watch: &tokenpb.RunawayWatch{Id: 11, Group: "a", Match: tokenpb.WatchType_WATCH_SIMILAR, Text: "d"}},
 	}})
@@ -231,7 +231,7 @@ func TestMatchWatchConcurrentWithUpdates(t *testing.T) {
 		}()
 	}
 	for i := range 200 {
-		c.applyWatch(&tokenpb.WatchResponse{Revision: int64(i + 1), Events: []*tokenpb.WatchEvent{
+		c.applySettings(&tokenpb.WatchResponse{Revision: int64(i + 1), Events: []*tokenpb.WatchEvent{
 			{Watch: &tokenpb.RunawayWatch{Id: uint64(i + 1), Group: "g", Match: tokenpb.WatchType_WATCH_EXACT, Text: fmt.Sprint(i)}}}})
 	}
 	close(stop)

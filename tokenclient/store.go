@@ -13,8 +13,8 @@ import (
 
 // Store returns the resourcegroup.Store of admin statements: writes go to
 // rgserver's ResourceGroupService (any replica) and then wait, at most 1 s,
-// until the Watch cache shows them, so a read through this proxy sees its
-// own write; reads come from the Watch cache. gRPC errors map back to
+// until the settings cache shows them, so a read through this proxy sees its
+// own write; reads come from the settings cache. gRPC errors map back to
 // resourcegroup's errors: AlreadyExists → ErrExists, NotFound →
 // ErrNotFound, InvalidArgument and FailedPrecondition → ErrInvalid (with
 // the server's message), Aborted → ErrConflict; an unreachable rgserver
@@ -92,7 +92,7 @@ func (c *Client) waitCache(ctx context.Context, ok func(snapshot) bool) {
 		select {
 		case <-ch:
 		case <-t.C():
-			c.log.Warn("the watch cache has not caught up with a write after 1s")
+			c.log.Warn("the settings cache has not caught up with a write after 1s")
 			return
 		case <-ctx.Done():
 			return
@@ -149,7 +149,7 @@ func (s rpcStore) DropGroup(ctx context.Context, name string) error {
 	return nil
 }
 
-// GetGroup reads the Watch cache.
+// GetGroup reads the settings cache.
 func (s rpcStore) GetGroup(ctx context.Context, name string) (resourcegroup.Group, error) {
 	if err := ctx.Err(); err != nil {
 		return resourcegroup.Group{}, fmt.Errorf("get resource group: %w", err)
@@ -161,7 +161,7 @@ func (s rpcStore) GetGroup(ctx context.Context, name string) (resourcegroup.Grou
 	return g, nil
 }
 
-// ListGroups reads the Watch cache.
+// ListGroups reads the settings cache.
 func (s rpcStore) ListGroups(ctx context.Context) ([]resourcegroup.Group, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list resource groups: %w", err)
@@ -215,7 +215,7 @@ func (s rpcStore) UnbindUser(ctx context.Context, user, host string) error {
 	return nil
 }
 
-// GetBinding reads the Watch cache.
+// GetBinding reads the settings cache.
 func (s rpcStore) GetBinding(ctx context.Context, user, host string) (resourcegroup.Binding, error) {
 	if err := ctx.Err(); err != nil {
 		return resourcegroup.Binding{}, fmt.Errorf("get binding: %w", err)
@@ -227,7 +227,7 @@ func (s rpcStore) GetBinding(ctx context.Context, user, host string) (resourcegr
 	return b, nil
 }
 
-// ListBindings reads the Watch cache.
+// ListBindings reads the settings cache.
 func (s rpcStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list bindings: %w", err)

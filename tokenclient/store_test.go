@@ -47,7 +47,7 @@ func TestMapError(t *testing.T) {
 
 // The Store over gRPC: errors come back as resourcegroup's, the admin token
 // is sent, reads come from the cache, and a write returns only once the
-// Watch cache shows it.
+// settings cache shows it.
 func TestStoreOverGRPC(t *testing.T) {
 	s := startServer(t)
 	c, clk := startClient(t, func(cfg *Config) { cfg.AdminToken = "secret" }, s.addr)

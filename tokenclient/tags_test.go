@@ -20,7 +20,7 @@ func TestTagBindingsInCache(t *testing.T) {
 	if c.HasTagBindings() {
 		t.Fatal("tag bindings in an empty cache")
 	}
-	c.applyWatch(&tokenpb.WatchResponse{Revision: 5, Snapshot: true, Events: []*tokenpb.WatchEvent{
+	c.applySettings(&tokenpb.WatchResponse{Revision: 5, Snapshot: true, Events: []*tokenpb.WatchEvent{
 		{Group: &tokenpb.ResourceGroup{Name: "rg", RuPerSec: 10}},
 		{Binding: &tokenpb.Binding{User: "app", Host: "%", Group: "rg"}},
 		{Binding: &tokenpb.Binding{TagKey: "route", TagValue: "/report", Group: "RG"}},
@@ -82,11 +82,11 @@ func TestTagBindingsInCache(t *testing.T) {
 	// A DELETE carries only the tag. Every change moves the cache
 	// generation, which sessions follow; a response without events does not.
 	gen := c.CacheGeneration()
-	c.applyWatch(&tokenpb.WatchResponse{Revision: 6})
+	c.applySettings(&tokenpb.WatchResponse{Revision: 6})
 	if c.CacheGeneration() != gen {
 		t.Fatal("a Watch response without events moved the cache generation")
 	}
-	c.applyWatch(&tokenpb.WatchResponse{Revision: 6, Events: []*tokenpb.WatchEvent{
+	c.applySettings(&tokenpb.WatchResponse{Revision: 6, Events: []*tokenpb.WatchEvent{
 		{Type: tokenpb.WatchEvent_DELETE, Binding: &tokenpb.Binding{TagKey: "route", TagValue: "/report"}},
 		{Type: tokenpb.WatchEvent_DELETE, Binding: &tokenpb.Binding{TagKey: "a=b"}},
 	}})
@@ -101,7 +101,7 @@ func TestTagBindingsInCache(t *testing.T) {
 	}
 }
 
-// Binding a tag through the Store waits until the Watch cache has it.
+// Binding a tag through the Store waits until the settings cache has it.
 func TestTagBindingOverGRPC(t *testing.T) {
 	s := startServer(t)
 	c, _ := startClient(t, nil, s.addr)

@@ -17,11 +17,11 @@ func BenchmarkApplyWatchChange(b *testing.B) {
 			for i := range n {
 				snap.Events = append(snap.Events, &tokenpb.WatchEvent{Group: &tokenpb.ResourceGroup{Name: fmt.Sprintf("g%06d", i), RuPerSec: 10}})
 			}
-			c.applyWatch(snap)
+			c.applySettings(snap)
 			rev := int64(1)
 			for b.Loop() {
 				rev++
-				c.applyWatch(&tokenpb.WatchResponse{Revision: rev, Events: []*tokenpb.WatchEvent{
+				c.applySettings(&tokenpb.WatchResponse{Revision: rev, Events: []*tokenpb.WatchEvent{
 					{Group: &tokenpb.ResourceGroup{Name: "g000001", RuPerSec: uint64(rev), Version: rev}}}})
 			}
 		})

@@ -14,7 +14,7 @@ import (
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
-// snapshot is the Watch cache, and the JSON file kept under CacheDir.
+// snapshot is the settings cache, and the JSON file kept under CacheDir.
 type snapshot struct {
 	// Revision is the etcd revision the cache is at.
 	Revision int64 `json:"revision"`
@@ -45,7 +45,7 @@ func (s snapshot) shallow() snapshot {
 		Watches: maps.Clone(s.Watches), users: maps.Clone(s.users), Tags: maps.Clone(s.Tags)}
 }
 
-// Group returns a group's definition from the Watch cache. `default` is
+// Group returns a group's definition from the settings cache. `default` is
 // always there (its built-in definition until rgserver sends one).
 func (c *Client) Group(name string) (resourcegroup.Group, bool) {
 	name = resourcegroup.NormalizeName(name)
@@ -86,7 +86,7 @@ func (c *Client) HasTagBindings() bool {
 }
 
 // TagGroup returns the group the tag key='value' is bound to, from the
-// Watch cache. The group may no longer exist.
+// settings cache. The group may no longer exist.
 func (c *Client) TagGroup(key, value string) (string, bool) {
 	k := resourcegroup.TagBindingKey(key, value)
 	c.mu.Lock()
@@ -115,10 +115,10 @@ func (s *snapshot) deleteBinding(user, host string) {
 	}
 }
 
-// watchLoop keeps a Watch stream open to any server, resuming from the last
+// settingsLoop keeps a Watch stream open to any server, resuming from the last
 // revision. first receives nil at the first snapshot, or an error once every
 // server failed before any snapshot came.
-func (c *Client) watchLoop(ctx context.Context, first chan<- error) {
+func (c *Client) settingsLoop(ctx context.Context, first chan<- error) {
 	idx, attempt, failures := 0, 0, 0
 	reported := false
 	report := func(err error) {
@@ -129,7 +129,7 @@ func (c *Client) watchLoop(ctx context.Context, first chan<- error) {
 	}
 	for {
 		addr := c.cfg.Servers[idx]
-		got, err := c.runWatch(ctx, addr, func() { report(nil) })
+		got, err := c.runSettings(ctx, addr, func() { report(nil) })
 		if ctx.Err() != nil {
 			return
 		}
@@ -144,36 +144,36 @@ func (c *Client) watchLoop(ctx context.Context, first chan<- error) {
 		idx = (idx + 1) % len(c.cfg.Servers)
 		attempt++
 		d := backoff(attempt)
-		c.log.Warn("watch stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
+		c.log.Warn("settings stream (Watch) ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
 		if err := c.sleep(ctx, d); err != nil {
 			return
 		}
 	}
 }
 
-// runWatch follows one Watch stream until it fails; got tells whether any
+// runSettings follows one Watch stream until it fails; got tells whether any
 // response arrived. loaded is called after the first applied response.
-func (c *Client) runWatch(ctx context.Context, addr string, loaded func()) (got bool, err error) {
+func (c *Client) runSettings(ctx context.Context, addr string, loaded func()) (got bool, err error) {
 	cc, err := c.conn(addr)
 	if err != nil {
 		return false, err
 	}
 	c.mu.Lock()
 	after := c.cache.Revision
-	if !c.watchSynced {
+	if !c.settingsSynced {
 		after = 0 // a cached file's revision may be from another etcd
 	}
 	c.mu.Unlock()
 	// In parts: a snapshot of 100,000 groups would not fit in one message.
 	stream, err := tokenpb.NewResourceGroupServiceClient(cc).Watch(ctx, &tokenpb.WatchRequest{AfterRevision: after, SnapshotInParts: true})
 	if err != nil {
-		return false, fmt.Errorf("watch %s: %w", addr, err)
+		return false, fmt.Errorf("Watch %s: %w", addr, err)
 	}
 	var parts *snapshot // a snapshot being received in parts
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return got, fmt.Errorf("watch %s: %w", addr, err)
+			return got, fmt.Errorf("Watch %s: %w", addr, err)
 		}
 		if resp.GetSnapshot() && resp.GetMore() {
 			if parts == nil {
@@ -190,7 +190,7 @@ func (c *Client) runWatch(ctx context.Context, addr string, loaded func()) (got 
 			c.installSnapshot(*parts)
 			parts, changed = nil, true
 		} else {
-			changed = c.applyWatch(resp)
+			changed = c.applySettings(resp)
 		}
 		if !got {
 			got = true
@@ -202,11 +202,11 @@ func (c *Client) runWatch(ctx context.Context, addr string, loaded func()) (got 
 	}
 }
 
-// applyWatch applies one whole WatchResponse (a snapshot in one message,
+// applySettings applies one whole WatchResponse (a snapshot in one message,
 // or changes) to the cache and reports whether it changed anything.
 // Changes are applied in place, so that each costs in proportion to its
 // events, not to the groups held; only this goroutine writes the cache.
-func (c *Client) applyWatch(resp *tokenpb.WatchResponse) bool {
+func (c *Client) applySettings(resp *tokenpb.WatchResponse) bool {
 	if resp.GetSnapshot() {
 		snap := newSnapshot()
 		applyEvents(&snap, resp.GetEvents())
@@ -222,7 +222,7 @@ func (c *Client) applyWatch(resp *tokenpb.WatchResponse) bool {
 	if len(resp.GetEvents()) > 0 {
 		c.cacheGen.Add(1)
 	}
-	c.watchSynced = true
+	c.settingsSynced = true
 	c.cacheLoaded = true
 	if watches {
 		c.watchIdx.Store(newWatchIndex(c.cache.Watches))
@@ -292,7 +292,7 @@ func (c *Client) installSnapshot(snap snapshot) {
 	defer c.notifyForgotten() // after the unlock
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.watchSynced = true
+	c.settingsSynced = true
 	c.setCacheLocked(snap)
 }
 

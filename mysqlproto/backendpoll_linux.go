@@ -9,14 +9,14 @@ import (
 	"syscall"
 )
 
-// backendWatch tells sessions when their backend connection closes (FIN,
+// backendPoller tells sessions when their backend connection closes (FIN,
 // RST) while nothing reads it, so that an idle session passes the close on
 // to its client at once. One epoll instance per Server holds every
 // session's backend socket, registered once at login for EPOLLRDHUP only
 // and edge-triggered: response data never wakes it, and a session costs no
 // system call per statement. The epoll descriptor itself sits in Go's
-// network poller, so watching takes no thread and no goroutine per session.
-type backendWatch struct {
+// network poller, so polling takes no thread and no goroutine per session.
+type backendPoller struct {
 	log *slog.Logger
 	f   *os.File // the epoll instance, non-blocking
 	rc  syscall.RawConn
@@ -27,7 +27,7 @@ type backendWatch struct {
 	sessions map[uint64]*session
 }
 
-func newBackendWatch(log *slog.Logger) (*backendWatch, error) {
+func newBackendPoller(log *slog.Logger) (*backendPoller, error) {
 	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("mysqlproto: epoll_create1: %w", err)
@@ -36,18 +36,18 @@ func newBackendWatch(log *slog.Logger) (*backendWatch, error) {
 		syscall.Close(fd)
 		return nil, fmt.Errorf("mysqlproto: epoll non-blocking: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "mysqlproto-backend-watch")
+	f := os.NewFile(uintptr(fd), "mysqlproto-backend-poll")
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("mysqlproto: backend watch: %w", err)
+		return nil, fmt.Errorf("mysqlproto: backend poller: %w", err)
 	}
-	return &backendWatch{log: log, f: f, rc: rc, sessions: make(map[uint64]*session)}, nil
+	return &backendPoller{log: log, f: f, rc: rc, sessions: make(map[uint64]*session)}, nil
 }
 
-// add starts watching ss's backend socket. A session whose backend is not
-// a plain TCP connection is not watched.
-func (w *backendWatch) add(ss *session) {
+// add starts polling ss's backend socket. A session whose backend is not
+// a plain TCP connection is not polled.
+func (w *backendPoller) add(ss *session) {
 	if w == nil || ss.rawBackend == nil || ss.rawBackend.raw == nil {
 		return
 	}
@@ -70,15 +70,15 @@ func (w *backendWatch) add(ss *session) {
 	}
 	if err != nil {
 		w.remove(id)
-		ss.log.Warn("cannot watch the backend connection; a close by the backend is seen at the next statement", "err", err)
+		ss.log.Warn("cannot poll the backend connection; a close by the backend is seen at the next statement", "err", err)
 	}
 }
 
-// remove stops routing events to session id: when it returns, the watch
+// remove stops routing events to session id: when it returns, the poller
 // is not inside the session's backendClosed and will not call it again
 // (backendUnreachable relies on that to own its client's deadline). The
 // kernel drops the socket from the epoll set when the socket closes.
-func (w *backendWatch) remove(id uint64) {
+func (w *backendPoller) remove(id uint64) {
 	if w == nil {
 		return
 	}
@@ -88,7 +88,7 @@ func (w *backendWatch) remove(id uint64) {
 }
 
 // run hands events to their sessions until close.
-func (w *backendWatch) run() {
+func (w *backendPoller) run() {
 	events := make([]syscall.EpollEvent, 64)
 	var n int
 	var werr error
@@ -103,12 +103,12 @@ func (w *backendWatch) run() {
 	for {
 		if err := w.rc.Read(wait); err != nil {
 			if !w.closed.Load() {
-				w.log.Warn("backend watch stopped; closes by the backend are seen at the next statement", "err", err)
+				w.log.Warn("backend poller stopped; closes by the backend are seen at the next statement", "err", err)
 			}
 			return
 		}
 		if werr != nil {
-			w.log.Warn("backend watch stopped; closes by the backend are seen at the next statement", "err", werr)
+			w.log.Warn("backend poller stopped; closes by the backend are seen at the next statement", "err", werr)
 			return
 		}
 		for _, ev := range events[:n] {
@@ -124,7 +124,7 @@ func (w *backendWatch) run() {
 	}
 }
 
-func (w *backendWatch) close() {
+func (w *backendPoller) close() {
 	w.closed.Store(true)
 	_ = w.f.Close()
 }
