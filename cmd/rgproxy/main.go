@@ -74,12 +74,25 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	if err != nil {
 		return err
 	}
+	// Listening first names this proxy (instanceName) before its token
+	// stream tells rgserver what it can enforce.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	defer ln.Close()
+	statusLn, err := net.Listen("tcp", cfg.StatusAddr)
+	if err != nil {
+		return fmt.Errorf("status listen %s: %w", cfg.StatusAddr, err)
+	}
+	defer statusLn.Close()
 	metrics := newMetrics()
 	var policy mysqlproto.Policy = mysqlproto.PassThrough{}
 	var tc *tokenclient.Client
 	var rp *rgpolicy.Policy
 	if cfg.Metering {
-		tc, err = startTokenClient(ctx, cfg, metrics, logger)
+		caps := tokenclient.Capabilities{CanKill: cfg.AdminUser != "", Instance: instanceName(ln.Addr()), Version: version}
+		tc, err = startTokenClient(ctx, cfg, caps, metrics, logger)
 		if err != nil {
 			return err
 		}
@@ -154,15 +167,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	rl.cur, rl.cert, rl.srv, rl.policy, rl.log = cfg, cert, srv, rp, logger
 	reload.OnSignal(ctx, hup, rl.reload)
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
-	}
-	statusLn, err := net.Listen("tcp", cfg.StatusAddr)
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("status listen %s: %w", cfg.StatusAddr, err)
-	}
 	if tc != nil {
 		// Cluster-wide views name this proxy by the address clients reach.
 		if err := tc.StartInspect(instanceName(ln.Addr()), rp); err != nil {
@@ -177,13 +181,12 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		if rp != nil {
 			r.CPUSource = rp.CPUSourceInForce()
 			r.WriteSource = rp.WriteSourceInForce()
+			r.QueryLimitUnenforced = rp.QueryLimitUnenforced()
 		}
 		return r, mysqlproto.ProbeBackend(ctx, pcfg)
 	}, cfg.EnablePprof, &consoleSource{proxyID: proxyID(cfg), policy: rp, now: time.Now,
 		conns: func() (int64, int) { return srv.Stats().Connections, srv.MaxConnections() }})
 	if err != nil {
-		ln.Close()
-		statusLn.Close()
 		return err
 	}
 	status := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: handler}
@@ -229,8 +232,9 @@ func policySettings(cfg config) rgpolicy.Settings {
 // startTokenClient connects to rgserver. When neither rgserver nor a
 // cached snapshot is available the proxy still serves — every session in
 // the built-in default group — while the client keeps trying to connect.
-func startTokenClient(ctx context.Context, cfg config, m *metrics, logger *slog.Logger) (*tokenclient.Client, error) {
+func startTokenClient(ctx context.Context, cfg config, caps tokenclient.Capabilities, m *metrics, logger *slog.Logger) (*tokenclient.Client, error) {
 	tcfg := tokenclient.Config{
+		Capabilities:  caps,
 		ProxyID:       cfg.ProxyID,
 		DegradedAfter: cfg.DegradedAfter,
 		CacheDir:      cfg.CacheDir,
