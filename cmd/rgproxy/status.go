@@ -88,7 +88,7 @@ type health struct {
 	// QueryLimitUnenforcedCount counts them all.
 	QueryLimitUnenforced      []string `json:"query_limit_unenforced,omitempty"`
 	QueryLimitUnenforcedCount int      `json:"query_limit_unenforced_count,omitempty"`
-	Reason      string `json:"reason,omitempty"`
+	Reason                    string   `json:"reason,omitempty"`
 }
 
 func boolText(b bool) string {

@@ -19,7 +19,7 @@ type metrics struct {
 	runaway         *prometheus.CounterVec
 	// unenforced: groups whose QUERY_LIMIT this proxy cannot carry out.
 	unenforced *prometheus.GaugeVec
-	cpu             *prometheus.GaugeVec
+	cpu        *prometheus.GaugeVec
 	// MODE WARN: what ENFORCE would have done.
 	wouldWaitN   *prometheus.CounterVec
 	wouldWaitSec *prometheus.CounterVec
