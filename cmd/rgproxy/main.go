@@ -74,24 +74,14 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	if err != nil {
 		return err
 	}
-	// Listening first names this proxy (instanceName) before its token
-	// stream tells rgserver what it can enforce.
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
-	}
-	defer ln.Close()
-	statusLn, err := net.Listen("tcp", cfg.StatusAddr)
-	if err != nil {
-		return fmt.Errorf("status listen %s: %w", cfg.StatusAddr, err)
-	}
-	defer statusLn.Close()
 	metrics := newMetrics()
 	var policy mysqlproto.Policy = mysqlproto.PassThrough{}
 	var tc *tokenclient.Client
 	var rp *rgpolicy.Policy
 	if cfg.Metering {
-		caps := tokenclient.Capabilities{CanKill: cfg.AdminUser != "", Instance: instanceName(ln.Addr()), Version: version}
+		// The token stream starts before the listener: --listen names the
+		// instance (the cluster views' name once a port 0 is bound).
+		caps := tokenclient.Capabilities{CanKill: cfg.AdminUser != "", Instance: instanceNameOf(cfg.Listen), Version: version}
 		tc, err = startTokenClient(ctx, cfg, caps, metrics, logger)
 		if err != nil {
 			return err
@@ -167,6 +157,15 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	rl.cur, rl.cert, rl.srv, rl.policy, rl.log = cfg, cert, srv, rp, logger
 	reload.OnSignal(ctx, hup, rl.reload)
 
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	statusLn, err := net.Listen("tcp", cfg.StatusAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("status listen %s: %w", cfg.StatusAddr, err)
+	}
 	if tc != nil {
 		// Cluster-wide views name this proxy by the address clients reach.
 		if err := tc.StartInspect(instanceName(ln.Addr()), rp); err != nil {
@@ -187,6 +186,8 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	}, cfg.EnablePprof, &consoleSource{proxyID: proxyID(cfg), policy: rp, now: time.Now,
 		conns: func() (int64, int) { return srv.Stats().Connections, srv.MaxConnections() }})
 	if err != nil {
+		ln.Close()
+		statusLn.Close()
 		return err
 	}
 	status := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: handler}
@@ -327,10 +328,13 @@ func tokenServerTLS(cfg config) (*tls.Config, error) {
 // instanceName is what cluster-wide views show as this proxy's INSTANCE:
 // its MySQL listen address, the host's name in place of an unspecified
 // IP (--listen :4000).
-func instanceName(a net.Addr) string {
-	host, port, err := net.SplitHostPort(a.String())
+func instanceName(a net.Addr) string { return instanceNameOf(a.String()) }
+
+// instanceNameOf is instanceName of a host:port.
+func instanceNameOf(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return a.String()
+		return addr
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		if h, err := os.Hostname(); err == nil && h != "" {
