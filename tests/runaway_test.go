@@ -33,6 +33,11 @@ func TestRunawayKillIsInterruptedAndSessionSurvives(t *testing.T) {
 	if mysqlErrNo(err) != 1105 || !strings.Contains(err.Error(), "--admin-user") {
 		t.Fatalf("a KILL rule without a service account: %v", err)
 	}
+	// While it is live, rgserver refuses the rule through any proxy
+	// (TestKillRuleEnforcedOnEveryProxy): it goes first.
+	if err := bare.stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 
 	px := startMeteredProxy(t, ts, serviceAccount(t)...)
 	adminExec(t, px.Addr,

@@ -111,6 +111,10 @@ type Config struct {
 	// rgserver address that is not loopback. Default false: they are
 	// sent in clear only to loopback (grpc's RequireTransportSecurity).
 	InsecureTokens bool
+	// Capabilities tell rgserver what this proxy can enforce and how to
+	// name it; sent in the first message of every token stream. rgserver
+	// refuses a QUERY_LIMIT ACTION = KILL while a live proxy cannot kill.
+	Capabilities Capabilities
 	// Clock is the time source; nil = real time.
 	Clock Clock
 	// Logger receives the client's logs; nil = slog.Default().
@@ -124,6 +128,17 @@ type Config struct {
 	// its next use starts it again at 0. `default` is never forgotten.
 	// Default 1 h.
 	IdleExpiry time.Duration
+}
+
+// Capabilities are what a proxy can enforce (docs/design.md §7.8).
+type Capabilities struct {
+	// CanKill: the proxy has a service account on the backend
+	// (--admin-user) to carry out QUERY_LIMIT ACTION = KILL.
+	CanKill bool
+	// Instance is the address clients reach the proxy at (host:port).
+	Instance string
+	// Version is the proxy's version.
+	Version string
 }
 
 // withDefaults validates cfg and fills in its defaults.

@@ -257,8 +257,13 @@ func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err
 		if stuck {
 			return false, fmt.Errorf("%s: %w", addr, errStuck)
 		}
-		force = false
+		if req != nil && force {
+			// The first message says what this proxy can enforce.
+			req.Capabilities = &tokenpb.ProxyCapabilities{CanKill: c.cfg.Capabilities.CanKill,
+				Instance: c.cfg.Capabilities.Instance, Version: c.cfg.Capabilities.Version}
+		}
 		if req != nil {
+			force = false
 			failpoint.Inject("tokenStreamSendError", func() {
 				failpoint.Return(false, fmt.Errorf("send token request to %s: %w", addr, errFailpoint))
 			})

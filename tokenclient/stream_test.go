@@ -107,20 +107,27 @@ func TestNotLeaderRedirect(t *testing.T) {
 }
 
 // When its server dies the client rotates to the next one, with backoff on
-// its clock.
+// its clock. Each stream's first message says what the proxy can enforce.
 func TestReconnectAfterServerDies(t *testing.T) {
 	s1 := startServer(t)
 	s2 := startServer(t)
-	c, clk := startClient(t, nil, s1.addr, s2.addr)
+	caps := Capabilities{CanKill: true, Instance: "10.0.0.1:4000", Version: "v9"}
+	c, clk := startClient(t, func(cfg *Config) { cfg.Capabilities = caps }, s1.addr, s2.addr)
 	if err := result(t, acquire(c, "a", 3, 30*time.Second), nil); err != nil {
 		t.Fatal(err)
 	}
-	s1.nextReq(t, nil)
+	first := s1.nextReq(t, nil)
+	if got := first.GetCapabilities(); !got.GetCanKill() || got.GetInstance() != caps.Instance || got.GetVersion() != caps.Version {
+		t.Fatalf("first message's capabilities: %v", got)
+	}
 	s1.grpcS.Stop()
 	step := func() { clk.Advance(50 * time.Millisecond) }
 	req := s2.nextReq(t, step)
 	if groupEntry(req, "a") == nil {
 		t.Fatalf("resync request on s2 lacks group a: %v", req)
+	}
+	if !req.GetCapabilities().GetCanKill() {
+		t.Fatalf("the new stream's first message lacks the capabilities: %v", req)
 	}
 	if err := result(t, acquire(c, "a", 1000, 30*time.Second), step); err != nil {
 		t.Fatal(err)

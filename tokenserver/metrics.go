@@ -80,6 +80,9 @@ func newMetrics() *metrics {
 	return m
 }
 
+// helpProxiesWithoutKill is rgserver_proxies_without_kill's HELP text.
+const helpProxiesWithoutKill = "Proxies with a live token stream to this replica that cannot carry out QUERY_LIMIT ACTION = KILL (started without --admin-user); while above 0 the leader refuses a new KILL rule."
+
 func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 	boolGauge := func(f func() bool) func() float64 {
 		return func() float64 {
@@ -97,6 +100,9 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 	}
 	cs := []prometheus.Collector{
 		m.acquireSeconds, m.persistErrors, m.statesWritten, m.clamped, m.unknownRefused,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rgserver_proxies_without_kill", Help: helpProxiesWithoutKill,
+		}, s.caps.countWithoutKill),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rgserver_is_leader", Help: "1 if this replica is the leader, else 0.",
 		}, boolGauge(s.IsLeader)),

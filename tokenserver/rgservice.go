@@ -40,12 +40,18 @@ func needGroup(p *pb.ResourceGroup) error {
 
 // CreateGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) CreateGroup(ctx context.Context, req *pb.CreateGroupRequest) (*pb.CreateGroupResponse, error) {
-	ctx, cancel := etcdCall(ctx)
-	defer cancel()
 	if err := needGroup(req.GetGroup()); err != nil {
 		return nil, err
 	}
-	g, err := s.store.createGroup(ctx, pb.GroupFromPB(req.GetGroup()))
+	g := pb.GroupFromPB(req.GetGroup())
+	// Judged before etcd's bounds start: a new leader may wait out its
+	// capability window first.
+	if err := s.checkKillRule(ctx, g, nil); err != nil {
+		return nil, err
+	}
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
+	g, err := s.store.createGroup(ctx, g)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -55,12 +61,26 @@ func (s *Server) CreateGroup(ctx context.Context, req *pb.CreateGroupRequest) (*
 
 // AlterGroup implements tokenpb.ResourceGroupServiceServer.
 func (s *Server) AlterGroup(ctx context.Context, req *pb.AlterGroupRequest) (*pb.AlterGroupResponse, error) {
-	ctx, cancel := etcdCall(ctx)
-	defer cancel()
 	if err := needGroup(req.GetGroup()); err != nil {
 		return nil, err
 	}
-	g, err := s.store.alterGroup(ctx, pb.GroupFromPB(req.GetGroup()))
+	g := pb.GroupFromPB(req.GetGroup())
+	if hasKillRule(g) {
+		// A KILL rule the group already had is not judged again.
+		rctx, cancel := etcdCall(ctx)
+		old, err := s.store.GetGroup(rctx, g.Name)
+		cancel()
+		var prev *resourcegroup.Group
+		if err == nil {
+			prev = &old
+		}
+		if err := s.checkKillRule(ctx, g, prev); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := etcdCall(ctx)
+	defer cancel()
+	g, err := s.store.alterGroup(ctx, g)
 	if err != nil {
 		return nil, toStatus(err)
 	}

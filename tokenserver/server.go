@@ -53,6 +53,11 @@ type Config struct {
 	// PersistInterval is how often the leader saves bucket levels to etcd;
 	// default 5 s.
 	PersistInterval time.Duration
+	// CapabilityWindow is how long a new leader waits, from the start of
+	// its term, before it judges whether every live proxy can carry out a
+	// new QUERY_LIMIT ACTION = KILL (capabilities.go). 0 =
+	// DefaultCapabilityWindow; negative = no wait.
+	CapabilityWindow time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Logger receives the server's logs; default slog.Default().
@@ -101,6 +106,11 @@ type Server struct {
 	misses *missCache
 	// inspect holds the proxies' Inspect streams (inspect.go).
 	inspect *inspectHub
+	// caps holds what the proxies streaming tokens here can enforce
+	// (capabilities.go); leaderSince is when this term began (nil when
+	// not leader).
+	caps        *capsRegistry
+	leaderSince atomic.Pointer[time.Time]
 	// openStreams counts the AcquireTokens and Watch streams open on this
 	// replica, for the console (Overview).
 	openStreams [numKinds]atomic.Int64
@@ -114,6 +124,9 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 	}
 	if cfg.PersistInterval <= 0 {
 		cfg.PersistInterval = DefaultPersistInterval
+	}
+	if cfg.CapabilityWindow == 0 {
+		cfg.CapabilityWindow = DefaultCapabilityWindow
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -140,6 +153,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		proxies: newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
 		misses:  newMissCache(),
 		inspect: newInspectHub(clock.Real{}),
+		caps:    newCapsRegistry(),
 	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
@@ -390,6 +404,7 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 	s.mu.Unlock()
 	addr := s.cfg.AdvertiseAddr
 	s.leaderAddr.Store(&addr)
+	s.leaderSince.Store(&now)
 	s.leader.Store(true)
 	s.log.Info("became leader", "addr", addr, "election_rev", rev, "states", len(states))
 	// Bindings an earlier version kept per user name move to their account.
@@ -447,6 +462,7 @@ func (s *Server) walkGroups(fn func(*Bucket)) {
 // next election observer reports it.
 func (s *Server) stepDown() {
 	s.leader.Store(false)
+	s.leaderSince.Store(nil)
 	none := ""
 	s.leaderAddr.Store(&none)
 	s.mu.Lock()

@@ -577,6 +577,11 @@ func TestFollowerNotLeaderAndFailover(t *testing.T) {
 	if _, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 100, Burst: pb.BurstMode_BURST_MODERATED}}); err != nil {
 		t.Fatal(err)
 	}
+	// ... but a KILL rule is judged by the leader, which knows the proxies:
+	// Unavailable sends the caller on to the next replica.
+	if _, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: killGroup("gk", 1000)}); codeOf(err) != codes.Unavailable {
+		t.Fatalf("a KILL rule through a follower: %v", err)
+	}
 	s, err := pb.NewTokenServiceClient(b.conn).AcquireTokens(ctx)
 	if err != nil {
 		t.Fatal(err)

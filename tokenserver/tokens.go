@@ -187,6 +187,7 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 	defer s.openStreams[kindTokens].Add(-1)
 	var proxyID, slot string
 	var ticket *streamTicket
+	var updateCaps func(proxyCaps)
 	budget := newLookupBudget()
 	for {
 		req, err := stream.Recv()
@@ -211,6 +212,11 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 			if len(evict) > 0 {
 				s.removeSlots(evict)
 			}
+			var removeCaps func()
+			updateCaps, removeCaps = s.caps.add(capsFromPB(p, proxyID, req.GetCapabilities()))
+			defer removeCaps()
+		} else if req.GetCapabilities() != nil {
+			updateCaps(capsFromPB(p, proxyID, req.GetCapabilities()))
 		}
 		if ticket.superseded.Load() {
 			return status.Errorf(codes.Aborted, "proxy id %q is used by a newer stream of the same credential", proxyID)

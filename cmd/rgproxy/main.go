@@ -79,7 +79,10 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	var tc *tokenclient.Client
 	var rp *rgpolicy.Policy
 	if cfg.Metering {
-		tc, err = startTokenClient(ctx, cfg, metrics, logger)
+		// The token stream starts before the listener: --listen names the
+		// instance (the cluster views' name once a port 0 is bound).
+		caps := tokenclient.Capabilities{CanKill: cfg.AdminUser != "", Instance: instanceNameOf(cfg.Listen), Version: version}
+		tc, err = startTokenClient(ctx, cfg, caps, metrics, logger)
 		if err != nil {
 			return err
 		}
@@ -177,6 +180,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		if rp != nil {
 			r.CPUSource = rp.CPUSourceInForce()
 			r.WriteSource = rp.WriteSourceInForce()
+			r.QueryLimitUnenforced = rp.QueryLimitUnenforced()
 		}
 		return r, mysqlproto.ProbeBackend(ctx, pcfg)
 	}, cfg.EnablePprof, &consoleSource{proxyID: proxyID(cfg), policy: rp, now: time.Now,
@@ -229,8 +233,9 @@ func policySettings(cfg config) rgpolicy.Settings {
 // startTokenClient connects to rgserver. When neither rgserver nor a
 // cached snapshot is available the proxy still serves — every session in
 // the built-in default group — while the client keeps trying to connect.
-func startTokenClient(ctx context.Context, cfg config, m *metrics, logger *slog.Logger) (*tokenclient.Client, error) {
+func startTokenClient(ctx context.Context, cfg config, caps tokenclient.Capabilities, m *metrics, logger *slog.Logger) (*tokenclient.Client, error) {
 	tcfg := tokenclient.Config{
+		Capabilities:  caps,
 		ProxyID:       cfg.ProxyID,
 		DegradedAfter: cfg.DegradedAfter,
 		CacheDir:      cfg.CacheDir,
@@ -323,10 +328,13 @@ func tokenServerTLS(cfg config) (*tls.Config, error) {
 // instanceName is what cluster-wide views show as this proxy's INSTANCE:
 // its MySQL listen address, the host's name in place of an unspecified
 // IP (--listen :4000).
-func instanceName(a net.Addr) string {
-	host, port, err := net.SplitHostPort(a.String())
+func instanceName(a net.Addr) string { return instanceNameOf(a.String()) }
+
+// instanceNameOf is instanceName of a host:port.
+func instanceNameOf(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return a.String()
+		return addr
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		if h, err := os.Hostname(); err == nil && h != "" {

@@ -48,6 +48,8 @@ func statusHandler(m *metrics, probe func(context.Context) (readiness, error), w
 			h.Degraded = boolText(rd.Degraded)
 			h.CPUSource = rd.CPUSource
 			h.WriteSource = rd.WriteSource
+			h.QueryLimitUnenforced = rd.QueryLimitUnenforced[:min(len(rd.QueryLimitUnenforced), maxUnenforcedListed)]
+			h.QueryLimitUnenforcedCount = len(rd.QueryLimitUnenforced)
 		}
 		writeHealth(w, h, err)
 	})
@@ -68,14 +70,25 @@ type readiness struct {
 	// WriteSource is where the bytes statements write come from now
 	// (binlog, estimate or packet).
 	WriteSource string
+	// QueryLimitUnenforced are the groups whose QUERY_LIMIT this proxy
+	// cannot carry out (ACTION = KILL without --admin-user). Still
+	// ready: it serves, and says so.
+	QueryLimitUnenforced []string
 }
+
+// maxUnenforcedListed bounds the groups /readyz names.
+const maxUnenforcedListed = 100
 
 type health struct {
 	Health      string `json:"health"`
 	Degraded    string `json:"degraded,omitempty"`
 	CPUSource   string `json:"cpu_source,omitempty"`
 	WriteSource string `json:"write_source,omitempty"`
-	Reason      string `json:"reason,omitempty"`
+	// QueryLimitUnenforced lists at most maxUnenforcedListed of them;
+	// QueryLimitUnenforcedCount counts them all.
+	QueryLimitUnenforced      []string `json:"query_limit_unenforced,omitempty"`
+	QueryLimitUnenforcedCount int      `json:"query_limit_unenforced_count,omitempty"`
+	Reason                    string   `json:"reason,omitempty"`
 }
 
 func boolText(b bool) string {

@@ -17,7 +17,9 @@ type metrics struct {
 	ruConsumed      *prometheus.CounterVec
 	groupStatements *prometheus.CounterVec
 	runaway         *prometheus.CounterVec
-	cpu             *prometheus.GaugeVec
+	// unenforced: groups whose QUERY_LIMIT this proxy cannot carry out.
+	unenforced *prometheus.GaugeVec
+	cpu        *prometheus.GaugeVec
 	// MODE WARN: what ENFORCE would have done.
 	wouldWaitN   *prometheus.CounterVec
 	wouldWaitSec *prometheus.CounterVec
@@ -69,8 +71,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"resource_group", "class"}),
 		runaway: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_runaway_total",
-			Help: "Statements that crossed their group's QUERY_LIMIT, by the action taken (DRYRUN, COOLDOWN, KILL, SWITCH_GROUP).",
+			Help: "Statements that crossed their group's QUERY_LIMIT, by the action taken (DRYRUN, COOLDOWN, KILL, SWITCH_GROUP; KILL_UNENFORCED: a KILL this proxy could not carry out, without --admin-user, so the statement ran on).",
 		}, []string{"resource_group", "action"}),
+		unenforced: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rgproxy_query_limit_unenforced",
+			Help: "1 for each resource group whose QUERY_LIMIT this proxy cannot carry out: ACTION = KILL on a proxy started without --admin-user.",
+		}, []string{"resource_group"}),
 		cpu: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rgproxy_cpu_source",
 			Help: "Where the CPU part of a statement's RU comes from for new sessions: 1 for the source in force (proc: the backend thread's CPU time; wall: backend wall time), 0 for the other.",
@@ -94,7 +100,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		seen: map[string]*groupSeries{},
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.ruConsumed, m.groupStatements, m.runaway, m.cpu,
+		for _, c := range []prometheus.Collector{m.ruConsumed, m.groupStatements, m.runaway, m.unenforced, m.cpu,
 			m.wouldWaitN, m.wouldWaitSec, m.wouldRefuse, m.written} {
 			if err := reg.Register(c); err != nil {
 				return nil, errors.Join(errors.New("rgpolicy: registering metrics"), err)

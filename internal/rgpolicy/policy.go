@@ -184,6 +184,9 @@ type Policy struct {
 	logger    *slog.Logger
 	clk       clock.Clock
 	idle      time.Duration
+	// unenforced: the groups whose QUERY_LIMIT this proxy cannot carry
+	// out, sorted (enforcement.go).
+	unenforced atomic.Pointer[[]string]
 }
 
 // New returns a Policy for cfg.
@@ -246,8 +249,12 @@ func New(cfg Config) (*Policy, error) {
 }
 
 // Run forgets, until they are used again, the series of the groups idle on
-// this proxy for IdleGroupExpiry. It returns when ctx ends.
+// this proxy for IdleGroupExpiry, and, without a Killer, keeps track of
+// the KILL rules this proxy cannot carry out. It returns when ctx ends.
 func (p *Policy) Run(ctx context.Context) {
+	if p.killer == nil {
+		go p.watchEnforcement(ctx)
+	}
 	every := min(p.idle/4, time.Minute)
 	for {
 		t := p.clk.NewTimer(every)

@@ -81,9 +81,18 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 	gd.fire = func() {
 		defer close(gd.done)
 		gd.fired.Store(true)
-		s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
-		s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
-			"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
+		if gd.rule.Action == resourcegroup.ActionKill && s.p.killer == nil {
+			// Never silent: the rule predates this proxy (rgserver
+			// refuses a new one while it is live; enforcement.go).
+			s.p.metrics.runaway.WithLabelValues(gd.group, actionKillUnenforced).Inc()
+			s.p.logger.Error("runaway statement not killed: this rgproxy has no service account (start it with --admin-user); the statement runs on",
+				"resource_group", gd.group, "action", actionKillUnenforced,
+				"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
+		} else {
+			s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
+			s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
+				"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
+		}
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
 			go s.p.addWatch(gd.group, gd.rule, query, mode)
 		}

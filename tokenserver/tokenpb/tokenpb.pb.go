@@ -2272,7 +2272,12 @@ type TokenRequest struct {
 	// Echoed in the response so a proxy can match answers to requests.
 	RequestId uint64 `protobuf:"varint,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// At most one entry per group.
-	Groups        []*GroupTokenRequest `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
+	Groups []*GroupTokenRequest `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`
+	// What this proxy can enforce; sent in the first message of each stream
+	// (and again when it changes). rgserver refuses a QUERY_LIMIT that a
+	// live proxy cannot carry out (docs/design.md §7.8). A stream that never
+	// sends it counts as a proxy that cannot kill.
+	Capabilities  *ProxyCapabilities `protobuf:"bytes,4,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2328,6 +2333,78 @@ func (x *TokenRequest) GetGroups() []*GroupTokenRequest {
 	return nil
 }
 
+func (x *TokenRequest) GetCapabilities() *ProxyCapabilities {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+// ProxyCapabilities is what a proxy can enforce, and how to name it.
+type ProxyCapabilities struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The proxy has a service account on the backend (--admin-user) and so
+	// can carry out QUERY_LIMIT ACTION = KILL.
+	CanKill bool `protobuf:"varint,1,opt,name=can_kill,json=canKill,proto3" json:"can_kill,omitempty"`
+	// The address clients reach the proxy at (host:port), for messages.
+	Instance string `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
+	// rgproxy's version.
+	Version       string `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProxyCapabilities) Reset() {
+	*x = ProxyCapabilities{}
+	mi := &file_tokenpb_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProxyCapabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProxyCapabilities) ProtoMessage() {}
+
+func (x *ProxyCapabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProxyCapabilities.ProtoReflect.Descriptor instead.
+func (*ProxyCapabilities) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ProxyCapabilities) GetCanKill() bool {
+	if x != nil {
+		return x.CanKill
+	}
+	return false
+}
+
+func (x *ProxyCapabilities) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *ProxyCapabilities) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 type GroupGrant struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
@@ -2363,7 +2440,7 @@ type GroupGrant struct {
 
 func (x *GroupGrant) Reset() {
 	*x = GroupGrant{}
-	mi := &file_tokenpb_proto_msgTypes[34]
+	mi := &file_tokenpb_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2452,7 @@ func (x *GroupGrant) String() string {
 func (*GroupGrant) ProtoMessage() {}
 
 func (x *GroupGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[34]
+	mi := &file_tokenpb_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2465,7 @@ func (x *GroupGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupGrant.ProtoReflect.Descriptor instead.
 func (*GroupGrant) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{34}
+	return file_tokenpb_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GroupGrant) GetGroup() string {
@@ -2472,7 +2549,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_tokenpb_proto_msgTypes[35]
+	mi := &file_tokenpb_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2561,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[35]
+	mi := &file_tokenpb_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2574,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{35}
+	return file_tokenpb_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NotLeader) GetLeaderAddr() string {
@@ -2521,7 +2598,7 @@ type TokenResponse struct {
 
 func (x *TokenResponse) Reset() {
 	*x = TokenResponse{}
-	mi := &file_tokenpb_proto_msgTypes[36]
+	mi := &file_tokenpb_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2610,7 @@ func (x *TokenResponse) String() string {
 func (*TokenResponse) ProtoMessage() {}
 
 func (x *TokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[36]
+	mi := &file_tokenpb_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2623,7 @@ func (x *TokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenResponse.ProtoReflect.Descriptor instead.
 func (*TokenResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{36}
+	return file_tokenpb_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TokenResponse) GetRequestId() uint64 {
@@ -2600,7 +2677,7 @@ type StatementSummaryRow struct {
 
 func (x *StatementSummaryRow) Reset() {
 	*x = StatementSummaryRow{}
-	mi := &file_tokenpb_proto_msgTypes[37]
+	mi := &file_tokenpb_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2612,7 +2689,7 @@ func (x *StatementSummaryRow) String() string {
 func (*StatementSummaryRow) ProtoMessage() {}
 
 func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[37]
+	mi := &file_tokenpb_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2625,7 +2702,7 @@ func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatementSummaryRow.ProtoReflect.Descriptor instead.
 func (*StatementSummaryRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{37}
+	return file_tokenpb_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatementSummaryRow) GetResourceGroup() string {
@@ -2760,7 +2837,7 @@ type GroupUsageRow struct {
 
 func (x *GroupUsageRow) Reset() {
 	*x = GroupUsageRow{}
-	mi := &file_tokenpb_proto_msgTypes[38]
+	mi := &file_tokenpb_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +2849,7 @@ func (x *GroupUsageRow) String() string {
 func (*GroupUsageRow) ProtoMessage() {}
 
 func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[38]
+	mi := &file_tokenpb_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +2862,7 @@ func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsageRow.ProtoReflect.Descriptor instead.
 func (*GroupUsageRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{38}
+	return file_tokenpb_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GroupUsageRow) GetResourceGroup() string {
@@ -2852,7 +2929,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[39]
+	mi := &file_tokenpb_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2864,7 +2941,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[39]
+	mi := &file_tokenpb_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2877,7 +2954,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{39}
+	return file_tokenpb_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *InspectRequest) GetRequestId() uint64 {
@@ -2937,7 +3014,7 @@ type InspectHello struct {
 
 func (x *InspectHello) Reset() {
 	*x = InspectHello{}
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2949,7 +3026,7 @@ func (x *InspectHello) String() string {
 func (*InspectHello) ProtoMessage() {}
 
 func (x *InspectHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2962,7 +3039,7 @@ func (x *InspectHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectHello.ProtoReflect.Descriptor instead.
 func (*InspectHello) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{40}
+	return file_tokenpb_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *InspectHello) GetProxyId() string {
@@ -2995,7 +3072,7 @@ type InspectReply struct {
 
 func (x *InspectReply) Reset() {
 	*x = InspectReply{}
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3007,7 +3084,7 @@ func (x *InspectReply) String() string {
 func (*InspectReply) ProtoMessage() {}
 
 func (x *InspectReply) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3020,7 +3097,7 @@ func (x *InspectReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectReply.ProtoReflect.Descriptor instead.
 func (*InspectReply) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{41}
+	return file_tokenpb_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *InspectReply) GetHello() *InspectHello {
@@ -3070,7 +3147,7 @@ type ClusterInspectRequest struct {
 
 func (x *ClusterInspectRequest) Reset() {
 	*x = ClusterInspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3159,7 @@ func (x *ClusterInspectRequest) String() string {
 func (*ClusterInspectRequest) ProtoMessage() {}
 
 func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3172,7 @@ func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectRequest.ProtoReflect.Descriptor instead.
 func (*ClusterInspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{42}
+	return file_tokenpb_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ClusterInspectRequest) GetKind() InspectKind {
@@ -3133,7 +3210,7 @@ type InstanceRows struct {
 
 func (x *InstanceRows) Reset() {
 	*x = InstanceRows{}
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3145,7 +3222,7 @@ func (x *InstanceRows) String() string {
 func (*InstanceRows) ProtoMessage() {}
 
 func (x *InstanceRows) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3158,7 +3235,7 @@ func (x *InstanceRows) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceRows.ProtoReflect.Descriptor instead.
 func (*InstanceRows) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{43}
+	return file_tokenpb_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *InstanceRows) GetInstance() string {
@@ -3203,7 +3280,7 @@ type ClusterInspectResponse struct {
 
 func (x *ClusterInspectResponse) Reset() {
 	*x = ClusterInspectResponse{}
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3215,7 +3292,7 @@ func (x *ClusterInspectResponse) String() string {
 func (*ClusterInspectResponse) ProtoMessage() {}
 
 func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3228,7 +3305,7 @@ func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectResponse.ProtoReflect.Descriptor instead.
 func (*ClusterInspectResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{44}
+	return file_tokenpb_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ClusterInspectResponse) GetInstances() []*InstanceRows {
@@ -3379,12 +3456,17 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\vreport_only\x18\x06 \x01(\bR\n" +
 	"reportOnly\x12\x1f\n" +
 	"\vheld_tokens\x18\a \x01(\x01R\n" +
-	"heldTokens\"\x85\x01\n" +
+	"heldTokens\"\xce\x01\n" +
 	"\fTokenRequest\x12\x19\n" +
 	"\bproxy_id\x18\x01 \x01(\tR\aproxyId\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\x04R\trequestId\x12;\n" +
-	"\x06groups\x18\x03 \x03(\v2#.rgproxy.token.v1.GroupTokenRequestR\x06groups\"\xca\x02\n" +
+	"\x06groups\x18\x03 \x03(\v2#.rgproxy.token.v1.GroupTokenRequestR\x06groups\x12G\n" +
+	"\fcapabilities\x18\x04 \x01(\v2#.rgproxy.token.v1.ProxyCapabilitiesR\fcapabilities\"d\n" +
+	"\x11ProxyCapabilities\x12\x19\n" +
+	"\bcan_kill\x18\x01 \x01(\bR\acanKill\x12\x1a\n" +
+	"\binstance\x18\x02 \x01(\tR\binstance\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\"\xca\x02\n" +
 	"\n" +
 	"GroupGrant\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
@@ -3546,7 +3628,7 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_tokenpb_proto_goTypes = []any{
 	(Priority)(0),                  // 0: rgproxy.token.v1.Priority
 	(BurstMode)(0),                 // 1: rgproxy.token.v1.BurstMode
@@ -3589,17 +3671,18 @@ var file_tokenpb_proto_goTypes = []any{
 	(*Consumption)(nil),            // 38: rgproxy.token.v1.Consumption
 	(*GroupTokenRequest)(nil),      // 39: rgproxy.token.v1.GroupTokenRequest
 	(*TokenRequest)(nil),           // 40: rgproxy.token.v1.TokenRequest
-	(*GroupGrant)(nil),             // 41: rgproxy.token.v1.GroupGrant
-	(*NotLeader)(nil),              // 42: rgproxy.token.v1.NotLeader
-	(*TokenResponse)(nil),          // 43: rgproxy.token.v1.TokenResponse
-	(*StatementSummaryRow)(nil),    // 44: rgproxy.token.v1.StatementSummaryRow
-	(*GroupUsageRow)(nil),          // 45: rgproxy.token.v1.GroupUsageRow
-	(*InspectRequest)(nil),         // 46: rgproxy.token.v1.InspectRequest
-	(*InspectHello)(nil),           // 47: rgproxy.token.v1.InspectHello
-	(*InspectReply)(nil),           // 48: rgproxy.token.v1.InspectReply
-	(*ClusterInspectRequest)(nil),  // 49: rgproxy.token.v1.ClusterInspectRequest
-	(*InstanceRows)(nil),           // 50: rgproxy.token.v1.InstanceRows
-	(*ClusterInspectResponse)(nil), // 51: rgproxy.token.v1.ClusterInspectResponse
+	(*ProxyCapabilities)(nil),      // 41: rgproxy.token.v1.ProxyCapabilities
+	(*GroupGrant)(nil),             // 42: rgproxy.token.v1.GroupGrant
+	(*NotLeader)(nil),              // 43: rgproxy.token.v1.NotLeader
+	(*TokenResponse)(nil),          // 44: rgproxy.token.v1.TokenResponse
+	(*StatementSummaryRow)(nil),    // 45: rgproxy.token.v1.StatementSummaryRow
+	(*GroupUsageRow)(nil),          // 46: rgproxy.token.v1.GroupUsageRow
+	(*InspectRequest)(nil),         // 47: rgproxy.token.v1.InspectRequest
+	(*InspectHello)(nil),           // 48: rgproxy.token.v1.InspectHello
+	(*InspectReply)(nil),           // 49: rgproxy.token.v1.InspectReply
+	(*ClusterInspectRequest)(nil),  // 50: rgproxy.token.v1.ClusterInspectRequest
+	(*InstanceRows)(nil),           // 51: rgproxy.token.v1.InstanceRows
+	(*ClusterInspectResponse)(nil), // 52: rgproxy.token.v1.ClusterInspectResponse
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
@@ -3628,56 +3711,57 @@ var file_tokenpb_proto_depIdxs = []int32{
 	36, // 23: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
 	38, // 24: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
 	39, // 25: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
-	4,  // 26: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
-	41, // 27: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
-	42, // 28: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	5,  // 29: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	42, // 30: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	47, // 31: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
-	44, // 32: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	45, // 33: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	5,  // 34: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	44, // 35: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	45, // 36: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	50, // 37: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
-	42, // 38: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	10, // 39: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	12, // 40: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	14, // 41: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	16, // 42: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	18, // 43: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	20, // 44: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	22, // 45: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	24, // 46: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	26, // 47: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	29, // 48: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
-	31, // 49: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
-	33, // 50: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
-	35, // 51: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	40, // 52: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	48, // 53: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
-	49, // 54: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
-	11, // 55: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	13, // 56: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	15, // 57: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	17, // 58: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	19, // 59: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	21, // 60: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	23, // 61: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	25, // 62: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	27, // 63: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	30, // 64: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	32, // 65: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	34, // 66: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	37, // 67: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	43, // 68: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	46, // 69: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
-	51, // 70: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
-	55, // [55:71] is the sub-list for method output_type
-	39, // [39:55] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	41, // 26: rgproxy.token.v1.TokenRequest.capabilities:type_name -> rgproxy.token.v1.ProxyCapabilities
+	4,  // 27: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
+	42, // 28: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
+	43, // 29: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	5,  // 30: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	43, // 31: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	48, // 32: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
+	45, // 33: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	46, // 34: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	5,  // 35: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	45, // 36: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	46, // 37: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	51, // 38: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
+	43, // 39: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	10, // 40: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	12, // 41: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	14, // 42: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	16, // 43: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	18, // 44: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	20, // 45: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	22, // 46: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	24, // 47: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	26, // 48: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	29, // 49: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	31, // 50: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	33, // 51: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	35, // 52: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	40, // 53: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	49, // 54: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
+	50, // 55: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
+	11, // 56: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	13, // 57: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	15, // 58: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	17, // 59: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	19, // 60: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	21, // 61: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	23, // 62: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	25, // 63: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	27, // 64: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	30, // 65: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	32, // 66: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	34, // 67: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	37, // 68: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	44, // 69: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	47, // 70: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
+	52, // 71: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
+	56, // [56:72] is the sub-list for method output_type
+	40, // [40:56] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -3691,7 +3775,7 @@ func file_tokenpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
