@@ -986,20 +986,20 @@ func TestWouldAcquireShadowsEnforce(t *testing.T) {
 		{1, 1, 100 * time.Millisecond, 0, true},            // 31 in debt now
 	}
 	for i, st := range steps {
-		w, refused := c.WouldAcquire("w", rruOf(st.n), st.required, st.maxWait)
+		w, refused := c.WouldAcquire("w", rruOf(st.n), st.required, st.maxWait, false)
 		if w != st.wait || refused != st.refused {
 			t.Fatalf("step %d: would wait %v refused %v, want %v %v", i, w, refused, st.wait, st.refused)
 		}
 	}
 	clk.Advance(10 * time.Second) // the shadow refills: 100 RU of fill pay the debt, capped at 10
-	if w, refused := c.WouldAcquire("w", rruOf(10), 10, 0); w != 0 || refused {
+	if w, refused := c.WouldAcquire("w", rruOf(10), 10, 0, false); w != 0 || refused {
 		t.Fatalf("after refill: %v %v", w, refused)
 	}
 	// An ENFORCE group is not shadowed.
 	c.mu.Lock()
 	c.cache.Groups["e"] = resourcegroup.Group{Name: "e", RUPerSec: resourcegroup.Unlimited}
 	c.mu.Unlock()
-	if w, refused := c.WouldAcquire("e", rruOf(1e6), 1e6, 0); w != 0 || refused {
+	if w, refused := c.WouldAcquire("e", rruOf(1e6), 1e6, 0, false); w != 0 || refused {
 		t.Fatalf("an unlimited group would wait %v refused %v", w, refused)
 	}
 }

@@ -36,6 +36,9 @@ type runawayGuard struct {
 	fire  func()
 	fired atomic.Bool
 	done  chan struct{} // closed when the fired action completed
+	// counted: a runaway watch matched the statement and was counted; the
+	// limit acts when crossed but counts the statement no second time.
+	counted bool
 
 	// With a known CPU time, an RU limit's timer fires when the statement
 	// would cross the limit if it burnt CPU all the time; it then reads the
@@ -70,7 +73,7 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 		}
 	}
 	gd := &runawayGuard{rule: *q, group: g.Name, start: s.p.clk.Now(), clk: s.p.clk, done: make(chan struct{}),
-		baseRU: s.cur.before.RU(), msCost: s.p.cost.CPUMsCost}
+		baseRU: s.cur.before.RU(), msCost: s.p.cost.CPUMsCost, counted: s.cur.watched}
 	if cpuOK && q.RU > 0 {
 		gd.cpu, gd.cpuStart = s.cpu.f, cpuStart
 	}
@@ -81,7 +84,9 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 	gd.fire = func() {
 		defer close(gd.done)
 		gd.fired.Store(true)
-		s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
+		if !gd.counted {
+			s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
+		}
 		s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
 			"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
@@ -268,6 +273,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 		return false, nil
 	}
 	s.p.metrics.runaway.WithLabelValues(s.cur.group, w.Action.String()).Inc()
+	s.cur.watched = true
 	switch w.Action {
 	case resourcegroup.ActionKill:
 		// Recorded with what it would have cost (SHOW LAST STATEMENT RU).
