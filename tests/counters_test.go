@@ -233,7 +233,8 @@ func partialCommand(t testing.TB, c net.Conn, size, sent int) {
 func TestCountersWire(t *testing.T) {
 	px := startProxy(t, "--max-connections", "4", "--max-unauthenticated", "3", "--max-unauthenticated-per-host", "2",
 		"--max-packet", "65536", "--command-buffer-limit", "65536", "--net-read-timeout", "1s")
-	s0 := scrapeMetrics(t, px.StatusAddr)
+	// startProxy's probe of the listener is a session for a moment.
+	s0, _ := waitMetric(t, px.StatusAddr, 2*time.Second, func(s scrape) bool { return s.v("rgproxy_connections") == 0 })
 	if v := s0.v("rgproxy_max_connections"); v != 4 {
 		t.Errorf("rgproxy_max_connections = %v, want 4 (--max-connections)", v)
 	}
@@ -393,7 +394,7 @@ func TestCountersWire(t *testing.T) {
 	partialCommand(t, held, 60000, 40000)
 	// Its buffer doubled from 4 KiB as the bytes came, to 32 KiB, then to
 	// the command's 60,000 bytes: 60,000 − 16,384 are held beyond 16 KiB.
-	s, _ := waitMetric(t, px.StatusAddr, 500*time.Millisecond, func(s scrape) bool { return s.v("rgproxy_command_buffer_bytes") > 0 })
+	s, _ := waitMetric(t, px.StatusAddr, 500*time.Millisecond, func(s scrape) bool { return s.v("rgproxy_command_buffer_bytes") >= 60000-16384 })
 	t.Logf("rgproxy_command_buffer_bytes with 40,000 bytes of a 60,000-byte command received: %v", s.v("rgproxy_command_buffer_bytes"))
 	if got := s.v("rgproxy_command_buffer_bytes"); got != 60000-16384 {
 		t.Errorf("rgproxy_command_buffer_bytes = %v with 40,000 bytes of a 60,000-byte command received, want %d", got, 60000-16384)
