@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -21,6 +22,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
 // The counters' tests: each metric of README's tables, read from /metrics
@@ -823,5 +829,95 @@ func TestCountersMetered(t *testing.T) {
 	ts.stop(10 * time.Second)
 	if _, ok := waitMetric(t, px.StatusAddr, 5*time.Second, func(s scrape) bool { return s.v("rgproxy_degraded") == 1 }); !ok {
 		t.Errorf("rgproxy_degraded not 1 within 5 s of rgserver stopping (--degraded-after 1s)")
+	}
+}
+
+// TestCountersRgserverGuards covers rgserver's refusals: gRPC calls
+// without a credential, with an unknown one, a proxy's on an admin RPC,
+// beyond a credential's streams; token requests clamped; unknown groups
+// answered from the miss cache.
+func TestCountersRgserverGuards(t *testing.T) {
+	dir := t.TempDir()
+	adminFile, proxyFile := filepath.Join(dir, "admin.token"), filepath.Join(dir, "proxy.token")
+	if err := os.WriteFile(adminFile, []byte("adm1n-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(proxyFile, []byte("px pr0xy-token-0123456789 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ts := startTokenServer(t, "--admin-token-file", adminFile, "--proxy-token-file", proxyFile)
+	conn, err := grpc.NewClient(ts.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	bearer := func(tok string) context.Context { return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok) }
+	rg := pb.NewResourceGroupServiceClient(conn)
+	create := func(ctx context.Context, name string) error {
+		_, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: name, RuPerSec: 10}})
+		return err
+	}
+	if err := create(bearer("adm1n-token-0123456789"), "rg_guard"); err != nil {
+		t.Fatal(err)
+	}
+	b := scrapeMetrics(t, ts.StatusAddr)
+	for _, c := range []context.Context{ctx, bearer("nope"), bearer("pr0xy-token-0123456789")} {
+		if create(c, "rg_guard_no") == nil {
+			t.Fatal("CreateGroup without an admin credential succeeded")
+		}
+	}
+	a := scrapeMetrics(t, ts.StatusAddr)
+	for _, r := range []string{"no_credential", "bad_credential", "not_admin"} {
+		wantDelta(t, b, a, 1, "rgserver_auth_refused_total", "reason", r)
+	}
+
+	// A proxy's token stream: numbers beyond the group's bounds, an
+	// unknown group asked twice (etcd is read the first time only).
+	tok := pb.NewTokenServiceClient(conn)
+	b = scrapeMetrics(t, ts.StatusAddr)
+	open := func(id string) (pb.TokenService_AcquireTokensClient, error) {
+		st, err := tok.AcquireTokens(bearer("pr0xy-token-0123456789"))
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(&pb.TokenRequest{ProxyId: id, RequestId: 1, Groups: []*pb.GroupTokenRequest{{Group: "rg_guard", ReportOnly: true}}}); err != nil {
+			return nil, err
+		}
+		_, err = st.Recv()
+		return st, err
+	}
+	st, err := open("counters-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(id uint64, gr *pb.GroupTokenRequest) {
+		t.Helper()
+		if err := st.Send(&pb.TokenRequest{ProxyId: "counters-1", RequestId: id, Groups: []*pb.GroupTokenRequest{gr}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ask(2, &pb.GroupTokenRequest{Group: "rg_guard", TokensWanted: 1e12, DemandRuPerSec: 1e12})
+	ask(3, &pb.GroupTokenRequest{Group: "rg_guard_unknown"})
+	ask(4, &pb.GroupTokenRequest{Group: "rg_guard_unknown"})
+	if _, err := open("counters-2"); err != nil {
+		t.Fatalf("a second stream of a credential allowed two: %v", err)
+	}
+	if _, err := open("counters-3"); err == nil {
+		t.Errorf("a third stream of a credential allowed two was served")
+	}
+	a = scrapeMetrics(t, ts.StatusAddr)
+	wantDelta(t, b, a, 1, "rgserver_token_request_clamped_total", "field", "tokens_wanted")
+	wantDelta(t, b, a, 1, "rgserver_token_request_clamped_total", "field", "demand_ru_per_sec")
+	wantDelta(t, b, a, 0, "rgserver_token_request_clamped_total", "field", "held_tokens")
+	wantDelta(t, b, a, 1, "rgserver_unknown_groups_refused_total", "reason", "cached")
+	wantDelta(t, b, a, 0, "rgserver_unknown_groups_refused_total", "reason", "rate_limited")
+	wantDelta(t, b, a, 1, "rgserver_auth_refused_total", "reason", "stream_limit")
+	if v := a.v("rgserver_insecure"); v != 0 {
+		t.Errorf("rgserver_insecure = %v with token files, want 0", v)
 	}
 }
