@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unicode"
@@ -568,6 +569,7 @@ func TestCountersMetered(t *testing.T) {
 		"rg_t RU_PER_SEC = 2 BURSTABLE = OFF",
 		"rg_warn RU_PER_SEC = 10 BURSTABLE = OFF MODE = WARN",
 		"rg_warn2 RU_PER_SEC = 10 BURSTABLE = OFF MODE = WARN",
+		"rg_e RU_PER_SEC = 10 BURSTABLE = OFF",
 		"rg_dry RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '100ms', ACTION = DRYRUN)",
 		"rg_sw RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '100ms', ACTION = SWITCH_GROUP(rg_c))",
 		"rg_kill RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '200ms', ACTION = KILL)",
@@ -684,6 +686,29 @@ func TestCountersMetered(t *testing.T) {
 	wantDelta(t, b, a, 1, "rgproxy_would_throttle_total", "resource_group", "rg_warn")
 	wantDelta(t, b, a, 0, "rgproxy_would_wait_total", "resource_group", "rg_warn")
 	wantDelta(t, b, a, 0, "rgproxy_throttled_total", "resource_group", "rg_warn")
+
+	// ENFORCE under the same load: the statement waits, and the wait
+	// histogram holds what SHOW LAST STATEMENT RU says it waited.
+	ec := groupConn(t, px, "rg_e")
+	b = scrapeMetrics(t, px.StatusAddr)
+	waited := 0.0
+	for _, q := range []string{"SELECT REPEAT('a', 327680)", "SELECT 1"} {
+		if err := sqlRun(ec, q); err != nil {
+			t.Fatal(err)
+		}
+		waited += num(t, lastStatementRU(t, ec)["THROTTLE_WAIT_MS"]) / 1000
+	}
+	a = scrapeMetrics(t, px.StatusAddr)
+	n0, sum0 := b.hist("rgproxy_throttle_wait_seconds", "resource_group", "rg_e")
+	n1, sum1 := a.hist("rgproxy_throttle_wait_seconds", "resource_group", "rg_e")
+	if n1-n0 != 2 {
+		t.Errorf("rgproxy_throttle_wait_seconds{rg_e} observed %d statements, want the 2 that got their tokens", n1-n0)
+	}
+	wantNear(t, "rgproxy_throttle_wait_seconds{rg_e} sum delta", sum1-sum0, waited, 0.005)
+	if waited <= 0 {
+		t.Errorf("SELECT 1 after 5 RU in a 10 RU/s group without burst, when it had just got its first tokens, did not wait")
+	}
+	wantDelta(t, b, a, 0, "rgproxy_throttled_total", "resource_group", "rg_e")
 
 	// Runaways, each counted once, by the action taken.
 	b = scrapeMetrics(t, px.StatusAddr)
@@ -819,11 +844,32 @@ func TestCountersMetered(t *testing.T) {
 	if n, _ := sa.hist("rgserver_acquire_tokens_duration_seconds"); n == 0 {
 		t.Errorf("rgserver_acquire_tokens_duration_seconds observed no AcquireTokens message")
 	}
-	n0, _ := sb.hist("rgserver_cluster_inspect_duration_seconds")
-	n1, _ := sa.hist("rgserver_cluster_inspect_duration_seconds")
+	n0, _ = sb.hist("rgserver_cluster_inspect_duration_seconds")
+	n1, _ = sa.hist("rgserver_cluster_inspect_duration_seconds")
 	if n1-n0 != 1 {
 		t.Errorf("rgserver_cluster_inspect_duration_seconds observed %d views for one cluster_resource_group_usage read, want 1", n1-n0)
 	}
+
+	// A proxy that does not answer a cluster-wide view (stopped).
+	px2 := startMeteredProxy(t, ts)
+	if s, ok := waitMetric(t, ts.StatusAddr, 5*time.Second, func(s scrape) bool { return s.v("rgserver_inspect_streams") == 2 }); !ok {
+		t.Fatalf("rgserver_inspect_streams = %v with two proxies, want 2", s.v("rgserver_inspect_streams"))
+	}
+	if err := px2.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px2.cmd.Process.Signal(syscall.SIGCONT) })
+	sb = scrapeMetrics(t, ts.StatusAddr)
+	if _, err := root.Exec("SELECT * FROM information_schema.cluster_resource_group_usage"); err != nil {
+		t.Fatal(err)
+	}
+	sa = scrapeMetrics(t, ts.StatusAddr)
+	wantDelta(t, sb, sa, 1, "rgserver_cluster_inspect_unanswered_total")
+	if _, sum := sa.hist("rgserver_cluster_inspect_duration_seconds"); true {
+		_, sum0 := sb.hist("rgserver_cluster_inspect_duration_seconds")
+		wantNear(t, "rgserver_cluster_inspect_duration_seconds sum delta with a proxy stopped", sum-sum0, 0.5, 0.1)
+	}
+	_ = px2.cmd.Process.Signal(syscall.SIGCONT)
 
 	// rgserver gone: the proxy refills locally after --degraded-after.
 	ts.stop(10 * time.Second)
