@@ -69,7 +69,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"resource_group", "class"}),
 		runaway: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_runaway_total",
-			Help: "Statements that crossed their group's QUERY_LIMIT or matched a runaway watch, by the action taken.",
+			Help: "Statements that crossed their group's QUERY_LIMIT or matched a runaway watch, by the action taken; a statement that matched a watch and then crossed the limit counts once.",
 		}, []string{"resource_group", "action"}),
 		cpu: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rgproxy_cpu_source",
