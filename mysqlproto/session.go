@@ -426,9 +426,6 @@ func (ss *session) run() {
 			errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
 			ss.log.Debug("client closed the connection", "err", err)
 		case errors.Is(err, errBackendClosed):
-			// A backend connection lost during the session, as one lost
-			// mid-statement is (backendFailed).
-			ss.srv.backendErrors.Add(1)
 			ss.log.Debug("backend closed the idle session; closed its client", "err", err)
 		default:
 			ss.log.Warn("closing session", "err", err)

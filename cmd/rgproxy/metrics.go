@@ -64,7 +64,7 @@ func (m *metrics) registerServer(srv *mysqlproto.Server) {
 		}, func() float64 { return float64(srv.Stats().BackendBytes) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rgproxy_backend_errors_total",
-			Help: "Backend dial failures and backend connections lost during a session.",
+			Help: "Backend dial failures and backend connections lost while a statement was on them; a backend that closes an idle session (wait_timeout, KILL) closes its client and is not counted.",
 		}, func() float64 { return float64(srv.Stats().BackendErrors) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rgproxy_max_connections",
