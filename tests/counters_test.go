@@ -913,7 +913,9 @@ func TestCountersRgserverGuards(t *testing.T) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	bearer := func(tok string) context.Context { return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok) }
+	bearer := func(tok string) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	}
 	rg := pb.NewResourceGroupServiceClient(conn)
 	create := func(ctx context.Context, name string) error {
 		_, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: name, RuPerSec: 10}})
