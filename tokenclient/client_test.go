@@ -1004,6 +1004,45 @@ func TestWouldAcquireShadowsEnforce(t *testing.T) {
 	}
 }
 
+// The shadow bucket takes what ENFORCE's bucket would: a statement's
+// measured cost settled after it ran (Charge), a refund, and a statement
+// ENFORCE would have run on its session's debt.
+func TestWouldAcquireTakesSettledCostAndDebt(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	c.mu.Lock()
+	c.cache.Groups["w"] = resourcegroup.Group{Name: "w", RUPerSec: 10, Burst: resourcegroup.BurstOff, Mode: resourcegroup.ModeWarn}
+	c.mu.Unlock()
+	steps := []struct {
+		name    string
+		do      func() (time.Duration, bool)
+		wait    time.Duration
+		refused bool
+	}{
+		{"a prepaid 1 of a full 10", func() (time.Duration, bool) { return c.WouldAcquire("w", rruOf(1), 1, time.Second, false) }, 0, false},
+		{"its measured 11 more leave 2 owed", func() (time.Duration, bool) {
+			c.Charge("w", rruOf(11))
+			return c.WouldAcquire("w", rruOf(1), 1, time.Second, false)
+		}, 300 * time.Millisecond, false}, // 2 owed + 1 at 10 RU/s
+		{"a refund of 5", func() (time.Duration, bool) {
+			c.Charge("w", rruOf(-5))
+			return c.WouldAcquire("w", rruOf(1), 1, time.Second, false)
+		}, 0, false}, // 3 owed − 5: 2 left, 1 after
+		{"refused outside a transaction: takes nothing", func() (time.Duration, bool) {
+			return c.WouldAcquire("w", rruOf(20), 20, time.Second, false)
+		}, 0, true},
+		{"refused inside one: runs on debt, taken", func() (time.Duration, bool) {
+			return c.WouldAcquire("w", rruOf(20), 20, time.Second, true)
+		}, 0, true},
+		{"after the debt", func() (time.Duration, bool) { return c.WouldAcquire("w", rruOf(1), 1, 10*time.Second, false) }, 2 * time.Second, false}, // 1 − 20 = 19 owed, + 1
+	}
+	for _, st := range steps {
+		w, refused := st.do()
+		if w != st.wait || refused != st.refused {
+			t.Fatalf("%s: would wait %v refused %v, want %v %v", st.name, w, refused, st.wait, st.refused)
+		}
+	}
+}
+
 // A statement's two visits to the client — AcquireShare before, Charge
 // after — allocate nothing once its group's state exists.
 func TestAcquireShareAndChargeAllocateNothing(t *testing.T) {
