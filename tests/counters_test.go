@@ -538,6 +538,10 @@ func TestMetricsHelpIsReadme(t *testing.T) {
 		t.Logf("rgproxy_runaway_total, rgproxy_group_tokens or rgproxy_binlog_lag_seconds missing after 5 s")
 	}
 	checkHelpIsReadme(t, "rgproxy_", sp)
+	// The reader has nothing newer to read, or follows no log: 0.
+	if s, ok := waitMetric(t, px.StatusAddr, 3*time.Second, func(s scrape) bool { return s.v("rgproxy_binlog_lag_seconds") == 0 }); !ok {
+		t.Errorf("rgproxy_binlog_lag_seconds = %v on an idle backend, want 0", s.v("rgproxy_binlog_lag_seconds"))
+	}
 	checkHelpIsReadme(t, "rgserver_", scrapeMetrics(t, ts.StatusAddr))
 }
 
@@ -589,6 +593,7 @@ func TestCountersMetered(t *testing.T) {
 		"rg_kill RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '200ms', ACTION = KILL)",
 		"rg_cool RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '100ms', ACTION = COOLDOWN, WATCH = EXACT DURATION = '1m')",
 		"rg_q RU_PER_SEC = 100000",
+		"rg_bu RU_PER_SEC = 100 BURSTABLE = UNLIMITED",
 	} {
 		name, _, _ := strings.Cut(g, " ")
 		create = append(create, "DROP RESOURCE GROUP IF EXISTS "+name, "CREATE RESOURCE GROUP "+g)
@@ -763,10 +768,14 @@ func TestCountersMetered(t *testing.T) {
 	wantDelta(t, b, a, 7, "rgproxy_runaway_total")
 
 	// Gauges.
+	if err := sqlRun(groupConn(t, px, "rg_bu"), "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	a = scrapeMetrics(t, px.StatusAddr)
 	for _, g := range []struct {
 		group string
 		want  float64
-	}{{"rg_c", 100000}, {"rg_warn", 10}, {"default", math.Inf(1)}} {
+	}{{"rg_c", 100000}, {"rg_warn", 10}, {"rg_bu", math.Inf(1)}, {"default", math.Inf(1)}} {
 		if v := a.v("rgproxy_group_ru_per_sec", "resource_group", g.group); v != g.want {
 			t.Errorf("rgproxy_group_ru_per_sec{%s} = %v, want %v", g.group, v, g.want)
 		}
@@ -841,7 +850,7 @@ func TestCountersMetered(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, v, want)
 		}
 	}
-	for g, want := range map[string]float64{"rg_c": 100000, "rg_warn": 10, "default": math.Inf(1)} {
+	for g, want := range map[string]float64{"rg_c": 100000, "rg_warn": 10, "rg_bu": 100, "default": math.Inf(1)} {
 		if v := sa.v("rgserver_group_ru_per_sec", "resource_group", g); v != want {
 			t.Errorf("rgserver_group_ru_per_sec{%s} = %v, want %v", g, v, want)
 		}
