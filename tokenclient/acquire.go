@@ -250,6 +250,7 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 		gs.lastUsed = now
 	}
 	gs.bucket.Take(now, cons.RU())
+	gs.shadowTakeLocked(now, cons.RU())
 	gs.record(now, cons)
 	c.pollLowLocked(gs)
 }
@@ -257,8 +258,13 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 // ChargePurse is Charge that settles in the purse when it can (p nil:
 // Charge).
 func (c *Client) ChargePurse(p *Purse, group string, cons ru.Consumption) {
-	if p != nil && p.spend(group, cons, c.cacheGen.Load()) {
-		return
+	if p != nil {
+		if ok, shadow := p.spend(group, cons, c.cacheGen.Load()); ok {
+			if shadow {
+				c.shadowCharge(group, cons.RU())
+			}
+			return
+		}
 	}
 	c.Charge(group, cons)
 }

@@ -986,21 +986,60 @@ func TestWouldAcquireShadowsEnforce(t *testing.T) {
 		{1, 1, 100 * time.Millisecond, 0, true},            // 31 in debt now
 	}
 	for i, st := range steps {
-		w, refused := c.WouldAcquire("w", rruOf(st.n), st.required, st.maxWait)
+		w, refused := c.WouldAcquire("w", rruOf(st.n), st.required, st.maxWait, false)
 		if w != st.wait || refused != st.refused {
 			t.Fatalf("step %d: would wait %v refused %v, want %v %v", i, w, refused, st.wait, st.refused)
 		}
 	}
 	clk.Advance(10 * time.Second) // the shadow refills: 100 RU of fill pay the debt, capped at 10
-	if w, refused := c.WouldAcquire("w", rruOf(10), 10, 0); w != 0 || refused {
+	if w, refused := c.WouldAcquire("w", rruOf(10), 10, 0, false); w != 0 || refused {
 		t.Fatalf("after refill: %v %v", w, refused)
 	}
 	// An ENFORCE group is not shadowed.
 	c.mu.Lock()
 	c.cache.Groups["e"] = resourcegroup.Group{Name: "e", RUPerSec: resourcegroup.Unlimited}
 	c.mu.Unlock()
-	if w, refused := c.WouldAcquire("e", rruOf(1e6), 1e6, 0); w != 0 || refused {
+	if w, refused := c.WouldAcquire("e", rruOf(1e6), 1e6, 0, false); w != 0 || refused {
 		t.Fatalf("an unlimited group would wait %v refused %v", w, refused)
+	}
+}
+
+// The shadow bucket takes what ENFORCE's bucket would: a statement's
+// measured cost settled after it ran (Charge), a refund, and a statement
+// ENFORCE would have run on its session's debt.
+func TestWouldAcquireTakesSettledCostAndDebt(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	c.mu.Lock()
+	c.cache.Groups["w"] = resourcegroup.Group{Name: "w", RUPerSec: 10, Burst: resourcegroup.BurstOff, Mode: resourcegroup.ModeWarn}
+	c.mu.Unlock()
+	steps := []struct {
+		name    string
+		do      func() (time.Duration, bool)
+		wait    time.Duration
+		refused bool
+	}{
+		{"a prepaid 1 of a full 10", func() (time.Duration, bool) { return c.WouldAcquire("w", rruOf(1), 1, time.Second, false) }, 0, false},
+		{"its measured 11 more leave 2 owed", func() (time.Duration, bool) {
+			c.Charge("w", rruOf(11))
+			return c.WouldAcquire("w", rruOf(1), 1, time.Second, false)
+		}, 300 * time.Millisecond, false}, // 2 owed + 1 at 10 RU/s
+		{"a refund of 5", func() (time.Duration, bool) {
+			c.Charge("w", rruOf(-5))
+			return c.WouldAcquire("w", rruOf(1), 1, time.Second, false)
+		}, 0, false}, // 3 owed − 5: 2 left, 1 after
+		{"refused outside a transaction: takes nothing", func() (time.Duration, bool) {
+			return c.WouldAcquire("w", rruOf(20), 20, time.Second, false)
+		}, 0, true},
+		{"refused inside one: runs on debt, taken", func() (time.Duration, bool) {
+			return c.WouldAcquire("w", rruOf(20), 20, time.Second, true)
+		}, 0, true},
+		{"after the debt", func() (time.Duration, bool) { return c.WouldAcquire("w", rruOf(1), 1, 10*time.Second, false) }, 2 * time.Second, false}, // 1 − 20 = 19 owed, + 1
+	}
+	for _, st := range steps {
+		w, refused := st.do()
+		if w != st.wait || refused != st.refused {
+			t.Fatalf("%s: would wait %v refused %v, want %v %v", st.name, w, refused, st.wait, st.refused)
+		}
 	}
 }
 

@@ -42,24 +42,24 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 		}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_throttled_total",
-			Help: "Statements refused because their group's tokens could not be had within the maximum wait.",
+			Help: "Statements refused with 8252 — tokens, the in-flight bound, MAX_CONCURRENCY, the COOLDOWN slot or a backend slot could not be had within the wait, or a transaction's debt reached its bound — and only those: a statement that waited and ran, or ran inside a transaction on its session's debt, is not counted.",
 		}, []string{"resource_group"}),
 		granted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_tokens_granted_total",
-			Help: "Tokens (RU) rgserver granted this proxy, as applied to its buckets (a trickle counts in full when granted).",
+			Help: "Tokens (RU) rgserver granted this proxy for a limited group (a trickle counts in full when granted).",
 		}, []string{"resource_group"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "rgproxy_throttle_wait_seconds",
-			Help:    "Time statements waited for their group's tokens before running.",
+			Help:    "How long statements waited for their group's tokens before getting them.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"resource_group"}),
 		state: &stateCollector{c: c,
 			tokens: prometheus.NewDesc("rgproxy_group_tokens",
-				"Tokens (RU) in the group's local bucket on this proxy; negative is debt.", []string{"resource_group"}, nil),
+				"Tokens (RU) in the group's local bucket on this proxy; negative is debt; limited groups in use here only. While the bucket holds plenty, busy sessions carry small advances of it (32 statements' worth; given back within 200 ms of a session going idle), which this does not count.", []string{"resource_group"}, nil),
 			rate: prometheus.NewDesc("rgproxy_group_ru_per_sec",
-				"The group's RU_PER_SEC setting; +Inf when unlimited.", []string{"resource_group"}, nil),
+				"The group's RU_PER_SEC, in every MODE (a group in WARN or OFF keeps its configured rate, for the dashboards); +Inf when RU_PER_SEC or BURSTABLE is UNLIMITED.", []string{"resource_group"}, nil),
 			degraded: prometheus.NewDesc("rgproxy_degraded",
-				"1 while the proxy refills buckets locally because rgserver is unreachable.", nil, nil),
+				"1 while the proxy refills its buckets locally because rgserver is unreachable.", nil, nil),
 		},
 	}
 	if reg == nil {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
 )
 
@@ -65,6 +66,9 @@ type Purse struct {
 	tokens, limit float64
 	// unlimited: the group is never throttled; the purse holds no tokens.
 	unlimited bool
+	// shadow: the group is in MODE WARN; what the purse settles goes to
+	// its shadow bucket too (shadow.go).
+	shadow bool
 	// spent is what the purse's statements consumed, not yet recorded;
 	// zeroWaits how many of them got their tokens from it (the wait
 	// histogram has not seen them yet).
@@ -115,24 +119,25 @@ func (p *Purse) take(group string, cons ru.Consumption, gen uint64) (Share, bool
 
 // spend settles cons (a refund when negative) of group in the purse: ok is
 // false when the purse cannot (another group, a changed cache, too few
-// tokens, a refund past its limit).
-func (p *Purse) spend(group string, cons ru.Consumption, gen uint64) bool {
+// tokens, a refund past its limit); shadow tells that the group is in
+// MODE WARN, whose shadow bucket must take cons too.
+func (p *Purse) spend(group string, cons ru.Consumption, gen uint64) (ok, shadow bool) {
 	n := cons.RU()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.group == "" || p.group != group || p.gen != gen {
-		return false
+		return false, false
 	}
 	if !p.unlimited {
 		t := p.tokens - n
 		if !(t >= 0 && t <= p.limit) {
-			return false
+			return false, false
 		}
 		p.tokens = t
 	}
 	p.spent.Add(cons)
 	p.used = true
-	return true
+	return true, p.shadow
 }
 
 // ReturnPurse records what the purse spent and gives what is left of its
@@ -179,6 +184,7 @@ func (c *Client) fillPurseLocked(p *Purse, gs *groupState, name string, now time
 	p.group, p.gs, p.gen = name, gs, c.cacheGen.Load()
 	p.left = purseStatements - 1
 	p.tokens, p.limit, p.unlimited = adv, 2*adv, unlimited
+	p.shadow = sh.Mode == resourcegroup.ModeWarn
 	p.share, p.used = sh, true
 	p.mu.Unlock()
 	if !p.listed {
@@ -212,7 +218,7 @@ func (c *Client) settlePurseLocked(p *Purse, now time.Time, empty bool) {
 	p.spent, p.zeroWaits = ru.Consumption{}, 0
 	if empty {
 		p.group, p.gs, p.gen, p.left = "", nil, 0, 0
-		p.tokens, p.limit, p.unlimited, p.share = 0, 0, false, Share{}
+		p.tokens, p.limit, p.unlimited, p.shadow, p.share = 0, 0, false, false, Share{}
 	}
 }
 

@@ -24,9 +24,13 @@ type shadowBucket struct {
 // AcquireShare would have done in ENFORCE: run at once, wait (for
 // how long) or refuse. It keeps, per group, a shadow bucket filled at
 // this proxy's fair share of RU_PER_SEC, capped as BURSTABLE says, which
-// takes what ENFORCE would have taken (nothing for a refused statement),
-// so the counts follow the same load in ENFORCE.
-func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (wait time.Duration, refused bool) {
+// takes what ENFORCE would have taken, so the counts follow the same load
+// in ENFORCE: the statement's tokens up front, then what Charge and
+// ChargePurse settle after it ran (its measured cost beyond them). A
+// refused statement takes nothing, unless onDebt says that ENFORCE would
+// have run it on its session's debt (inside a transaction), which the
+// session repays from the bucket later: it takes its tokens then.
+func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration, onDebt bool) (wait time.Duration, refused bool) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
 	c.mu.Lock()
@@ -56,5 +60,27 @@ func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float6
 		sb.Take(now, n)
 		return min(durationOf(-sb.Tokens(now)/rate), maxWait), false
 	}
+	if onDebt {
+		sb.Take(now, n)
+	}
 	return 0, true
+}
+
+// shadowTakeLocked takes n RU (a refund when negative) from the group's
+// shadow bucket, once WouldAcquire set it up. Client.mu is held.
+func (gs *groupState) shadowTakeLocked(now time.Time, n float64) {
+	if gs.shadow.on {
+		gs.shadow.bucket.Take(now, n)
+	}
+}
+
+// shadowCharge is shadowTakeLocked for a charge a purse settled.
+func (c *Client) shadowCharge(group string, n float64) {
+	group = resourcegroup.NormalizeName(group)
+	now := c.clk.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if gs, ok := c.groups[group]; ok {
+		gs.shadowTakeLocked(now, n)
+	}
 }

@@ -191,7 +191,7 @@ func NewAuthenticator(cfg AuthConfig) (*Authenticator, error) {
 	}
 	a.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rgserver_auth_refused_total",
-		Help: "gRPC calls and token streams refused: no_credential, bad_credential (unknown bearer token), not_admin (a proxy credential calling an admin RPC), stream_limit (a credential beyond its streams or proxy ids).",
+		Help: "gRPC calls refused: no credential, an unknown bearer token, a proxy credential on an admin RPC, a credential beyond its streams or proxy ids (see \"Security\").",
 	}, []string{"reason"})
 	for _, r := range []string{refusedNoCredential, refusedBadCredential, refusedNotAdmin, refusedStreamLimit} {
 		a.refused.WithLabelValues(r)
@@ -237,7 +237,7 @@ func (a *Authenticator) Open() bool { return a.open }
 func (a *Authenticator) Register(r prometheus.Registerer) error {
 	insecure := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "rgserver_insecure",
-		Help: "1 when no authentication is configured: every caller that reaches the gRPC port may change groups and take tokens.",
+		Help: "1 when no authentication is configured (loopback by default, or --insecure): every caller may change groups.",
 	}, func() float64 {
 		if a.open {
 			return 1

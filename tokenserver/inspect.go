@@ -96,12 +96,12 @@ func newInspectHub(clk clock.Clock) *inspectHub {
 		streams: map[string]*inspectConn{},
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "rgserver_cluster_inspect_duration_seconds",
-			Help:    "Time to answer one ClusterInspect (a cluster-wide view): until every proxy replied, or 500 ms.",
+			Help:    "Time to gather one cluster-wide view: until every proxy answered, or 500 ms.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 11),
 		}),
 		unanswered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rgserver_cluster_inspect_unanswered_total",
-			Help: "Proxies that did not answer a cluster-wide view within its deadline (stalled, stream gone, or not reading), one per view.",
+			Help: "Proxies that did not answer a cluster-wide view within its 500 ms (stopped, overloaded, not reading), one per view.",
 		}),
 	}
 }

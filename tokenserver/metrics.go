@@ -51,24 +51,24 @@ func newMetrics() *metrics {
 	m := &metrics{
 		acquireSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "rgserver_acquire_tokens_duration_seconds",
-			Help:    "Time to answer one AcquireTokens stream message.",
+			Help:    "Time to answer one AcquireTokens message.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
 		}),
 		persistErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rgserver_persist_errors_total",
-			Help: "Rounds of bucket state persistence that failed (etcd refused or did not answer); their states are tried again.",
+			Help: "Persistence rounds that failed (etcd refused or did not answer); their states are tried again.",
 		}),
 		statesWritten: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rgserver_bucket_states_written_total",
-			Help: "Bucket states written to etcd (only those that changed meaningfully since last written).",
+			Help: "Bucket states written to etcd (only those that changed meaningfully).",
 		}),
 		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgserver_token_request_clamped_total",
-			Help: "Group entries of token requests whose field exceeded what the group can use and was clamped: demand_ru_per_sec, tokens_wanted, held_tokens, consumption.",
+			Help: "Group entries of token requests with a number beyond what the group can use, clamped to its bound (see \"rgserver: who may call it\").",
 		}, []string{"field"}),
 		unknownRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgserver_unknown_groups_refused_total",
-			Help: "Unknown group names in token requests answered UNAVAILABLE without reading etcd: cached (etcd said it does not exist a moment ago), rate_limited (the stream asked about too many unknown names).",
+			Help: "Unknown group names in token requests answered UNAVAILABLE without reading etcd: found missing less than 2 s before, or beyond the stream's lookups.",
 		}, []string{"reason"}),
 	}
 	for _, f := range []string{fieldDemand, fieldWanted, fieldHeld, fieldConsumption} {
@@ -104,17 +104,17 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 			Name: "rgserver_proxies_without_kill", Help: helpProxiesWithoutKill,
 		}, s.caps.countWithoutKill),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "rgserver_is_leader", Help: "1 if this replica is the leader, else 0.",
+			Name: "rgserver_is_leader", Help: "1 on the replica that leads, else 0.",
 		}, boolGauge(s.IsLeader)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rgserver_granting_from_memory", Help: "1 while this leader grants tokens although its etcd session lapsed (etcd unreachable or without quorum).",
 		}, boolGauge(s.orphan.Load)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "rgserver_etcd_degraded", Help: "1 while etcd refuses writes for this reason: nospace (NOSPACE alarm) or no_quorum (no quorum, or unreachable).",
+			Name: "rgserver_etcd_degraded", Help: "1 while etcd refuses writes for that reason: nospace (a NOSPACE alarm) or no_quorum (no quorum, or etcd unreachable).",
 			ConstLabels: prometheus.Labels{"reason": "nospace"},
 		}, etcdDegraded(func(h *etcdHealth) bool { return h.noSpace })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "rgserver_etcd_degraded", Help: "1 while etcd refuses writes for this reason: nospace (NOSPACE alarm) or no_quorum (no quorum, or unreachable).",
+			Name: "rgserver_etcd_degraded", Help: "1 while etcd refuses writes for that reason: nospace (a NOSPACE alarm) or no_quorum (no quorum, or etcd unreachable).",
 			ConstLabels: prometheus.Labels{"reason": "no_quorum"},
 		}, etcdDegraded(func(h *etcdHealth) bool { return h.noQuorum })),
 	}
@@ -175,28 +175,28 @@ type groupFamily struct {
 // (at 0) until it is dropped.
 var groupFamilies = []groupFamily{
 	{name: "rgserver_ru_consumed_total", typ: "counter", labels: []string{`type="rru"`, `type="wru"`},
-		help: "Request units consumed, as reported by proxies, by kind (rru, wru).",
+		help: "RU consumed, as proxies report it.",
 		value: func(r *groupRow, i int) (float64, bool) {
 			if i == 0 {
 				return r.usage.RRU, true
 			}
 			return r.usage.WRU, true
 		}},
-	{name: "rgserver_read_bytes_total", typ: "counter", help: "Result bytes read from backends, as reported by proxies.",
+	{name: "rgserver_read_bytes_total", typ: "counter", help: "Result bytes read from backends, as proxies report them.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.ReadBytes, true }},
-	{name: "rgserver_write_bytes_total", typ: "counter", help: "Bytes written to backends, as reported by proxies.",
+	{name: "rgserver_write_bytes_total", typ: "counter", help: "Bytes written to backends, as proxies report them.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.WriteBytes, true }},
-	{name: "rgserver_backend_seconds_total", typ: "counter", help: "Backend time spent on statements, as reported by proxies.",
+	{name: "rgserver_backend_seconds_total", typ: "counter", help: "Backend time of statements, as proxies report it.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.BackendSeconds, true }},
-	{name: "rgserver_statements_total", typ: "counter", help: "Statements run, as reported by proxies.",
+	{name: "rgserver_statements_total", typ: "counter", help: "Statements run, as proxies report them.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.usage.Statements, true }},
-	{name: "rgserver_throttled_total", typ: "counter", help: "Statements refused with 8252 (throttled), as reported by proxies.",
+	{name: "rgserver_throttled_total", typ: "counter", help: "Statements refused with 8252, as proxies report them (each proxy's rgproxy_throttled_total, summed; a proxy reports its refusals with its consumption, within 5 s).",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.throttled, true }},
 	{name: "rgserver_tokens_granted_total", typ: "counter", help: "Tokens (RU) granted to proxies.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.granted, true }},
-	{name: "rgserver_group_ru_per_sec", typ: "gauge", help: "The group's configured RU_PER_SEC; +Inf when RU_PER_SEC = UNLIMITED.",
+	{name: "rgserver_group_ru_per_sec", typ: "gauge", help: "The group's RU_PER_SEC as configured (also in MODE WARN/OFF and with BURSTABLE = UNLIMITED); +Inf when RU_PER_SEC = UNLIMITED.",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.rate, true }},
-	{name: "rgserver_group_tokens", typ: "gauge", help: "Tokens in the group's global bucket (negative: promised to running trickles). Absent for groups that are never throttled (UNLIMITED, or MODE WARN or OFF).",
+	{name: "rgserver_group_tokens", typ: "gauge", help: "Tokens in the group's global bucket (negative: promised to running trickles); absent for groups that are never throttled (UNLIMITED, or MODE WARN or OFF).",
 		value: func(r *groupRow, _ int) (float64, bool) { return r.tokens, r.limited }},
 	{name: "rgserver_group_clients", typ: "gauge", help: "Proxies holding a live slot in the group.",
 		value: func(r *groupRow, _ int) (float64, bool) { return float64(r.clients), true }},

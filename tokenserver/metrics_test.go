@@ -201,12 +201,12 @@ func TestMetricsHandlerWithTestutil(t *testing.T) {
 	waitFor(t, "both groups", func() bool { return len(groupSeries(t, ts, "a")) > 0 && len(groupSeries(t, ts, "b")) > 0 })
 	hs := httptest.NewServer(ts.srv.MetricsHandler(ts.reg))
 	defer hs.Close()
-	want := `# HELP rgserver_group_ru_per_sec The group's configured RU_PER_SEC; +Inf when RU_PER_SEC = UNLIMITED.
+	want := `# HELP rgserver_group_ru_per_sec The group's RU_PER_SEC as configured (also in MODE WARN/OFF and with BURSTABLE = UNLIMITED); +Inf when RU_PER_SEC = UNLIMITED.
 # TYPE rgserver_group_ru_per_sec gauge
 rgserver_group_ru_per_sec{resource_group="a"} 20
 rgserver_group_ru_per_sec{resource_group="b"} 10
 rgserver_group_ru_per_sec{resource_group="default"} +Inf
-# HELP rgserver_is_leader 1 if this replica is the leader, else 0.
+# HELP rgserver_is_leader 1 on the replica that leads, else 0.
 # TYPE rgserver_is_leader gauge
 rgserver_is_leader 1
 `

@@ -28,7 +28,7 @@ func newMetrics() *metrics {
 		reg: prometheus.NewRegistry(),
 		statements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_statements_total",
-			Help: "Statements forwarded to the backend, by class (read, write, other, free).",
+			Help: "Statements forwarded to the backend; rgproxy's own answers and refusals are not counted.",
 		}, []string{"class"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "rgproxy_statement_duration_seconds",
@@ -52,27 +52,27 @@ func (m *metrics) registerServer(srv *mysqlproto.Server) {
 	m.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rgproxy_connections",
-			Help: "Client sessions currently open.",
+			Help: "Client sessions open now.",
 		}, func() float64 { return float64(srv.Stats().Connections) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rgproxy_client_bytes_total",
-			Help: "Bytes exchanged with clients (both directions, packet headers included).",
+			Help: "Bytes exchanged with clients, both directions, packet headers and TLS records included.",
 		}, func() float64 { return float64(srv.Stats().ClientBytes) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rgproxy_backend_bytes_total",
-			Help: "Bytes exchanged with the backend (both directions, packet headers included).",
+			Help: "Bytes exchanged with the backend, both directions, packet headers and TLS records included.",
 		}, func() float64 { return float64(srv.Stats().BackendBytes) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rgproxy_backend_errors_total",
-			Help: "Backend dial and I/O failures.",
+			Help: "Backend dial failures and backend connections lost while a statement was on them; a backend that closes an idle session (wait_timeout, KILL) closes its client and is not counted.",
 		}, func() float64 { return float64(srv.Stats().BackendErrors) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rgproxy_max_connections",
-			Help: "Client sessions allowed at once (--max-connections, or derived from the file-descriptor limit).",
+			Help: "Client sessions allowed at once: --max-connections, or the ceiling derived from the file-descriptor limit.",
 		}, func() float64 { return float64(srv.MaxConnections()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rgproxy_unauthenticated_connections",
-			Help: "Client connections accepted that have not logged in yet.",
+			Help: "Connections accepted that have not logged in yet (bounded by --max-unauthenticated).",
 		}, func() float64 { return float64(srv.Stats().Unauthenticated) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rgproxy_command_buffer_bytes",
@@ -82,14 +82,14 @@ func (m *metrics) registerServer(srv *mysqlproto.Server) {
 	for r := range mysqlproto.NumRefusalReasons {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "rgproxy_connections_refused_total",
-			Help:        "Client connections answered ERR 1040 at once, without a backend connection, by reason.",
+			Help:        "Connections answered ERR 1040 at once, without a backend connection.",
 			ConstLabels: prometheus.Labels{"reason": r.String()},
 		}, func() float64 { return float64(srv.Stats().Refused[r]) }))
 	}
 	for k := range mysqlproto.NumProtocolErrorKinds {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "rgproxy_protocol_errors_total",
-			Help:        "Client packets refused (answered with MariaDB's ERR for them), by kind.",
+			Help:        "Client packets refused, each answered with the ERR MariaDB sends for it (see \"Security\").",
 			ConstLabels: prometheus.Labels{"kind": k.String()},
 		}, func() float64 { return float64(srv.Stats().ProtocolErrors[k]) }))
 	}
@@ -99,7 +99,7 @@ func (m *metrics) registerServer(srv *mysqlproto.Server) {
 func (m *metrics) registerBinlog(r *binlog.Reader) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "rgproxy_binlog_lag_seconds",
-		Help: "Age of the newest event the binary-log reader received, by the event's timestamp (1 s resolution); 0 once the backend had nothing newer to send, and while the reader follows no log.",
+		Help: "Age of the newest event the binary-log reader received (1 s resolution); 0 once the backend had nothing newer to send, and while it follows no log. Exported only with --admin-user and --write-source auto or binlog.",
 	}, func() float64 { return r.Lag().Seconds() }))
 }
 

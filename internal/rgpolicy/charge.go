@@ -147,7 +147,7 @@ func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int
 // transaction: made it wait its wait, then run on debt).
 func (s *session) wouldCharge(st *mysqlproto.Statement, l *leg, maxWait time.Duration) {
 	cur := &s.cur
-	wait, refused := s.p.tokens.WouldAcquire(l.group, cur.prepaid, cur.before.RU(), maxWait)
+	wait, refused := s.p.tokens.WouldAcquire(l.group, cur.prepaid, cur.before.RU(), maxWait, st.InTransaction)
 	would := ""
 	switch {
 	case refused && !st.InTransaction:

@@ -63,15 +63,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		ruConsumed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_ru_consumed_total",
-			Help: "Request units charged to each resource group by this proxy, by type (rru, wru).",
+			Help: "RU charged to the group by this proxy (a failed write's byte refund lowers its bucket's charge but is not subtracted here).",
 		}, []string{"resource_group", "type"}),
 		groupStatements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_group_statements_total",
-			Help: "Statements charged to each resource group, by class.",
+			Help: "Metered statements charged to the group.",
 		}, []string{"resource_group", "class"}),
 		runaway: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_runaway_total",
-			Help: "Statements that crossed their group's QUERY_LIMIT, by the action taken (DRYRUN, COOLDOWN, KILL, SWITCH_GROUP; KILL_UNENFORCED: a KILL this proxy could not carry out, without --admin-user, so the statement ran on).",
+			Help: "Statements that crossed their group's QUERY_LIMIT or matched a runaway watch, by the action taken; a statement that matched a watch and then crossed the limit counts once; KILL_UNENFORCED: a KILL this proxy could not carry out (no --admin-user), so the statement ran on.",
 		}, []string{"resource_group", "action"}),
 		unenforced: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rgproxy_query_limit_unenforced",
@@ -79,23 +79,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"resource_group"}),
 		cpu: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rgproxy_cpu_source",
-			Help: "Where the CPU part of a statement's RU comes from for new sessions: 1 for the source in force (proc: the backend thread's CPU time; wall: backend wall time), 0 for the other.",
+			Help: "1 for where the CPU part of RU comes from for the sessions opened last, 0 for the other.",
 		}, []string{"source"}),
 		wouldWaitN: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_would_wait_total",
-			Help: "Statements of a group in MODE WARN that ENFORCE would have made wait (for tokens or for MAX_CONCURRENCY); they ran at once.",
+			Help: "Statements of a group in MODE = WARN that ENFORCE would have made wait (for tokens or for MAX_CONCURRENCY); they ran at once.",
 		}, []string{"resource_group"}),
 		wouldWaitSec: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_would_wait_seconds_total",
-			Help: "The total wait for tokens that ENFORCE would have imposed on the statements of a group in MODE WARN.",
+			Help: "The wait for tokens ENFORCE would have imposed on the statements rgproxy_would_wait_total counts (0 for a wait for MAX_CONCURRENCY).",
 		}, []string{"resource_group"}),
 		wouldRefuse: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_would_throttle_total",
-			Help: "Statements of a group in MODE WARN that ENFORCE would have refused with 8252; they ran.",
+			Help: "Statements of a group in MODE = WARN that ENFORCE would have refused with 8252; they ran.",
 		}, []string{"resource_group"}),
 		written: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_written_bytes_total",
-			Help: "Bytes charged to each resource group as written, by the source that measured them: packet (the statements' own bytes), binlog (what the backend's binary log showed beyond them), estimate (what affected rows × the table's average row length added beyond them).",
+			Help: "Bytes charged to the group as written, by the source that measured them: packet the statements' own payload, binlog what the binary log showed beyond it, estimate what the estimate added beyond it (their sum is what the group paid for).",
 		}, []string{"resource_group", "source"}),
 		seen: map[string]*groupSeries{},
 	}
@@ -189,11 +189,17 @@ func (m *metrics) cpuSource(src CPUSource) {
 // charged to the bucket but is not subtracted here (its WRU may be
 // negative in the total). Series forgotten meanwhile are not revived.
 func (gs *groupSeries) charged(class string, c ru.Consumption) {
+	gs.added(c)
+	gs.stmts[classIndex(class)].Inc()
+}
+
+// added records RU charged to the group for a statement counted in
+// another group's series (after SWITCH_GROUP, the target's part).
+func (gs *groupSeries) added(c ru.Consumption) {
 	if c.RRU > 0 {
 		gs.rru.Add(c.RRU)
 	}
 	if c.WRU > 0 {
 		gs.wru.Add(c.WRU)
 	}
-	gs.stmts[classIndex(class)].Inc()
 }

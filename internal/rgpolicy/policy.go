@@ -59,7 +59,7 @@ type Tokens interface {
 	// demand in h, for a couple of seconds at most; ReleaseDemand ends it.
 	HoldDemand(h *tokenclient.DemandHold, group string, ru float64)
 	ReleaseDemand(h *tokenclient.DemandHold)
-	WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration) (time.Duration, bool)
+	WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration, onDebt bool) (time.Duration, bool)
 	Group(name string) (resourcegroup.Group, bool)
 	Binding(user, host string) (resourcegroup.Binding, bool)
 	// CacheGeneration changes whenever what Group, Binding, HasBindings,
@@ -399,6 +399,10 @@ type statement struct {
 	// would is what ENFORCE would have done to a statement of a group in
 	// MODE WARN ("" = nothing: it would have run at once).
 	would string
+	// watched: a runaway watch matched the statement, which
+	// rgproxy_runaway_total counted; its QUERY_LIMIT firing too does not
+	// count it again.
+	watched bool
 }
 
 // leg is a statement's part in one of its groups: what it took from the
@@ -648,7 +652,14 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	if s.seenGroup != cur.group { // charge moved the statement to default
 		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())
 	}
-	s.series.charged(st.Class.String(), total)
+	if chargeTo != cur.group {
+		// SWITCH_GROUP: the statement and its before-cost in its group,
+		// what came after in the target, as their buckets were charged.
+		s.series.charged(st.Class.String(), cur.before)
+		s.p.metrics.seeGroup(chargeTo, cur.start).added(after)
+	} else {
+		s.series.charged(st.Class.String(), total)
+	}
 	if cur.nlegs > 1 {
 		s.p.metrics.seeGroup(cur.legs[1].group, cur.start).charged(st.Class.String(), total)
 	}

@@ -83,7 +83,7 @@ func (r *recordingTokens) ReleaseDemand(h *tokenclient.DemandHold) {
 	delete(r.holds, h)
 }
 
-func (r *recordingTokens) WouldAcquire(string, ru.Consumption, float64, time.Duration) (time.Duration, bool) {
+func (r *recordingTokens) WouldAcquire(string, ru.Consumption, float64, time.Duration, bool) (time.Duration, bool) {
 	return r.wouldWait, r.wouldRefuse
 }
 

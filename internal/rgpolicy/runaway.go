@@ -36,6 +36,9 @@ type runawayGuard struct {
 	fire  func()
 	fired atomic.Bool
 	done  chan struct{} // closed when the fired action completed
+	// counted: a runaway watch matched the statement and was counted; the
+	// limit acts when crossed but counts the statement no second time.
+	counted bool
 
 	// With a known CPU time, an RU limit's timer fires when the statement
 	// would cross the limit if it burnt CPU all the time; it then reads the
@@ -70,7 +73,7 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 		}
 	}
 	gd := &runawayGuard{rule: *q, group: g.Name, start: s.p.clk.Now(), clk: s.p.clk, done: make(chan struct{}),
-		baseRU: s.cur.before.RU(), msCost: s.p.cost.CPUMsCost}
+		baseRU: s.cur.before.RU(), msCost: s.p.cost.CPUMsCost, counted: s.cur.watched}
 	if cpuOK && q.RU > 0 {
 		gd.cpu, gd.cpuStart = s.cpu.f, cpuStart
 	}
@@ -81,16 +84,21 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 	gd.fire = func() {
 		defer close(gd.done)
 		gd.fired.Store(true)
+		action := gd.rule.Action.String()
 		if gd.rule.Action == resourcegroup.ActionKill && s.p.killer == nil {
+			action = actionKillUnenforced
+		}
+		if !gd.counted {
+			s.p.metrics.runaway.WithLabelValues(gd.group, action).Inc()
+		}
+		if action == actionKillUnenforced {
 			// Never silent: the rule predates this proxy (rgserver
 			// refuses a new one while it is live; enforcement.go).
-			s.p.metrics.runaway.WithLabelValues(gd.group, actionKillUnenforced).Inc()
 			s.p.logger.Error("runaway statement not killed: this rgproxy has no service account (start it with --admin-user); the statement runs on",
-				"resource_group", gd.group, "action", actionKillUnenforced,
+				"resource_group", gd.group, "action", action,
 				"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
 		} else {
-			s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
-			s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
+			s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", action,
 				"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
 		}
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
@@ -277,6 +285,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 		return false, nil
 	}
 	s.p.metrics.runaway.WithLabelValues(s.cur.group, w.Action.String()).Inc()
+	s.cur.watched = true
 	switch w.Action {
 	case resourcegroup.ActionKill:
 		// Recorded with what it would have cost (SHOW LAST STATEMENT RU).

@@ -127,7 +127,7 @@ func newWrites(source WriteSource, bl Binlog, reg prometheus.Registerer) (*write
 	for s := range nSources {
 		g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "rgproxy_write_source",
-			Help:        "Where the bytes statements wrote come from now: 1 for the source in force (binlog: the backend's row-based binary log; estimate: affected rows × the table's average row length; packet: the statement's own bytes), 0 for the others.",
+			Help:        "1 for where the bytes statements write come from now (--write-source; auto moves between binlog and estimate as the binary-log reader follows the backend or not), 0 for the others.",
 			ConstLabels: prometheus.Labels{"source": s.String()},
 		}, func() float64 {
 			if w.inForce() == s {
