@@ -537,6 +537,20 @@ func TestMetricsHelpIsReadme(t *testing.T) {
 	if !ok {
 		t.Logf("rgproxy_runaway_total, rgproxy_group_tokens or rgproxy_binlog_lag_seconds missing after 5 s")
 	}
+	// A KILL rule and a proxy without the service account, so that
+	// rgproxy_query_limit_unenforced exists (on that proxy).
+	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS rg_help_kill",
+		"CREATE RESOURCE GROUP rg_help_kill RU_PER_SEC = 1000 QUERY_LIMIT = (EXEC_ELAPSED = '10s', ACTION = KILL)")
+	plain := startMeteredProxy(t, ts)
+	su, ok := waitMetric(t, plain.StatusAddr, 5*time.Second, func(s scrape) bool { return s["rgproxy_query_limit_unenforced"] != nil })
+	if !ok {
+		t.Logf("rgproxy_query_limit_unenforced missing after 5 s on a proxy without --admin-user")
+	}
+	for k, v := range su {
+		if sp[k] == nil {
+			sp[k] = v
+		}
+	}
 	checkHelpIsReadme(t, "rgproxy_", sp)
 	// The reader has nothing newer to read, or follows no log: 0.
 	if s, ok := waitMetric(t, px.StatusAddr, 3*time.Second, func(s scrape) bool { return s.v("rgproxy_binlog_lag_seconds") == 0 }); !ok {

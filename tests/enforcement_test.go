@@ -26,7 +26,7 @@ func TestKillRuleEnforcedOnEveryProxy(t *testing.T) {
 
 	// Both proxies stream tokens to rgserver from their start;
 	// rgserver_proxies_without_kill counts B.
-	waitMetric(t, ts.StatusAddr, "rgserver_proxies_without_kill", 1)
+	waitGauge(t, ts.StatusAddr, "rgserver_proxies_without_kill", 1)
 	start := time.Now()
 	_, err := da.Exec(create)
 	took := time.Since(start)
@@ -57,7 +57,7 @@ func TestKillRuleEnforcedOnEveryProxy(t *testing.T) {
 	if err := b.stop(10 * time.Second); err != nil {
 		t.Fatalf("B did not stop cleanly: %v", err)
 	}
-	waitMetric(t, ts.StatusAddr, "rgserver_proxies_without_kill", 0)
+	waitGauge(t, ts.StatusAddr, "rgserver_proxies_without_kill", 0)
 	start = time.Now()
 	if _, err := da.Exec(create); err != nil {
 		t.Fatalf("CREATE with every live proxy able to kill: %v", err)
@@ -90,7 +90,7 @@ func TestKillRuleEnforcedOnEveryProxy(t *testing.T) {
 		t.Fatalf("A's /readyz lists unenforced groups: %s", body)
 	}
 	// rgserver, too, now counts C.
-	waitMetric(t, ts.StatusAddr, "rgserver_proxies_without_kill", 1)
+	waitGauge(t, ts.StatusAddr, "rgserver_proxies_without_kill", 1)
 
 	// A runaway on C: not killed, and said so.
 	skip := len(c.log.String())
@@ -122,7 +122,7 @@ func TestKillRuleEnforcedOnEveryProxy(t *testing.T) {
 }
 
 // waitMetric waits (at most 10 s) until a metric's sum is want.
-func waitMetric(t testing.TB, statusAddr, name string, want float64, labels ...string) {
+func waitGauge(t testing.TB, statusAddr, name string, want float64, labels ...string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
