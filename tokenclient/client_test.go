@@ -1076,3 +1076,43 @@ func TestOverview(t *testing.T) {
 		t.Fatalf("limit 0: %d listed of %d", len(o.Groups), o.Total)
 	}
 }
+
+// A proxy's first grant in a group carries its share of rgserver's bucket
+// at once (immediate_tokens) besides the trickle: the group's first
+// statements run without waiting for the trickle (they waited ~19 ms).
+// An immediate amount that is negative or NaN counts as none.
+func TestFirstGrantImmediateTokens(t *testing.T) {
+	tests := []struct {
+		name      string
+		immediate float64
+		want      string // the bucket when the grant has been applied
+		runs      bool   // a 1 RU statement runs at once
+	}{
+		{"share of the bucket at once", 10, "tokens=10.00 rate=9.0/s burst=10 threshold=0 debt=0 trickle=1s", true},
+		{"none", 0, "tokens=0.00 rate=9.0/s burst=10 threshold=0 debt=0 trickle=1s", false},
+		{"negative", -5, "tokens=0.00 rate=9.0/s burst=10 threshold=0 debt=0 trickle=1s", false},
+		{"NaN", math.NaN(), "tokens=0.00 rate=9.0/s burst=10 threshold=0 debt=0 trickle=1s", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk := newTestClient(t, nil)
+			setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 10})
+			wantTokens(c, "g")
+			req := build(c, false)
+			if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+				{Group: "g", ImmediateTokens: tc.immediate, Tokens: 9, TrickleMs: 1000, FillRate: 10, Proxies: 1, RuPerSec: 10}}}); err != nil {
+				t.Fatal(err)
+			}
+			c.mu.Lock()
+			got := c.groups["g"].bucket.String(clk.Now())
+			c.mu.Unlock()
+			if got != tc.want {
+				t.Fatalf("bucket after the grant:\n got  %s\n want %s", got, tc.want)
+			}
+			_, err := acquireAll(context.Background(), c, "g", rruOf(1), 0)
+			if (err == nil) != tc.runs {
+				t.Fatalf("a 1 RU statement with no wait allowed: err %v, want it to run %v", err, tc.runs)
+			}
+		})
+	}
+}
