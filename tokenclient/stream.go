@@ -161,7 +161,7 @@ func (c *Client) pause(ctx context.Context, d time.Duration) bool {
 	for {
 		now := c.clk.Now()
 		c.mu.Lock()
-		c.refreshLocked(now)
+		c.tickLocked(now)
 		c.mu.Unlock()
 		left := end.Sub(now)
 		if left <= 0 {
@@ -247,7 +247,7 @@ func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err
 	for {
 		now := c.clk.Now()
 		c.mu.Lock()
-		c.refreshLocked(now)
+		c.tickLocked(now)
 		stuck := c.oldestOutstandingLocked(now) >= c.cfg.DegradedAfter
 		var req *tokenpb.TokenRequest
 		if !stuck {
@@ -517,6 +517,9 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	}
 	if sent != nil {
 		c.met.duration.Observe(now.Sub(sent.at).Seconds())
+	}
+	if !c.connected {
+		c.endBridgeLocked(now)
 	}
 	c.connected = true
 	if c.degraded {
