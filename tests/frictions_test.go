@@ -2,10 +2,15 @@ package tests
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	gomysql "github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // TestFirstStatementInFreshGroupRunsAtOnce: the first statements of a
@@ -115,5 +120,90 @@ func TestStreamLossBridgesAtLastShare(t *testing.T) {
 		if float64(n) < 0.5*share || float64(n) > 1.5*share+2 {
 			t.Fatalf("second %d after the kill ran %d statements, not near the share of %.1f/s (all: %v)", i, n, share, perSec)
 		}
+	}
+}
+
+// TestBackendKilledMidQueryClosesClient: when the backend thread of a
+// running statement is killed (KILL CONNECTION), the client gets error
+// 1927 and then its socket is closed at once, so that it learns the
+// connection is gone now, not at its next statement. Measured on a
+// hand-made client (no driver between): the time from the ERR packet to
+// EOF on the client's socket. Directly, MariaDB 10.11 sends no ERR: the
+// socket just ends. (A driver on libmariadb keeps a connection after a
+// server's error, so it learns the close at its next statement either
+// way; go-sql-driver marks it bad at once.)
+func TestBackendKilledMidQueryClosesClient(t *testing.T) {
+	ts := startTokenServer(t)
+	for _, tc := range []struct {
+		name    string
+		addr    func() string
+		wantErr bool // an ERR 1927 comes before the socket's end
+	}{
+		{"direct", func() string { return backendAddr }, false},
+		{"pass-through", func() string { return startProxy(t).Addr }, true},
+		{"metered", func() string { return startMeteredProxy(t, ts).Addr }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := rawLogin(tc.addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			mark := fmt.Sprintf("killme_%d", time.Now().UnixNano())
+			if err := writeRaw(c, 0, append([]byte{gomysql.COM_QUERY}, "SELECT SLEEP(30) AS "+mark...)); err != nil {
+				t.Fatal(err)
+			}
+			direct := openDB(t, backendAddr)
+			var id int64
+			for deadline := time.Now().Add(10 * time.Second); ; {
+				err := direct.QueryRow("SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE ?", "SELECT SLEEP(30) AS "+mark).Scan(&id)
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the statement never reached the backend: %v", err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			killAt := time.Now()
+			if _, err := direct.Exec(fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			var got []string
+			var errAt time.Time
+			for {
+				_, p, err := readRaw(c)
+				if err != nil {
+					if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, syscall.ECONNRESET) {
+						t.Fatalf("%v, not the socket's end (read %v)", err, got)
+					}
+					if errAt.IsZero() {
+						if tc.wantErr {
+							t.Fatalf("the socket ended (%v) without an ERR packet; read %v", err, got)
+						}
+						t.Logf("%s: %v, the socket's end (%v) %v after the KILL", tc.name, got, err, time.Since(killAt))
+						return
+					}
+					delay := time.Since(errAt)
+					t.Logf("%s: %v %v after the KILL, then the socket's end (%v) %v later", tc.name, got, errAt.Sub(killAt), err, delay)
+					if delay > 100*time.Millisecond {
+						t.Fatalf("the client's socket ended %v after the ERR packet", delay)
+					}
+					return
+				}
+				if code, state, msg, ok := rawErr(p); ok {
+					got = append(got, fmt.Sprintf("ERR %d (%s) %s", code, state, msg))
+					if errAt.IsZero() {
+						errAt = time.Now()
+					}
+					if code != 1927 {
+						t.Fatalf("the killed statement's error: %v, want 1927", got)
+					}
+					continue
+				}
+				got = append(got, fmt.Sprintf("packet %q", p))
+			}
+		})
 	}
 }
