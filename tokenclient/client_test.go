@@ -1200,4 +1200,32 @@ func TestStreamLossBridgesAtLastShare(t *testing.T) {
 	if after != "tokens=10.00 rate=0.0/s burst=none threshold=0 debt=0" || !want || bridging {
 		t.Fatalf("after rgserver answered again: %s, asks %v, bridging %v", after, want, bridging)
 	}
+
+	// A group idle for releaseAfter is bridged only once a statement uses
+	// it again.
+	c3, clk3 := newTestClient(t, nil)
+	setGroups(c3, resourcegroup.Group{Name: "g", RUPerSec: 20})
+	wantTokens(c3, "g")
+	req = build(c3, false)
+	if err := c3.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "g", Tokens: 5, FillRate: 10, Proxies: 2, RuPerSec: 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	c3.Charge("g", rruOf(5))
+	clk3.Advance(releaseAfter)
+	c3.streamEnded()
+	tick := func() string {
+		clk3.Advance(time.Second)
+		c3.mu.Lock()
+		defer c3.mu.Unlock()
+		c3.tickLocked(clk3.Now())
+		return c3.groups["g"].bucket.String(clk3.Now())
+	}
+	if got := tick(); got != "tokens=0.00 rate=0.0/s burst=none threshold=0 debt=0" {
+		t.Fatalf("an idle group bridged: %s", got)
+	}
+	c3.Charge("g", rruOf(0))
+	if got := tick(); got != "tokens=10.00 rate=10.0/s burst=10 threshold=0.23 debt=0" {
+		t.Fatalf("an idle group used again during the loss: %s", got)
+	}
 }

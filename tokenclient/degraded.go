@@ -63,11 +63,12 @@ func (c *Client) tickLocked(now time.Time) {
 // bridgeLocked starts the bridge (see above) of every group whose trickle
 // has ended since the stream was lost, or that had none: from then (the
 // tokens of the time since are added at once, up to the cap), at its last
-// share rate.
+// share rate. A group idle for releaseAfter (its saved tokens given back)
+// is bridged only once a statement uses it again.
 func (c *Client) bridgeLocked(now time.Time) {
 	for _, gs := range c.groups {
 		if gs.bridging || !gs.granted || gs.dead || gs.unavailable || gs.bucket.Unlimited() || gs.shareRate <= 0 ||
-			gs.trickleUntil.After(now) {
+			gs.trickleUntil.After(now) || now.Sub(gs.lastUsed) >= releaseAfter {
 			continue
 		}
 		from := c.lostAt
