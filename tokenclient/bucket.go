@@ -68,11 +68,17 @@ func (b *Bucket) Reconfigure(now time.Time, tokens, fillRate, burst, notifyThres
 // capacity the proxy did not use. A d of 0 or less adds the n tokens at
 // once.
 func (b *Bucket) Trickle(now time.Time, n float64, d time.Duration, burst, notifyThreshold float64) {
+	b.Grant(now, 0, n, d, burst, notifyThreshold)
+}
+
+// Grant applies a grant of atOnce tokens added whole (as Reconfigure's:
+// they may exceed burst) and n tokens delivered as Trickle delivers them.
+func (b *Bucket) Grant(now time.Time, atOnce, n float64, d time.Duration, burst, notifyThreshold float64) {
 	if d <= 0 {
-		b.reconfigure(now, n, 0, burst, notifyThreshold, time.Time{})
+		b.reconfigure(now, sane(atOnce)+sane(n), 0, burst, notifyThreshold, time.Time{})
 		return
 	}
-	b.reconfigure(now, 0, sane(n)/d.Seconds(), burst, notifyThreshold, now.Add(d))
+	b.reconfigure(now, atOnce, sane(n)/d.Seconds(), burst, notifyThreshold, now.Add(d))
 }
 
 func (b *Bucket) reconfigure(now time.Time, tokens, fillRate, burst, threshold float64, until time.Time) {

@@ -136,8 +136,11 @@ type groupState struct {
 	ruPerSec     uint64
 	trickleUntil time.Time // zero: no trickle
 	trickleRate  float64   // RU/s of the trickle that runs until trickleUntil
-	received     float64   // every token granted to this proxy, as applied
-	dead         bool      // rgserver does not know the group
+	// bridging: the token stream is lost and the bucket fills at the last
+	// share rate until degraded mode or the next answer (degraded.go).
+	bridging bool
+	received float64 // every token granted to this proxy, as applied
+	dead     bool    // rgserver does not know the group
 	// unavailable: rgserver could not read the group lately (etcd); it
 	// keeps its settings and bucket, refilled locally, and asks again.
 	unavailable bool

@@ -1115,3 +1115,156 @@ func TestOverview(t *testing.T) {
 		t.Fatalf("limit 0: %d listed of %d", len(o.Groups), o.Total)
 	}
 }
+
+// A proxy's first grant in a group carries its share of rgserver's bucket
+// at once (immediate_tokens) besides the trickle: the group's first
+// statements run without waiting for the trickle (they waited ~19 ms).
+// An immediate amount that is negative or NaN counts as none.
+func TestFirstGrantImmediateTokens(t *testing.T) {
+	tests := []struct {
+		name      string
+		immediate float64
+		want      string // the bucket when the grant has been applied
+		runs      bool   // a 1 RU statement runs at once
+	}{
+		{"share of the bucket at once", 10, "tokens=10.00 rate=9.0/s burst=10 threshold=0 debt=0 trickle=1s", true},
+		{"none", 0, "tokens=0.00 rate=9.0/s burst=10 threshold=0 debt=0 trickle=1s", false},
+		{"negative", -5, "tokens=0.00 rate=9.0/s burst=10 threshold=0 debt=0 trickle=1s", false},
+		{"NaN", math.NaN(), "tokens=0.00 rate=9.0/s burst=10 threshold=0 debt=0 trickle=1s", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, clk := newTestClient(t, nil)
+			setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 10})
+			wantTokens(c, "g")
+			req := build(c, false)
+			if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+				{Group: "g", ImmediateTokens: tc.immediate, Tokens: 9, TrickleMs: 1000, FillRate: 10, Proxies: 1, RuPerSec: 10}}}); err != nil {
+				t.Fatal(err)
+			}
+			c.mu.Lock()
+			got := c.groups["g"].bucket.String(clk.Now())
+			c.mu.Unlock()
+			if got != tc.want {
+				t.Fatalf("bucket after the grant:\n got  %s\n want %s", got, tc.want)
+			}
+			_, err := acquireAll(context.Background(), c, "g", rruOf(1), 0)
+			if (err == nil) != tc.runs {
+				t.Fatalf("a 1 RU statement with no wait allowed: err %v, want it to run %v", err, tc.runs)
+			}
+		})
+	}
+}
+
+// TestStreamLossBridgesAtLastShare: when the token stream is lost, a
+// group whose granted trickle runs out goes on filling at its last share
+// (the grant's fill_rate) up to its share of the capacity, until degraded
+// mode takes over or rgserver answers again. Before, it got nothing from
+// the trickle's end until DegradedAfter.
+func TestStreamLossBridgesAtLastShare(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 20})
+	wantTokens(c, "g")
+	req := build(c, false)
+	// 10 RU/s for 2 s, half of the group's 20 RU/s (2 proxies).
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "g", Tokens: 20, TrickleMs: 2000, FillRate: 10, Proxies: 2, RuPerSec: 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	start := clk.Now()
+	state := func(sec float64) string {
+		clk.Advance(start.Add(time.Duration(sec * float64(time.Second))).Sub(clk.Now()))
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.tickLocked(clk.Now()) // the stream loop's tick
+		return c.groups["g"].bucket.String(clk.Now())
+	}
+	story := []struct {
+		at     float64
+		charge float64 // RU spent at that time, after the state is read
+		lost   bool    // the stream breaks then
+		want   string
+	}{
+		{at: 0.5, lost: true, want: "tokens=5.00 rate=10.0/s burst=10 threshold=0 debt=0 trickle=1.5s"},
+		// The granted trickle runs on after the loss.
+		{at: 1, charge: 10, want: "tokens=10.00 rate=10.0/s burst=10 threshold=0 debt=0 trickle=1s"},
+		// It ended at 2 s; the bridge goes on from there at the share,
+		// 10 RU/s, up to the share of the capacity (10).
+		{at: 3, charge: 10, want: "tokens=10.00 rate=10.0/s burst=10 threshold=3.33 debt=0"},
+		{at: 4, charge: 10, want: "tokens=10.00 rate=10.0/s burst=10 threshold=3.33 debt=0"},
+		// Degraded mode at 5.5 s: RU_PER_SEC ÷ proxies, as before.
+		{at: 5.6, want: "tokens=10.00 rate=10.0/s burst=10 threshold=5.36 debt=0"},
+	}
+	for _, st := range story {
+		if st.lost {
+			c.streamEnded()
+		}
+		if got := state(st.at); got != st.want {
+			t.Fatalf("at %vs:\n got  %s\n want %s", st.at, got, st.want)
+		}
+		c.Charge("g", rruOf(st.charge))
+	}
+	if !c.Degraded() {
+		t.Fatal("not degraded 5 s after the loss")
+	}
+
+	// A loss that rgserver answers before DegradedAfter: the bridge ends
+	// at the first answer, and the group asks at once.
+	c2, clk2 := newTestClient(t, nil)
+	setGroups(c2, resourcegroup.Group{Name: "g", RUPerSec: 20})
+	wantTokens(c2, "g")
+	req = build(c2, false)
+	if err := c2.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "g", Tokens: 5, FillRate: 10, Proxies: 2, RuPerSec: 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	c2.streamEnded()
+	clk2.Advance(time.Second)
+	c2.mu.Lock()
+	c2.tickLocked(clk2.Now())
+	bridged := c2.groups["g"].bucket.String(clk2.Now())
+	c2.mu.Unlock()
+	if want := "tokens=10.00 rate=10.0/s burst=10 threshold=0 debt=0"; bridged != want {
+		t.Fatalf("bridge of an at-once grant after 1 s:\n got  %s\n want %s", bridged, want)
+	}
+	req = build(c2, true)
+	if err := c2.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "g", FillRate: 10, Proxies: 2, RuPerSec: 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	c2.mu.Lock()
+	gs := c2.groups["g"]
+	after, want, bridging := gs.bucket.String(clk2.Now()), gs.want, gs.bridging
+	c2.mu.Unlock()
+	if after != "tokens=10.00 rate=0.0/s burst=none threshold=0 debt=0" || !want || bridging {
+		t.Fatalf("after rgserver answered again: %s, asks %v, bridging %v", after, want, bridging)
+	}
+
+	// A group idle for releaseAfter is bridged only once a statement uses
+	// it again.
+	c3, clk3 := newTestClient(t, nil)
+	setGroups(c3, resourcegroup.Group{Name: "g", RUPerSec: 20})
+	wantTokens(c3, "g")
+	req = build(c3, false)
+	if err := c3.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "g", Tokens: 5, FillRate: 10, Proxies: 2, RuPerSec: 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	c3.Charge("g", rruOf(5))
+	clk3.Advance(releaseAfter)
+	c3.streamEnded()
+	tick := func() string {
+		clk3.Advance(time.Second)
+		c3.mu.Lock()
+		defer c3.mu.Unlock()
+		c3.tickLocked(clk3.Now())
+		return c3.groups["g"].bucket.String(clk3.Now())
+	}
+	if got := tick(); got != "tokens=0.00 rate=0.0/s burst=none threshold=0 debt=0" {
+		t.Fatalf("an idle group bridged: %s", got)
+	}
+	c3.Charge("g", rruOf(0))
+	if got := tick(); got != "tokens=10.00 rate=10.0/s burst=10 threshold=0.23 debt=0" {
+		t.Fatalf("an idle group used again during the loss: %s", got)
+	}
+}

@@ -8,6 +8,13 @@ import "time"
 // statements keep running at about their fair share. The first answer
 // from rgserver ends it (stream.go). A client that starts without rgserver
 // starts degraded, on the cached snapshot (Client.Start).
+//
+// The bridge: from the loss of the token stream until degraded mode, a
+// group whose granted trickle has run out goes on filling at its last
+// share of the fill rate (the grant's fill_rate), up to its share of the
+// capacity, as rgserver's next trickle would most likely have: the group
+// keeps running near its share, never above it, where it ran nothing for
+// DegradedAfter (13, 5, then 0 statements/s of its 14).
 
 // Degraded reports whether the client refills buckets locally because
 // rgserver has not granted tokens for Config.DegradedAfter.
@@ -43,6 +50,57 @@ func (c *Client) refreshLocked(now time.Time) {
 	}
 }
 
+// tickLocked is the stream loop's housekeeping at now: refreshLocked, and
+// the bridge while the stream is lost (here rather than in refreshLocked,
+// which every statement calls: the bridge walks the groups in use).
+func (c *Client) tickLocked(now time.Time) {
+	c.refreshLocked(now)
+	if !c.connected && !c.degraded {
+		c.bridgeLocked(now)
+	}
+}
+
+// bridgeLocked starts the bridge (see above) of every group whose trickle
+// has ended since the stream was lost, or that had none: from then (the
+// tokens of the time since are added at once, up to the cap), at its last
+// share rate. A group idle for releaseAfter (its saved tokens given back)
+// is bridged only once a statement uses it again.
+func (c *Client) bridgeLocked(now time.Time) {
+	for _, gs := range c.groups {
+		if gs.bridging || !gs.granted || gs.dead || gs.unavailable || gs.bucket.Unlimited() || gs.shareRate <= 0 ||
+			gs.trickleUntil.After(now) || now.Sub(gs.lastUsed) >= releaseAfter {
+			continue
+		}
+		from := c.lostAt
+		if gs.trickleUntil.After(from) {
+			from = gs.trickleUntil
+		}
+		rate, burst := gs.shareRate, gs.holdCap
+		since := rate * max(now.Sub(from).Seconds(), 0)
+		if burst > 0 {
+			since = min(since, max(burst-gs.bucket.Tokens(now), 0))
+		}
+		gs.bucket.Reconfigure(now, since, rate, burst, gs.threshold(now))
+		gs.trickleUntil = time.Time{}
+		gs.bridging = true
+		gs.wake()
+	}
+}
+
+// endBridgeLocked stops the bridge of every group when rgserver answers
+// again: their buckets stop filling and they ask at once.
+func (c *Client) endBridgeLocked(now time.Time) {
+	for _, gs := range c.groups {
+		if !gs.bridging {
+			continue
+		}
+		gs.bridging = false
+		gs.bucket.Reconfigure(now, 0, 0, 0, gs.threshold(now))
+		gs.want = true
+		c.kickLocked()
+	}
+}
+
 func (c *Client) enterDegradedLocked(now time.Time) {
 	c.degraded = true
 	for _, gs := range c.groups {
@@ -72,5 +130,6 @@ func (c *Client) localRefillLocked(now time.Time, gs *groupState) {
 	gs.bucket.SetUnlimited(false)
 	gs.bucket.Reconfigure(now, 0, rate, burst, gs.threshold(now))
 	gs.trickleUntil = time.Time{}
+	gs.bridging = false
 	gs.wake()
 }

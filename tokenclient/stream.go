@@ -161,7 +161,7 @@ func (c *Client) pause(ctx context.Context, d time.Duration) bool {
 	for {
 		now := c.clk.Now()
 		c.mu.Lock()
-		c.refreshLocked(now)
+		c.tickLocked(now)
 		c.mu.Unlock()
 		left := end.Sub(now)
 		if left <= 0 {
@@ -247,7 +247,7 @@ func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err
 	for {
 		now := c.clk.Now()
 		c.mu.Lock()
-		c.refreshLocked(now)
+		c.tickLocked(now)
 		stuck := c.oldestOutstandingLocked(now) >= c.cfg.DegradedAfter
 		var req *tokenpb.TokenRequest
 		if !stuck {
@@ -523,6 +523,9 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	if sent != nil {
 		c.met.duration.Observe(now.Sub(sent.at).Seconds())
 	}
+	if !c.connected {
+		c.endBridgeLocked(now)
+	}
 	c.connected = true
 	if c.degraded {
 		c.degraded = false
@@ -607,15 +610,21 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 				gs.bucket.Take(now, gs.trickleRate*d.Seconds())
 			}
 		}
-		gs.received += g.GetTokens()
-		c.met.granted.WithLabelValues(gs.name).Add(g.GetTokens())
+		// A first grant's share of the global bucket comes at once, besides
+		// the trickle (a negative or NaN one counts as none).
+		imm := g.GetImmediateTokens()
+		if !(imm > 0) {
+			imm = 0
+		}
+		gs.received += g.GetTokens() + imm
+		c.met.granted.WithLabelValues(gs.name).Add(g.GetTokens() + imm)
 		if ms := g.GetTrickleMs(); ms > 0 {
 			d := time.Duration(ms) * time.Millisecond
-			gs.bucket.Trickle(now, g.GetTokens(), d, gs.holdCap, gs.threshold(now))
+			gs.bucket.Grant(now, imm, g.GetTokens(), d, gs.holdCap, gs.threshold(now))
 			gs.trickleUntil = now.Add(d)
 			gs.trickleRate = g.GetTokens() / d.Seconds()
 		} else {
-			gs.bucket.Reconfigure(now, g.GetTokens(), 0, 0, gs.threshold(now))
+			gs.bucket.Reconfigure(now, g.GetTokens()+imm, 0, 0, gs.threshold(now))
 			gs.trickleUntil = time.Time{}
 			gs.trickleRate = 0
 		}

@@ -41,6 +41,7 @@ type step struct {
 	demand  float64
 	report  bool
 	tokens  float64 // expected grant
+	now     float64 // expected immediate tokens (besides tokens)
 	trickle time.Duration
 	rate    float64 // expected FillRate
 	proxies int
@@ -65,16 +66,38 @@ func TestAllocatorStories(t *testing.T) {
 			name:     "bucket short: trickle of the fill rate plus what is left",
 			settings: Settings{RUPerSec: 100},
 			steps: []step{
-				// Capacity 100, asks 600 with demand 120 (> RU_PER_SEC):
-				// fill 100 RU/s + 100 left / 5 s = 120 RU/s; a new proxy's
-				// first trickle lasts 1 s.
-				{at: 0, proxy: "a", wanted: 600, demand: 120, tokens: 120, trickle: time.Second, rate: 100, proxies: 1},
-				// The trickle took 20 RU/s above the fill for 1 s (80 left),
-				// then the bucket refilled to its capacity: 120 RU/s for 5 s.
-				{at: 2, proxy: "a", wanted: 1000, demand: 120, tokens: 600, trickle: 5 * time.Second, rate: 100, proxies: 1},
-				// 2 s later 40 more went; the new trickle replaces the old:
-				// 100 + 60/5 = 112 RU/s.
-				{at: 4, proxy: "a", wanted: 1000, demand: 120, tokens: 560, trickle: 5 * time.Second, rate: 100, proxies: 1},
+				// Capacity 100, asks 600 with demand 120 (> RU_PER_SEC).
+				// A proxy's first grant: its share of the bucket (all
+				// 100) at once, and the fill, 100 RU/s, as a trickle; a
+				// new proxy's first trickle lasts 1 s.
+				{at: 0, proxy: "a", wanted: 600, demand: 120, now: 100, tokens: 100, trickle: time.Second, rate: 100, proxies: 1},
+				// At 1 s it says it holds 50 of those: the bucket refills
+				// to the capacity less them, by 2 s: 100 + 50/5 = 110
+				// RU/s for 5 s, and nothing at once any more.
+				{at: 1, proxy: "a", report: true, held: 50, rate: 100, proxies: 1},
+				{at: 2, proxy: "a", wanted: 1000, demand: 120, held: 50, tokens: 550, trickle: 5 * time.Second, rate: 100, proxies: 1},
+				// 2 s later 20 more went; the new trickle replaces the old:
+				// 100 + 30/5 = 106 RU/s.
+				{at: 4, proxy: "a", wanted: 1000, demand: 120, held: 50, tokens: 530, trickle: 5 * time.Second, rate: 100, proxies: 1},
+			},
+		},
+		{
+			// A statement waiting for a fresh proxy's first tokens
+			// (demand 50 RU/s = 1 RU ÷ 20 ms) in a 10 RU/s group.
+			name:     "first grant: a share of the bucket at once, never more than it holds",
+			settings: Settings{RUPerSec: 10},
+			steps: []step{
+				// The bucket's 10 at once; the fill, 10 RU/s, less than
+				// asked per period (45 ÷ 5 = 9), over the first 1 s.
+				{at: 0, proxy: "a", wanted: 55, demand: 50, now: 10, tokens: 9, trickle: time.Second, rate: 10, proxies: 1},
+				// b's first grant finds the bucket empty: nothing at
+				// once, and only the fill a's trickle leaves.
+				{at: 0, proxy: "b", wanted: 55, demand: 50, tokens: 1, trickle: time.Second, rate: 5, proxies: 2},
+				// a's second grant is a trickle only: the bucket saved
+				// the 10 less the 10 a says it holds (nothing), and a's
+				// share is 26 ÷ (26 + 10) of the fill (its weight is
+				// twice what it asks and holds per period, b's RU_PER_SEC).
+				{at: 10, proxy: "a", wanted: 55, demand: 50, held: 10, tokens: 325.0 / 9, trickle: 5 * time.Second, rate: 65.0 / 9, proxies: 2},
 			},
 		},
 		{
@@ -82,7 +105,9 @@ func TestAllocatorStories(t *testing.T) {
 			settings: Settings{RUPerSec: 100},
 			steps: []step{
 				{at: 0, proxy: "a", report: true, demand: 200, rate: 100, proxies: 1},
-				{at: 0, proxy: "a", wanted: 150, demand: 200, tokens: 150, trickle: 5 * time.Second, rate: 100, proxies: 1},
+				// The bucket's 100 at once (a first grant), the rest of
+				// the 150 over the trickle.
+				{at: 0, proxy: "a", wanted: 150, demand: 200, now: 100, tokens: 50, trickle: 5 * time.Second, rate: 100, proxies: 1},
 			},
 		},
 		{
@@ -92,14 +117,16 @@ func TestAllocatorStories(t *testing.T) {
 				{at: 0, proxy: "a", report: true, demand: 300, rate: 100, proxies: 1},
 				// a's 300 counts as RU_PER_SEC until it asks for tokens.
 				{at: 0, proxy: "b", report: true, demand: 100, rate: 50, proxies: 2},
-				// a: 3/4 of the fill and of the 100 in the bucket over 5 s:
-				// 75 + 15 = 90 RU/s.
-				{at: 0, proxy: "a", wanted: 1000, demand: 300, tokens: 450, trickle: 5 * time.Second, rate: 75, proxies: 2},
-				// b: 25 + 5 = 30 RU/s (a's reservation has not drawn the
-				// bucket down yet: no time has passed).
-				{at: 0, proxy: "b", wanted: 1000, demand: 100, tokens: 150, trickle: 5 * time.Second, rate: 25, proxies: 2},
+				// a: 3/4 of the 100 in the bucket at once (its first
+				// grant), 3/4 of the fill and of the 25 left over 5 s:
+				// 75 + 3.75 = 78.75 RU/s.
+				{at: 0, proxy: "a", wanted: 1000, demand: 300, now: 75, tokens: 393.75, trickle: 5 * time.Second, rate: 75, proxies: 2},
+				// b: 1/4 of the 25 left at once; its trickle gets what a's
+				// leaves of the fill plus the bucket's 18.75 over 5 s:
+				// 100 − 78.75 + 3.75 = 25 RU/s.
+				{at: 0, proxy: "b", wanted: 1000, demand: 100, now: 6.25, tokens: 125, trickle: 5 * time.Second, rate: 25, proxies: 2},
 				// 5 s on both trickles have ended; the bucket lost
-				// (120 − 100) × 5 = 100: empty. a's share is 3/4 of the fill.
+				// (103.75 − 100) × 5: empty. a's share is 3/4 of the fill.
 				{at: 5, proxy: "a", wanted: 1000, demand: 300, tokens: 375, trickle: 5 * time.Second, rate: 75, proxies: 2},
 			},
 		},
@@ -198,9 +225,9 @@ func TestAllocatorStories(t *testing.T) {
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}
-				if math.Abs(g.Tokens-st.tokens) > 1e-6 || g.Trickle != st.trickle || math.Abs(g.FillRate-st.rate) > 1e-6 || g.Proxies != st.proxies {
-					t.Fatalf("step %d (%s at %vs): got %.3f tokens over %v, fill %.3f, %d proxies; want %.3f over %v, fill %.3f, %d proxies\n%s",
-						i, st.proxy, st.at, g.Tokens, g.Trickle, g.FillRate, g.Proxies, st.tokens, st.trickle, st.rate, st.proxies,
+				if math.Abs(g.Tokens-st.tokens) > 1e-6 || math.Abs(g.Immediate-st.now) > 1e-6 || g.Trickle != st.trickle || math.Abs(g.FillRate-st.rate) > 1e-6 || g.Proxies != st.proxies {
+					t.Fatalf("step %d (%s at %vs): got %.3f at once, %.3f tokens over %v, fill %.3f, %d proxies; want %.3f at once, %.3f over %v, fill %.3f, %d proxies\n%s",
+						i, st.proxy, st.at, g.Immediate, g.Tokens, g.Trickle, g.FillRate, g.Proxies, st.now, st.tokens, st.trickle, st.rate, st.proxies,
 						a.Group("g").String(now))
 				}
 				if g.Version != tc.settings.Version || g.Unlimited != tc.settings.Unlimited() {
@@ -509,6 +536,8 @@ func TestAllocatorSimulation(t *testing.T) {
 							t.Fatal(err)
 						}
 						p.rate, p.end = 0, 0
+						p.local += g.Immediate
+						p.delivered += g.Immediate
 						if g.Trickle > 0 {
 							p.rate = g.Tokens / g.Trickle.Seconds()
 							p.end = s + g.Trickle.Seconds()

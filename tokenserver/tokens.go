@@ -286,7 +286,7 @@ func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequ
 		if s.log.Enabled(ctx, slog.LevelDebug) && !gr.GetReportOnly() {
 			s.log.Debug("grant", "resource_group", name, "proxy", slot,
 				"demand", gr.GetDemandRuPerSec(), "wanted", gr.GetTokensWanted(),
-				"tokens", g.Tokens, "trickle", g.Trickle, "share", g.FillRate)
+				"tokens", g.Tokens, "immediate", g.Immediate, "trickle", g.Trickle, "share", g.FillRate)
 		}
 	}
 	s.mu.Unlock()
@@ -389,6 +389,7 @@ func grantToPB(name string, g Grant) *pb.GroupGrant {
 	return &pb.GroupGrant{
 		Group:           name,
 		Tokens:          g.Tokens,
+		ImmediateTokens: g.Immediate,
 		TrickleMs:       g.Trickle.Milliseconds(),
 		FillRate:        g.FillRate,
 		SettingsVersion: g.Version,

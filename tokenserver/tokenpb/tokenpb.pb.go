@@ -2433,9 +2433,14 @@ type GroupGrant struct {
 	// Why the group could not be served; GRANT_ERROR_NONE with a non-empty
 	// error comes from an older server (an error starting "unavailable:" is
 	// GRANT_ERROR_UNAVAILABLE, any other GRANT_ERROR_NOT_FOUND).
-	ErrorCode     GrantError `protobuf:"varint,10,opt,name=error_code,json=errorCode,proto3,enum=rgproxy.token.v1.GrantError" json:"error_code,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ErrorCode GrantError `protobuf:"varint,10,opt,name=error_code,json=errorCode,proto3,enum=rgproxy.token.v1.GrantError" json:"error_code,omitempty"`
+	// Tokens (RU) to add at once, besides tokens: a proxy's first grant in a
+	// group carries its share of what the global bucket holds, so that its
+	// first statements do not wait for a trickle. Taken out of the bucket
+	// (never more than it holds).
+	ImmediateTokens float64 `protobuf:"fixed64,11,opt,name=immediate_tokens,json=immediateTokens,proto3" json:"immediate_tokens,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GroupGrant) Reset() {
@@ -2536,6 +2541,13 @@ func (x *GroupGrant) GetErrorCode() GrantError {
 		return x.ErrorCode
 	}
 	return GrantError_GRANT_ERROR_NONE
+}
+
+func (x *GroupGrant) GetImmediateTokens() float64 {
+	if x != nil {
+		return x.ImmediateTokens
+	}
+	return 0
 }
 
 // NotLeader tells a proxy to reconnect to the leader.
@@ -3466,7 +3478,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x11ProxyCapabilities\x12\x19\n" +
 	"\bcan_kill\x18\x01 \x01(\bR\acanKill\x12\x1a\n" +
 	"\binstance\x18\x02 \x01(\tR\binstance\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\tR\aversion\"\xca\x02\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\"\xf5\x02\n" +
 	"\n" +
 	"GroupGrant\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
@@ -3482,7 +3494,8 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x05error\x18\t \x01(\tR\x05error\x12;\n" +
 	"\n" +
 	"error_code\x18\n" +
-	" \x01(\x0e2\x1c.rgproxy.token.v1.GrantErrorR\terrorCode\",\n" +
+	" \x01(\x0e2\x1c.rgproxy.token.v1.GrantErrorR\terrorCode\x12)\n" +
+	"\x10immediate_tokens\x18\v \x01(\x01R\x0fimmediateTokens\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_addr\x18\x01 \x01(\tR\n" +
 	"leaderAddr\"\xa0\x01\n" +
