@@ -1,0 +1,114 @@
+package tests
+
+import (
+	"database/sql"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// adminStatements are the statements a proxy sends to rgserver's
+// ResourceGroupService; each must answer a readable MySQL error when
+// rgserver cannot or will not take it.
+var adminStatements = []string{
+	"CREATE RESOURCE GROUP err_new RU_PER_SEC = 10",
+	"ALTER RESOURCE GROUP err_rg RU_PER_SEC = 20",
+	"DROP RESOURCE GROUP err_rg",
+	"QUERY WATCH ADD RESOURCE GROUP err_rg ACTION KILL SQL TEXT EXACT TO 'SELECT 1'",
+}
+
+// wantReadable fails unless err is a 1105 holding every want and no gRPC
+// text.
+func wantReadable(t *testing.T, stmt string, err error, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: no error", stmt)
+		return
+	}
+	msg := err.Error()
+	t.Logf("%s → %s", stmt, msg)
+	if mysqlErrNo(err) != 1105 {
+		t.Errorf("%s: %v, want 1105", stmt, err)
+	}
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("%s: %q lacks %q", stmt, msg, w)
+		}
+	}
+	for _, bad := range []string{"rpc error", "code =", "desc ="} {
+		if strings.Contains(msg, bad) {
+			t.Errorf("%s: gRPC text reaches the client: %q", stmt, msg)
+		}
+	}
+}
+
+// Group DDL while rgserver is down answers 1105 naming rgserver's address,
+// why it failed and that nothing was applied, not gRPC's text.
+func TestRgserverDownDDLIsReadable(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts)
+	db := openDB(t, px.Addr)
+	if _, err := db.Exec("CREATE RESOURCE GROUP err_rg RU_PER_SEC = 100"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.stop(10 * time.Second); err != nil {
+		t.Logf("rgserver exited: %v", err)
+	}
+	for _, stmt := range adminStatements {
+		_, err := db.Exec(stmt)
+		wantReadable(t, stmt, err, "rgserver at "+ts.Addr+" is unreachable: connection refused", "the statement was not applied")
+	}
+	// Reads still come from the proxy's cache.
+	var name string
+	if err := db.QueryRow("SELECT NAME FROM information_schema.resource_groups WHERE NAME = 'err_rg'").Scan(&name); err != nil {
+		t.Fatalf("reads while rgserver is down: %v", err)
+	}
+}
+
+// A proxy whose credential rgserver refuses for group changes gets 1105
+// saying so and which flag to check: a proxy credential (PermissionDenied)
+// and an admin token rgserver does not know (Unauthenticated).
+func TestRgserverRefusedCredentialIsReadable(t *testing.T) {
+	s := startAuthedServer(t, "px1 px1-token-0123456789abc 4")
+	admin := s.honestProxy(t, "px1")
+	adb := openDB(t, admin.Addr)
+	if _, err := adb.Exec("CREATE RESOURCE GROUP err_rg RU_PER_SEC = 100"); err != nil {
+		t.Fatal(err)
+	}
+
+	proxyOnly := startMeteredProxy(t, s.tokenServer, "--token-server-proxy-token-file", s.proxyTokenFile(t, "px1"))
+	wrong := filepath.Join(s.dir, "wrong-admin.token")
+	if err := os.WriteFile(wrong, []byte("not-the-admin-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	badAdmin := startMeteredProxy(t, s.tokenServer, "--token-server-proxy-token-file", s.proxyTokenFile(t, "px1"),
+		"--token-server-token-file", wrong)
+
+	cases := []struct {
+		name string
+		db   *sql.DB
+		want []string
+	}{
+		{"proxy credential", openDB(t, proxyOnly.Addr), []string{
+			"rgserver at " + s.Addr + " does not let this proxy's credential change resource groups",
+			"set --token-server-token-file to a token of rgserver's --admin-token-file", "the statement was not applied"}},
+		{"unknown admin token", openDB(t, badAdmin.Addr), []string{
+			"rgserver at " + s.Addr + " refused this proxy's credential (rgserver does not know this bearer token)",
+			"check --token-server-token-file", "the statement was not applied"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, stmt := range adminStatements {
+				_, err := tc.db.Exec(stmt)
+				wantReadable(t, stmt, err, tc.want...)
+			}
+		})
+	}
+	// Nothing was applied.
+	var ru string
+	if err := adb.QueryRow("SELECT RU_PER_SEC FROM information_schema.resource_groups WHERE NAME = 'err_rg'").Scan(&ru); err != nil || ru != "100" {
+		t.Fatalf("err_rg after refused statements: %q %v, want 100", ru, err)
+	}
+}
