@@ -112,3 +112,64 @@ func TestRgserverRefusedCredentialIsReadable(t *testing.T) {
 		t.Fatalf("err_rg after refused statements: %q %v, want 100", ru, err)
 	}
 }
+
+// SHOW CREATE RESOURCE GROUP and information_schema.resource_groups show a
+// QUERY_LIMIT in one syntax, and SHOW CREATE's text replays, under
+// ANSI_QUOTES too, to the same group.
+func TestQueryLimitSameInShowCreateAndResourceGroups(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts)
+	db := openDB(t, px.Addr)
+	db.SetMaxOpenConns(1)
+	limits := map[string]string{
+		"ql_cool":   "QUERY_LIMIT = (EXEC_ELAPSED = '60s', ACTION = COOLDOWN, WATCH = SIMILAR DURATION = '10m')",
+		"ql_ru":     "QUERY_LIMIT = (RU = 500 ACTION = DRYRUN)",
+		"ql_switch": "QUERY_LIMIT = (EXEC_ELAPSED = '1500ms', ACTION = SWITCH_GROUP(ql_target), WATCH = EXACT)",
+	}
+	if _, err := db.Exec("CREATE RESOURCE GROUP ql_target RU_PER_SEC = 100"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ql_ru", "ql_cool", "ql_switch"} {
+		if _, err := db.Exec("CREATE RESOURCE GROUP " + name + " RU_PER_SEC = 100 " + limits[name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(name string) (create, infoSchema string) {
+		t.Helper()
+		var g string
+		if err := db.QueryRow("SHOW CREATE RESOURCE GROUP "+name).Scan(&g, &create); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.QueryRow("SELECT QUERY_LIMIT FROM information_schema.resource_groups WHERE NAME = '"+name+"'").Scan(&infoSchema); err != nil {
+			t.Fatal(err)
+		}
+		return create, infoSchema
+	}
+	for _, name := range []string{"ql_cool", "ql_ru", "ql_switch"} {
+		create, is := read(name)
+		t.Logf("%s: SHOW CREATE %s; information_schema %s", name, create, is)
+		_, inside, ok := strings.Cut(create, " QUERY_LIMIT=(")
+		if !ok {
+			t.Fatalf("%s: no QUERY_LIMIT in %q", name, create)
+		}
+		inside = inside[:strings.LastIndexByte(inside, ')')]
+		if inside != is {
+			t.Errorf("%s: SHOW CREATE's QUERY_LIMIT=(%s), information_schema's %s", name, inside, is)
+		}
+		// The text replays to the same group, whatever the session's quotes.
+		for _, mode := range []string{"", "ANSI_QUOTES"} {
+			if _, err := db.Exec("SET SESSION sql_mode = '" + mode + "'"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec("DROP RESOURCE GROUP " + name); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec(create); err != nil {
+				t.Fatalf("replaying %q under sql_mode %q: %v", create, mode, err)
+			}
+			if again, is2 := read(name); again != create || is2 != is {
+				t.Errorf("%s under sql_mode %q: replayed to %q / %q", name, mode, again, is2)
+			}
+		}
+	}
+}
