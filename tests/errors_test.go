@@ -173,3 +173,33 @@ func TestQueryLimitSameInShowCreateAndResourceGroups(t *testing.T) {
 		}
 	}
 }
+
+// A syntax error in rgproxy's own statements is 1064 saying why, through
+// the wire, after MySQL's usual text.
+func TestSyntaxErrorSaysWhy(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts)
+	db := openDB(t, px.Addr)
+	tests := []struct{ sql, want string }{
+		{"CREATE RESOURCE GROUP t6", "near '' at line 1: CREATE RESOURCE GROUP needs at least one option (RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY) after `t6`"},
+		{"ALTER RESOURCE GROUP t6", "ALTER RESOURCE GROUP needs at least one option"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SECOND = 10", "unknown option 'RU_PER_SECOND'; the options are RU_PER_SEC, PRIORITY"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = '100'", "RU_PER_SEC is a whole number or UNLIMITED without quotes, not '100'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 100 PRIORITY = URGENT", "PRIORITY is LOW, MEDIUM or HIGH, not 'URGENT'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 100 RU_PER_SEC = 200", "RU_PER_SEC is given twice"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 100 QUERY_LIMIT = (EXEC_ELAPSED = 60, ACTION = KILL)", "EXEC_ELAPSED is a quoted duration such as '60s'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 100 QUERY_LIMIT = (EXEC_ELAPSED = '60s', ACTION = STOP)", "ACTION is DRYRUN, COOLDOWN, KILL or SWITCH_GROUP(group), not 'STOP'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 100 QUERY_LIMIT = (ELAPSED = '60s', ACTION = KILL)", "unknown QUERY_LIMIT option 'ELAPSED'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 100 QUERY_LIMIT = EXEC_ELAPSED = '60s'", "QUERY_LIMIT is NULL or ("},
+		{"CREATE RESOURCE GROUP BINDING FOR TAG route '/report' TO t6", "expected '=', not '/report'"},
+		{"CREATE RESOURCE GROUP 't6' RU_PER_SEC = 100", "expected a resource group name, not the string 't6'"},
+		{"SET RESOURCE GROUP rg1 rg2", "expected the end of the statement, not 'rg2'"},
+	}
+	for _, tc := range tests {
+		_, err := db.Exec(tc.sql)
+		t.Logf("%s → %v", tc.sql, err)
+		if mysqlErrNo(err) != 1064 || !strings.Contains(err.Error(), "You have an error in your SQL syntax") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want 1064 with %q", tc.sql, err, tc.want)
+		}
+	}
+}
