@@ -77,7 +77,7 @@ const syntaxNearMax = 80
 func NewSyntax(sql string, pos int) *Error { return NewSyntaxWhy(sql, pos, "") }
 
 // NewSyntaxWhy is NewSyntax that also says what was wrong, after MySQL's
-// text (which clients match on): "... near '' at line 1: CREATE RESOURCE
+// text (which clients match on): "... near ” at line 1: CREATE RESOURCE
 // GROUP needs at least one option ...". why is rgproxy's own words; an
 // empty why is NewSyntax's text.
 func NewSyntaxWhy(sql string, pos int, why string) *Error {

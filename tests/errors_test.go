@@ -140,7 +140,7 @@ func TestQueryLimitSameInShowCreateAndResourceGroups(t *testing.T) {
 		if err := db.QueryRow("SHOW CREATE RESOURCE GROUP "+name).Scan(&g, &create); err != nil {
 			t.Fatal(err)
 		}
-		if err := db.QueryRow("SELECT QUERY_LIMIT FROM information_schema.resource_groups WHERE NAME = '"+name+"'").Scan(&infoSchema); err != nil {
+		if err := db.QueryRow("SELECT QUERY_LIMIT FROM information_schema.resource_groups WHERE NAME = '" + name + "'").Scan(&infoSchema); err != nil {
 			t.Fatal(err)
 		}
 		return create, infoSchema
