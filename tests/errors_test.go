@@ -1,9 +1,11 @@
 package tests
 
 import (
+	"context"
 	"database/sql"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -200,6 +202,64 @@ func TestSyntaxErrorSaysWhy(t *testing.T) {
 		t.Logf("%s → %v", tc.sql, err)
 		if mysqlErrNo(err) != 1064 || !strings.Contains(err.Error(), "You have an error in your SQL syntax") || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want 1064 with %q", tc.sql, err, tc.want)
+		}
+	}
+}
+
+// SHOW LAST STATEMENT RU after a statement rgproxy refused (8252), killed
+// (8253) or quarantined (8254) shows that statement, with its error and
+// what it was or would have been charged up front.
+func TestLastStatementRUAfterRefusals(t *testing.T) {
+	rootExec(t, "CREATE TABLE IF NOT EXISTS rgproxy_e2e.lsr (b LONGBLOB)")
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts, append(serviceAccount(t), "--max-wait", "2s")...)
+	adminExec(t, px.Addr,
+		"DROP RESOURCE GROUP IF EXISTS lsr_tiny", "DROP RESOURCE GROUP IF EXISTS lsr_kill",
+		"CREATE RESOURCE GROUP lsr_tiny RU_PER_SEC = 2",
+		"CREATE RESOURCE GROUP lsr_kill RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '500ms', ACTION = KILL)")
+	db := openDB(t, px.Addr)
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "QUERY WATCH ADD RESOURCE GROUP lsr_kill ACTION KILL SQL TEXT EXACT TO 'SELECT 4242'"); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		group, stmt string
+		code        uint16
+	}{
+		{"lsr_tiny", "INSERT INTO rgproxy_e2e.lsr VALUES ('" + strings.Repeat("x", 200<<10) + "')", 8252},
+		{"lsr_kill", "SELECT SLEEP(3)", 8253},
+		{"lsr_kill", "SELECT 4242", 8254},
+	}
+	for _, tc := range cases {
+		if _, err := conn.ExecContext(ctx, "SET RESOURCE GROUP "+tc.group); err != nil {
+			t.Fatal(err)
+		}
+		_, err := conn.ExecContext(ctx, tc.stmt)
+		if mysqlErrNo(err) != tc.code {
+			t.Fatalf("%.40s: %v, want %d", tc.stmt, err, tc.code)
+		}
+		row := lastStatementRU(t, conn)
+		t.Logf("%d: %v; SHOW LAST STATEMENT RU: RESOURCE_GROUP=%s ERROR=%s ESTIMATED_RU=%s RRU=%s WRU=%s THROTTLE_WAIT_MS=%s",
+			tc.code, err, row["RESOURCE_GROUP"], row["ERROR"], row["ESTIMATED_RU"], row["RRU"], row["WRU"], row["THROTTLE_WAIT_MS"])
+		if row["RESOURCE_GROUP"] != tc.group || row["ERROR"] != strconv.Itoa(int(tc.code)) {
+			t.Errorf("%d: SHOW LAST STATEMENT RU %v", tc.code, row)
+		}
+		if _, ok := row["ESTIMATED_RU"]; !ok {
+			t.Fatalf("%d: no ESTIMATED_RU column: %v", tc.code, row)
+		}
+		if est := num(t, row["ESTIMATED_RU"]); est <= 0 {
+			t.Errorf("%d: ESTIMATED_RU %v, want the statement's estimate", tc.code, est)
+		}
+		if tc.code == 8252 {
+			// The estimate the refusal named.
+			if !strings.Contains(err.Error(), "for "+row["ESTIMATED_RU"]+" RU") {
+				t.Errorf("8252: ESTIMATED_RU %s, the error says %v", row["ESTIMATED_RU"], err)
+			}
 		}
 	}
 }
