@@ -74,7 +74,13 @@ const syntaxNearMax = 80
 
 // NewSyntax is 1064 for a parse failure at byte offset pos of sql. The
 // message names the text from pos on and its line, as MySQL does.
-func NewSyntax(sql string, pos int) *Error {
+func NewSyntax(sql string, pos int) *Error { return NewSyntaxWhy(sql, pos, "") }
+
+// NewSyntaxWhy is NewSyntax that also says what was wrong, after MySQL's
+// text (which clients match on): "... near ” at line 1: CREATE RESOURCE
+// GROUP needs at least one option ...". why is rgproxy's own words; an
+// empty why is NewSyntax's text.
+func NewSyntaxWhy(sql string, pos int, why string) *Error {
 	if pos < 0 {
 		pos = 0
 	}
@@ -91,13 +97,12 @@ func NewSyntax(sql string, pos int) *Error {
 		}
 		near = near[:cut]
 	}
-	return &Error{
-		Code:  CodeSyntax,
-		State: "42000",
-		Message: fmt.Sprintf("You have an error in your SQL syntax; check the manual that corresponds to your rgproxy version for the right syntax to use near '%s' at line %d",
-			near, line),
-		Err: ErrSyntax,
+	msg := fmt.Sprintf("You have an error in your SQL syntax; check the manual that corresponds to your rgproxy version for the right syntax to use near '%s' at line %d",
+		near, line)
+	if why != "" {
+		msg += ": " + why
 	}
+	return &Error{Code: CodeSyntax, State: "42000", Message: msg, Err: ErrSyntax}
 }
 
 // NewAccessDenied is 1227: the statement needs SUPER.

@@ -48,13 +48,13 @@ func (lx *lexer) next() (token, error) {
 	from := lx.l.Pos()
 	t := lx.l.Next()
 	if lx.l.SawExec() {
-		return token{}, NewSyntax(lx.src, commentAt(lx.src, from))
+		return token{}, NewSyntaxWhy(lx.src, commentAt(lx.src, from), "rgproxy does not run executable comments (/*! */, /*M! */) in its own statements")
 	}
 	text := lx.src[t.Start:t.End]
 	switch t.Kind {
 	case sqltext.EOF:
 		if lx.l.Unterminated() {
-			return token{}, NewSyntax(lx.src, commentAt(lx.src, from))
+			return token{}, NewSyntaxWhy(lx.src, commentAt(lx.src, from), "a quote or comment is not closed")
 		}
 		return token{kind: tkEOF, pos: t.Start}, nil
 	case sqltext.Word:

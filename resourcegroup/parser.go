@@ -64,7 +64,7 @@ func Parse(sql string, m sqltext.Mode) (Statement, error) {
 		}
 	}
 	if p.tok.kind != tkEOF {
-		return nil, p.fail()
+		return nil, p.failWhy("expected the end of the statement, not %s")
 	}
 	return st, nil
 }
@@ -80,6 +80,36 @@ func (p *parser) advance() error {
 
 func (p *parser) fail() error { return NewSyntax(p.lex.src, p.tok.pos) }
 
+// failWhy is a syntax error at the current token saying why; "%s" in why
+// stands for the token (tokText).
+func (p *parser) failWhy(why string) error {
+	return NewSyntaxWhy(p.lex.src, p.tok.pos, strings.ReplaceAll(why, "%s", p.tokText()))
+}
+
+// tokText names the current token in a syntax error: 'text', or "the end
+// of the statement".
+func (p *parser) tokText() string {
+	if p.tok.kind == tkEOF || p.isPunct(";") {
+		return "the end of the statement"
+	}
+	t := p.tok.text
+	const max = 40
+	if len(t) > max {
+		t = t[:max] + "..."
+	}
+	return "'" + strings.ToValidUTF8(t, "?") + "'"
+}
+
+// atEnd: nothing but an optional ";" is left.
+func (p *parser) atEnd() bool { return p.tok.kind == tkEOF || p.isPunct(";") }
+
+// groupOptions names the options of CREATE/ALTER RESOURCE GROUP, for
+// syntax errors.
+const groupOptions = "RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY"
+
+// limitOptions names the options inside QUERY_LIMIT = (...).
+const limitOptions = "EXEC_ELAPSED, RU, ACTION, WATCH, DURATION"
+
 func (p *parser) isWord(kw string) bool {
 	return p.tok.kind == tkWord && eqFold(p.tok.text, kw)
 }
@@ -90,7 +120,7 @@ func (p *parser) isPunct(c string) bool { return p.tok.kind == tkPunct && p.tok.
 func (p *parser) expectWords(kws ...string) error {
 	for _, kw := range kws {
 		if !p.isWord(kw) {
-			return p.fail()
+			return p.failWhy("expected " + kw + ", not %s")
 		}
 		if err := p.advance(); err != nil {
 			return err
@@ -101,7 +131,7 @@ func (p *parser) expectWords(kws ...string) error {
 
 func (p *parser) expectPunct(c string) error {
 	if !p.isPunct(c) {
-		return p.fail()
+		return p.failWhy("expected '" + c + "', not %s")
 	}
 	return p.advance()
 }
@@ -166,7 +196,10 @@ func (p *parser) newGroupName() (string, error) { return p.name(ValidateNewName)
 
 func (p *parser) name(validate func(string) error) (string, error) {
 	if p.tok.kind != tkWord && p.tok.kind != tkQIdent {
-		return "", p.fail()
+		if p.tok.kind == tkString {
+			return "", p.failWhy("expected a resource group name, not the string %s: quote a name with backquotes (`)")
+		}
+		return "", p.failWhy("expected a resource group name, not %s")
 	}
 	name := NormalizeName(p.tok.text)
 	if err := validate(name); err != nil {
@@ -212,7 +245,13 @@ func (p *parser) create() (Statement, error) {
 	}
 	if fields == 0 {
 		// TiDB's grammar needs at least one option.
-		return nil, p.fail()
+		if p.atEnd() {
+			return nil, p.failWhy("CREATE RESOURCE GROUP needs at least one option (" + groupOptions + ") after " + QuoteName(name) + ", e.g. RU_PER_SEC = 500")
+		}
+		return nil, p.failOption()
+	}
+	if !p.atEnd() {
+		return nil, p.failOption()
 	}
 	g.Name = name
 	if err := g.ValidateNew(); err != nil {
@@ -237,8 +276,11 @@ func (p *parser) alterGroup() (Statement, error) {
 	if st.Options, st.Fields, err = p.options(); err != nil {
 		return nil, err
 	}
-	if st.Fields == 0 {
-		return nil, p.fail()
+	if st.Fields == 0 && p.atEnd() {
+		return nil, p.failWhy("ALTER RESOURCE GROUP needs at least one option (" + groupOptions + ") after " + QuoteName(st.Name))
+	}
+	if st.Fields == 0 || !p.atEnd() {
+		return nil, p.failOption()
 	}
 	st.Options.Name = st.Name
 	if q := st.Options.QueryLimit; q != nil {
@@ -631,7 +673,7 @@ func (p *parser) options() (Group, Field, error) {
 			case p.isWord("HIGH"):
 				g.Priority = PriorityHigh
 			default:
-				return g, 0, p.fail()
+				return g, 0, p.failWhy("PRIORITY is LOW, MEDIUM or HIGH, not %s")
 			}
 			if err := p.advance(); err != nil {
 				return g, 0, err
@@ -652,7 +694,7 @@ func (p *parser) options() (Group, Field, error) {
 					return g, 0, err
 				}
 			} else if eq {
-				return g, 0, p.fail()
+				return g, 0, p.failWhy("BURSTABLE is MODERATED, UNLIMITED or OFF (or BURSTABLE alone), not %s")
 			}
 		case p.isWord("QUERY_LIMIT"):
 			f = FieldQueryLimit
@@ -683,7 +725,7 @@ func (p *parser) options() (Group, Field, error) {
 			case p.isWord("OFF"):
 				g.Mode = ModeOff
 			default:
-				return g, 0, p.fail()
+				return g, 0, p.failWhy("MODE is ENFORCE, WARN or OFF, not %s")
 			}
 			if err := p.advance(); err != nil {
 				return g, 0, err
@@ -706,7 +748,7 @@ func (p *parser) options() (Group, Field, error) {
 				}
 				g.MaxConcurrency = v // 0 = no cap
 			default:
-				return g, 0, p.fail()
+				return g, 0, p.failWhy("MAX_CONCURRENCY is a whole number or NULL, not %s")
 			}
 			if err := p.advance(); err != nil {
 				return g, 0, err
@@ -719,13 +761,22 @@ func (p *parser) options() (Group, Field, error) {
 			return g, fields, nil
 		}
 		if fields&f != 0 {
-			return g, 0, NewSyntax(p.lex.src, start.pos)
+			return g, 0, NewSyntaxWhy(p.lex.src, start.pos, strings.ToUpper(start.text)+" is given twice")
 		}
 		fields |= f
 		if _, err := p.acceptPunct(","); err != nil {
 			return g, 0, err
 		}
 	}
+}
+
+// failOption is the syntax error of a token where a group option should
+// be.
+func (p *parser) failOption() error {
+	if p.tok.kind == tkWord {
+		return p.failWhy("unknown option %s; the options are " + groupOptions)
+	}
+	return p.failWhy("expected an option (" + groupOptions + "), not %s")
 }
 
 // burstValue maps the current token to a BURSTABLE mode.
@@ -761,7 +812,14 @@ func (p *parser) ruValue(field string, unlimited bool) (uint64, error) {
 		}
 		*p = save
 	}
-	return 0, p.fail()
+	what := field + " is a whole number"
+	if unlimited {
+		what += " or UNLIMITED"
+	}
+	if p.tok.kind == tkString {
+		return 0, p.failWhy(what + " without quotes, not %s")
+	}
+	return 0, p.failWhy(what + ", not %s")
 }
 
 // queryLimit parses NULL or ( runaway options ).
@@ -769,7 +827,10 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 	if p.isWord("NULL") {
 		return nil, p.advance()
 	}
-	if err := p.expectPunct("("); err != nil {
+	if !p.isPunct("(") {
+		return nil, p.failWhy("QUERY_LIMIT is NULL or (EXEC_ELAPSED = '60s' | RU = n, ACTION = ... [, WATCH = ... DURATION = ...]), not %s")
+	}
+	if err := p.advance(); err != nil {
 		return nil, err
 	}
 	if ok, err := p.acceptPunct(")"); err != nil || ok {
@@ -844,7 +905,7 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 			case p.isWord("PLAN"):
 				return nil, NewUnsupported("WATCH = PLAN")
 			default:
-				return nil, p.fail()
+				return nil, p.failWhy("WATCH is EXACT or SIMILAR, not %s")
 			}
 			if err := p.advance(); err != nil {
 				return nil, err
@@ -863,10 +924,16 @@ func (p *parser) queryLimit() (*QueryLimit, error) {
 			}
 			q.WatchDuration = d
 		default:
-			return nil, p.fail()
+			if p.tok.kind == tkWord {
+				return nil, p.failWhy("unknown QUERY_LIMIT option %s; its options are " + limitOptions)
+			}
+			if p.atEnd() {
+				return nil, p.failWhy("QUERY_LIMIT's ( is not closed")
+			}
+			return nil, p.failWhy("expected a QUERY_LIMIT option (" + limitOptions + ") or ')', not %s")
 		}
 		if seen&this != 0 {
-			return nil, NewSyntax(p.lex.src, start.pos)
+			return nil, NewSyntaxWhy(p.lex.src, start.pos, "QUERY_LIMIT's "+strings.ToUpper(start.text)+" is given twice")
 		}
 		seen |= this
 		if _, err := p.acceptPunct(","); err != nil {
@@ -891,7 +958,11 @@ func (p *parser) duration(msg, field string, max time.Duration, unlimited bool) 
 		return 0, p.advance()
 	}
 	if p.tok.kind != tkString {
-		return 0, p.fail()
+		u := ""
+		if unlimited {
+			u = " or UNLIMITED"
+		}
+		return 0, p.failWhy(field + " is a quoted duration such as '60s' or '10m'" + u + ", not %s")
 	}
 	d, err := time.ParseDuration(p.tok.text)
 	if err != nil {
@@ -928,7 +999,7 @@ func (p *parser) action(q *QueryLimit) error {
 		q.SwitchGroup = name
 		return p.expectPunct(")")
 	default:
-		return p.fail()
+		return p.failWhy("ACTION is DRYRUN, COOLDOWN, KILL or SWITCH_GROUP(group), not %s")
 	}
 	return p.advance()
 }

@@ -289,3 +289,47 @@ func TestStatementKinds(t *testing.T) {
 		}
 	}
 }
+
+// A syntax error says why after MySQL's text, and points at the token.
+func TestSyntaxSaysWhy(t *testing.T) {
+	tests := []struct{ sql, near, why string }{
+		{"CREATE RESOURCE GROUP t6", "", "CREATE RESOURCE GROUP needs at least one option (RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY) after `t6`"},
+		{"CREATE RESOURCE GROUP t6;", ";", "CREATE RESOURCE GROUP needs at least one option"},
+		{"ALTER RESOURCE GROUP t6", "", "ALTER RESOURCE GROUP needs at least one option"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SECOND = 10", "RU_PER_SECOND = 10", "unknown option 'RU_PER_SECOND'; the options are RU_PER_SEC,"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 10 FOO = 1", "FOO = 1", "unknown option 'FOO'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 10 = 5", "= 5", "expected an option (RU_PER_SEC,"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 'ten'", "'ten'", "RU_PER_SEC is a whole number or UNLIMITED without quotes, not 'ten'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = lots", "lots", "RU_PER_SEC is a whole number or UNLIMITED, not 'lots'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 RU_PER_SEC = 2", "RU_PER_SEC = 2", "RU_PER_SEC is given twice"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 PRIORITY = URGENT", "URGENT", "PRIORITY is LOW, MEDIUM or HIGH, not 'URGENT'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 BURSTABLE = YES", "YES", "BURSTABLE is MODERATED, UNLIMITED or OFF"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 MODE = STRICT", "STRICT", "MODE is ENFORCE, WARN or OFF, not 'STRICT'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 MAX_CONCURRENCY = many", "many", "MAX_CONCURRENCY is a whole number or NULL"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 QUERY_LIMIT = EXEC_ELAPSED = '1s'", "EXEC_ELAPSED = '1s'", "QUERY_LIMIT is NULL or ("},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 QUERY_LIMIT = (EXEC_ELAPSED = 60, ACTION = KILL)", "60, ACTION = KILL)", "EXEC_ELAPSED is a quoted duration such as '60s'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 QUERY_LIMIT = (EXEC_ELAPSED = '1s', ACTION = STOP)", "STOP)", "ACTION is DRYRUN, COOLDOWN, KILL or SWITCH_GROUP(group), not 'STOP'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 QUERY_LIMIT = (ELAPSED = '1s', ACTION = KILL)", "ELAPSED = '1s', ACTION = KILL)", "unknown QUERY_LIMIT option 'ELAPSED'; its options are EXEC_ELAPSED, RU, ACTION, WATCH, DURATION"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 QUERY_LIMIT = (EXEC_ELAPSED = '1s', ACTION = KILL", "", "QUERY_LIMIT's ( is not closed"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 QUERY_LIMIT = (EXEC_ELAPSED = '1s', ACTION = KILL, WATCH = ALL)", "ALL)", "WATCH is EXACT or SIMILAR"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 QUERY_LIMIT = (EXEC_ELAPSED = '1s', ACTION = KILL, WATCH = EXACT DURATION = 10)", "10)", "DURATION is a quoted duration such as '60s' or '10m' or UNLIMITED"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 QUERY_LIMIT = (RU = 1, ACTION = KILL, RU = 2)", "RU = 2)", "QUERY_LIMIT's RU is given twice"},
+		{"CREATE RESOURCE GROUP 't6' RU_PER_SEC = 1", "'t6' RU_PER_SEC = 1", "expected a resource group name, not the string 't6'"},
+		{"CREATE RESOURCE GROUPS t6 RU_PER_SEC = 1", "GROUPS t6 RU_PER_SEC = 1", "expected GROUP, not 'GROUPS'"},
+		{"CREATE RESOURCE GROUP BINDING FOR TAG route '/r' TO t6", "'/r' TO t6", "expected '=', not '/r'"},
+		{"SET RESOURCE GROUP a b", "b", "expected the end of the statement, not 'b'"},
+		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = 1 /* open", "/* open", "a quote or comment is not closed"},
+	}
+	for _, tc := range tests {
+		_, err := Parse(tc.sql, sqltext.Mode{})
+		var e *Error
+		if !errors.As(err, &e) || e.Code != CodeSyntax {
+			t.Errorf("%s: %v, want 1064", tc.sql, err)
+			continue
+		}
+		want := "near '" + tc.near + "' at line 1: "
+		if !strings.HasPrefix(e.Message, "You have an error in your SQL syntax; ") || !strings.Contains(e.Message, want+tc.why) {
+			t.Errorf("%s:\n got  %s\n want ...%s%s...", tc.sql, e.Message, want, tc.why)
+		}
+	}
+}

@@ -91,7 +91,7 @@ func ruText(v uint64) string {
 
 // SQL renders the SHOW CREATE RESOURCE GROUP text, e.g.
 //
-//	CREATE RESOURCE GROUP `rg1` RU_PER_SEC=500 PRIORITY=HIGH BURSTABLE=MODERATED QUERY_LIMIT=(EXEC_ELAPSED="60s" ACTION=KILL WATCH=SIMILAR DURATION="10m0s")
+//	CREATE RESOURCE GROUP `rg1` RU_PER_SEC=500 PRIORITY=HIGH BURSTABLE=MODERATED QUERY_LIMIT=(EXEC_ELAPSED='1m0s', ACTION=KILL, WATCH=SIMILAR DURATION='10m0s')
 //
 // BURSTABLE is left out when OFF, as TiDB does. Parse(g.SQL()) yields g.
 func (g Group) SQL() string {
@@ -108,24 +108,7 @@ func (g Group) SQL() string {
 	}
 	if q := g.QueryLimit; q != nil {
 		b.WriteString(" QUERY_LIMIT=(")
-		if q.ExecElapsed > 0 {
-			b.WriteString(`EXEC_ELAPSED="` + q.ExecElapsed.String() + `" `)
-		}
-		if q.RU > 0 {
-			b.WriteString("RU=" + strconv.FormatUint(q.RU, 10) + " ")
-		}
-		b.WriteString("ACTION=")
-		b.WriteString(actionText(q))
-		if q.Watch != WatchNone {
-			b.WriteString(" WATCH=")
-			b.WriteString(q.Watch.String())
-			b.WriteString(" DURATION=")
-			if q.WatchDuration == 0 {
-				b.WriteString("UNLIMITED")
-			} else {
-				b.WriteString(`"` + q.WatchDuration.String() + `"`)
-			}
-		}
+		b.WriteString(q.SQL())
 		b.WriteString(")")
 	}
 	// rgproxy's extensions, when set, after TiDB's options.
@@ -157,6 +140,34 @@ func identText(name string) string {
 	return name
 }
 
+// SQL renders the limit as the inside of QUERY_LIMIT=(...), the one text
+// SHOW CREATE RESOURCE GROUP, information_schema.resource_groups and the
+// console show: TiDB's information_schema form, e.g.
+//
+//	EXEC_ELAPSED='1m0s', ACTION=KILL, WATCH=SIMILAR DURATION='10m0s'
+//
+// Strings are single-quoted, so the text parses back under ANSI_QUOTES too.
+func (q QueryLimit) SQL() string {
+	var parts []string
+	if q.ExecElapsed > 0 {
+		parts = append(parts, "EXEC_ELAPSED='"+q.ExecElapsed.String()+"'")
+	}
+	if q.RU > 0 {
+		parts = append(parts, "RU="+strconv.FormatUint(q.RU, 10))
+	}
+	parts = append(parts, "ACTION="+actionText(&q))
+	if q.Watch != WatchNone {
+		w := "WATCH=" + q.Watch.String() + " DURATION="
+		if q.WatchDuration == 0 {
+			w += "UNLIMITED"
+		} else {
+			w += "'" + q.WatchDuration.String() + "'"
+		}
+		parts = append(parts, w)
+	}
+	return strings.Join(parts, ", ")
+}
+
 // actionText renders ACTION's value, with SWITCH_GROUP's target.
 func actionText(q *QueryLimit) string {
 	if q.Action == ActionSwitchGroup {
@@ -166,8 +177,8 @@ func actionText(q *QueryLimit) string {
 }
 
 // InfoSchemaRow renders g as a row of information_schema.resource_groups,
-// in InfoSchemaColumns' order; nil is SQL NULL. QUERY_LIMIT follows TiDB:
-// EXEC_ELAPSED='60s', ACTION=KILL, WATCH=SIMILAR DURATION='10m0s'.
+// in InfoSchemaColumns' order; nil is SQL NULL. QUERY_LIMIT is
+// QueryLimit.SQL, as in SHOW CREATE RESOURCE GROUP.
 func InfoSchemaRow(g Group) []*string {
 	str := func(s string) *string { return &s }
 	row := []*string{
@@ -184,24 +195,7 @@ func InfoSchemaRow(g Group) []*string {
 		row[7] = str(strconv.FormatUint(g.MaxConcurrency, 10))
 	}
 	if q := g.QueryLimit; q != nil {
-		var parts []string
-		if q.ExecElapsed > 0 {
-			parts = append(parts, "EXEC_ELAPSED='"+q.ExecElapsed.String()+"'")
-		}
-		if q.RU > 0 {
-			parts = append(parts, "RU="+strconv.FormatUint(q.RU, 10))
-		}
-		parts = append(parts, "ACTION="+actionText(q))
-		if q.Watch != WatchNone {
-			w := "WATCH=" + q.Watch.String() + " DURATION="
-			if q.WatchDuration == 0 {
-				w += "UNLIMITED"
-			} else {
-				w += "'" + q.WatchDuration.String() + "'"
-			}
-			parts = append(parts, w)
-		}
-		row[4] = str(strings.Join(parts, ", "))
+		row[4] = str(q.SQL())
 	}
 	return row
 }

@@ -2,6 +2,7 @@ package tokenclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -121,10 +122,15 @@ var _ resourcegroup.WatchStore = rpcStore{}
 // the server's *resourcegroup.Error when it sent one, ErrWatchNotFound for
 // NotFound, else as mapError.
 func mapWatchError(op string, id uint64, group string, err error) error {
-	if back := tokenpb.ErrorFromStatus(err); back != err {
+	inner := err
+	var f *rpcFailure
+	if errors.As(err, &f) {
+		inner = f.err
+	}
+	if back := tokenpb.ErrorFromStatus(inner); back != inner {
 		return back
 	}
-	if status.Code(err) == codes.NotFound {
+	if status.Code(inner) == codes.NotFound {
 		return resourcegroup.NewWatchNotFound(id)
 	}
 	return mapError(op, group, err)

@@ -15,10 +15,13 @@ import (
 // rgserver's ResourceGroupService (any replica) and then wait, at most 1 s,
 // until the settings cache shows them, so a read through this proxy sees its
 // own write; reads come from the settings cache. gRPC errors map back to
-// resourcegroup's errors: AlreadyExists → ErrExists, NotFound →
-// ErrNotFound, InvalidArgument and FailedPrecondition → ErrInvalid (with
-// the server's message), Aborted → ErrConflict; an unreachable rgserver
-// gives an error wrapping ErrUnavailable. The value also implements
+// resourcegroup's errors (rpcerror.go): AlreadyExists → ErrExists,
+// NotFound → ErrNotFound, InvalidArgument and FailedPrecondition →
+// ErrInvalid (with the server's message), Aborted → ErrConflict; anything
+// else is a 1105 that names the rgserver and says why (unreachable, a
+// refused credential and which flag to check, ...) and whether the
+// statement was applied; an unreachable rgserver's wraps ErrUnavailable.
+// The value also implements
 // resourcegroup.WatchStore (runaway.go), the same way.
 func (c *Client) Store() resourcegroup.Store { return rpcStore{c} }
 
@@ -27,16 +30,20 @@ type rpcStore struct{ c *Client }
 var _ resourcegroup.Store = rpcStore{}
 
 // call runs f against the servers in turn, starting with the one that
-// answered last, until one is reachable.
+// answered last, until one is reachable. Its error is an *rpcFailure
+// naming the servers tried (mapError reads them).
 func (c *Client) call(ctx context.Context, f func(context.Context, tokenpb.ResourceGroupServiceClient) error) error {
 	ctx = context.WithValue(ctx, adminCall{}, true) // bearerCreds sends the admin token
 	c.connMu.Lock()
 	start := c.rgNext
 	c.connMu.Unlock()
 	var err error
+	var tried []string
 	for i := range c.cfg.Servers {
 		idx := (start + i) % len(c.cfg.Servers)
-		cc, cerr := c.conn(c.cfg.Servers[idx])
+		addr := c.cfg.Servers[idx]
+		tried = append(tried, addr)
+		cc, cerr := c.conn(addr)
 		if cerr != nil {
 			err = cerr
 			continue
@@ -46,34 +53,16 @@ func (c *Client) call(ctx context.Context, f func(context.Context, tokenpb.Resou
 			c.connMu.Lock()
 			c.rgNext = idx
 			c.connMu.Unlock()
-			return err
+			if err != nil {
+				return &rpcFailure{addrs: tried[len(tried)-1:], err: err}
+			}
+			return nil
 		}
 	}
-	return err
-}
-
-// mapError turns a ResourceGroupService error into resourcegroup's; name
-// is the group (or user) the operation was about.
-func mapError(op, name string, err error) error {
-	st, ok := status.FromError(err)
-	if !ok {
-		return fmt.Errorf("%s: %w", op, err)
+	if err == nil {
+		return nil
 	}
-	switch st.Code() {
-	case codes.AlreadyExists:
-		return resourcegroup.NewExists(name)
-	case codes.NotFound:
-		return resourcegroup.NewNotFound(name)
-	case codes.InvalidArgument, codes.FailedPrecondition:
-		return resourcegroup.NewInvalid(st.Message())
-	case codes.Aborted:
-		return &resourcegroup.Error{Code: resourcegroup.CodeUnknown, State: "HY000",
-			Message: st.Message(), Err: resourcegroup.ErrConflict}
-	case codes.Unavailable, codes.DeadlineExceeded:
-		return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
-	default:
-		return fmt.Errorf("%s: %w", op, err)
-	}
+	return &rpcFailure{addrs: tried, err: err}
 }
 
 // waitCache waits until ok holds on the cache, at most syncWait or until

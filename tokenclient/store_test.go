@@ -3,6 +3,7 @@ package tokenclient
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,37 +12,60 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// Every error mapError returns is a *resourcegroup.Error whose text is
+// readable: it names the rgserver, says why and what became of the
+// statement, and never carries gRPC's "rpc error: code = ..." form.
 func TestMapError(t *testing.T) {
+	refused := `connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:4000: connect: connection refused"`
 	tests := []struct {
-		code     codes.Code
+		name     string
+		err      error
 		want     error
 		wantCode uint16
+		wantText []string
 	}{
-		{codes.AlreadyExists, resourcegroup.ErrExists, resourcegroup.CodeExists},
-		{codes.NotFound, resourcegroup.ErrNotFound, resourcegroup.CodeNotFound},
-		{codes.InvalidArgument, resourcegroup.ErrInvalid, resourcegroup.CodeUnknown},
-		{codes.FailedPrecondition, resourcegroup.ErrInvalid, resourcegroup.CodeUnknown},
-		{codes.Aborted, resourcegroup.ErrConflict, resourcegroup.CodeUnknown},
-		{codes.Unavailable, ErrUnavailable, 0},
-		{codes.DeadlineExceeded, ErrUnavailable, 0},
+		{"exists", status.Error(codes.AlreadyExists, "x"), resourcegroup.ErrExists, resourcegroup.CodeExists, []string{"Resource group 'rg1' already exists"}},
+		{"not found", status.Error(codes.NotFound, "x"), resourcegroup.ErrNotFound, resourcegroup.CodeNotFound, []string{"Unknown resource group 'rg1'"}},
+		{"invalid", status.Error(codes.InvalidArgument, "invalid group settings: x"), resourcegroup.ErrInvalid, 1105, []string{"invalid group settings: x"}},
+		{"precondition passes through", status.Error(codes.FailedPrecondition, "can't drop resource group: rg2 switches to it"), resourcegroup.ErrInvalid, 1105, []string{"can't drop resource group: rg2 switches to it"}},
+		{"conflict", status.Error(codes.Aborted, "modified concurrently"), resourcegroup.ErrConflict, 1105, []string{"modified concurrently"}},
+		{"unreachable", &rpcFailure{addrs: []string{"127.0.0.1:4000"}, err: status.Error(codes.Unavailable, refused)}, ErrUnavailable, 1105,
+			[]string{"rgserver at 127.0.0.1:4000 is unreachable: connection refused; the statement was not applied"}},
+		{"none reachable", &rpcFailure{addrs: []string{"a:1", "b:2"}, err: status.Error(codes.Unavailable, refused)}, ErrUnavailable, 1105,
+			[]string{"rgserver (tried a:1, b:2) is unreachable: connection refused"}},
+		{"unavailable, other cause", &rpcFailure{addrs: []string{"a:1"}, err: status.Error(codes.Unavailable, "server is shutting down")}, ErrUnavailable, 1105,
+			[]string{"rgserver at a:1 is unreachable: server is shutting down"}},
+		{"deadline", &rpcFailure{addrs: []string{"a:1"}, err: status.Error(codes.DeadlineExceeded, "context deadline exceeded")}, ErrUnavailable, 1105,
+			[]string{"rgserver at a:1 did not answer in time", "may or may not have been applied"}},
+		{"bad token", &rpcFailure{addrs: []string{"a:1"}, err: status.Error(codes.Unauthenticated, "rgserver does not know this bearer token")}, nil, 1105,
+			[]string{"rgserver at a:1 refused this proxy's credential (rgserver does not know this bearer token)", "--token-server-token-file", "--admin-token-file", "not applied"}},
+		{"proxy token", &rpcFailure{addrs: []string{"a:1"}, err: status.Error(codes.PermissionDenied, "CreateGroup needs an administrator credential")}, nil, 1105,
+			[]string{"rgserver at a:1 does not let this proxy's credential change resource groups", "--token-server-token-file", "not applied"}},
+		{"busy", &rpcFailure{addrs: []string{"a:1"}, err: status.Error(codes.ResourceExhausted, "too many")}, nil, 1105, []string{"is busy (too many)", "not applied"}},
+		{"old server", &rpcFailure{addrs: []string{"a:1"}, err: status.Error(codes.Unimplemented, "unknown method")}, nil, 1105, []string{"does not implement op", "older than this proxy"}},
+		{"internal", &rpcFailure{addrs: []string{"a:1"}, err: status.Error(codes.Internal, "etcd: boom")}, nil, 1105, []string{"op: rgserver at a:1 failed (Internal: etcd: boom)"}},
+		{"canceled", context.Canceled, context.Canceled, 1105, []string{"canceled before rgserver answered"}},
+		{"plain", errors.New("plain"), nil, 1105, []string{"op: rgserver: plain; the statement was not applied"}},
 	}
 	for _, tc := range tests {
-		t.Run(tc.code.String(), func(t *testing.T) {
-			err := mapError("op", "rg1", status.Error(tc.code, "server says no"))
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("%v: got %v, want %v", tc.code, err, tc.want)
+		t.Run(tc.name, func(t *testing.T) {
+			err := mapError("op", "rg1", tc.err)
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
 			}
 			var re *resourcegroup.Error
-			if tc.wantCode != 0 && (!errors.As(err, &re) || re.Code != tc.wantCode) {
-				t.Fatalf("%v: %#v, want code %d", tc.code, err, tc.wantCode)
+			if !errors.As(err, &re) || re.Code != tc.wantCode {
+				t.Fatalf("%#v, want a *resourcegroup.Error with code %d", err, tc.wantCode)
+			}
+			for _, w := range tc.wantText {
+				if !strings.Contains(re.Message, w) {
+					t.Errorf("message %q lacks %q", re.Message, w)
+				}
+			}
+			if strings.Contains(re.Message, "rpc error") || strings.Contains(re.Message, "code =") {
+				t.Errorf("gRPC text reaches the client: %q", re.Message)
 			}
 		})
-	}
-	if err := mapError("op", "rg1", status.Error(codes.InvalidArgument, "invalid group settings: x")); err.Error() != "invalid group settings: x" {
-		t.Fatalf("server message lost: %v", err)
-	}
-	if err := mapError("op", "rg1", errors.New("plain")); err == nil || err.Error() != "op: plain" {
-		t.Fatalf("plain error: %v", err)
 	}
 }
 
