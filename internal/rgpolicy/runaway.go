@@ -75,6 +75,7 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 		gd.cpu, gd.cpuStart = s.cpu.f, cpuStart
 	}
 	connID := s.connID
+	acct := s.account() // read on the session's goroutine
 	if q.Watch != resourcegroup.WatchNone {
 		query = strings.Clone(query) // kept past the statement
 	}
@@ -84,6 +85,9 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 		s.p.metrics.runaway.WithLabelValues(gd.group, gd.rule.Action.String()).Inc()
 		s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", gd.rule.Action.String(),
 			"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
+		// The session waits for done before its next command: query is
+		// still the statement's text here.
+		s.recordRunaway(acct, gd.group, "IDENTIFY", gd.rule.Action, gd.rule.SwitchGroup, limitRule(gd.rule), query, digestOf(query, mode))
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
 			go s.p.addWatch(gd.group, gd.rule, query, mode)
 		}
@@ -268,6 +272,13 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 		return false, nil
 	}
 	s.p.metrics.runaway.WithLabelValues(s.cur.group, w.Action.String()).Inc()
+	if s.p.history != nil {
+		h := mysqlproto.HashDigest(digest)
+		if digest == "" {
+			h = digestOf(st.Query, st.Mode())
+		}
+		s.recordRunaway(s.account(), s.cur.group, "WATCH", w.Action, w.SwitchGroup, watchRule(w), st.Query, h)
+	}
 	switch w.Action {
 	case resourcegroup.ActionKill:
 		// Recorded with what it would have cost (SHOW LAST STATEMENT RU).
