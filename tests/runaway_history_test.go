@@ -246,7 +246,11 @@ func TestRunawayHistoryAuthenticated(t *testing.T) {
 	if err != nil || resp.GetAccepted() != 0 {
 		t.Errorf("malformed events: %v, %v; want none accepted", resp, err)
 	}
-	if _, err := cl.ListRunaways(px, &pb.ListRunawaysRequest{Groups: []string{"bad name!"}}); status.Code(err) != codes.InvalidArgument {
-		t.Errorf("ListRunaways with a bad group name: %v", err)
+	groups := make([]string, 1001)
+	for i := range groups {
+		groups[i] = fmt.Sprintf("g%d", i)
+	}
+	if _, err := cl.ListRunaways(px, &pb.ListRunawaysRequest{Groups: groups}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("ListRunaways with 1001 groups: %v", err)
 	}
 }
