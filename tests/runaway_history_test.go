@@ -135,15 +135,24 @@ func TestRunawayHistory(t *testing.T) {
 	t.Logf("runaway history back %v after rgserver was started again", time.Since(restarted))
 
 	// A new repeat joins proxy a's row (same START_TIME, REPEATS 3).
+	byInstance := func(rows [][]string) map[string][]string {
+		m := map[string][]string{}
+		for _, r := range rows {
+			m[r[0]] = r
+		}
+		return m
+	}
+	startA := byInstance(rows)[a.Addr][7]
 	if _, err := app.Exec("SELECT SLEEP(0.3) AS hist_probe"); err != nil {
 		t.Fatal(err)
 	}
 	ran = time.Now()
 	for {
 		got, err := queryStrings(t, reader, historyQ)
-		if err == nil && len(got) == 2 && got[0][0] == a.Addr && got[0][1] == "3" {
-			if got[0][7] != rows[0][7] || got[1][1] != "1" {
-				t.Errorf("after the restart: %q, want proxy a's row from %s with REPEATS 3", got, rows[0][7])
+		m := byInstance(got)
+		if err == nil && len(got) == 2 && m[a.Addr][1] == "3" {
+			if m[a.Addr][7] != startA || m[b.Addr][1] != "1" {
+				t.Errorf("after the restart: %q, want proxy a's row from %s with REPEATS 3", got, startA)
 			}
 			break
 		}
