@@ -1,0 +1,39 @@
+package tokenclient
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestRecordRunawayNeverBlocks: with nobody sending (rgserver away), the
+// queue fills and further events are dropped and counted at once; the
+// strings of a queued event are cut to their bounds.
+func TestRecordRunawayNeverBlocks(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	start := time.Now()
+	for range runawayQueueLen + 10 {
+		c.RecordRunaway(RunawayEvent{Group: "g", SampleSQL: strings.Repeat("é", 2000), Account: strings.Repeat("u", 1000)})
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("recording %d events took %v", runawayQueueLen+10, took)
+	}
+	if got := testutil.ToFloat64(c.met.runawayDropped); got != 10 {
+		t.Errorf("dropped %v events, want 10", got)
+	}
+	e := <-c.runaways.queue
+	if len(e.GetSampleSql()) != runawaySample || len(e.GetAccount()) != runawayStringMax {
+		t.Errorf("queued event: sample of %d bytes, account of %d", len(e.GetSampleSql()), len(e.GetAccount()))
+	}
+}
+
+func TestStartRunawayHistoryChecksInstance(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	for _, in := range []string{"", strings.Repeat("x", 257)} {
+		if err := c.StartRunawayHistory(in); err == nil {
+			t.Errorf("StartRunawayHistory(%d bytes) took it", len(in))
+		}
+	}
+}
