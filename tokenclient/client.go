@@ -113,6 +113,8 @@ type Client struct {
 	runCtx context.Context
 	// insp is the Inspect stream's state (inspect.go).
 	insp inspectState
+	// runaways queues runaway events for rgserver (history.go).
+	runaways runawaySender
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -219,6 +221,7 @@ func New(cfg Config) (*Client, error) {
 		cache:        newSnapshot(),
 		cacheChanged: make(chan struct{}),
 		lostAt:       cfg.Clock.Now(),
+		runaways:     newRunawaySender(),
 	}
 	c.met, err = newMetrics(c, cfg.Registerer)
 	if err != nil {

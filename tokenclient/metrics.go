@@ -23,6 +23,8 @@ type metrics struct {
 	granted *prometheus.CounterVec
 	// wait is the time successful Acquires waited, by group.
 	wait *prometheus.HistogramVec
+	// runawayDropped counts runaway events the history never got.
+	runawayDropped prometheus.Counter
 	// state reads tokens, RU_PER_SEC and degraded mode under the lock.
 	// Every per-group series exists exactly while the group has a
 	// groupState (born, forget).
@@ -53,6 +55,10 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 			Help:    "How long statements waited for their group's tokens before getting them.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"resource_group"}),
+		runawayDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rgproxy_runaway_events_dropped_total",
+			Help: "Runaway events left out of the runaway history (information_schema.runaway_queries): the queue to rgserver was full, or rgserver refused them as malformed.",
+		}),
 		state: &stateCollector{c: c,
 			tokens: prometheus.NewDesc("rgproxy_group_tokens",
 				"Tokens (RU) in the group's local bucket on this proxy; negative is debt; limited groups in use here only. While the bucket holds plenty, busy sessions carry small advances of it (32 statements' worth; given back within 200 ms of a session going idle), which this does not count.", []string{"resource_group"}, nil),
@@ -66,7 +72,7 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, col := range []prometheus.Collector{m.requests, m.duration, m.throttled, m.granted, m.wait, m.state} {
+	for _, col := range []prometheus.Collector{m.requests, m.duration, m.throttled, m.granted, m.wait, m.runawayDropped, m.state} {
 		if err := reg.Register(col); err != nil {
 			errs = append(errs, err)
 		}

@@ -39,8 +39,9 @@ type Role uint8
 
 const (
 	// RoleProxy may call AcquireTokens, Watch, the reads (GetGroup,
-	// ListGroups, GetBinding, ListBindings, ListWatches) and the cluster
-	// views (Inspect, ClusterInspect).
+	// ListGroups, GetBinding, ListBindings, ListWatches), the cluster
+	// views (Inspect, ClusterInspect) and the runaway history
+	// (RecordRunaways, ListRunaways).
 	RoleProxy Role = iota + 1
 	// RoleAdmin may call everything.
 	RoleAdmin

@@ -64,6 +64,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the server's metrics; nil = none.
 	Registerer prometheus.Registerer
+	// RunawayRetention is how long the runaway history keeps a row after
+	// its last event; default 7 days.
+	RunawayRetention time.Duration
 	// Auth authenticates callers; the gRPC server must run its
 	// Interceptors. nil = authentication off (every caller an anonymous
 	// administrator).
@@ -111,6 +114,8 @@ type Server struct {
 	// not leader).
 	caps        *capsRegistry
 	leaderSince atomic.Pointer[time.Time]
+	// runaways is the runaway history (runaways.go).
+	runaways *runawayHistory
 	// openStreams counts the AcquireTokens and Watch streams open on this
 	// replica, for the console (Overview).
 	openStreams [numKinds]atomic.Int64
@@ -142,18 +147,19 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		cfg.Auth = a
 	}
 	s := &Server{
-		cli:     cli,
-		store:   &EtcdStore{cli: cli, now: cfg.Now},
-		cfg:     cfg,
-		log:     cfg.Logger,
-		m:       newMetrics(),
-		alloc:   NewAllocator(cfg.Alloc),
-		synced:  make(chan struct{}),
-		auth:    cfg.Auth,
-		proxies: newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
-		misses:  newMissCache(),
-		inspect: newInspectHub(clock.Real{}),
-		caps:    newCapsRegistry(),
+		cli:      cli,
+		store:    &EtcdStore{cli: cli, now: cfg.Now},
+		cfg:      cfg,
+		log:      cfg.Logger,
+		m:        newMetrics(),
+		alloc:    NewAllocator(cfg.Alloc),
+		synced:   make(chan struct{}),
+		auth:     cfg.Auth,
+		proxies:  newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
+		misses:   newMissCache(),
+		inspect:  newInspectHub(clock.Real{}),
+		caps:     newCapsRegistry(),
+		runaways: newRunawayHistory(cfg.RunawayRetention),
 	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
@@ -163,6 +169,9 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.inspect.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+		}
+		if err := s.runaways.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 	}
@@ -181,6 +190,7 @@ func (s *Server) Register(g *grpc.Server) {
 	pb.RegisterResourceGroupServiceServer(g, s)
 	pb.RegisterTokenServiceServer(g, s)
 	pb.RegisterInspectServiceServer(g, inspectService{s: s})
+	pb.RegisterRunawayServiceServer(g, runawayService{s: s})
 }
 
 func (s *Server) now() time.Time { return s.cfg.Now() }
@@ -391,6 +401,12 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 		states[strings.TrimPrefix(string(kv.Key), keyStates)] = st
 	}
 	resp = nil
+	// The runaway history of earlier terms; bounded, like the chores below.
+	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+	if err := s.loadRunaways(clientv3.WithRequireLeader(lctx), rev); err != nil {
+		s.log.Warn("loading the runaway history", "err", err)
+	}
+	lcancel()
 	// The new allocator is built once per term, under mu: no grant is
 	// served until leader is set below, only scrapes wait.
 	now := s.now()
@@ -559,6 +575,17 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 				}
 				s.log.Warn("persist bucket states", "err", err)
 			}
+			pctx, cancel = context.WithTimeout(ctx, min(s.cfg.PersistInterval, 2*time.Second))
+			err = s.persistRunaways(clientv3.WithRequireLeader(pctx))
+			cancel()
+			if err != nil {
+				if errors.Is(err, ErrNotLeader) {
+					s.stepDown()
+					s.log.Warn("lost leadership: fenced write refused", "election_key", el.Key())
+					return
+				}
+				s.log.Warn("persist runaway history", "err", err)
+			}
 		case <-expire.C:
 			now := s.now()
 			expiry := s.cfg.Alloc.withDefaults().ClientExpiry
@@ -566,6 +593,9 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 			s.walkGroups(func(b *Bucket) { n += b.expire(now, expiry) })
 			if n > 0 {
 				s.log.Debug("expired proxy slots", "n", n)
+			}
+			if n := s.runaways.expire(now); n > 0 {
+				s.log.Debug("expired runaway history rows", "n", n)
 			}
 		}
 		if !s.leader.Load() {
@@ -624,6 +654,9 @@ func (s *Server) handOver(el *concurrency.Election) {
 	defer cancel()
 	if err := s.persist(wctx, true); err != nil {
 		s.log.Warn("persist on shutdown", "err", err)
+	}
+	if err := s.persistRunaways(wctx); err != nil {
+		s.log.Warn("persist runaway history on shutdown", "err", err)
 	}
 	s.stepDown()
 	s.orphan.Store(false)

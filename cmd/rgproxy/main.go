@@ -124,6 +124,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			Cost:            cfg.RU,
 			Killer:          killer,
 			Cluster:         tc,
+			Runaways:        tc,
 			Roles:           roles,
 			ProxyID:         proxyID(cfg),
 			Settings:        policySettings(cfg),
@@ -170,6 +171,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		// Cluster-wide views name this proxy by the address clients reach.
 		if err := tc.StartInspect(instanceName(ln.Addr()), rp); err != nil {
 			logger.Warn("cluster-wide views will not show this proxy", "err", err)
+		}
+		if err := tc.StartRunawayHistory(instanceName(ln.Addr())); err != nil {
+			logger.Warn("the runaway history will not show this proxy's events", "err", err)
 		}
 	}
 	handler, err := statusHandler(metrics, func(ctx context.Context) (readiness, error) {

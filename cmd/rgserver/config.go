@@ -48,6 +48,9 @@ type config struct {
 	// PersistInterval is how often the leader saves the bucket states that
 	// changed. Default 5s.
 	PersistInterval time.Duration `toml:"persist-interval"`
+	// RunawayHistoryRetention is how long the runaway history keeps a row
+	// after its last event. Default 168h.
+	RunawayHistoryRetention time.Duration `toml:"runaway-history-retention"`
 	// EtcdCompactionRetention is the history the embedded member keeps
 	// (periodic compaction). Default 1h.
 	EtcdCompactionRetention time.Duration `toml:"etcd-compaction-retention"`
@@ -100,6 +103,7 @@ func defaultConfig() config {
 		TLSProxyMaxStreams: 1,
 
 		PersistInterval:         tokenserver.DefaultPersistInterval,
+		RunawayHistoryRetention: tokenserver.DefaultRunawayRetention,
 		EtcdCompactionRetention: tokenserver.DefaultCompactionRetention,
 		EtcdQuotaBackendBytes:   tokenserver.DefaultQuotaBackendBytes,
 	}
@@ -120,6 +124,7 @@ func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
 	fs.DurationVar(&c.ElectionTTL, "election-ttl", c.ElectionTTL, "leader session TTL; a dead leader is replaced after about this long")
 	fs.DurationVar(&c.ClientExpiry, "client-expiry", c.ClientExpiry, "drop a silent proxy's share after this long")
 	fs.DurationVar(&c.PersistInterval, "persist-interval", c.PersistInterval, "how often the leader saves the bucket states that changed to etcd")
+	fs.DurationVar(&c.RunawayHistoryRetention, "runaway-history-retention", c.RunawayHistoryRetention, "how long information_schema.runaway_queries keeps a row after its last event")
 	fs.DurationVar(&c.EtcdCompactionRetention, "etcd-compaction-retention", c.EtcdCompactionRetention, "history the embedded etcd member keeps; it compacts older revisions periodically")
 	fs.Int64Var(&c.EtcdQuotaBackendBytes, "etcd-quota-backend-bytes", c.EtcdQuotaBackendBytes, "embedded etcd's database quota in bytes; beyond it etcd raises NOSPACE and refuses writes")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate for gRPC TLS")
@@ -198,6 +203,8 @@ func (c *config) check() error {
 		return fmt.Errorf("%w: --client-expiry must be positive", errUsage)
 	case c.PersistInterval <= 0:
 		return fmt.Errorf("%w: --persist-interval must be positive", errUsage)
+	case c.RunawayHistoryRetention <= 0:
+		return fmt.Errorf("%w: --runaway-history-retention must be positive", errUsage)
 	case c.EtcdCompactionRetention <= 0:
 		return fmt.Errorf("%w: --etcd-compaction-retention must be positive", errUsage)
 	case c.EtcdQuotaBackendBytes <= 0:

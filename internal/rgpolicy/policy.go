@@ -127,6 +127,10 @@ type Config struct {
 	// Cluster gathers the cluster-wide views through rgserver
 	// (tokenclient.Client); nil = they answer an error (cluster.go).
 	Cluster ClusterInspector
+	// Runaways keeps the runaway history through rgserver
+	// (tokenclient.Client); nil = runaway_queries answers an error
+	// (history.go).
+	Runaways RunawayHistory
 	// ProxyID names this proxy as the source of the watches it adds.
 	ProxyID string
 	// Settings are the reloadable settings.
@@ -168,6 +172,7 @@ type Policy struct {
 	cost     ru.Config
 	killer   Killer
 	cluster  ClusterInspector
+	history  RunawayHistory
 	roles    RoleChecker
 	proxyID  string
 	settings atomic.Pointer[Settings]
@@ -224,6 +229,7 @@ func New(cfg Config) (*Policy, error) {
 		cost:      cfg.Cost,
 		killer:    cfg.Killer,
 		cluster:   cfg.Cluster,
+		history:   cfg.Runaways,
 		roles:     cfg.Roles,
 		proxyID:   cfg.ProxyID,
 		cooldown:  make(chan struct{}, 1),
@@ -297,7 +303,7 @@ func (p *Policy) CPUSourceInForce() string { return p.cpu.inForce().String() }
 func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
-		"cluster_statements_summary", "cluster_resource_group_usage"}
+		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries"}
 }
 
 // Open implements mysqlproto.Policy.

@@ -78,6 +78,7 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 		gd.cpu, gd.cpuStart = s.cpu.f, cpuStart
 	}
 	connID := s.connID
+	acct := s.account() // read on the session's goroutine
 	if q.Watch != resourcegroup.WatchNone {
 		query = strings.Clone(query) // kept past the statement
 	}
@@ -101,6 +102,9 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 			s.p.logger.Info("runaway statement", "resource_group", gd.group, "action", action,
 				"exec_elapsed", gd.rule.ExecElapsed, "ru", gd.rule.RU, "backend_connection", connID)
 		}
+		// The session waits for done before its next command: query is
+		// still the statement's text here.
+		s.recordRunaway(acct, gd.group, "IDENTIFY", action, gd.rule.SwitchGroup, limitRule(gd.rule), query, digestOf(query, mode))
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
 			go s.p.addWatch(gd.group, gd.rule, query, mode)
 		}
@@ -286,6 +290,13 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	}
 	s.p.metrics.runaway.WithLabelValues(s.cur.group, w.Action.String()).Inc()
 	s.cur.watched = true
+	if s.p.history != nil {
+		h := mysqlproto.HashDigest(digest)
+		if digest == "" {
+			h = digestOf(st.Query, st.Mode())
+		}
+		s.recordRunaway(s.account(), s.cur.group, "WATCH", w.Action.String(), w.SwitchGroup, watchRule(w), st.Query, h)
+	}
 	switch w.Action {
 	case resourcegroup.ActionKill:
 		// Recorded with what it would have cost (SHOW LAST STATEMENT RU).

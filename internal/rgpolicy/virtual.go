@@ -42,7 +42,8 @@ const (
 // isVirtualTable reports whether name (any case) is a virtual table.
 func isVirtualTable(name string) bool {
 	switch strings.ToLower(name) {
-	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings, vtClusterSummary, vtClusterUsage:
+	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings, vtClusterSummary, vtClusterUsage,
+		vtRunawayQueries:
 		return true
 	}
 	return false
@@ -383,6 +384,8 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 		return s.bindingsTable(ctx, be)
 	case vtClusterSummary, vtClusterUsage:
 		return s.clusterTable(ctx, be, name)
+	case vtRunawayQueries:
+		return s.runawayTable(ctx, be)
 	}
 	return nil, resourcegroup.NewUnsupported("information_schema." + name)
 }
@@ -553,7 +556,7 @@ var virtualMentions = func() uint64 {
 	for i, w := range ScanWords() {
 		switch w {
 		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings,
-			vtClusterSummary, vtClusterUsage:
+			vtClusterSummary, vtClusterUsage, vtRunawayQueries:
 			m |= 1 << i
 		}
 	}

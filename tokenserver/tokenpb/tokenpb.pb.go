@@ -3341,6 +3341,482 @@ func (x *ClusterInspectResponse) GetNotLeader() *NotLeader {
 	return nil
 }
 
+// RunawayEvent is one runaway statement a proxy saw (runaway history,
+// information_schema.runaway_queries).
+type RunawayEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The group, a valid group name.
+	ResourceGroup string `protobuf:"bytes,1,opt,name=resource_group,json=resourceGroup,proto3" json:"resource_group,omitempty"`
+	// When the statement was identified as runaway (ms since the epoch).
+	TimeUnixMs int64 `protobuf:"varint,2,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	// The account that ran it ("user@host", or "user" when the host is not
+	// known), at most 256 bytes.
+	Account string `protobuf:"bytes,3,opt,name=account,proto3" json:"account,omitempty"`
+	// The statement's digest, 16 hex digits.
+	SqlDigest string `protobuf:"bytes,4,opt,name=sql_digest,json=sqlDigest,proto3" json:"sql_digest,omitempty"`
+	// The statement's text, cut to 1,024 bytes of UTF-8.
+	SampleSql string `protobuf:"bytes,5,opt,name=sample_sql,json=sampleSql,proto3" json:"sample_sql,omitempty"`
+	// "IDENTIFY" (it crossed its group's QUERY_LIMIT) or "WATCH" (it matched
+	// a runaway watch).
+	MatchType string `protobuf:"bytes,6,opt,name=match_type,json=matchType,proto3" json:"match_type,omitempty"`
+	// KILL, DRYRUN, COOLDOWN or SWITCH_GROUP(<group>).
+	Action string `protobuf:"bytes,7,opt,name=action,proto3" json:"action,omitempty"`
+	// The rule: the QUERY_LIMIT that was crossed, or the watch matched; at
+	// most 256 bytes.
+	Rule          string `protobuf:"bytes,8,opt,name=rule,proto3" json:"rule,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunawayEvent) Reset() {
+	*x = RunawayEvent{}
+	mi := &file_tokenpb_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunawayEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunawayEvent) ProtoMessage() {}
+
+func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunawayEvent.ProtoReflect.Descriptor instead.
+func (*RunawayEvent) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *RunawayEvent) GetResourceGroup() string {
+	if x != nil {
+		return x.ResourceGroup
+	}
+	return ""
+}
+
+func (x *RunawayEvent) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *RunawayEvent) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+func (x *RunawayEvent) GetSqlDigest() string {
+	if x != nil {
+		return x.SqlDigest
+	}
+	return ""
+}
+
+func (x *RunawayEvent) GetSampleSql() string {
+	if x != nil {
+		return x.SampleSql
+	}
+	return ""
+}
+
+func (x *RunawayEvent) GetMatchType() string {
+	if x != nil {
+		return x.MatchType
+	}
+	return ""
+}
+
+func (x *RunawayEvent) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *RunawayEvent) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+type RecordRunawaysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What history shows as INSTANCE: the proxy's MySQL address, 1 to 256
+	// bytes.
+	Instance string `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	// At most 1,000 events.
+	Events        []*RunawayEvent `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordRunawaysRequest) Reset() {
+	*x = RecordRunawaysRequest{}
+	mi := &file_tokenpb_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordRunawaysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordRunawaysRequest) ProtoMessage() {}
+
+func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordRunawaysRequest.ProtoReflect.Descriptor instead.
+func (*RecordRunawaysRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *RecordRunawaysRequest) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *RecordRunawaysRequest) GetEvents() []*RunawayEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type RecordRunawaysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Events kept (joined to a row or new rows); the others were malformed.
+	Accepted uint32 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// Set when this replica is not the leader: nothing was recorded.
+	NotLeader     *NotLeader `protobuf:"bytes,2,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordRunawaysResponse) Reset() {
+	*x = RecordRunawaysResponse{}
+	mi := &file_tokenpb_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordRunawaysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordRunawaysResponse) ProtoMessage() {}
+
+func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordRunawaysResponse.ProtoReflect.Descriptor instead.
+func (*RecordRunawaysResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *RecordRunawaysResponse) GetAccepted() uint32 {
+	if x != nil {
+		return x.Accepted
+	}
+	return 0
+}
+
+func (x *RecordRunawaysResponse) GetNotLeader() *NotLeader {
+	if x != nil {
+		return x.NotLeader
+	}
+	return nil
+}
+
+type ListRunawaysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every group's rows; else only those of groups (at most 1,000 names).
+	AllGroups bool     `protobuf:"varint,1,opt,name=all_groups,json=allGroups,proto3" json:"all_groups,omitempty"`
+	Groups    []string `protobuf:"bytes,2,rep,name=groups,proto3" json:"groups,omitempty"`
+	// At most this many rows, the newest first; 0 or more than 100,000 =
+	// 100,000.
+	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRunawaysRequest) Reset() {
+	*x = ListRunawaysRequest{}
+	mi := &file_tokenpb_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRunawaysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRunawaysRequest) ProtoMessage() {}
+
+func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRunawaysRequest.ProtoReflect.Descriptor instead.
+func (*ListRunawaysRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ListRunawaysRequest) GetAllGroups() bool {
+	if x != nil {
+		return x.AllGroups
+	}
+	return false
+}
+
+func (x *ListRunawaysRequest) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *ListRunawaysRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// RunawayRow is one row of the history: the events of one (instance,
+// group, digest, match type, action, rule) within ten minutes of the row's
+// start, collapsed.
+type RunawayRow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instance      string                 `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	ResourceGroup string                 `protobuf:"bytes,2,opt,name=resource_group,json=resourceGroup,proto3" json:"resource_group,omitempty"`
+	StartUnixMs   int64                  `protobuf:"varint,3,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
+	LastUnixMs    int64                  `protobuf:"varint,4,opt,name=last_unix_ms,json=lastUnixMs,proto3" json:"last_unix_ms,omitempty"`
+	Repeats       uint64                 `protobuf:"varint,5,opt,name=repeats,proto3" json:"repeats,omitempty"`
+	MatchType     string                 `protobuf:"bytes,6,opt,name=match_type,json=matchType,proto3" json:"match_type,omitempty"`
+	Action        string                 `protobuf:"bytes,7,opt,name=action,proto3" json:"action,omitempty"`
+	Rule          string                 `protobuf:"bytes,8,opt,name=rule,proto3" json:"rule,omitempty"`
+	SqlDigest     string                 `protobuf:"bytes,9,opt,name=sql_digest,json=sqlDigest,proto3" json:"sql_digest,omitempty"`
+	// The first event's text and account.
+	SampleSql     string `protobuf:"bytes,10,opt,name=sample_sql,json=sampleSql,proto3" json:"sample_sql,omitempty"`
+	Account       string `protobuf:"bytes,11,opt,name=account,proto3" json:"account,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunawayRow) Reset() {
+	*x = RunawayRow{}
+	mi := &file_tokenpb_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunawayRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunawayRow) ProtoMessage() {}
+
+func (x *RunawayRow) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunawayRow.ProtoReflect.Descriptor instead.
+func (*RunawayRow) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *RunawayRow) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *RunawayRow) GetResourceGroup() string {
+	if x != nil {
+		return x.ResourceGroup
+	}
+	return ""
+}
+
+func (x *RunawayRow) GetStartUnixMs() int64 {
+	if x != nil {
+		return x.StartUnixMs
+	}
+	return 0
+}
+
+func (x *RunawayRow) GetLastUnixMs() int64 {
+	if x != nil {
+		return x.LastUnixMs
+	}
+	return 0
+}
+
+func (x *RunawayRow) GetRepeats() uint64 {
+	if x != nil {
+		return x.Repeats
+	}
+	return 0
+}
+
+func (x *RunawayRow) GetMatchType() string {
+	if x != nil {
+		return x.MatchType
+	}
+	return ""
+}
+
+func (x *RunawayRow) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *RunawayRow) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *RunawayRow) GetSqlDigest() string {
+	if x != nil {
+		return x.SqlDigest
+	}
+	return ""
+}
+
+func (x *RunawayRow) GetSampleSql() string {
+	if x != nil {
+		return x.SampleSql
+	}
+	return ""
+}
+
+func (x *RunawayRow) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+type ListRunawaysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest (by last_unix_ms) first.
+	Rows []*RunawayRow `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	// Rows were left out (limit, or the answer's size bound).
+	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// Set when this replica is not the leader: ask leader_addr.
+	NotLeader     *NotLeader `protobuf:"bytes,3,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRunawaysResponse) Reset() {
+	*x = ListRunawaysResponse{}
+	mi := &file_tokenpb_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRunawaysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRunawaysResponse) ProtoMessage() {}
+
+func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRunawaysResponse.ProtoReflect.Descriptor instead.
+func (*ListRunawaysResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ListRunawaysResponse) GetRows() []*RunawayRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *ListRunawaysResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *ListRunawaysResponse) GetNotLeader() *NotLeader {
+	if x != nil {
+		return x.NotLeader
+	}
+	return nil
+}
+
 var File_tokenpb_proto protoreflect.FileDescriptor
 
 const file_tokenpb_proto_rawDesc = "" +
@@ -3575,6 +4051,54 @@ const file_tokenpb_proto_rawDesc = "" +
 	"unanswered\x18\x02 \x03(\tR\n" +
 	"unanswered\x12:\n" +
 	"\n" +
+	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\xfa\x01\n" +
+	"\fRunawayEvent\x12%\n" +
+	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12 \n" +
+	"\ftime_unix_ms\x18\x02 \x01(\x03R\n" +
+	"timeUnixMs\x12\x18\n" +
+	"\aaccount\x18\x03 \x01(\tR\aaccount\x12\x1d\n" +
+	"\n" +
+	"sql_digest\x18\x04 \x01(\tR\tsqlDigest\x12\x1d\n" +
+	"\n" +
+	"sample_sql\x18\x05 \x01(\tR\tsampleSql\x12\x1d\n" +
+	"\n" +
+	"match_type\x18\x06 \x01(\tR\tmatchType\x12\x16\n" +
+	"\x06action\x18\a \x01(\tR\x06action\x12\x12\n" +
+	"\x04rule\x18\b \x01(\tR\x04rule\"k\n" +
+	"\x15RecordRunawaysRequest\x12\x1a\n" +
+	"\binstance\x18\x01 \x01(\tR\binstance\x126\n" +
+	"\x06events\x18\x02 \x03(\v2\x1e.rgproxy.token.v1.RunawayEventR\x06events\"p\n" +
+	"\x16RecordRunawaysResponse\x12\x1a\n" +
+	"\baccepted\x18\x01 \x01(\rR\baccepted\x12:\n" +
+	"\n" +
+	"not_leader\x18\x02 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"b\n" +
+	"\x13ListRunawaysRequest\x12\x1d\n" +
+	"\n" +
+	"all_groups\x18\x01 \x01(\bR\tallGroups\x12\x16\n" +
+	"\x06groups\x18\x02 \x03(\tR\x06groups\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"\xd2\x02\n" +
+	"\n" +
+	"RunawayRow\x12\x1a\n" +
+	"\binstance\x18\x01 \x01(\tR\binstance\x12%\n" +
+	"\x0eresource_group\x18\x02 \x01(\tR\rresourceGroup\x12\"\n" +
+	"\rstart_unix_ms\x18\x03 \x01(\x03R\vstartUnixMs\x12 \n" +
+	"\flast_unix_ms\x18\x04 \x01(\x03R\n" +
+	"lastUnixMs\x12\x18\n" +
+	"\arepeats\x18\x05 \x01(\x04R\arepeats\x12\x1d\n" +
+	"\n" +
+	"match_type\x18\x06 \x01(\tR\tmatchType\x12\x16\n" +
+	"\x06action\x18\a \x01(\tR\x06action\x12\x12\n" +
+	"\x04rule\x18\b \x01(\tR\x04rule\x12\x1d\n" +
+	"\n" +
+	"sql_digest\x18\t \x01(\tR\tsqlDigest\x12\x1d\n" +
+	"\n" +
+	"sample_sql\x18\n" +
+	" \x01(\tR\tsampleSql\x12\x18\n" +
+	"\aaccount\x18\v \x01(\tR\aaccount\"\xa2\x01\n" +
+	"\x14ListRunawaysResponse\x120\n" +
+	"\x04rows\x18\x01 \x03(\v2\x1c.rgproxy.token.v1.RunawayRowR\x04rows\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12:\n" +
+	"\n" +
 	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader*D\n" +
 	"\bPriority\x12\x13\n" +
 	"\x0fPRIORITY_MEDIUM\x10\x00\x12\x10\n" +
@@ -3626,7 +4150,10 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\rAcquireTokens\x12\x1e.rgproxy.token.v1.TokenRequest\x1a\x1f.rgproxy.token.v1.TokenResponse(\x010\x012\xc6\x01\n" +
 	"\x0eInspectService\x12O\n" +
 	"\aInspect\x12\x1e.rgproxy.token.v1.InspectReply\x1a .rgproxy.token.v1.InspectRequest(\x010\x01\x12c\n" +
-	"\x0eClusterInspect\x12'.rgproxy.token.v1.ClusterInspectRequest\x1a(.rgproxy.token.v1.ClusterInspectResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
+	"\x0eClusterInspect\x12'.rgproxy.token.v1.ClusterInspectRequest\x1a(.rgproxy.token.v1.ClusterInspectResponse2\xd4\x01\n" +
+	"\x0eRunawayService\x12c\n" +
+	"\x0eRecordRunaways\x12'.rgproxy.token.v1.RecordRunawaysRequest\x1a(.rgproxy.token.v1.RecordRunawaysResponse\x12]\n" +
+	"\fListRunaways\x12%.rgproxy.token.v1.ListRunawaysRequest\x1a&.rgproxy.token.v1.ListRunawaysResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
 
 var (
 	file_tokenpb_proto_rawDescOnce sync.Once
@@ -3641,7 +4168,7 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_tokenpb_proto_goTypes = []any{
 	(Priority)(0),                  // 0: rgproxy.token.v1.Priority
 	(BurstMode)(0),                 // 1: rgproxy.token.v1.BurstMode
@@ -3696,6 +4223,12 @@ var file_tokenpb_proto_goTypes = []any{
 	(*ClusterInspectRequest)(nil),  // 50: rgproxy.token.v1.ClusterInspectRequest
 	(*InstanceRows)(nil),           // 51: rgproxy.token.v1.InstanceRows
 	(*ClusterInspectResponse)(nil), // 52: rgproxy.token.v1.ClusterInspectResponse
+	(*RunawayEvent)(nil),           // 53: rgproxy.token.v1.RunawayEvent
+	(*RecordRunawaysRequest)(nil),  // 54: rgproxy.token.v1.RecordRunawaysRequest
+	(*RecordRunawaysResponse)(nil), // 55: rgproxy.token.v1.RecordRunawaysResponse
+	(*ListRunawaysRequest)(nil),    // 56: rgproxy.token.v1.ListRunawaysRequest
+	(*RunawayRow)(nil),             // 57: rgproxy.token.v1.RunawayRow
+	(*ListRunawaysResponse)(nil),   // 58: rgproxy.token.v1.ListRunawaysResponse
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
@@ -3738,43 +4271,51 @@ var file_tokenpb_proto_depIdxs = []int32{
 	46, // 37: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
 	51, // 38: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
 	43, // 39: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	10, // 40: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	12, // 41: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	14, // 42: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	16, // 43: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	18, // 44: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	20, // 45: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	22, // 46: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	24, // 47: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	26, // 48: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	29, // 49: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
-	31, // 50: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
-	33, // 51: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
-	35, // 52: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	40, // 53: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	49, // 54: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
-	50, // 55: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
-	11, // 56: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	13, // 57: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	15, // 58: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	17, // 59: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	19, // 60: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	21, // 61: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	23, // 62: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	25, // 63: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	27, // 64: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	30, // 65: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	32, // 66: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	34, // 67: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	37, // 68: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	44, // 69: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	47, // 70: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
-	52, // 71: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
-	56, // [56:72] is the sub-list for method output_type
-	40, // [40:56] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	53, // 40: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
+	43, // 41: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	57, // 42: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
+	43, // 43: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	10, // 44: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	12, // 45: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	14, // 46: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	16, // 47: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	18, // 48: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	20, // 49: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	22, // 50: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	24, // 51: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	26, // 52: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	29, // 53: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	31, // 54: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	33, // 55: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	35, // 56: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	40, // 57: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	49, // 58: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
+	50, // 59: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
+	54, // 60: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
+	56, // 61: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
+	11, // 62: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	13, // 63: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	15, // 64: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	17, // 65: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	19, // 66: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	21, // 67: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	23, // 68: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	25, // 69: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	27, // 70: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	30, // 71: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	32, // 72: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	34, // 73: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	37, // 74: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	44, // 75: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	47, // 76: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
+	52, // 77: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
+	55, // 78: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
+	58, // 79: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
+	62, // [62:80] is the sub-list for method output_type
+	44, // [44:62] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -3788,9 +4329,9 @@ func file_tokenpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   46,
+			NumMessages:   52,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_tokenpb_proto_goTypes,
 		DependencyIndexes: file_tokenpb_proto_depIdxs,

@@ -864,3 +864,153 @@ var InspectService_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "tokenpb.proto",
 }
+
+const (
+	RunawayService_RecordRunaways_FullMethodName = "/rgproxy.token.v1.RunawayService/RecordRunaways"
+	RunawayService_ListRunaways_FullMethodName   = "/rgproxy.token.v1.RunawayService/ListRunaways"
+)
+
+// RunawayServiceClient is the client API for RunawayService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// RunawayService keeps the runaway history on the leader (docs/design.md
+// §7.9). Both RPCs are open to proxy and administrator credentials.
+type RunawayServiceClient interface {
+	// RecordRunaways adds a proxy's runaway events to the history.
+	RecordRunaways(ctx context.Context, in *RecordRunawaysRequest, opts ...grpc.CallOption) (*RecordRunawaysResponse, error)
+	// ListRunaways reads the history.
+	ListRunaways(ctx context.Context, in *ListRunawaysRequest, opts ...grpc.CallOption) (*ListRunawaysResponse, error)
+}
+
+type runawayServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewRunawayServiceClient(cc grpc.ClientConnInterface) RunawayServiceClient {
+	return &runawayServiceClient{cc}
+}
+
+func (c *runawayServiceClient) RecordRunaways(ctx context.Context, in *RecordRunawaysRequest, opts ...grpc.CallOption) (*RecordRunawaysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecordRunawaysResponse)
+	err := c.cc.Invoke(ctx, RunawayService_RecordRunaways_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runawayServiceClient) ListRunaways(ctx context.Context, in *ListRunawaysRequest, opts ...grpc.CallOption) (*ListRunawaysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRunawaysResponse)
+	err := c.cc.Invoke(ctx, RunawayService_ListRunaways_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// RunawayServiceServer is the server API for RunawayService service.
+// All implementations must embed UnimplementedRunawayServiceServer
+// for forward compatibility.
+//
+// RunawayService keeps the runaway history on the leader (docs/design.md
+// §7.9). Both RPCs are open to proxy and administrator credentials.
+type RunawayServiceServer interface {
+	// RecordRunaways adds a proxy's runaway events to the history.
+	RecordRunaways(context.Context, *RecordRunawaysRequest) (*RecordRunawaysResponse, error)
+	// ListRunaways reads the history.
+	ListRunaways(context.Context, *ListRunawaysRequest) (*ListRunawaysResponse, error)
+	mustEmbedUnimplementedRunawayServiceServer()
+}
+
+// UnimplementedRunawayServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedRunawayServiceServer struct{}
+
+func (UnimplementedRunawayServiceServer) RecordRunaways(context.Context, *RecordRunawaysRequest) (*RecordRunawaysResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RecordRunaways not implemented")
+}
+func (UnimplementedRunawayServiceServer) ListRunaways(context.Context, *ListRunawaysRequest) (*ListRunawaysResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListRunaways not implemented")
+}
+func (UnimplementedRunawayServiceServer) mustEmbedUnimplementedRunawayServiceServer() {}
+func (UnimplementedRunawayServiceServer) testEmbeddedByValue()                        {}
+
+// UnsafeRunawayServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to RunawayServiceServer will
+// result in compilation errors.
+type UnsafeRunawayServiceServer interface {
+	mustEmbedUnimplementedRunawayServiceServer()
+}
+
+func RegisterRunawayServiceServer(s grpc.ServiceRegistrar, srv RunawayServiceServer) {
+	// If the following call pancis, it indicates UnimplementedRunawayServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&RunawayService_ServiceDesc, srv)
+}
+
+func _RunawayService_RecordRunaways_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordRunawaysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunawayServiceServer).RecordRunaways(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunawayService_RecordRunaways_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunawayServiceServer).RecordRunaways(ctx, req.(*RecordRunawaysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunawayService_ListRunaways_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRunawaysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunawayServiceServer).ListRunaways(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunawayService_ListRunaways_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunawayServiceServer).ListRunaways(ctx, req.(*ListRunawaysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// RunawayService_ServiceDesc is the grpc.ServiceDesc for RunawayService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var RunawayService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "rgproxy.token.v1.RunawayService",
+	HandlerType: (*RunawayServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "RecordRunaways",
+			Handler:    _RunawayService_RecordRunaways_Handler,
+		},
+		{
+			MethodName: "ListRunaways",
+			Handler:    _RunawayService_ListRunaways_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "tokenpb.proto",
+}
