@@ -162,6 +162,9 @@ func TestPolicyOutcomes(t *testing.T) {
 		t.Errorf("Open got %+v, backend connection %d", pol.opens, backendID)
 	}
 	pol.mu.Unlock()
+	// After runs in order, once the reply is on its way: when the last
+	// statement's outcome is in, so are the others'.
+	pol.waitOutcome(t, "SELECT v FROM pol WHERE id = 1")
 	byQuery := map[string]recStmt{}
 	for _, r := range pol.outcomes() {
 		byQuery[r.st.Query] = r
