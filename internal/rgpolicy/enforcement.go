@@ -50,9 +50,9 @@ func (p *Policy) QueryLimitUnenforced() []string {
 	return nil
 }
 
-// watchEnforcement keeps the unenforced groups up to date until ctx ends:
+// followEnforcement keeps the unenforced groups up to date until ctx ends:
 // at once, then whenever the cached groups change.
-func (p *Policy) watchEnforcement(ctx context.Context) {
+func (p *Policy) followEnforcement(ctx context.Context) {
 	gen := p.tokens.CacheGeneration() - 1 // differs: the first look is now
 	for {
 		if g := p.tokens.CacheGeneration(); g != gen {

@@ -259,7 +259,7 @@ func New(cfg Config) (*Policy, error) {
 // the KILL rules this proxy cannot carry out. It returns when ctx ends.
 func (p *Policy) Run(ctx context.Context) {
 	if p.killer == nil {
-		go p.watchEnforcement(ctx)
+		go p.followEnforcement(ctx)
 	}
 	every := min(p.idle/4, time.Minute)
 	for {
