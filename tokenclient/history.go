@@ -106,8 +106,8 @@ func (c *Client) RecordRunaway(e RunawayEvent) {
 // leader in the background, until Close, as instance (the proxy's MySQL
 // address, at most 256 bytes). Call it once, after Start.
 func (c *Client) StartRunawayHistory(instance string) error {
-	if instance == "" || len(instance) > 256 {
-		return fmt.Errorf("%w: runaway history instance %q: want 1 to 256 bytes", ErrConfig, instance)
+	if err := checkInstance("runaway history", instance); err != nil {
+		return err
 	}
 	c.runaways.mu.Lock()
 	started := c.runaways.instance != ""
@@ -116,15 +116,7 @@ func (c *Client) StartRunawayHistory(instance string) error {
 	if started {
 		return errors.New("tokenclient: StartRunawayHistory called twice")
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || c.runCtx == nil {
-		return fmt.Errorf("tokenclient: runaway history: %w", ErrClosed)
-	}
-	ctx := c.runCtx
-	c.wg.Add(1)
-	go func() { defer c.wg.Done(); c.runawayLoop(ctx, instance) }()
-	return nil
+	return c.startLoop("runaway history", func(ctx context.Context) { c.runawayLoop(ctx, instance) })
 }
 
 // runawayLoop sends batches until ctx ends; a batch rgserver did not

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -125,8 +123,8 @@ func (s *inspectState) leader() string {
 // this proxy answers cluster views as instance (its MySQL address, at
 // most 256 bytes) with in's rows. Call it once, after Start.
 func (c *Client) StartInspect(instance string, in Inspector) error {
-	if instance == "" || len(instance) > 256 {
-		return fmt.Errorf("%w: inspect instance %q: want 1 to 256 bytes", ErrConfig, instance)
+	if err := checkInstance("inspect", instance); err != nil {
+		return err
 	}
 	c.insp.mu.Lock()
 	started := c.insp.started
@@ -135,14 +133,30 @@ func (c *Client) StartInspect(instance string, in Inspector) error {
 	if started {
 		return fmt.Errorf("tokenclient: StartInspect called twice")
 	}
+	return c.startLoop("inspect", func(ctx context.Context) { c.inspectLoop(ctx, instance, in) })
+}
+
+// checkInstance checks an instance name a background loop reports under
+// (the proxy's MySQL address): 1 to 256 bytes, as rgserver takes them.
+func checkInstance(what, instance string) error {
+	if instance == "" || len(instance) > 256 {
+		return fmt.Errorf("%w: %s instance %q: want 1 to 256 bytes", ErrConfig, what, instance)
+	}
+	return nil
+}
+
+// startLoop runs loop in the background with the client's run context,
+// until Close; what names it in the error of a closed (or not started)
+// client.
+func (c *Client) startLoop(what string, loop func(ctx context.Context)) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.runCtx == nil {
-		return fmt.Errorf("tokenclient: inspect: %w", ErrClosed)
+		return fmt.Errorf("tokenclient: %s: %w", what, ErrClosed)
 	}
 	ctx := c.runCtx
 	c.wg.Add(1)
-	go func() { defer c.wg.Done(); c.inspectLoop(ctx, instance, in) }()
+	go func() { defer c.wg.Done(); loop(ctx) }()
 	return nil
 }
 
@@ -328,14 +342,7 @@ func (c *Client) clusterInspectAt(ctx context.Context, addr string, req *tokenpb
 }
 
 func summaryToPB(s StatementSummary) *tokenpb.StatementSummaryRow {
-	text := strings.ToValidUTF8(s.DigestText, "\uFFFD")
-	if len(text) > inspectDigestTextMax {
-		cut := inspectDigestTextMax
-		for cut > 0 && !utf8.RuneStart(text[cut]) {
-			cut--
-		}
-		text = text[:cut]
-	}
+	text := cutUTF8(s.DigestText, inspectDigestTextMax)
 	return &tokenpb.StatementSummaryRow{
 		ResourceGroup: s.Group, Digest: s.Digest, DigestText: text,
 		ExecCount: s.ExecCount, SumLatencyNs: int64(s.SumLatency), MaxLatencyNs: int64(s.MaxLatency),
