@@ -4,7 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/rgproxy/rgproxy/internal/textcut"
 )
 
 // Sentinel errors. Every error this package returns is an *Error whose Err is
@@ -89,14 +90,7 @@ func NewSyntaxWhy(sql string, pos int, why string) *Error {
 	}
 	line := 1 + strings.Count(sql[:pos], "\n")
 	near := sql[pos:]
-	if len(near) > syntaxNearMax {
-		cut := syntaxNearMax
-		// Do not split a UTF-8 character.
-		for cut > 0 && !utf8.RuneStart(near[cut]) {
-			cut--
-		}
-		near = near[:cut]
-	}
+	near = textcut.Prefix(near, syntaxNearMax)
 	msg := fmt.Sprintf("You have an error in your SQL syntax; check the manual that corresponds to your rgproxy version for the right syntax to use near '%s' at line %d",
 		near, line)
 	if why != "" {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rgproxy/rgproxy/internal/clock"
+	"github.com/rgproxy/rgproxy/internal/netaddr"
 )
 
 // Sentinel errors of this package.
@@ -155,7 +156,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	cfg.Servers = servers
 	if (cfg.AdminToken != "" || cfg.ProxyToken != "") && cfg.TLS == nil && !cfg.InsecureTokens {
 		for _, s := range servers {
-			if !isLoopback(s) {
+			if !netaddr.IsLoopback(s) {
 				return cfg, fmt.Errorf("%w: rgserver %s is not a loopback address: its credentials would travel in clear; dial it with TLS, or allow it explicitly", ErrConfig, s)
 			}
 		}

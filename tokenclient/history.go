@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rgproxy/rgproxy/internal/textcut"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -77,24 +76,12 @@ type runawaySender struct {
 	instance string
 }
 
-// cutUTF8 cuts s to at most n bytes at a UTF-8 boundary.
-func cutUTF8(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
-
 // RecordRunaway queues e for the history; it never blocks. Before
 // StartRunawayHistory, or with the queue full, e is dropped and counted.
 func (c *Client) RecordRunaway(e RunawayEvent) {
 	ev := &tokenpb.RunawayEvent{ResourceGroup: e.Group, TimeUnixMs: e.Time.UnixMilli(),
-		Account: cutUTF8(e.Account, runawayStringMax), SqlDigest: e.Digest, SampleSql: cutUTF8(e.SampleSQL, runawaySample),
-		MatchType: e.MatchType, Action: cutUTF8(e.Action, runawayStringMax/2), Rule: cutUTF8(e.Rule, runawayStringMax)}
+		Account: textcut.Valid(e.Account, runawayStringMax), SqlDigest: e.Digest, SampleSql: textcut.Valid(e.SampleSQL, runawaySample),
+		MatchType: e.MatchType, Action: textcut.Valid(e.Action, runawayStringMax/2), Rule: textcut.Valid(e.Rule, runawayStringMax)}
 	select {
 	case c.runaways.queue <- ev:
 	default:

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rgproxy/rgproxy/internal/textcut"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -342,7 +343,7 @@ func (c *Client) clusterInspectAt(ctx context.Context, addr string, req *tokenpb
 }
 
 func summaryToPB(s StatementSummary) *tokenpb.StatementSummaryRow {
-	text := cutUTF8(s.DigestText, inspectDigestTextMax)
+	text := textcut.Valid(s.DigestText, inspectDigestTextMax)
 	return &tokenpb.StatementSummaryRow{
 		ResourceGroup: s.Group, Digest: s.Digest, DigestText: text,
 		ExecCount: s.ExecCount, SumLatencyNs: int64(s.SumLatency), MaxLatencyNs: int64(s.MaxLatency),

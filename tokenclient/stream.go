@@ -7,11 +7,11 @@ import (
 	"github.com/pingcap/failpoint"
 	"math"
 	"math/rand/v2"
-	"net"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/netaddr"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
@@ -55,7 +55,7 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 		})}
 	if c.cfg.AdminToken != "" || c.cfg.ProxyToken != "" {
 		bc := bearerCreds{proxy: c.cfg.ProxyToken, admin: c.cfg.AdminToken,
-			requireTLS: !c.cfg.InsecureTokens && !isLoopback(addr)}
+			requireTLS: !c.cfg.InsecureTokens && !netaddr.IsLoopback(addr)}
 		if bc.requireTLS && c.cfg.TLS == nil {
 			// A NOT_LEADER redirect may name an address Config did not.
 			return nil, fmt.Errorf("%w: rgserver %s is not a loopback address: its credentials would travel in clear; dial it with TLS, or allow it explicitly", ErrConfig, addr)
@@ -92,20 +92,6 @@ func (b bearerCreds) GetRequestMetadata(ctx context.Context, _ ...string) (map[s
 }
 
 func (b bearerCreds) RequireTransportSecurity() bool { return b.requireTLS }
-
-// isLoopback reports whether addr (host:port) is on loopback: localhost
-// or a loopback IP.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
 
 // backoff is the wait before reconnect attempt n (1-based): exponential
 // from backoffMin to backoffMax, with jitter so proxies do not reconnect in

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/rgproxy/rgproxy/internal/textcut"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
@@ -244,19 +245,6 @@ func (h *runawayHistory) remove(r *runawayRow, reason string) {
 	h.dropped.WithLabelValues(reason).Inc()
 }
 
-// cut returns s cut to at most n bytes at a UTF-8 boundary, with bytes
-// that are not UTF-8 replaced.
-func cut(s string, n int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
-}
-
 // validEvent checks an event and returns it with its strings cut to
 // their bounds.
 func validEvent(e *pb.RunawayEvent) (*pb.RunawayEvent, error) {
@@ -269,7 +257,7 @@ func validEvent(e *pb.RunawayEvent) (*pb.RunawayEvent, error) {
 	switch e.GetMatchType() {
 	case "IDENTIFY", "WATCH":
 	default:
-		return nil, fmt.Errorf("match type %q: want IDENTIFY or WATCH", cut(e.GetMatchType(), 32))
+		return nil, fmt.Errorf("match type %q: want IDENTIFY or WATCH", textcut.Valid(e.GetMatchType(), 32))
 	}
 	if e.GetAction() == "" {
 		return nil, errors.New("no action")
@@ -277,12 +265,12 @@ func validEvent(e *pb.RunawayEvent) (*pb.RunawayEvent, error) {
 	return &pb.RunawayEvent{
 		ResourceGroup: resourcegroup.NormalizeName(e.GetResourceGroup()),
 		TimeUnixMs:    e.GetTimeUnixMs(),
-		Account:       cut(e.GetAccount(), maxRunawayAccount),
+		Account:       textcut.Valid(e.GetAccount(), maxRunawayAccount),
 		SqlDigest:     e.GetSqlDigest(),
-		SampleSql:     cut(e.GetSampleSql(), maxRunawaySample),
+		SampleSql:     textcut.Valid(e.GetSampleSql(), maxRunawaySample),
 		MatchType:     e.GetMatchType(),
-		Action:        cut(e.GetAction(), maxRunawayAction),
-		Rule:          cut(e.GetRule(), maxRunawayRule),
+		Action:        textcut.Valid(e.GetAction(), maxRunawayAction),
+		Rule:          textcut.Valid(e.GetRule(), maxRunawayRule),
 	}, nil
 }
 

@@ -6,10 +6,10 @@ import (
 	"net/http"
 	"slices"
 	"time"
-	"unicode/utf8"
 
 	"github.com/rgproxy/rgproxy/internal/rgpolicy"
 	"github.com/rgproxy/rgproxy/internal/statuspage"
+	"github.com/rgproxy/rgproxy/internal/textcut"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
 
@@ -154,7 +154,7 @@ func (c *consoleSource) snapshot(groups, shapes int) proxyConsole {
 	}
 	for _, s := range o.Shapes {
 		out.Shapes = append(out.Shapes, consoleShape{
-			Group: s.Group, Digest: s.Digest, DigestText: truncateText(s.DigestText, consoleDigestBytes),
+			Group: s.Group, Digest: s.Digest, DigestText: textcut.Marked(s.DigestText, consoleDigestBytes),
 			ExecCount: s.ExecCount, TotalRU: round3(s.TotalRU()), AvgRU: round3(s.AvgRRU + s.AvgWRU),
 			AvgLatencySeconds: s.AvgLatency().Seconds(), MaxLatencySeconds: s.MaxLatency.Seconds(),
 			Errors: s.SumErrors, LastSeen: s.LastSeen.UTC(),
@@ -185,17 +185,4 @@ func round3(x float64) float64 {
 		return 0
 	}
 	return math.Round(x*1000) / 1000
-}
-
-// truncateText cuts s to at most n bytes on a character boundary,
-// marking the cut with "…".
-func truncateText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	i := n
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return s[:i] + "…"
 }

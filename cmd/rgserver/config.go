@@ -11,6 +11,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/rgproxy/rgproxy/internal/netaddr"
 	"github.com/rgproxy/rgproxy/tokenserver"
 )
 
@@ -219,7 +220,7 @@ func (c *config) check() error {
 		return fmt.Errorf("%w: --tls-proxy-max-streams must be at least 1", errUsage)
 	case c.Insecure && c.authenticates():
 		return fmt.Errorf("%w: --insecure turns authentication off; it cannot go with --admin-token-file, --proxy-token-file or --tls-ca", errUsage)
-	case !c.authenticates() && !c.Insecure && !isLoopback(c.Addr):
+	case !c.authenticates() && !c.Insecure && !netaddr.IsLoopback(c.Addr):
 		return fmt.Errorf("%w: --addr %s is not a loopback address and no authentication is configured, so anyone who reaches it could change resource groups and take their tokens. "+
 			"Add --admin-token-file and --proxy-token-file (bearer tokens; with --tls-cert and --tls-key so they do not travel in clear), "+
 			"or --tls-cert, --tls-key, --tls-ca and --tls-admin-names (mutual TLS); or --insecure to run without authentication on a trusted network", errUsage, c.Addr)

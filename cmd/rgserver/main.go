@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/rgproxy/rgproxy/internal/netaddr"
 	"github.com/rgproxy/rgproxy/internal/reload"
 	"github.com/rgproxy/rgproxy/internal/statuspage"
 	"github.com/rgproxy/rgproxy/tokenserver"
@@ -144,7 +145,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		creds = credentials.NewTLS(tc)
-	} else if !isLoopback(cfg.Addr) && !auth.Open() {
+	} else if !netaddr.IsLoopback(cfg.Addr) && !auth.Open() {
 		log.Warn("gRPC listens beyond loopback without TLS: bearer tokens travel in clear; add --tls-cert and --tls-key", "addr", cfg.Addr)
 	}
 	switch {
@@ -255,18 +256,6 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // serverTLS builds the gRPC TLS config; with --tls-ca, clients must present
