@@ -763,27 +763,61 @@ func fmtDuration(d time.Duration) string {
 	return d.String()
 }
 
-// tokensDetail explains a refusal for want of tokens in group: what the
-// statement needed, the group's rate, and — when its required RU can
-// never be granted within the wait, even from a full bucket — which
-// setting would let it through.
-func (s *session) tokensDetail(group string, required float64, maxWait time.Duration, inTxn bool) string {
-	d := waitDetail(s.cur.waited, maxWait, inTxn) + fmt.Sprintf(" for %s RU", formatRU(required))
+// tokensDetail explains a refusal for want of tokens in group, naming
+// which reason applies, with figures: required is the part of the
+// statement's cost that can refuse it (its before-cost), estimate what it
+// asked for (raised to its shape's estimate), tokens the group's bucket
+// when it was refused (negative: owed). The reasons, first that applies:
+//   - the estimate can never fit in the wait at RU_PER_SEC (even with a
+//     full bucket): what to raise, and to how much;
+//   - the group owes what its rate pays back only after the wait: how much,
+//     and when it clears;
+//   - it waited its wait while other statements took the tokens.
+func (s *session) tokensDetail(group string, required, estimate, tokens float64, maxWait time.Duration) string {
+	estimate = max(estimate, required)
+	waited := waitDetail(s.cur.waited, maxWait, false)
 	g, ok := s.group(group)
 	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.RUPerSec == 0 {
-		return d
+		return fmt.Sprintf("%s for %s RU", waited, formatRU(estimate))
 	}
 	rate := float64(g.RUPerSec)
 	capacity := rate * g.Burst.CapacitySeconds()
 	most := rate*maxWait.Seconds() + capacity
-	d += fmt.Sprintf(" at RU_PER_SEC %d", g.RUPerSec)
-	if required > most && !inTxn {
-		needRate := uint64(math.Ceil(required / (maxWait.Seconds() + g.Burst.CapacitySeconds())))
-		needWait := time.Duration((required - capacity) / rate * float64(time.Second)).Round(time.Second)
-		d += fmt.Sprintf("; it can never be granted within the wait (at most %s RU): raise the group's RU_PER_SEC to %d or more, "+
-			"or --max-wait to %s or more, or make the statement cheaper", formatRU(most), needRate, fmtDuration(needWait))
+	left := max(maxWait-s.cur.waited, 0).Seconds()
+	owed := max(-tokens, 0)
+	clears := fmtDuration(ceilDuration(owed / rate))
+	switch {
+	case estimate > most:
+		needRate := uint64(math.Ceil(estimate / (maxWait.Seconds() + g.Burst.CapacitySeconds())))
+		d := fmt.Sprintf("the statement's estimate %s RU can never fit in --max-wait %s at RU_PER_SEC %d "+
+			"(at most %s RU, the burst included): raise the group's RU_PER_SEC to %d or more, or --max-wait to %s or more, "+
+			"or make the statement cheaper", formatRU(estimate), fmtDuration(maxWait), g.RUPerSec,
+			formatRU(most), needRate, fmtDuration(ceilDuration((estimate-capacity)/rate)))
+		if owed > 0 {
+			d += fmt.Sprintf("; the group owes %s RU now, which clears in about %s", formatRU(owed), clears)
+		}
+		return d
+	case owed > 0 && required <= rate*left && required+owed > rate*left:
+		return fmt.Sprintf("the group owes %s RU and clears in about %s at its RU_PER_SEC %d; "+
+			"the statement's %s RU cannot wait that long (%s)", formatRU(owed), clears, g.RUPerSec,
+			formatRU(estimate), waited)
 	}
-	return d
+	return fmt.Sprintf("%s for %s RU at RU_PER_SEC %d", waited, formatRU(estimate), g.RUPerSec)
+}
+
+// ceilDuration is secs seconds, rounded up to the second from one second
+// on, to the millisecond below: a time to wait or to raise a setting to
+// is never understated.
+func ceilDuration(secs float64) time.Duration {
+	switch {
+	case secs <= 0 || math.IsNaN(secs):
+		return 0
+	case secs >= 1<<33:
+		return time.Duration(1<<33) * time.Second
+	case secs >= 1:
+		return time.Duration(math.Ceil(secs)) * time.Second
+	}
+	return time.Duration(math.Ceil(secs*1000)) * time.Millisecond
 }
 
 // formatRU renders an RU amount with at most 3 decimals.

@@ -27,6 +27,11 @@ type recordingTokens struct {
 	groups   map[string]resourcegroup.Group
 	bindings map[string]resourcegroup.Binding
 	refuse   bool
+	// failFast: a refusal comes at once (AcquireShare's answer when the
+	// wait cannot be paid in time), not after the whole wait.
+	failFast bool
+	// level is the bucket every Share reports (negative: owed).
+	level    float64
 	watches  []resourcegroup.Watch
 	acquired []string // group:maxWait
 	charged  []string // group
@@ -64,6 +69,9 @@ func (r *recordingTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse
 	r.acquired = append(r.acquired, group+":"+maxWait.String())
 	r.required = append(r.required, required)
 	if r.refuse {
+		if r.failFast {
+			return r.share(group), 0, tokenclient.ErrThrottled
+		}
 		return r.share(group), maxWait, tokenclient.ErrThrottled
 	}
 	r.ru += c.RU()
@@ -95,7 +103,7 @@ func (r *recordingTokens) share(group string) tokenclient.Share {
 		sh.Unlimited = true
 		return sh
 	}
-	sh.Rate, sh.BurstSeconds = float64(g.RUPerSec), 1
+	sh.Rate, sh.BurstSeconds, sh.Tokens = float64(g.RUPerSec), 1, r.level
 	return sh
 }
 
