@@ -105,10 +105,15 @@ func NewSyntaxWhy(sql string, pos int, why string) *Error {
 	return &Error{Code: CodeSyntax, State: "42000", Message: msg, Err: ErrSyntax}
 }
 
-// NewAccessDenied is 1227: the statement needs SUPER.
-func NewAccessDenied() *Error {
-	return &Error{Code: CodeAccessDenied, State: "42000",
-		Message: "Access denied; you need (at least one of) the SUPER privilege(s) for this operation", Err: ErrAccessDenied}
+// NewAccessDenied is 1227: the statement needs SUPER. why, when not
+// empty, follows TiDB's text (which clients may match on): what the
+// session lacks and why it needs it.
+func NewAccessDenied(why string) *Error {
+	msg := "Access denied; you need (at least one of) the SUPER privilege(s) for this operation"
+	if why != "" {
+		msg += ": " + why
+	}
+	return &Error{Code: CodeAccessDenied, State: "42000", Message: msg, Err: ErrAccessDenied}
 }
 
 // NewInvalid is 1105 with msg, which should use TiDB's wording.

@@ -36,7 +36,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			return errReply(resourcegroup.NewNotFound(name))
 		}
 		if !s.mayUse(ctx, name, be, set) {
-			return errReply(resourcegroup.NewAccessDenied())
+			return errReply(s.deniedGroup("SET RESOURCE GROUP " + name))
 		}
 		s.setGroup, s.setGen, s.setSettings = name, s.rt.gen, set
 		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{}}
@@ -66,7 +66,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			return errReply(err)
 		}
 		if readable != nil && !readable(resourcegroup.NormalizeName(a.Name)) {
-			return errReply(resourcegroup.NewAccessDenied())
+			return errReply(s.deniedRead(resourcegroup.NormalizeName(a.Name)))
 		}
 	case *resourcegroup.SelectGroups:
 		// Only when the rewrite did not find the table (it always
@@ -76,7 +76,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 		return s.selectVirtual(ctx, be, vtRunawayWatches, nil, false, "")
 	}
 	if resourcegroup.RequiresSuper(stmt) && !s.hasSuperFresh(ctx, be) {
-		return errReply(resourcegroup.NewAccessDenied())
+		return errReply(s.deniedStatement(stmt))
 	}
 	if err := s.checkKillRule(stmt); err != nil {
 		return errReply(err)
