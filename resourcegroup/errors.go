@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/go-mysql-org/go-mysql/mysql"
 )
 
 // Sentinel errors. Every error this package returns is an *Error whose Err is
@@ -34,11 +36,17 @@ var (
 const (
 	CodeExists            uint16 = 8248
 	CodeNotFound          uint16 = 8249
-	CodeSyntax            uint16 = 1064
-	CodeAccessDenied      uint16 = 1227
-	CodeUnknown           uint16 = 1105
-	CodeUnsupported       uint16 = 1235
-	CodeNotAllowedPrepare uint16 = 1295
+	CodeSyntax            uint16 = mysql.ER_PARSE_ERROR
+	CodeAccessDenied      uint16 = mysql.ER_SPECIFIC_ACCESS_DENIED_ERROR
+	CodeUnknown           uint16 = mysql.ER_UNKNOWN_ERROR
+	CodeUnsupported       uint16 = mysql.ER_NOT_SUPPORTED_YET
+	CodeNotAllowedPrepare uint16 = mysql.ER_UNSUPPORTED_PS
+	// TiDB's codes for a statement the resource group stopped, which
+	// rgproxy sends as TiDB does: 8252 throttled (never reached the
+	// backend), 8253 killed by a QUERY_LIMIT, 8254 quarantined by a watch.
+	CodeThrottled     uint16 = 8252
+	CodeRunawayKilled uint16 = 8253
+	CodeQuarantined   uint16 = 8254
 )
 
 // Error is an error that carries what a MySQL ERR packet needs.

@@ -645,7 +645,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	}
 	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would,
 		estimate: cur.prepaid, errCode: out.ErrCode}
-	if killed && out.ErrCode == 1317 {
+	if killed && out.ErrCode == mysql.ER_QUERY_INTERRUPTED {
 		s.last.errCode = errRunawayKilled.Code
 	}
 	if cur.nlegs > 1 {
@@ -707,12 +707,6 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 	}
 }
 
-// errInterrupted answers a statement whose session ended while it waited.
-var errInterrupted = &mysqlproto.Error{Code: 1317, State: "70100", Message: "Query execution was interrupted"}
-
-// codeThrottled is TiDB's "Exceeded resource group quota limitation".
-const codeThrottled = 8252
-
 // throttledError is 8252 for group: TiDB's text naming the group, then
 // why (detail, which says what the statement waited for and how long, and
 // what setting would let it through when nothing else can).
@@ -721,7 +715,7 @@ func throttledError(group, detail string) *mysqlproto.Error {
 	if detail != "" {
 		msg += ": " + detail
 	}
-	return &mysqlproto.Error{Code: codeThrottled, State: "HY000", Message: msg}
+	return &mysqlproto.Error{Code: resourcegroup.CodeThrottled, State: "HY000", Message: msg}
 }
 
 // refused refuses the statement with 8252 for group, the one place a
@@ -733,7 +727,7 @@ func throttledError(group, detail string) *mysqlproto.Error {
 func (s *session) refused(group, detail string) *mysqlproto.Reply {
 	s.p.tokens.CountThrottled(group)
 	s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, waited: s.cur.waited,
-		errCode: codeThrottled, estimate: s.cur.prepaid}
+		errCode: resourcegroup.CodeThrottled, estimate: s.cur.prepaid}
 	if n := s.cur.prepaid.RU(); n > 0 {
 		s.p.tokens.HoldDemand(&s.hold, group, n)
 		s.holding = true
