@@ -181,7 +181,7 @@ func (s *session) accountExists(ctx context.Context, be mysqlproto.Backend, user
 		// ER_NONEXISTING_GRANT, ER_PASSWORD_NO_MATCH: no such account.
 		return false, nil
 	}
-	return false, err
+	return false, fmt.Errorf("rgpolicy: asking whether the account exists: %w", err)
 }
 
 // showLast answers SHOW LAST STATEMENT RU: the session's previous

@@ -203,7 +203,7 @@ func New(cfg Config) (*Policy, error) {
 		cfg.Cost = ru.DefaultConfig()
 	}
 	if err := cfg.Cost.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rgpolicy: cost model: %w", err)
 	}
 	if cfg.Shapes <= 0 {
 		cfg.Shapes = 10000
@@ -222,7 +222,7 @@ func New(cfg Config) (*Policy, error) {
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rgpolicy: metrics: %w", err)
 	}
 	p := &Policy{
 		tokens:    cfg.Tokens,
@@ -243,7 +243,7 @@ func New(cfg Config) (*Policy, error) {
 		idle:      cfg.IdleGroupExpiry,
 	}
 	if p.writes, err = newWrites(cfg.Writes, cfg.Binlog, cfg.Registerer); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rgpolicy: write source: %w", err)
 	}
 	s := cfg.Settings
 	p.settings.Store(&s)
