@@ -210,17 +210,25 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			logger.Warn("browsers refuse to open the console at this port", "console_addr", cfg.ConsoleAddr)
 		}
 		consoleLn, err := net.Listen("tcp", cfg.ConsoleAddr)
-		if err != nil {
+		switch {
+		case err != nil && cfg.ConsoleAddr == defaultConsoleAddr:
+			// Proxies that share a host and were each given their own
+			// --status-addr before the console had an address keep
+			// starting: the first one takes the default.
+			logger.Warn("the console's default address is taken: the console is served on the status address only; give --console-addr",
+				"console_addr", cfg.ConsoleAddr, "err", err)
+		case err != nil:
 			ln.Close()
 			status.Close()
 			return fmt.Errorf("console listen %s: %w", cfg.ConsoleAddr, err)
+		default:
+			go func() {
+				if err := console.Serve(consoleLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					logger.Error("console server", "err", err)
+				}
+			}()
+			consoleAt = consoleLn.Addr().String()
 		}
-		go func() {
-			if err := console.Serve(consoleLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error("console server", "err", err)
-			}
-		}()
-		consoleAt = consoleLn.Addr().String()
 	} else if statuspage.BrowserBlocked(cfg.StatusAddr) {
 		logger.Warn("browsers refuse to open the console at the status port; give it --console-addr", "status_addr", cfg.StatusAddr)
 	}
