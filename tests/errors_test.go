@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -320,6 +321,14 @@ func TestThrottledByDebtSaysSo(t *testing.T) {
 		}
 		if g.OwedRU <= 0 || g.OwedRU > owed+1 || g.ClearsInSeconds == nil || math.Abs(*g.ClearsInSeconds-g.OwedRU/5) > 0.01 {
 			t.Errorf("the console: debt_e2e owes %v RU, clears in %v s; the error said %v RU", g.OwedRU, g.ClearsInSeconds, owed)
+		}
+		// The page says it in the group's tokens cell.
+		if chromium, err := exec.LookPath("chromium"); err == nil {
+			dom := browse(t, chromium, "http://"+px.ConsoleAddr+"/", filepath.Join(t.TempDir(), "debt.png"))
+			cell := domRows(t, dom, "groups")["debt_e2e"]
+			if len(cell) < 5 || !regexp.MustCompile(`^-[0-9,.]+ owes [0-9,.]+ RU, clears in about [0-9,]+ s$`).MatchString(cell[4]) {
+				t.Errorf("the console's page: debt_e2e's row %q, want its tokens cell to say what it owes and when it clears", cell)
+			}
 		}
 		return
 	}
