@@ -96,7 +96,7 @@ func (s *session) repay(ctx context.Context, maxWait time.Duration) *mysqlproto.
 			return &mysqlproto.Reply{Err: errInterrupted}
 		case errors.Is(err, tokenclient.ErrThrottled):
 			return s.refused(d.group, "the session first repays "+formatRU(d.cons.RU())+
-				" RU it ran on debt inside a transaction: "+s.tokensDetail(d.group, d.required, d.cons.RU(), share.Tokens, maxWait))
+				" RU it ran on debt inside a transaction: "+s.tokensDetail(d.group, d.required, d.cons.RU(), share.Tokens, maxWait, true))
 		default:
 			s.p.logger.Warn("repaying a session's debt failed", "resource_group", d.group, "err", err)
 			return &mysqlproto.Reply{Err: errInterrupted}

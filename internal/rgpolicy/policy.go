@@ -761,14 +761,20 @@ func fmtDuration(d time.Duration) string {
 // which reason applies, with figures: required is the part of the
 // statement's cost that can refuse it (its before-cost), estimate what it
 // asked for (raised to its shape's estimate), tokens the group's bucket
-// when it was refused (negative: owed). The reasons, first that applies:
+// when it was refused (negative: owed); debt: what is refused is the
+// session's debt of a transaction, not a statement's estimate. The
+// reasons, first that applies:
 //   - the estimate can never fit in the wait at RU_PER_SEC (even with a
 //     full bucket): what to raise, and to how much;
 //   - the group owes what its rate pays back only after the wait: how much,
 //     and when it clears;
 //   - it waited its wait while other statements took the tokens.
-func (s *session) tokensDetail(group string, required, estimate, tokens float64, maxWait time.Duration) string {
+func (s *session) tokensDetail(group string, required, estimate, tokens float64, maxWait time.Duration, debt bool) string {
 	estimate = max(estimate, required)
+	what, whose := "the statement's estimate ", "the statement's "
+	if debt {
+		what, whose = "the debt of ", "the debt of "
+	}
 	waited := waitDetail(s.cur.waited, maxWait, false)
 	g, ok := s.group(group)
 	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.RUPerSec == 0 {
@@ -783,9 +789,9 @@ func (s *session) tokensDetail(group string, required, estimate, tokens float64,
 	switch {
 	case estimate > most:
 		needRate := uint64(math.Ceil(estimate / (maxWait.Seconds() + g.Burst.CapacitySeconds())))
-		d := fmt.Sprintf("the statement's estimate %s RU can never fit in --max-wait %s at RU_PER_SEC %d "+
+		d := fmt.Sprintf("%s%s RU can never fit in --max-wait %s at RU_PER_SEC %d "+
 			"(at most %s RU, the burst included): raise the group's RU_PER_SEC to %d or more, or --max-wait to %s or more, "+
-			"or make the statement cheaper", formatRU(estimate), fmtDuration(maxWait), g.RUPerSec,
+			"or make the statement cheaper", what, formatRU(estimate), fmtDuration(maxWait), g.RUPerSec,
 			formatRU(most), needRate, fmtDuration(ceilDuration((estimate-capacity)/rate)))
 		if owed > 0 {
 			d += fmt.Sprintf("; the group owes %s RU now, which clears in about %s", formatRU(owed), clears)
@@ -793,8 +799,8 @@ func (s *session) tokensDetail(group string, required, estimate, tokens float64,
 		return d
 	case owed > 0 && required <= rate*left && required+owed > rate*left:
 		return fmt.Sprintf("the group owes %s RU and clears in about %s at its RU_PER_SEC %d; "+
-			"the statement's %s RU cannot wait that long (%s)", formatRU(owed), clears, g.RUPerSec,
-			formatRU(estimate), waited)
+			"%s%s RU cannot wait that long (%s)", formatRU(owed), clears, g.RUPerSec,
+			whose, formatRU(estimate), waited)
 	}
 	return fmt.Sprintf("%s for %s RU at RU_PER_SEC %d", waited, formatRU(estimate), g.RUPerSec)
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -375,8 +376,15 @@ func TestPolicyTransactionsAndThrottling(t *testing.T) {
 	}
 	// The next statement outside a transaction repays first, within its
 	// own wait; the debt stays while it cannot be paid.
-	if err := run(query("SELECT 2")); err == nil || err.Code != 8252 {
+	err := run(query("SELECT 2"))
+	if err == nil || err.Code != 8252 {
 		t.Fatalf("unpaid debt: want 8252, got %+v", err)
+	}
+	// It says that the session's debt is what waits, and for what.
+	if want := "Exceeded resource group quota limitation (resource group bound): the session first repays " + formatRU(owed) +
+		" RU it ran on debt inside a transaction: waited "; !strings.HasPrefix(err.Message, want) ||
+		!strings.Contains(err.Message, " for "+formatRU(owed)+" RU at RU_PER_SEC ") {
+		t.Fatalf("unpaid debt: %q, want it to start %q and name the debt's %s RU", err.Message, want, formatRU(owed))
 	}
 	if !near(s.debtTo("bound"), owed) {
 		t.Fatalf("a refused repayment changed the debt to %v", s.debtTo("bound"))
