@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/go-mysql-org/go-mysql/mysql"
+
 	"github.com/rgproxy/rgproxy/internal/textcut"
 )
 
@@ -35,11 +37,17 @@ var (
 const (
 	CodeExists            uint16 = 8248
 	CodeNotFound          uint16 = 8249
-	CodeSyntax            uint16 = 1064
-	CodeAccessDenied      uint16 = 1227
-	CodeUnknown           uint16 = 1105
-	CodeUnsupported       uint16 = 1235
-	CodeNotAllowedPrepare uint16 = 1295
+	CodeSyntax            uint16 = mysql.ER_PARSE_ERROR
+	CodeAccessDenied      uint16 = mysql.ER_SPECIFIC_ACCESS_DENIED_ERROR
+	CodeUnknown           uint16 = mysql.ER_UNKNOWN_ERROR
+	CodeUnsupported       uint16 = mysql.ER_NOT_SUPPORTED_YET
+	CodeNotAllowedPrepare uint16 = mysql.ER_UNSUPPORTED_PS
+	// TiDB's codes for a statement the resource group stopped, which
+	// rgproxy sends as TiDB does: 8252 throttled (never reached the
+	// backend), 8253 killed by a QUERY_LIMIT, 8254 quarantined by a watch.
+	CodeThrottled     uint16 = 8252
+	CodeRunawayKilled uint16 = 8253
+	CodeQuarantined   uint16 = 8254
 )
 
 // Error is an error that carries what a MySQL ERR packet needs.
@@ -99,10 +107,15 @@ func NewSyntaxWhy(sql string, pos int, why string) *Error {
 	return &Error{Code: CodeSyntax, State: "42000", Message: msg, Err: ErrSyntax}
 }
 
-// NewAccessDenied is 1227: the statement needs SUPER.
-func NewAccessDenied() *Error {
-	return &Error{Code: CodeAccessDenied, State: "42000",
-		Message: "Access denied; you need (at least one of) the SUPER privilege(s) for this operation", Err: ErrAccessDenied}
+// NewAccessDenied is 1227: the statement needs SUPER. why, when not
+// empty, follows TiDB's text (which clients may match on): what the
+// session lacks and why it needs it.
+func NewAccessDenied(why string) *Error {
+	msg := "Access denied; you need (at least one of) the SUPER privilege(s) for this operation"
+	if why != "" {
+		msg += ": " + why
+	}
+	return &Error{Code: CodeAccessDenied, State: "42000", Message: msg, Err: ErrAccessDenied}
 }
 
 // NewInvalid is 1105 with msg, which should use TiDB's wording.

@@ -24,7 +24,7 @@ func TestErrorCodes(t *testing.T) {
 		{"syntax line 2", NewSyntax("SELECT\n  1 foo", 11), 1064, "42000", ErrSyntax, "near 'foo' at line 2"},
 		{"syntax clamps", NewSyntax("x", 99), 1064, "42000", ErrSyntax, "near '' at line 1"},
 		{"syntax negative", NewSyntax("x", -1), 1064, "42000", ErrSyntax, "near 'x' at line 1"},
-		{"denied", NewAccessDenied(), 1227, "42000", ErrAccessDenied, "Access denied; you need (at least one of) the SUPER privilege(s) for this operation"},
+		{"denied", NewAccessDenied(""), 1227, "42000", ErrAccessDenied, "Access denied; you need (at least one of) the SUPER privilege(s) for this operation"},
 		{"invalid", NewInvalid("invalid exec elapsed time"), 1105, "HY000", ErrInvalid, "invalid exec elapsed time"},
 		{"unsupported", NewUnsupported("X"), 1235, "42000", ErrUnsupported, "This version of rgproxy doesn't yet support 'X'"},
 		{"prepare", NewNotAllowedInPrepare(), 1295, "HY000", ErrNotAllowedInPrepare, "This command is not supported in the prepared statement protocol yet"},

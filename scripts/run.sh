@@ -138,6 +138,7 @@ rgs_addr=$(setting addr 127.0.0.1:3379 "${rgserver_flags[@]}")
 rgs_status=$(setting status-addr 127.0.0.1:3380 "${rgserver_flags[@]}")
 px_listen=$(setting listen 127.0.0.1:4000 "${rgproxy_flags[@]}")
 px_status=$(setting status-addr 127.0.0.1:10080 "${rgproxy_flags[@]}")
+px_console=$(setting console-addr 127.0.0.1:10081 "${rgproxy_flags[@]}")
 px_backend=$(setting backend 127.0.0.1:3306 "${rgproxy_flags[@]}")
 
 # Every port first: nothing is started when one is taken.
@@ -145,6 +146,7 @@ need_free "rgserver's gRPC address" "$rgs_addr" --addr RGSERVER_FLAGS
 need_free "rgserver's status address" "$rgs_status" --status-addr RGSERVER_FLAGS
 need_free "rgproxy's MySQL address" "$px_listen" --listen RGPROXY_FLAGS
 need_free "rgproxy's status address" "$px_status" --status-addr RGPROXY_FLAGS
+[ -z "$px_console" ] || need_free "rgproxy's console address" "$px_console" --console-addr RGPROXY_FLAGS
 
 bash scripts/ensure-mariadb.sh
 mkdir -p "$RUN_DIR"
@@ -213,9 +215,11 @@ spawn rgproxy "${defaults[@]}" "${rgproxy_flags[@]}"
 wait_up rgproxy "rgproxy serving" "$px_listen" 30
 px_listen=$(in_use rgproxy "rgproxy serving" listen "$px_listen")
 px_status=$(in_use rgproxy "rgproxy serving" status "$px_status")
+px_console=$(in_use rgproxy "rgproxy serving" console "${px_console:-$px_status}")
 
 echo "rgserver: $rgs_addr (status http://$rgs_status), log $RUN_DIR/rgserver.log"
 echo "rgproxy:  $px_listen -> $px_backend (status http://$px_status), log $RUN_DIR/rgproxy.log"
+echo "console:  http://$px_console/ (rgproxy), http://$rgs_status/ (rgserver)"
 echo
 echo "connect with:  mariadb -h${px_listen%:*} -P${px_listen##*:} -uroot --comments"
 echo "Ctrl-C stops everything."

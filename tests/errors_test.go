@@ -3,8 +3,12 @@ package tests
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -257,9 +261,76 @@ func TestLastStatementRUAfterRefusals(t *testing.T) {
 		}
 		if tc.code == 8252 {
 			// The estimate the refusal named.
-			if !strings.Contains(err.Error(), "for "+row["ESTIMATED_RU"]+" RU") {
+			if !strings.Contains(err.Error(), "the statement's estimate "+row["ESTIMATED_RU"]+" RU can never fit") {
 				t.Errorf("8252: ESTIMATED_RU %s, the error says %v", row["ESTIMATED_RU"], err)
 			}
 		}
 	}
+}
+
+// A statement that cost far more than it prepaid puts its group in debt;
+// every statement after it, even SELECT 1, gets 8252 saying so: what the
+// group owes and when its RU_PER_SEC clears it, not a wait for 0.625 RU.
+// The console shows the same debt and clear time.
+func TestThrottledByDebtSaysSo(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts, "--max-wait", "30s")
+	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS debt_e2e", "CREATE RESOURCE GROUP debt_e2e RU_PER_SEC = 5")
+	ctx := context.Background()
+	conn, err := openDB(t, px.Addr).Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "SET RESOURCE GROUP debt_e2e"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "SELECT BENCHMARK(8000000, MD5('x'))"); err != nil {
+		t.Fatalf("the expensive statement (its base cost fits): %v", err)
+	}
+	row := lastStatementRU(t, conn)
+	cost := num(t, row["RRU"]) + num(t, row["WRU"])
+	t.Logf("SELECT BENCHMARK(8000000, MD5('x')) cost %.1f RU", cost)
+	if cost < 200 {
+		t.Fatalf("the expensive statement cost %.1f RU: not enough to owe more than --max-wait pays at 5 RU/s", cost)
+	}
+	_, err = conn.ExecContext(ctx, "SELECT 1")
+	re := regexp.MustCompile(`^Error 8252 \(HY000\): Exceeded resource group quota limitation \(resource group debt_e2e\): ` +
+		`the group owes ([0-9.]+) RU and clears in about ([0-9]+)s at its RU_PER_SEC 5; ` +
+		`the statement's 0\.625 RU cannot wait that long \(waited 0s of --max-wait 30s\)$`)
+	m := re.FindStringSubmatch(fmt.Sprint(err))
+	if m == nil {
+		t.Fatalf("SELECT 1 in debt: %v, want 8252 naming the debt and its clear time", err)
+	}
+	t.Logf("SELECT 1: %v", err)
+	owed, clears := num(t, m[1]), num(t, m[2])
+	if owed > cost || owed < cost-100 || clears != math.Ceil(owed/5) {
+		t.Errorf("owes %v RU (the statement cost %.1f), clears in %vs (want ⌈owed ÷ 5⌉)", owed, cost, clears)
+	}
+	var pc struct {
+		Groups []struct {
+			Name            string   `json:"name"`
+			OwedRU          float64  `json:"owed_ru"`
+			ClearsInSeconds *float64 `json:"clears_in_seconds"`
+		} `json:"groups"`
+	}
+	getJSON(t, "http://"+px.ConsoleAddr+"/api/console", &pc)
+	for _, g := range pc.Groups {
+		if g.Name != "debt_e2e" {
+			continue
+		}
+		if g.OwedRU <= 0 || g.OwedRU > owed+1 || g.ClearsInSeconds == nil || math.Abs(*g.ClearsInSeconds-g.OwedRU/5) > 0.01 {
+			t.Errorf("the console: debt_e2e owes %v RU, clears in %v s; the error said %v RU", g.OwedRU, g.ClearsInSeconds, owed)
+		}
+		// The page says it in the group's tokens cell.
+		if chromium, err := exec.LookPath("chromium"); err == nil {
+			dom := browse(t, chromium, "http://"+px.ConsoleAddr+"/", filepath.Join(t.TempDir(), "debt.png"))
+			cell := domRows(t, dom, "groups")["debt_e2e"]
+			if len(cell) < 5 || !regexp.MustCompile(`^-[0-9,.]+ owes [0-9,.]+ RU, clears in about [0-9,]+ s$`).MatchString(cell[4]) {
+				t.Errorf("the console's page: debt_e2e's row %q, want its tokens cell to say what it owes and when it clears", cell)
+			}
+		}
+		return
+	}
+	t.Errorf("the console does not list debt_e2e: %+v", pc.Groups)
 }

@@ -151,15 +151,31 @@ func (p *process) stop(grace time.Duration) error {
 // proxy is a running rgproxy.
 type proxy struct {
 	*process
-	Addr, StatusAddr string
+	Addr, StatusAddr, ConsoleAddr string
 }
+
+// defaultConsoleAddr is rgproxy's --console-addr default, where README
+// tells a reader to open the console.
+const defaultConsoleAddr = "127.0.0.1:10081"
 
 // startProxy runs rgproxy in front of the shared MariaDB on fresh ports
 // and waits until it accepts connections.
 func startProxy(t testing.TB, extra ...string) *proxy {
 	t.Helper()
-	px := &proxy{Addr: freeAddr(t), StatusAddr: freeAddr(t)}
+	return runProxy(t, false, extra...)
+}
+
+// runProxy is startProxy; with defaultConsole the console is left at its
+// default address (no --console-addr), where only one proxy at a time
+// can serve it.
+func runProxy(t testing.TB, defaultConsole bool, extra ...string) *proxy {
+	t.Helper()
+	px := &proxy{Addr: freeAddr(t), StatusAddr: freeAddr(t), ConsoleAddr: defaultConsoleAddr}
 	args := []string{"--listen", px.Addr, "--status-addr", px.StatusAddr, "--backend", backendAddr}
+	if !defaultConsole {
+		px.ConsoleAddr = freeAddr(t)
+		args = append(args, "--console-addr", px.ConsoleAddr)
+	}
 	if !slices.Contains(extra, "--token-server") {
 		// A pure proxy unless the test names its rgserver.
 		args = append(args, "--metering=false")
@@ -169,6 +185,7 @@ func startProxy(t testing.TB, extra ...string) *proxy {
 	args = append(args, extra...)
 	px.process = startProcess(t, "rgproxy", args...)
 	waitListening(t, px.Addr, px.process)
+	waitListening(t, px.ConsoleAddr, px.process)
 	return px
 }
 

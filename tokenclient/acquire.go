@@ -313,6 +313,11 @@ type Share struct {
 	// MaxConcurrency is this proxy's part of the group's MAX_CONCURRENCY,
 	// ceil(n ÷ Proxies); 0 = no cap.
 	MaxConcurrency int
+	// Tokens is the group's local bucket when the share was read:
+	// negative is what the group owes (statements that cost more than
+	// they prepaid, reservations being slept on), which a refusal names.
+	// 0 when Unlimited or the group is not in use here.
+	Tokens float64
 }
 
 func (c *Client) shareLocked(group string) Share {
@@ -335,6 +340,7 @@ func (c *Client) shareLocked(group string) Share {
 	}
 	if used {
 		sh.Rate = gs.shareRate
+		sh.Tokens = gs.bucket.Tokens(c.clk.Now())
 	}
 	sh.Rate = max(sh.Rate, float64(g.RUPerSec)/float64(sh.Proxies))
 	return sh

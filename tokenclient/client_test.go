@@ -1268,3 +1268,24 @@ func TestStreamLossBridgesAtLastShare(t *testing.T) {
 		t.Fatalf("an idle group used again during the loss: %s", got)
 	}
 }
+
+// A refusal's Share carries the group's bucket as it stood: negative is
+// what the group owes, which the policy's 8252 names.
+func TestAcquireRefusalCarriesTheDebt(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	setGroups(c, resourcegroup.Group{Name: "a", RUPerSec: 10})
+	wantTokens(c, "a")
+	req := build(c, false)
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "a", Tokens: 10, FillRate: 10, Proxies: 1, RuPerSec: 10}}}); err != nil {
+		t.Fatal(err)
+	}
+	c.Charge("a", rruOf(500)) // a statement that cost far more than it prepaid
+	sh, waited, err := c.AcquireShare(context.Background(), nil, "a", rruOf(1), 1, time.Second)
+	if !errors.Is(err, ErrThrottled) || waited != 0 {
+		t.Fatalf("a statement behind a 490 RU debt at 10 RU/s with 1 s to wait: waited %v, %v; want refused at once", waited, err)
+	}
+	if !near(sh.Tokens, tokensOf(c, "a")) || !near(sh.Tokens, -490) {
+		t.Fatalf("the refusal's share holds %v tokens, want the bucket's -490", sh.Tokens)
+	}
+}

@@ -25,6 +25,10 @@ type config struct {
 	Backend string
 	// StatusAddr serves /metrics, /healthz and /readyz. Default 127.0.0.1:10080.
 	StatusAddr string
+	// ConsoleAddr serves the console (its page at /, its JSON at
+	// /api/console). Default 127.0.0.1:10081: browsers refuse 10080
+	// (statuspage.BrowserBlocked). Empty: only on the status address.
+	ConsoleAddr string
 	// TLSCert and TLSKey are the PEM files of the client-facing TLS
 	// certificate; both empty (the default) means clients cannot use TLS.
 	TLSCert string
@@ -147,12 +151,17 @@ type config struct {
 	ConfigFile string
 }
 
+// defaultConsoleAddr is --console-addr's default: 10080's neighbour, a
+// port no browser blocks (statuspage.BrowserBlocked).
+const defaultConsoleAddr = "127.0.0.1:10081"
+
 // newFlagSet declares every flag, bound to cfg, with its default.
 func newFlagSet(cfg *config) *flag.FlagSet {
 	fs := flag.NewFlagSet("rgproxy", flag.ContinueOnError)
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:4000", "client-facing MySQL `address`")
 	fs.StringVar(&cfg.Backend, "backend", "127.0.0.1:3306", "MySQL/MariaDB server `address`")
 	fs.StringVar(&cfg.StatusAddr, "status-addr", "127.0.0.1:10080", "`address` of the status HTTP server (/metrics, /healthz, /readyz)")
+	fs.StringVar(&cfg.ConsoleAddr, "console-addr", defaultConsoleAddr, "`address` of the console a browser opens (its page at /, its JSON at /api/console); empty = none beside the status address, which browsers refuse")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM `file` of the certificate offered to clients (enables client TLS with --tls-key)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM `file` of the key of --tls-cert")
 	fs.BoolVar(&cfg.RequireTLS, "require-tls", false, "refuse clients that do not use TLS (needs --tls-cert/--tls-key)")

@@ -89,11 +89,17 @@ type consoleGroup struct {
 	StatementsPerSecLast10s float64 `json:"statements_per_sec_last_10s"`
 	// Tokens is the local bucket's level (negative: debt); null when the
 	// group is never throttled or not in use here.
-	Tokens        *float64 `json:"tokens"`
-	Throttled     uint64   `json:"throttled"`
-	WouldThrottle uint64   `json:"would_throttle"`
-	WouldWait     uint64   `json:"would_wait"`
-	Statements    uint64   `json:"statements"`
+	Tokens *float64 `json:"tokens"`
+	// OwedRU is the debt of the local bucket (statements that cost more
+	// than they prepaid): 0 when none. ClearsInSeconds is how long the
+	// group's RU_PER_SEC takes to pay it back; null when it owes nothing.
+	// A group in debt refuses statements (8252) until about then.
+	OwedRU          float64  `json:"owed_ru"`
+	ClearsInSeconds *float64 `json:"clears_in_seconds"`
+	Throttled       uint64   `json:"throttled"`
+	WouldThrottle   uint64   `json:"would_throttle"`
+	WouldWait       uint64   `json:"would_wait"`
+	Statements      uint64   `json:"statements"`
 	// Proxies using the group, as rgserver last said (0: not asked yet).
 	Proxies uint32 `json:"proxies"`
 }
@@ -149,6 +155,11 @@ func (c *consoleSource) snapshot(groups, shapes int) proxyConsole {
 		if g.InUse && !g.Unlimited {
 			v := round3(g.Tokens)
 			cg.Tokens = &v
+			if g.Tokens < 0 && d.RUPerSec != resourcegroup.Unlimited && d.RUPerSec > 0 {
+				cg.OwedRU = round3(-g.Tokens)
+				clears := round3(-g.Tokens / float64(d.RUPerSec))
+				cg.ClearsInSeconds = &clears
+			}
 		}
 		out.Groups = append(out.Groups, cg)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/internal/reload"
 	"github.com/rgproxy/rgproxy/internal/rgpolicy"
+	"github.com/rgproxy/rgproxy/internal/statuspage"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
@@ -200,15 +201,47 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			logger.Error("status server", "err", err)
 		}
 	}()
+	// The console also has an address of its own: browsers refuse the
+	// status port 10080, so the page opens where README says.
+	console := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: consoleHandler(handler)}
+	consoleAt := statusLn.Addr().String()
+	if cfg.ConsoleAddr != "" && cfg.ConsoleAddr != cfg.StatusAddr {
+		if statuspage.BrowserBlocked(cfg.ConsoleAddr) {
+			logger.Warn("browsers refuse to open the console at this port", "console_addr", cfg.ConsoleAddr)
+		}
+		consoleLn, err := net.Listen("tcp", cfg.ConsoleAddr)
+		switch {
+		case err != nil && cfg.ConsoleAddr == defaultConsoleAddr:
+			// Proxies that share a host and were each given their own
+			// --status-addr before the console had an address keep
+			// starting: the first one takes the default.
+			logger.Warn("the console's default address is taken: the console is served on the status address only; give --console-addr",
+				"console_addr", cfg.ConsoleAddr, "err", err)
+		case err != nil:
+			ln.Close()
+			status.Close()
+			return fmt.Errorf("console listen %s: %w", cfg.ConsoleAddr, err)
+		default:
+			go func() {
+				if err := console.Serve(consoleLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					logger.Error("console server", "err", err)
+				}
+			}()
+			consoleAt = consoleLn.Addr().String()
+		}
+	} else if statuspage.BrowserBlocked(cfg.StatusAddr) {
+		logger.Warn("browsers refuse to open the console at the status port; give it --console-addr", "status_addr", cfg.StatusAddr)
+	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	logger.Info("rgproxy serving", "version", version, "listen", ln.Addr().String(),
-		"backend", cfg.Backend, "status", statusLn.Addr().String(), "max_connections", srv.MaxConnections())
+		"backend", cfg.Backend, "status", statusLn.Addr().String(), "console", consoleAt, "max_connections", srv.MaxConnections())
 
 	select {
 	case err := <-serveErr:
 		status.Close()
+		console.Close()
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
@@ -220,6 +253,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	}
 	<-serveErr
 	status.Close()
+	console.Close()
 	logger.Info("stopped")
 	return nil
 }

@@ -56,6 +56,16 @@ func statusHandler(m *metrics, probe func(context.Context) (readiness, error), w
 	return mux, nil
 }
 
+// consoleHandler serves the console's address: the page at / and its
+// JSON at /api/console, as status serves them; any other path is 404, so
+// /metrics and the profiles stay on the status address only.
+func consoleHandler(status http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", status)
+	mux.Handle("GET /api/console", status)
+	return mux
+}
+
 // readiness is what /readyz reports besides the backend probe.
 type readiness struct {
 	// Metering is false for a pure proxy.

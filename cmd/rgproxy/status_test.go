@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rgproxy/rgproxy/internal/rgpolicy"
+	"github.com/rgproxy/rgproxy/internal/statuspage"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
@@ -166,6 +167,35 @@ func TestConsoleRoutes(t *testing.T) {
 		}
 		if rec := get("POST", "/"); rec.Code == 200 {
 			t.Errorf("POST / = %d", rec.Code)
+		}
+	}
+}
+
+// The console's own address serves its page and JSON and nothing else;
+// its default is a port browsers open (10080, the status port, is on
+// their blocked list).
+func TestConsoleAddress(t *testing.T) {
+	cfg, _, err := parseArgs(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ConsoleAddr != "127.0.0.1:10081" || cfg.StatusAddr != "127.0.0.1:10080" {
+		t.Fatalf("defaults: --console-addr %q --status-addr %q", cfg.ConsoleAddr, cfg.StatusAddr)
+	}
+	if statuspage.BrowserBlocked(cfg.ConsoleAddr) || !statuspage.BrowserBlocked(cfg.StatusAddr) {
+		t.Fatalf("the console's default %s must open in a browser (the status port %s does not)", cfg.ConsoleAddr, cfg.StatusAddr)
+	}
+	status, err := statusHandler(newMetrics(), func(context.Context) (readiness, error) { return readiness{}, nil }, true, testConsole(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := consoleHandler(status)
+	for path, code := range map[string]int{"/": 200, "/api/console": 200, "/metrics": 404, "/healthz": 404,
+		"/readyz": 404, "/debug/pprof/": 404, "/nope": 404} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		if rec.Code != code {
+			t.Errorf("console address: GET %s = %d, want %d", path, rec.Code, code)
 		}
 	}
 }

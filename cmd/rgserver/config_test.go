@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rgproxy/rgproxy/internal/statuspage"
 )
 
 func TestParseArgs(t *testing.T) {
@@ -117,5 +119,13 @@ func TestVersion(t *testing.T) {
 	}
 	if !strings.HasPrefix(out.String(), "rgserver ") {
 		t.Fatalf("--version printed %q", out.String())
+	}
+}
+
+// rgserver's console is on its status address: its default must be a
+// port browsers open.
+func TestConsoleDefaultOpensInABrowser(t *testing.T) {
+	if addr := defaultConfig().StatusAddr; statuspage.BrowserBlocked(addr) {
+		t.Fatalf("browsers refuse the default --status-addr %s, where the console is", addr)
 	}
 }

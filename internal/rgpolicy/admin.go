@@ -36,7 +36,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			return errReply(resourcegroup.NewNotFound(name))
 		}
 		if !s.mayUse(ctx, name, be, set) {
-			return errReply(resourcegroup.NewAccessDenied())
+			return errReply(s.deniedGroup("SET RESOURCE GROUP " + name))
 		}
 		s.setGroup, s.setGen, s.setSettings = name, s.rt.gen, set
 		return mysqlproto.Verdict{Reply: &mysqlproto.Reply{}}
@@ -66,7 +66,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			return errReply(err)
 		}
 		if readable != nil && !readable(resourcegroup.NormalizeName(a.Name)) {
-			return errReply(resourcegroup.NewAccessDenied())
+			return errReply(s.deniedRead(resourcegroup.NormalizeName(a.Name)))
 		}
 	case *resourcegroup.SelectGroups:
 		// Only when the rewrite did not find the table (it always
@@ -76,7 +76,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 		return s.selectVirtual(ctx, be, vtRunawayWatches, nil, false, "")
 	}
 	if resourcegroup.RequiresSuper(stmt) && !s.hasSuperFresh(ctx, be) {
-		return errReply(resourcegroup.NewAccessDenied())
+		return errReply(s.deniedStatement(stmt))
 	}
 	if err := s.checkKillRule(stmt); err != nil {
 		return errReply(err)
@@ -153,7 +153,7 @@ func (s *session) showNotes(st *mysqlproto.Statement) (mysqlproto.Verdict, bool)
 // errNoAccount is MySQL's 1396 for ALTER USER of an account the backend
 // does not have.
 func errNoAccount(user, host string) *mysqlproto.Error {
-	return &mysqlproto.Error{Code: 1396, State: "HY000",
+	return &mysqlproto.Error{Code: mysql.ER_CANNOT_USER, State: "HY000",
 		Message: fmt.Sprintf("Operation ALTER USER failed for '%s'@'%s'", user, host)}
 }
 
@@ -177,11 +177,11 @@ func (s *session) accountExists(ctx context.Context, be mysqlproto.Backend, user
 	switch {
 	case err == nil:
 		return true, nil
-	case asMySQLError(err, &me) && (me.Code == 1141 || me.Code == 1133):
+	case asMySQLError(err, &me) && (me.Code == mysql.ER_NONEXISTING_GRANT || me.Code == mysql.ER_PASSWORD_NO_MATCH):
 		// ER_NONEXISTING_GRANT, ER_PASSWORD_NO_MATCH: no such account.
 		return false, nil
 	}
-	return false, err
+	return false, fmt.Errorf("rgpolicy: asking whether the account exists: %w", err)
 }
 
 // showLast answers SHOW LAST STATEMENT RU: the session's previous
@@ -307,7 +307,7 @@ func mysqlError(err error) *mysqlproto.Error {
 	if errors.As(err, &me) {
 		return me
 	}
-	return &mysqlproto.Error{Code: 1105, State: "HY000", Message: err.Error()}
+	return rgproxyError(err.Error())
 }
 
 func asMySQLError(err error, me **mysqlproto.Error) bool { return errors.As(err, me) }

@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,7 +104,7 @@ func (a *admission) acquire(ctx context.Context, clk clock.Clock, p resourcegrou
 	case <-ch:
 		return true, nil
 	case <-ctx.Done():
-		return giveUp(ctx.Err())
+		return giveUp(fmt.Errorf("rgpolicy: waiting for a backend slot: %w", ctx.Err()))
 	case <-timeout:
 		return giveUp(errAdmissionWait)
 	}

@@ -136,7 +136,7 @@ func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int
 				"of at most %s (one second of its rate here); it repays them before its next statement outside a transaction",
 				waitDetail(cur.waited, maxWait, true), formatRU(s.debtTo(l.group)), formatRU(l.share.Rate*txnDebtSeconds)))
 		}
-		return s.refused(l.group, s.tokensDetail(l.group, cur.before.RU(), maxWait, false))
+		return s.refused(l.group, s.tokensDetail(l.group, cur.before.RU(), cur.prepaid.RU(), share.Tokens, maxWait, false))
 	}
 	s.p.logger.Warn("acquiring tokens failed", "resource_group", l.group, "err", err)
 	return &mysqlproto.Reply{Err: errInterrupted}

@@ -42,13 +42,10 @@ var instanceColumn = vcol{name: "INSTANCE"}
 
 // Errors of the cluster views, as the client sees them.
 var (
-	errClusterUnavailable = &mysqlproto.Error{Code: 1105, State: "HY000",
-		Message: "rgproxy: cluster-wide views are gathered through rgserver, which could not be reached (or named no leader) within 1 s; " +
-			"SHOW RESOURCE GROUP USAGE and information_schema.statements_summary show this proxy alone"}
-	errClusterBusy = &mysqlproto.Error{Code: 1105, State: "HY000",
-		Message: "rgproxy: rgserver is gathering as many cluster-wide views as it takes at once; try again in a moment"}
-	errClusterOff = &mysqlproto.Error{Code: 1105, State: "HY000",
-		Message: "rgproxy: cluster-wide views need rgserver; this proxy has no token client"}
+	errClusterUnavailable = rgproxyError("rgproxy: cluster-wide views are gathered through rgserver, which could not be reached (or named no leader) within 1 s; " +
+		"SHOW RESOURCE GROUP USAGE and information_schema.statements_summary show this proxy alone")
+	errClusterBusy = rgproxyError("rgproxy: rgserver is gathering as many cluster-wide views as it takes at once; try again in a moment")
+	errClusterOff  = rgproxyError("rgproxy: cluster-wide views need rgserver; this proxy has no token client")
 )
 
 // clusterError is what a session's statement answers when a view could
@@ -62,7 +59,7 @@ func clusterError(err error) error {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return errClusterUnavailable
 	}
-	return &mysqlproto.Error{Code: 1105, State: "HY000", Message: "rgproxy: cluster-wide view: " + err.Error()}
+	return rgproxyError("rgproxy: cluster-wide view: " + err.Error())
 }
 
 // gather asks for kind's rows of the groups the session may read.

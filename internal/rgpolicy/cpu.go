@@ -261,7 +261,7 @@ func openSchedstat(root string, tid int) (*os.File, error) {
 	dir := filepath.Join(root, strconv.Itoa(tid))
 	status, err := os.ReadFile(filepath.Join(dir, "status"))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rgpolicy: thread %d: %w", tid, err)
 	}
 	tgid := ""
 	for _, line := range strings.Split(string(status), "\n") {
@@ -315,7 +315,7 @@ func parseSchedstat(b []byte) (time.Duration, bool) {
 // use makes f, as openSchedstat returned it, the file r reads.
 func (r *cpuReader) use(f *os.File, err error) error {
 	if err != nil {
-		return err
+		return fmt.Errorf("rgpolicy: opening the thread's schedstat: %w", err)
 	}
 	r.f, r.fd = f, int(f.Fd())
 	return nil

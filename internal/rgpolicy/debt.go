@@ -87,7 +87,7 @@ func (s *session) repay(ctx context.Context, maxWait time.Duration) *mysqlproto.
 	for len(s.debts) > 0 {
 		d := s.debts[0]
 		left := max(maxWait-s.cur.waited, 0)
-		_, waited, err := s.p.tokens.AcquireShare(ctx, nil, d.group, d.cons, d.required, left)
+		share, waited, err := s.p.tokens.AcquireShare(ctx, nil, d.group, d.cons, d.required, left)
 		s.cur.waited += waited
 		switch {
 		case err == nil, errors.Is(err, tokenclient.ErrUnknownGroup):
@@ -96,7 +96,7 @@ func (s *session) repay(ctx context.Context, maxWait time.Duration) *mysqlproto.
 			return &mysqlproto.Reply{Err: errInterrupted}
 		case errors.Is(err, tokenclient.ErrThrottled):
 			return s.refused(d.group, "the session first repays "+formatRU(d.cons.RU())+
-				" RU it ran on debt inside a transaction: "+s.tokensDetail(d.group, d.required, maxWait, false))
+				" RU it ran on debt inside a transaction: "+s.tokensDetail(d.group, d.required, d.cons.RU(), share.Tokens, maxWait, true))
 		default:
 			s.p.logger.Warn("repaying a session's debt failed", "resource_group", d.group, "err", err)
 			return &mysqlproto.Reply{Err: errInterrupted}

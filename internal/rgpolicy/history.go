@@ -37,11 +37,9 @@ type RunawayHistory interface {
 
 // Errors of the history, as the client sees them.
 var (
-	errHistoryUnavailable = &mysqlproto.Error{Code: 1105, State: "HY000",
-		Message: "rgproxy: information_schema.runaway_queries is kept by rgserver, which could not be reached (or named no leader) within 3 s; " +
-			"rgproxy_runaway_total on each proxy's /metrics still counts runaway statements"}
-	errHistoryOff = &mysqlproto.Error{Code: 1105, State: "HY000",
-		Message: "rgproxy: information_schema.runaway_queries needs rgserver; this proxy has no token client"}
+	errHistoryUnavailable = rgproxyError("rgproxy: information_schema.runaway_queries is kept by rgserver, which could not be reached (or named no leader) within 3 s; " +
+		"rgproxy_runaway_total on each proxy's /metrics still counts runaway statements")
+	errHistoryOff = rgproxyError("rgproxy: information_schema.runaway_queries needs rgserver; this proxy has no token client")
 )
 
 // runawayColumns are runaway_queries' columns.
@@ -150,5 +148,5 @@ func historyError(err error) error {
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return errHistoryUnavailable
 	}
-	return &mysqlproto.Error{Code: 1105, State: "HY000", Message: "rgproxy: runaway history: " + err.Error()}
+	return rgproxyError("rgproxy: runaway history: " + err.Error())
 }

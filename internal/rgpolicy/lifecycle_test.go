@@ -106,7 +106,9 @@ func TestPolicyCooldownWaitIsBoundedAndHoldsNoGate(t *testing.T) {
 	}
 	// ...and gives up after --max-wait: 8252, counted as throttled.
 	f.clk.Advance(2 * time.Second)
-	if v := f.verdict("the third cooled-down statement", cDone); errCode(v) != 8252 {
+	if v := f.verdict("the third cooled-down statement", cDone); errCode(v) != 8252 || v.Reply.Err.Message !=
+		"Exceeded resource group quota limitation (resource group bound): waited 2s of --max-wait 2s "+
+			"for the proxy's COOLDOWN slot (a runaway watch lets one such statement run at a time)" {
 		t.Fatalf("a cooldown wait past --max-wait: %+v", v.Reply)
 	}
 	if len(tok.throttled) != 1 {
@@ -289,9 +291,9 @@ func TestPolicyThrottledSaysWhy(t *testing.T) {
 	s := f.open("app")
 	insert := query("INSERT INTO t VALUES ('" + strings.Repeat("x", 200*1024) + "')")
 	v := f.verdict("a 200 KB insert", f.before(s, insert))
-	want := "Exceeded resource group quota limitation (resource group bound): waited 30s of --max-wait 30s for 202.025 RU " +
-		"at RU_PER_SEC 2; it can never be granted within the wait (at most 62 RU): raise the group's RU_PER_SEC to 7 or more, " +
-		"or --max-wait to 100s or more, or make the statement cheaper"
+	want := "Exceeded resource group quota limitation (resource group bound): the statement's estimate 202.025 RU can never fit " +
+		"in --max-wait 30s at RU_PER_SEC 2 (at most 62 RU, the burst included): raise the group's RU_PER_SEC to 7 or more, " +
+		"or --max-wait to 101s or more, or make the statement cheaper"
 	if errCode(v) != 8252 || v.Reply.Err.Message != want {
 		t.Fatalf("a statement that can never fit:\n got %+v\nwant %s", v.Reply, want)
 	}
@@ -308,5 +310,103 @@ func TestPolicyThrottledSaysWhy(t *testing.T) {
 	// Counted once each, by the policy.
 	if len(tok.throttled) != 2 {
 		t.Fatalf("throttled %v, want two", tok.throttled)
+	}
+}
+
+// 8252 names the reason that applies, with its figures: the group's debt
+// and when it clears; a shape's estimate that no wait can pay (the
+// estimate, not the statement's base cost); a wait spent while others
+// took the tokens.
+func TestPolicyThrottledSaysWhichReason(t *testing.T) {
+	const prefix = "Exceeded resource group quota limitation (resource group bound): "
+	newSession := func(level float64) (*fakePolicy, *recordingTokens, *session) {
+		tok := testGroups()
+		tok.groups["bound"] = resourcegroup.Group{Name: "bound", RUPerSec: 5}
+		tok.level = level
+		f := newFakePolicy(t, tok, Settings{Strict: true, MaxWait: 30 * time.Second, MaxWaitInTxn: 100 * time.Millisecond})
+		return f, tok, f.open("app")
+	}
+	refuse := func(f *fakePolicy, s *session, st *mysqlproto.Statement) string {
+		t.Helper()
+		v := f.verdict(st.Query, f.before(s, st))
+		if errCode(v) != 8252 {
+			t.Fatalf("%s: %+v, want 8252", st.Query, v.Reply)
+		}
+		return strings.TrimPrefix(v.Reply.Err.Message, prefix)
+	}
+
+	// In debt: one statement cost far more than it prepaid (2,044 RU
+	// owed at 5 RU/s), so even SELECT 1 is refused at once.
+	f, tok, s := newSession(-2044.3)
+	tok.refuse, tok.failFast = true, true
+	if got, want := refuse(f, s, query("SELECT 1")), "the group owes 2044.3 RU and clears in about 409s at its RU_PER_SEC 5; "+
+		"the statement's 0.625 RU cannot wait that long (waited 0s of --max-wait 30s)"; got != want {
+		t.Errorf("in debt:\n got %s\nwant %s", got, want)
+	}
+
+	// Waited its whole wait while other statements took the tokens: the
+	// group owes nothing it could not pay in time.
+	f, tok, s = newSession(0)
+	tok.refuse = true
+	if got, want := refuse(f, s, query("SELECT 1")), "waited 30s of --max-wait 30s for 0.625 RU at RU_PER_SEC 5"; got != want {
+		t.Errorf("a wait spent:\n got %s\nwant %s", got, want)
+	}
+
+	// A shape whose statements cost 1,000 RU (3 s of backend CPU): its
+	// next execution asks for its estimate, which 30 s at 5 RU/s (plus a
+	// 5 RU burst) can never pay, whatever its base cost (0.625 RU).
+	f, tok, s = newSession(-995)
+	heavy := query("SELECT BENCHMARK(8000000, MD5('x'))")
+	if v := f.verdict("the first heavy statement", f.before(s, heavy)); v.Reply != nil {
+		t.Fatal(v.Reply.Err)
+	}
+	s.After(heavy, &mysqlproto.Outcome{RequestBytes: heavy.PayloadBytes, BackendTime: 3 * time.Second})
+	tok.refuse, tok.failFast = true, true
+	got := refuse(f, s, query("SELECT BENCHMARK(8000000, MD5('y'))"))
+	if want := "the statement's estimate 1000.625 RU can never fit in --max-wait 30s at RU_PER_SEC 5 (at most 155 RU, the burst included): " +
+		"raise the group's RU_PER_SEC to 33 or more, or --max-wait to 200s or more, or make the statement cheaper; " +
+		"the group owes 995 RU now, which clears in about 199s"; got != want {
+		t.Errorf("an estimate that never fits:\n got %s\nwant %s", got, want)
+	}
+}
+
+// 8252 after a wait for the group's in-flight bound, or for one of the
+// proxy's backend slots, names that wait and its figures.
+func TestPolicyThrottledByTheGates(t *testing.T) {
+	const prefix = "Exceeded resource group quota limitation (resource group bound): "
+	for _, tc := range []struct {
+		name       string
+		backendCap int
+		cpu        time.Duration // the shape's cost besides its base
+		want       string
+	}{
+		{"in-flight bound", 0, 60 * time.Millisecond, "waited 1s of --max-wait 1s for a place in the group's in-flight bound on this proxy " +
+			"(25 RU of statements at once; this one 20.625 RU)"},
+		{"backend slots", 1, 0, "waited 1s of --max-wait 1s for one of the proxy's --max-backend-concurrency 1 backend slots"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tok := testGroups()
+			f := newFakePolicy(t, tok, Settings{Strict: true, MaxWait: time.Second, MaxWaitInTxn: 100 * time.Millisecond,
+				MaxBackendConcurrency: tc.backendCap})
+			a, b := f.open("app"), f.open("app")
+			// With 60 ms of CPU the shape costs 20 RU besides its base cost:
+			// two at once are more than the group's bound of 25 RU (100 RU/s).
+			heavy := query("SELECT SLEEP(0.06)")
+			if v := f.verdict("the first statement", f.before(a, heavy)); v.Reply != nil {
+				t.Fatal(v.Reply.Err)
+			}
+			a.After(heavy, &mysqlproto.Outcome{RequestBytes: heavy.PayloadBytes, BackendTime: tc.cpu})
+			if v := f.verdict("the running statement", f.before(a, heavy)); v.Reply != nil {
+				t.Fatal(v.Reply.Err)
+			}
+			bDone := f.before(b, heavy)
+			f.waiting(1)
+			f.clk.Advance(time.Second)
+			v := f.verdict("the waiting statement", bDone)
+			if errCode(v) != 8252 || v.Reply.Err.Message != prefix+tc.want {
+				t.Fatalf("got %+v\nwant %s", v.Reply, prefix+tc.want)
+			}
+			a.After(heavy, &mysqlproto.Outcome{RequestBytes: heavy.PayloadBytes, BackendTime: tc.cpu})
+		})
 	}
 }

@@ -203,7 +203,7 @@ func New(cfg Config) (*Policy, error) {
 		cfg.Cost = ru.DefaultConfig()
 	}
 	if err := cfg.Cost.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rgpolicy: cost model: %w", err)
 	}
 	if cfg.Shapes <= 0 {
 		cfg.Shapes = 10000
@@ -222,7 +222,7 @@ func New(cfg Config) (*Policy, error) {
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rgpolicy: metrics: %w", err)
 	}
 	p := &Policy{
 		tokens:    cfg.Tokens,
@@ -243,7 +243,7 @@ func New(cfg Config) (*Policy, error) {
 		idle:      cfg.IdleGroupExpiry,
 	}
 	if p.writes, err = newWrites(cfg.Writes, cfg.Binlog, cfg.Registerer); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rgpolicy: write source: %w", err)
 	}
 	s := cfg.Settings
 	p.settings.Store(&s)
@@ -645,7 +645,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	}
 	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would,
 		estimate: cur.prepaid, errCode: out.ErrCode}
-	if killed && out.ErrCode == 1317 {
+	if killed && out.ErrCode == mysql.ER_QUERY_INTERRUPTED {
 		s.last.errCode = errRunawayKilled.Code
 	}
 	if cur.nlegs > 1 {
@@ -707,12 +707,6 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 	}
 }
 
-// errInterrupted answers a statement whose session ended while it waited.
-var errInterrupted = &mysqlproto.Error{Code: 1317, State: "70100", Message: "Query execution was interrupted"}
-
-// codeThrottled is TiDB's "Exceeded resource group quota limitation".
-const codeThrottled = 8252
-
 // throttledError is 8252 for group: TiDB's text naming the group, then
 // why (detail, which says what the statement waited for and how long, and
 // what setting would let it through when nothing else can).
@@ -721,7 +715,7 @@ func throttledError(group, detail string) *mysqlproto.Error {
 	if detail != "" {
 		msg += ": " + detail
 	}
-	return &mysqlproto.Error{Code: codeThrottled, State: "HY000", Message: msg}
+	return &mysqlproto.Error{Code: resourcegroup.CodeThrottled, State: "HY000", Message: msg}
 }
 
 // refused refuses the statement with 8252 for group, the one place a
@@ -733,7 +727,7 @@ func throttledError(group, detail string) *mysqlproto.Error {
 func (s *session) refused(group, detail string) *mysqlproto.Reply {
 	s.p.tokens.CountThrottled(group)
 	s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, waited: s.cur.waited,
-		errCode: codeThrottled, estimate: s.cur.prepaid}
+		errCode: resourcegroup.CodeThrottled, estimate: s.cur.prepaid}
 	if n := s.cur.prepaid.RU(); n > 0 {
 		s.p.tokens.HoldDemand(&s.hold, group, n)
 		s.holding = true
@@ -763,27 +757,67 @@ func fmtDuration(d time.Duration) string {
 	return d.String()
 }
 
-// tokensDetail explains a refusal for want of tokens in group: what the
-// statement needed, the group's rate, and — when its required RU can
-// never be granted within the wait, even from a full bucket — which
-// setting would let it through.
-func (s *session) tokensDetail(group string, required float64, maxWait time.Duration, inTxn bool) string {
-	d := waitDetail(s.cur.waited, maxWait, inTxn) + fmt.Sprintf(" for %s RU", formatRU(required))
+// tokensDetail explains a refusal for want of tokens in group, naming
+// which reason applies, with figures: required is the part of the
+// statement's cost that can refuse it (its before-cost), estimate what it
+// asked for (raised to its shape's estimate), tokens the group's bucket
+// when it was refused (negative: owed); debt: what is refused is the
+// session's debt of a transaction, not a statement's estimate. The
+// reasons, first that applies:
+//   - the estimate can never fit in the wait at RU_PER_SEC (even with a
+//     full bucket): what to raise, and to how much;
+//   - the group owes what its rate pays back only after the wait: how much,
+//     and when it clears;
+//   - it waited its wait while other statements took the tokens.
+func (s *session) tokensDetail(group string, required, estimate, tokens float64, maxWait time.Duration, debt bool) string {
+	estimate = max(estimate, required)
+	what, whose := "the statement's estimate ", "the statement's "
+	if debt {
+		what, whose = "the debt of ", "the debt of "
+	}
+	waited := waitDetail(s.cur.waited, maxWait, false)
 	g, ok := s.group(group)
 	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.RUPerSec == 0 {
-		return d
+		return fmt.Sprintf("%s for %s RU", waited, formatRU(estimate))
 	}
 	rate := float64(g.RUPerSec)
 	capacity := rate * g.Burst.CapacitySeconds()
 	most := rate*maxWait.Seconds() + capacity
-	d += fmt.Sprintf(" at RU_PER_SEC %d", g.RUPerSec)
-	if required > most && !inTxn {
-		needRate := uint64(math.Ceil(required / (maxWait.Seconds() + g.Burst.CapacitySeconds())))
-		needWait := time.Duration((required - capacity) / rate * float64(time.Second)).Round(time.Second)
-		d += fmt.Sprintf("; it can never be granted within the wait (at most %s RU): raise the group's RU_PER_SEC to %d or more, "+
-			"or --max-wait to %s or more, or make the statement cheaper", formatRU(most), needRate, fmtDuration(needWait))
+	left := max(maxWait-s.cur.waited, 0).Seconds()
+	owed := max(-tokens, 0)
+	clears := fmtDuration(ceilDuration(owed / rate))
+	switch {
+	case estimate > most:
+		needRate := uint64(math.Ceil(estimate / (maxWait.Seconds() + g.Burst.CapacitySeconds())))
+		d := fmt.Sprintf("%s%s RU can never fit in --max-wait %s at RU_PER_SEC %d "+
+			"(at most %s RU, the burst included): raise the group's RU_PER_SEC to %d or more, or --max-wait to %s or more, "+
+			"or make the statement cheaper", what, formatRU(estimate), fmtDuration(maxWait), g.RUPerSec,
+			formatRU(most), needRate, fmtDuration(ceilDuration((estimate-capacity)/rate)))
+		if owed > 0 {
+			d += fmt.Sprintf("; the group owes %s RU now, which clears in about %s", formatRU(owed), clears)
+		}
+		return d
+	case owed > 0 && required <= rate*left && required+owed > rate*left:
+		return fmt.Sprintf("the group owes %s RU and clears in about %s at its RU_PER_SEC %d; "+
+			"%s%s RU cannot wait that long (%s)", formatRU(owed), clears, g.RUPerSec,
+			whose, formatRU(estimate), waited)
 	}
-	return d
+	return fmt.Sprintf("%s for %s RU at RU_PER_SEC %d", waited, formatRU(estimate), g.RUPerSec)
+}
+
+// ceilDuration is secs seconds, rounded up to the second from one second
+// on, to the millisecond below: a time to wait or to raise a setting to
+// is never understated.
+func ceilDuration(secs float64) time.Duration {
+	switch {
+	case secs <= 0 || math.IsNaN(secs):
+		return 0
+	case secs >= 1<<33:
+		return time.Duration(1<<33) * time.Second
+	case secs >= 1:
+		return time.Duration(math.Ceil(secs)) * time.Second
+	}
+	return time.Duration(math.Ceil(secs*1000)) * time.Millisecond
 }
 
 // formatRU renders an RU amount with at most 3 decimals.

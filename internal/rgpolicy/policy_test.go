@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +28,11 @@ type recordingTokens struct {
 	groups   map[string]resourcegroup.Group
 	bindings map[string]resourcegroup.Binding
 	refuse   bool
+	// failFast: a refusal comes at once (AcquireShare's answer when the
+	// wait cannot be paid in time), not after the whole wait.
+	failFast bool
+	// level is the bucket every Share reports (negative: owed).
+	level    float64
 	watches  []resourcegroup.Watch
 	acquired []string // group:maxWait
 	charged  []string // group
@@ -64,6 +70,9 @@ func (r *recordingTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse
 	r.acquired = append(r.acquired, group+":"+maxWait.String())
 	r.required = append(r.required, required)
 	if r.refuse {
+		if r.failFast {
+			return r.share(group), 0, tokenclient.ErrThrottled
+		}
 		return r.share(group), maxWait, tokenclient.ErrThrottled
 	}
 	r.ru += c.RU()
@@ -95,7 +104,7 @@ func (r *recordingTokens) share(group string) tokenclient.Share {
 		sh.Unlimited = true
 		return sh
 	}
-	sh.Rate, sh.BurstSeconds = float64(g.RUPerSec), 1
+	sh.Rate, sh.BurstSeconds, sh.Tokens = float64(g.RUPerSec), 1, r.level
 	return sh
 }
 
@@ -367,8 +376,15 @@ func TestPolicyTransactionsAndThrottling(t *testing.T) {
 	}
 	// The next statement outside a transaction repays first, within its
 	// own wait; the debt stays while it cannot be paid.
-	if err := run(query("SELECT 2")); err == nil || err.Code != 8252 {
+	err := run(query("SELECT 2"))
+	if err == nil || err.Code != 8252 {
 		t.Fatalf("unpaid debt: want 8252, got %+v", err)
+	}
+	// It says that the session's debt is what waits, and for what.
+	if want := "Exceeded resource group quota limitation (resource group bound): the session first repays " + formatRU(owed) +
+		" RU it ran on debt inside a transaction: waited "; !strings.HasPrefix(err.Message, want) ||
+		!strings.Contains(err.Message, " for "+formatRU(owed)+" RU at RU_PER_SEC ") {
+		t.Fatalf("unpaid debt: %q, want it to start %q and name the debt's %s RU", err.Message, want, formatRU(owed))
 	}
 	if !near(s.debtTo("bound"), owed) {
 		t.Fatalf("a refused repayment changed the debt to %v", s.debtTo("bound"))

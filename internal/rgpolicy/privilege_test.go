@@ -229,3 +229,35 @@ func TestRunawayRULimitSaturates(t *testing.T) {
 		}
 	}
 }
+
+// 1227 says what the session lacks and why: TiDB's words, then the
+// account, its bound group and strict mode, or the statement, and what
+// would let it through (SUPER, RESOURCE_GROUP_ADMIN or rgproxy_admin).
+func TestAccessDeniedSaysWhy(t *testing.T) {
+	const denied = "Access denied; you need (at least one of) the SUPER privilege(s) for this operation: "
+	const ways = "SUPER or RESOURCE_GROUP_ADMIN, or the role rgproxy_admin enabled in the session (SET ROLE rgproxy_admin)"
+	tests := []struct {
+		user, stmt, want string
+	}{
+		{"app", "SET RESOURCE GROUP other", "the account app@% is bound to resource group bound and --strict-resource-groups is on, " +
+			"so it may use only bound; SET RESOURCE GROUP other needs " + ways},
+		{"app", "SELECT /*+ RESOURCE_GROUP(Other) */ 1", "the account app@% is bound to resource group bound and --strict-resource-groups is on, " +
+			"so it may use only bound; the RESOURCE_GROUP(other) hint needs " + ways},
+		{"nobody", "SET RESOURCE GROUP other", "the account nobody is bound to no resource group (so to default) and " +
+			"--strict-resource-groups is on, so it may use only default; SET RESOURCE GROUP other needs " + ways},
+		{"app", "CREATE RESOURCE GROUP x RU_PER_SEC = 1", "CREATE RESOURCE GROUP changes what every account runs under and needs " +
+			ways + "; the account app@% has none of them"},
+		{"app", "QUERY WATCH REMOVE 1", "QUERY WATCH REMOVE changes what every account runs under and needs " +
+			ways + "; the account app@% has none of them"},
+		{"app", "SHOW CREATE RESOURCE GROUP other", "the account app@% may read only the groups it runs in (bound) and those tags are bound to; " +
+			"reading resource group other needs " + ways},
+	}
+	for _, tc := range tests {
+		s := newTestPolicy(testGroups()).Open(mysqlproto.SessionInfo{User: tc.user})
+		v := s.Before(context.Background(), query(tc.stmt), plainGrants)
+		if v.Reply == nil || v.Reply.Err == nil || v.Reply.Err.Code != 1227 || v.Reply.Err.State != "42000" ||
+			v.Reply.Err.Message != denied+tc.want {
+			t.Errorf("%s as %s:\n got %+v\nwant 1227 %s", tc.stmt, tc.user, v.Reply, denied+tc.want)
+		}
+	}
+}

@@ -22,7 +22,10 @@ import (
 func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) *mysqlproto.Reply {
 	s.cur.group = s.resolveGroup(ctx, st, be, set)
 	if s.cur.group == "" {
-		return &mysqlproto.Reply{Err: mysqlError(resourcegroup.NewAccessDenied())}
+		// Only the hint is refused: it names an existing group strict
+		// mode does not let the account use.
+		h, _ := resourcegroup.HintGroup(st.Scan.Hint, st.Mode())
+		return &mysqlproto.Reply{Err: mysqlError(s.deniedGroup("the RESOURCE_GROUP(" + resourcegroup.NormalizeName(h) + ") hint"))}
 	}
 	if set.Strict {
 		if g, ok := s.tagGroup(&st.Scan); ok && g != s.cur.group {

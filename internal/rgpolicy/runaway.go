@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-mysql-org/go-mysql/mysql"
+
 	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
@@ -213,14 +215,9 @@ func (s *session) Progress(_ *mysqlproto.Statement, responseBytes int64) {
 	}
 }
 
-// errRunawayKilled tells the client its statement was killed by a
-// QUERY_LIMIT (TiDB's 8253), instead of the backend's 1317.
-var errRunawayKilled = &mysqlproto.Error{Code: 8253, State: "HY000",
-	Message: "Query execution was interrupted, identified as runaway query"}
-
 // RewriteError implements mysqlproto.ErrorRewriter.
 func (s *session) RewriteError(_ *mysqlproto.Statement, code uint16) *mysqlproto.Error {
-	if gd := s.guard; gd != nil && code == 1317 && gd.rule.Action == resourcegroup.ActionKill && gd.fired.Load() {
+	if gd := s.guard; gd != nil && code == mysql.ER_QUERY_INTERRUPTED && gd.rule.Action == resourcegroup.ActionKill && gd.fired.Load() {
 		return errRunawayKilled
 	}
 	return nil
@@ -257,11 +254,6 @@ func (s *session) chargeGroupAfter(gd *runawayGuard, fired bool) string {
 	}
 	return s.cur.group
 }
-
-// errQuarantined answers a statement that matches a KILL watch: it never
-// reaches the backend (TiDB's 8254).
-var errQuarantined = &mysqlproto.Error{Code: 8254, State: "HY000",
-	Message: "Quarantined and interrupted because of being in runaway watch list"}
 
 // watch is Before's second step: it checks the statement against its
 // group's runaway watch list before it is forwarded. KILL answers it with

@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -223,7 +224,7 @@ func rewriteVirtual(q string, _ bool, refs []virtualRef, current string, table f
 			if !ok {
 				t, err := table(r.table)
 				if err != nil {
-					return "", err
+					return "", fmt.Errorf("rgpolicy: %s: %w", r.table, err)
 				}
 				sub = derivedTable(t)
 				built[r.table] = sub
@@ -363,14 +364,14 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 	case vtResourceGroups:
 		t, err := resultTable(resourcegroup.Execute(ctx, &resourcegroup.SelectGroups{}, s.p.tokens.Store()))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("rgpolicy: reading the groups: %w", err)
 		}
 		t.keepRows("NAME", readable)
 		return t, nil
 	case vtRunawayWatches:
 		t, err := resultTable(resourcegroup.Execute(ctx, &resourcegroup.SelectWatches{}, s.p.tokens.Store()))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("rgpolicy: reading the runaway watches: %w", err)
 		}
 		t.cols[0].numeric = true // ID
 		t.keepRows("RESOURCE_GROUP_NAME", readable)
@@ -414,7 +415,7 @@ func (s *session) readableSet(ctx context.Context, be mysqlproto.Backend) (map[s
 	if s.p.tokens.HasTagBindings() {
 		bs, err := s.p.tokens.Store().ListBindings(ctx)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("rgpolicy: reading the tag bindings: %w", err)
 		}
 		for _, b := range bs {
 			if b.IsTag() {
@@ -486,7 +487,7 @@ func (t *vtable) maskExactText() {
 func (s *session) bindingsTable(ctx context.Context, be mysqlproto.Backend) (*vtable, error) {
 	bs, err := s.p.tokens.Store().ListBindings(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rgpolicy: reading the bindings: %w", err)
 	}
 	super := s.hasSuper(ctx, be)
 	t := &vtable{cols: []vcol{{name: "USER"}, {name: "HOST"}, {name: "RESOURCE_GROUP"}, {name: "TAG_KEY"}, {name: "TAG_VALUE"}}}

@@ -81,3 +81,22 @@ func TestLimit(t *testing.T) {
 		}
 	}
 }
+
+// Browsers refuse the ports on the Fetch standard's bad-port list;
+// 10080, rgproxy's status port, is one of them.
+func TestBrowserBlocked(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:10080": true,
+		"127.0.0.1:6000":  true,
+		"[::1]:6697":      true,
+		"127.0.0.1:10081": false,
+		"127.0.0.1:3380":  false,
+		"127.0.0.1:4000":  false,
+		"127.0.0.1:0":     false,
+		"no port":         false,
+	} {
+		if got := BrowserBlocked(addr); got != want {
+			t.Errorf("BrowserBlocked(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
