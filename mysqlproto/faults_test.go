@@ -86,6 +86,18 @@ func newCutProxy(t *testing.T) *cutProxy {
 
 func (cp *cutProxy) cut() { cp.cutWith(nil) }
 
+// lingerZero makes the next cut a reset (RST) of rgproxy's side rather
+// than a close (FIN).
+func (cp *cutProxy) lingerZero() {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	for i, c := range cp.conns {
+		if i%2 == 0 {
+			_ = c.(*net.TCPConn).SetLinger(0)
+		}
+	}
+}
+
 // cutWith writes p to rgproxy's side of every relayed connection (as the
 // backend's last words), then cuts them.
 func (cp *cutProxy) cutWith(p []byte) {
@@ -134,13 +146,11 @@ func TestBackendResetMirrored(t *testing.T) {
 	cp := newCutProxy(t)
 	_, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String()})
 	victim := dialRaw(t, addr, "root", "")
-	cp.mu.Lock()
-	for i, c := range cp.conns {
-		if i%2 == 0 {
-			_ = c.(*net.TCPConn).SetLinger(0)
-		}
+	// An idle session: its login and first command are over.
+	if _, m := victim.cmd(respGeneric, false, []byte{mysql.COM_PING}); m.ErrCode != 0 {
+		t.Fatal("ping failed")
 	}
-	cp.mu.Unlock()
+	cp.lingerZero()
 	cp.cut()
 	_ = victim.c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := victim.br.ReadByte(); !errors.Is(err, syscall.ECONNRESET) {
@@ -223,18 +233,58 @@ func TestHandshakeTimeout(t *testing.T) {
 }
 
 // A backend that gives up on a client that never answers the greeting
-// (MariaDB's connect_timeout) closes that client at once.
+// closes that client at once, as it closed: MariaDB resets on
+// connect_timeout, and the client then reads a reset as it would directly.
 func TestBackendGivesUpDuringHandshake(t *testing.T) {
-	cp := newCutProxy(t)
-	s, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String(), HandshakeTimeout: time.Minute})
-	c := dialSilent(t, addr)
-	cp.cut()
-	start := time.Now()
-	expectEOF(t, c, 5*time.Second)
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("client closed %v after its backend", d)
+	for _, reset := range []bool{false, true} {
+		t.Run(map[bool]string{false: "close", true: "reset"}[reset], func(t *testing.T) {
+			cp := newCutProxy(t)
+			s, addr := startProxy(t, Config{BackendAddr: cp.ln.Addr().String(), HandshakeTimeout: time.Minute})
+			c := dialSilent(t, addr)
+			if reset {
+				cp.lingerZero()
+			}
+			cp.cut()
+			start := time.Now()
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err := io.ReadAll(c)
+			if reset && !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("client read %v, want a reset", err)
+			}
+			if !reset && err != nil {
+				t.Fatalf("client read %v, want EOF", err)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("client closed %v after its backend", d)
+			}
+			waitFor(t, func() bool { return s.Stats().Connections == 0 })
+		})
 	}
-	waitFor(t, func() bool { return s.Stats().Connections == 0 })
+}
+
+// A backend that resets a session just after its login OK (the cut may
+// reach rgproxy before or after it has relayed that OK and left the
+// login): the client reads the OK, then a reset, in either order.
+func TestBackendResetRightAfterLogin(t *testing.T) {
+	ln := serveTCP(t, func(c net.Conn) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		sc := &scriptConn{br: bufio.NewReader(c), bw: bufio.NewWriter(c), seq: 255, seen: &scriptSeen{}}
+		sc.send(mariaGreeting(supportedCaps, 0, "mysql_native_password"))
+		if _, ok := sc.recv(); !ok {
+			return
+		}
+		sc.send(okPkt(0, mysql.SERVER_STATUS_AUTOCOMMIT))
+		_ = c.(*net.TCPConn).SetLinger(0)
+	})
+	_, addr := startProxy(t, Config{BackendAddr: ln.Addr().String()})
+	for range 20 {
+		victim := dialRaw(t, addr, "root", "")
+		_ = victim.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := victim.br.ReadByte(); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("client read %v, want a reset", err)
+		}
+	}
 }
 
 // dialSilent connects and reads the greeting, and says nothing more.

@@ -197,6 +197,17 @@ func (ss *session) backendGone() error {
 	return fmt.Errorf("%w after ERR %w", errBackendClosed, parseErrPacket(p))
 }
 
+// backendReset reads what is left of a backend connection that closed
+// during the login (within a second) and reports whether it ended with a
+// reset, which the client then gets too: MariaDB resets a login that
+// outlives its connect_timeout.
+func (ss *session) backendReset() bool {
+	ss.acquire()
+	_ = ss.backend.SetReadDeadline(time.Now().Add(time.Second))
+	_, err := io.Copy(io.Discard, io.LimitReader(ss.brd, authLimit))
+	return errors.Is(err, syscall.ECONNRESET)
+}
+
 func newSession(s *Server, c net.Conn) *session {
 	ss := &session{
 		srv:        s,
@@ -443,7 +454,10 @@ func (ss *session) loginFailed(err error) {
 	case errors.As(err, &ce):
 		ss.protocolError(ce)
 	case ss.bstate.Load()&bwGone != 0 && !errors.Is(err, ErrBackendLost):
-		ss.log.Debug("backend closed the connection during login", "err", err)
+		if !errors.Is(err, errBackendClosed) { // else backendGone read the backend's end
+			ss.resetClient = ss.backendReset()
+		}
+		ss.log.Debug("backend closed the connection during login", "err", err, "reset", ss.resetClient)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		ss.srv.loginLog.event("timeout", "client", addr, "timeout", ss.srv.cfg.HandshakeTimeout, "err", err)
 	case errors.Is(err, errQuit):
@@ -620,7 +634,9 @@ func (ss *session) login() error {
 	}
 	_ = ss.rawBackend.SetDeadline(time.Time{})
 	if ss.leaveIdle() {
-		return errBackendClosed
+		// The backend closed after the OK the client now holds: to the
+		// client this is an idle session's backend gone.
+		return ss.backendGone()
 	}
 	ss.log = ss.log.With("user", ss.info.User, "backend_conn", ss.info.BackendConnID)
 	ss.log.Debug("session logged in")

@@ -65,6 +65,9 @@ type config struct {
 	// through rgproxy and for the control; each p99 is over all the
 	// rounds' statements on its side. Default 3.
 	Rounds int
+	// OneRounds of one heavy statement alone then beside direct copies;
+	// the ratio is the median of the rounds' ratios. Default 5.
+	OneRounds int
 	// VictimRate is the victim's statements per second; VictimThreads the
 	// sessions that share them. Defaults 300 and 2.
 	VictimRate    int
@@ -89,9 +92,9 @@ var aggressorQueries = map[string]string{
 	"sort": "SELECT id FROM rgproxy_bench.heavy ORDER BY CRC32(c) DESC LIMIT 5",
 }
 
-// oneRuns is how many times the one-statement RU is measured, alone and
-// beside; the figure is the median.
-const oneRuns = 5
+// oneRuns is how many times the one-statement RU is measured in a round,
+// alone and beside; the round's figure is the median.
+const oneRuns = 3
 
 // sleepQuery checks that waiting is not charged as CPU.
 const sleepQuery = "SELECT SLEEP(1)"
@@ -129,10 +132,15 @@ type Result struct {
 	AggressorOver  float64 `json:"aggressor_over"`
 	// One heavy statement's RU alone and beside copies running directly
 	// (each round's figure the median of oneRuns runs; these the medians
-	// over rounds, and of the rounds' ratios).
-	OneAloneRU  float64 `json:"one_alone_ru"`
-	OneBesideRU float64 `json:"one_beside_ru"`
-	OneRatio    float64 `json:"one_ratio"`
+	// over rounds, and of the rounds' ratios), and the same for its wall
+	// time: what wall-time metering would charge it.
+	OneAloneRU     float64   `json:"one_alone_ru"`
+	OneBesideRU    float64   `json:"one_beside_ru"`
+	OneRatio       float64   `json:"one_ratio"`
+	OneAloneWall   float64   `json:"one_alone_wall_ms"`
+	OneBesideWall  float64   `json:"one_beside_wall_ms"`
+	OneWallRatio   float64   `json:"one_wall_ratio"`
+	OneRatioRounds []float64 `json:"one_ratio_rounds"`
 }
 
 // Report is everything one run measured.
@@ -173,6 +181,7 @@ func parseArgs(args []string) (config, error) {
 	fs.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "the aggressor runs this long before the victim's phase beside it")
 	fs.DurationVar(&cfg.Throttled, "throttled", 60*time.Second, "victim beside the aggressor through rgproxy, in one continuous phase (the aggressor's RU check)")
 	fs.IntVar(&cfg.Rounds, "rounds", 3, "rounds of the victim alone then beside the aggressor; each p99 is over all rounds")
+	fs.IntVar(&cfg.OneRounds, "one-rounds", 5, "rounds of one heavy statement alone then beside direct copies; the ratio is the median of the rounds'")
 	fs.IntVar(&cfg.VictimRate, "victim-rate", 300, "victim statements per second")
 	fs.IntVar(&cfg.VictimThreads, "victim-threads", 2, "victim sessions")
 	fs.IntVar(&cfg.Aggressors, "aggressors", 8, "aggressor sessions")
@@ -189,7 +198,7 @@ func parseArgs(args []string) (config, error) {
 		}
 		cfg.Kinds = append(cfg.Kinds, k)
 	}
-	if cfg.VictimRate <= 0 || cfg.VictimThreads <= 0 || cfg.Aggressors <= 0 || cfg.RUPerSec <= 0 || cfg.Rows <= 0 || cfg.Rounds <= 0 {
+	if cfg.VictimRate <= 0 || cfg.VictimThreads <= 0 || cfg.Aggressors <= 0 || cfg.RUPerSec <= 0 || cfg.Rows <= 0 || cfg.Rounds <= 0 || cfg.OneRounds <= 0 {
 		return cfg, errors.New("rates, sessions and rows must be > 0")
 	}
 	if cfg.Phase <= 0 || cfg.Throttled <= 0 || cfg.Warmup < 0 {
@@ -233,7 +242,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 	if rep.CPUSource, err = sys.cpuSource(); err != nil {
 		return nil, err
 	}
-	if rep.SleepCPU, err = oneStatementRU(ctx, sys.proxy, "root", sleepQuery); err != nil {
+	if rep.SleepCPU, _, err = oneStatementRU(ctx, sys.proxy, "root", sleepQuery); err != nil {
 		return nil, err
 	}
 	rep.SleepCPU -= 0.625 // the base cost; what is left is CPU
@@ -285,14 +294,17 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 		r.ProxyRatio = r.ProxyBesideP99 / r.ProxyAloneP99
 		r.VictimErrors += pAlone.errors.Load() + pBeside.errors.Load()
 
-		// One statement's RU alone, then beside copies, in rounds: the
-		// same statement's CPU time alone moves by a third from one minute
-		// to the next on this kind of machine, so each round's ratio
-		// compares neighbours in time, and the figures are the medians.
-		var oneAlone, oneBeside, oneRatio []float64
-		for round := 1; round <= cfg.Rounds; round++ {
-			logf("%s, round %d/%d: one heavy statement alone, then beside %d direct copies", kind, round, cfg.Rounds, cfg.Aggressors)
-			alone, err := oneStatementRU(ctx, sys.proxy, "root", q)
+		// One statement's RU alone, then beside copies, in short rounds:
+		// the same scan's CPU time alone spreads over ±30% from one run to
+		// the next on a shared 2-vCPU VM (107–196 ms of CPU in one minute,
+		// busy or not: a memory-bound scan's cycles follow the caches), so
+		// one batch against the next reads up to 1.4× with nothing beside
+		// it. Each round's ratio compares neighbours in time, and the
+		// figures are the medians of many rounds.
+		var oneAlone, oneBeside, oneRatio, aloneWall, besideWall, wallRatio []float64
+		for round := 1; round <= cfg.OneRounds; round++ {
+			logf("%s, round %d/%d: one heavy statement alone, then beside %d direct copies", kind, round, cfg.OneRounds, cfg.Aggressors)
+			alone, aWall, err := oneStatementRU(ctx, sys.proxy, "root", q)
 			if err != nil {
 				return nil, err
 			}
@@ -300,15 +312,18 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 			var wg sync.WaitGroup
 			loadDirect(cfg.Backend, q, cfg.Aggressors, stop, &wg)
 			time.Sleep(500 * time.Millisecond)
-			beside, err := oneStatementRU(ctx, sys.proxy, "root", q)
+			beside, bWall, err := oneStatementRU(ctx, sys.proxy, "root", q)
 			close(stop)
 			wg.Wait()
 			if err != nil {
 				return nil, err
 			}
 			oneAlone, oneBeside, oneRatio = append(oneAlone, alone), append(oneBeside, beside), append(oneRatio, beside/alone)
+			aloneWall, besideWall, wallRatio = append(aloneWall, aWall), append(besideWall, bWall), append(wallRatio, bWall/aWall)
 		}
 		r.OneAloneRU, r.OneBesideRU, r.OneRatio = median(oneAlone), median(oneBeside), median(oneRatio)
+		r.OneAloneWall, r.OneBesideWall, r.OneWallRatio = median(aloneWall), median(besideWall), median(wallRatio)
+		r.OneRatioRounds = oneRatio
 
 		// The control: one session straight on the backend, a statement
 		// every stmtRU ÷ RU_PER_SEC seconds: the pace the group's rate pays
@@ -602,39 +617,38 @@ func loadDirect(addr, q string, n int, stop chan struct{}, wg *sync.WaitGroup) {
 }
 
 // oneStatementRU runs q through rgproxy, oneRuns times, and returns the
-// median of its RU (SHOW LAST STATEMENT RU on the same session); for
-// SELECT SLEEP(1), three times and the largest: once its shape is known,
-// a waiting statement must still be read as the little CPU it is.
-func oneStatementRU(ctx context.Context, addr, user, q string) (float64, error) {
+// median of its RU (SHOW LAST STATEMENT RU on the same session) and of its
+// wall time in milliseconds; for SELECT SLEEP(1), the largest RU: once its
+// shape is known, a waiting statement must still be read as the little
+// CPU it is.
+func oneStatementRU(ctx context.Context, addr, user, q string) (ru, wallMS float64, err error) {
 	db, err := openDB(addr, user, "")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer db.Close()
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer conn.Close()
-	runs := oneRuns
-	if q == sleepQuery {
-		runs = 3
-	}
-	var rus []float64
-	for range runs {
+	var rus, walls []float64
+	for range oneRuns {
+		start := time.Now()
 		if _, err := conn.ExecContext(ctx, q); err != nil {
-			return 0, fmt.Errorf("%s: %w", q, err)
+			return 0, 0, fmt.Errorf("%s: %w", q, err)
 		}
+		walls = append(walls, float64(time.Since(start).Microseconds())/1e3)
 		v, err := lastStatementRU(ctx, conn)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		rus = append(rus, v)
 	}
 	if q == sleepQuery {
-		return slices.Max(rus), nil
+		return slices.Max(rus), median(walls), nil
 	}
-	return median(rus), nil
+	return median(rus), median(walls), nil
 }
 
 // lastStatementRU is SHOW LAST STATEMENT RU's RRU + WRU on conn.
@@ -811,6 +825,8 @@ func printReport(w io.Writer, cfg config, rep *Report) {
 		fmt.Fprintf(w, "%-6s %9.2f %9.2f %7.1fx %9.2f %9.2f %7.2fx %10.0f %10.0f %+9.1f%% %8.1f %8.1f %7.2fx\n", r.Kind,
 			r.DirectAloneP99, r.DirectBesideP99, r.DirectRatio, r.ProxyAloneP99, r.ProxyBesideP99, r.ProxyRatio,
 			r.AggressorRU, r.AggressorLimit, 100*r.AggressorOver, r.OneAloneRU, r.OneBesideRU, r.OneRatio)
+		fmt.Fprintf(w, "       one statement's wall time alone %.0f ms, beside %d direct copies %.0f ms, %.1fx (what wall-time metering would charge); RU ratio by round %.2f\n",
+			r.OneAloneWall, cfg.Aggressors, r.OneBesideWall, r.OneWallRatio, r.OneRatioRounds)
 		fmt.Fprintf(w, "       aggressor through rgproxy: %d statements, %d errors; victim errors %d\n",
 			r.AggressorStatements, r.AggressorErrors, r.VictimErrors)
 		fmt.Fprintf(w, "       victim p99 through rgproxy over the continuous %v throttled phase: %.2f ms, %.2fx alone; median of its %v windows: %.2f ms, %.2fx\n",

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/rgproxy/rgproxy/internal/clock"
 )
 
 // errThrottledCode is TiDB's (and rgproxy's) "Exceeded resource group
@@ -201,76 +203,117 @@ func session(ctx context.Context, db *sql.DB, cfg config, u *userLoad, log *slog
 	}
 }
 
-// run drives the load until ctx ends or cfg.Duration passes, printing a
-// rate line every cfg.Interval and totals at the end.
-func run(ctx context.Context, cfg config, out io.Writer, log *slog.Logger) ([]counts, error) {
-	if cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
-		defer cancel()
-	}
-	users := make([]*userLoad, len(cfg.Accounts))
-	names := make([]string, len(cfg.Accounts))
-	dbs := make([]*sql.DB, len(cfg.Accounts))
-	for i, a := range cfg.Accounts {
+// load is one run's users: a connection pool and counters for each.
+type load struct {
+	cfg   config
+	users []*userLoad
+	names []string
+	dbs   []*sql.DB
+}
+
+// open connects as each user, failing at once on a wrong address or
+// password rather than once per session. close releases the pools.
+func open(ctx context.Context, cfg config) (*load, error) {
+	l := &load{cfg: cfg}
+	for _, a := range cfg.Accounts {
 		mc := mysql.NewConfig()
 		mc.User, mc.Passwd, mc.Net, mc.Addr = a.Name, a.Password, "tcp", cfg.Addr
 		mc.Timeout = 5 * time.Second
 		connector, err := mysql.NewConnector(mc)
 		if err != nil {
+			l.close()
 			return nil, fmt.Errorf("user %s: %w", a.Name, err)
 		}
 		db := sql.OpenDB(connector)
-		defer db.Close()
 		db.SetMaxOpenConns(cfg.Clients)
 		db.SetMaxIdleConns(cfg.Clients)
-		// Fail at once on a wrong address or password, not once per session.
+		l.dbs = append(l.dbs, db)
 		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 		err = db.PingContext(pctx)
 		pcancel()
 		if err != nil {
+			l.close()
 			return nil, fmt.Errorf("user %s at %s: %w (create the users first: see README, Walkthrough)", a.Name, cfg.Addr, err)
 		}
-		users[i], names[i], dbs[i] = &userLoad{name: a.Name}, a.Name, db
+		l.users, l.names = append(l.users, &userLoad{name: a.Name}), append(l.names, a.Name)
 	}
-	fmt.Fprintf(out, "demo-load: %d sessions per user (%s) through %s running %q; Ctrl-C stops\n",
-		cfg.Clients, strings.Join(names, ", "), cfg.Addr, cfg.Query)
+	return l, nil
+}
 
+func (l *load) close() {
+	for _, db := range l.dbs {
+		db.Close()
+	}
+}
+
+func (l *load) snap() []counts {
+	s := make([]counts, len(l.users))
+	for i, u := range l.users {
+		s[i] = u.snapshot()
+	}
+	return s
+}
+
+// run drives the load until ctx ends or cfg.Duration has passed on clk,
+// printing a rate line every cfg.Interval and totals at the end. The
+// duration counts from when the sessions start (logging in is not part of
+// it), and its end is a tick of its own: a 3 s run at 1 s intervals prints
+// three lines however slowly the machine runs; Ctrl-C prints none for the
+// interval it cuts short.
+func (l *load) run(ctx context.Context, clk clock.Clock, out io.Writer, log *slog.Logger) []counts {
+	cfg := l.cfg
+	fmt.Fprintf(out, "demo-load: %d sessions per user (%s) through %s running %q; Ctrl-C stops\n",
+		cfg.Clients, strings.Join(l.names, ", "), cfg.Addr, cfg.Query)
+	sctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	for i, u := range users {
+	for i, u := range l.users {
 		for range cfg.Clients {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				session(ctx, dbs[i], cfg, u, log)
+				session(sctx, l.dbs[i], cfg, u, log)
 			}()
 		}
 	}
-	snap := func() []counts {
-		s := make([]counts, len(users))
-		for i, u := range users {
-			s[i] = u.snapshot()
+	start := clk.Now()
+	end := start.Add(cfg.Duration)
+	prev, prevAt := l.snap(), start
+	for k := 1; ; k++ {
+		at := start.Add(time.Duration(k) * cfg.Interval)
+		last := cfg.Duration > 0 && !at.Before(end)
+		if last {
+			at = end
 		}
-		return s
-	}
-	start := time.Now()
-	prev, prevAt := snap(), start
-	tick := time.NewTicker(cfg.Interval)
-	defer tick.Stop()
-	for done := false; !done; {
+		t := clk.NewTimer(at.Sub(clk.Now()))
 		select {
 		case <-ctx.Done():
-			done = true
-		case now := <-tick.C:
-			cur := snap()
-			fmt.Fprintln(out, rateLine(now.Sub(start), names, prev, cur, now.Sub(prevAt)))
+			t.Stop()
+			last = true
+		case now := <-t.C():
+			cur := l.snap()
+			fmt.Fprintln(out, rateLine(now.Sub(start), l.names, prev, cur, now.Sub(prevAt)))
 			prev, prevAt = cur, now
 		}
+		if last {
+			break
+		}
 	}
+	stop()
 	wg.Wait()
-	total := snap()
-	fmt.Fprintln(out, "total:", rateLine(time.Since(start), names, make([]counts, len(users)), total, time.Since(start)))
-	return total, nil
+	total := l.snap()
+	took := clk.Now().Sub(start)
+	fmt.Fprintln(out, "total:", rateLine(took, l.names, make([]counts, len(l.users)), total, took))
+	return total
+}
+
+// run connects as every user and drives the load (load.run).
+func run(ctx context.Context, cfg config, clk clock.Clock, out io.Writer, log *slog.Logger) ([]counts, error) {
+	l, err := open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer l.close()
+	return l.run(ctx, clk, out, log), nil
 }
 
 func main() {
@@ -285,7 +328,7 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if _, err := run(ctx, cfg, os.Stdout, log); err != nil {
+	if _, err := run(ctx, cfg, clock.Real{}, os.Stdout, log); err != nil {
 		fmt.Fprintln(os.Stderr, "demo-load:", err)
 		os.Exit(1)
 	}

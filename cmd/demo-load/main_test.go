@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/rgproxy/rgproxy/internal/clock"
 )
 
 func TestParseAccounts(t *testing.T) {
@@ -133,7 +135,9 @@ func TestRateLine(t *testing.T) {
 }
 
 // TestRunAgainstMariaDB drives the shared MariaDB directly (no rgproxy:
-// nothing is throttled) for a short while.
+// nothing is throttled) for 300 ms of a fake clock at 100 ms intervals:
+// exactly three rate lines and the totals, however slowly this machine
+// runs, once a statement has run (or failed) before the clock moves.
 func TestRunAgainstMariaDB(t *testing.T) {
 	quiet := slog.New(slog.DiscardHandler)
 	for _, tc := range []struct {
@@ -148,19 +152,49 @@ func TestRunAgainstMariaDB(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config{Addr: "127.0.0.1:3306", Accounts: []account{{"root", ""}}, Clients: 2, Query: tc.query,
 				Duration: 300 * time.Millisecond, Interval: 100 * time.Millisecond, Backoff: 10 * time.Millisecond}
-			var out bytes.Buffer
-			total, err := run(context.Background(), cfg, &out, quiet)
+			l, err := open(context.Background(), cfg)
 			if err != nil {
 				t.Skipf("MariaDB on 127.0.0.1:3306 not reachable as root: %v", err)
+			}
+			defer l.close()
+			clk := clock.NewFake()
+			var out bytes.Buffer
+			done := make(chan []counts, 1)
+			go func() { done <- l.run(context.Background(), clk, &out, quiet) }()
+			waitFor(t, func() bool { c := l.snap()[0]; return c.OK+c.Failed > 0 })
+			for range 3 {
+				waitFor(t, func() bool { return clk.Pending() == 1 }) // the next tick is armed
+				clk.Advance(cfg.Interval)
+			}
+			var total []counts
+			select {
+			case total = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("run did not end at the end of its duration")
 			}
 			if got := total[0]; (got.OK > 0) != tc.wantOK || (got.Failed > 0) != tc.wantFailed || got.Throttled != 0 {
 				t.Errorf("totals %+v", got)
 			}
 			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-			if len(lines) < 3 || !strings.HasPrefix(lines[len(lines)-1], "total:") || !strings.Contains(lines[1], "root:") {
+			ok := len(lines) == 5 && strings.HasPrefix(lines[4], "total:    0.3s  root:")
+			for i, want := range []string{"   0.1s  root:", "   0.2s  root:", "   0.3s  root:"} {
+				ok = ok && strings.HasPrefix(lines[i+1], want)
+			}
+			if !ok {
 				t.Errorf("output:\n%s", out.String())
 			}
 		})
+	}
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met after 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -168,7 +202,7 @@ func TestRunFailsFastOnBadAddress(t *testing.T) {
 	cfg := config{Addr: "127.0.0.1:1", Accounts: []account{{"u", "p"}}, Clients: 1, Query: "SELECT 1",
 		Interval: time.Second, Backoff: time.Millisecond}
 	start := time.Now()
-	if _, err := run(context.Background(), cfg, io.Discard, slog.New(slog.DiscardHandler)); err == nil ||
+	if _, err := run(context.Background(), cfg, clock.Real{}, io.Discard, slog.New(slog.DiscardHandler)); err == nil ||
 		!strings.Contains(err.Error(), "user u") {
 		t.Fatalf("run against a closed port: %v", err)
 	}
