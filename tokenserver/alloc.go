@@ -629,6 +629,9 @@ type Allocator struct {
 	cfg    AllocConfig
 	groups map[string]*Bucket
 	dirty  []*Bucket
+	// gen counts the groups added and removed, so that a list of the
+	// buckets kept outside (the scrape's order by name) knows it is stale.
+	gen uint64
 }
 
 // NewAllocator returns an empty allocator.
@@ -649,6 +652,7 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 			b.tokens = s.Capacity()
 		}
 		a.groups[name] = b
+		a.gen++
 		return
 	}
 	b.advance(now)
@@ -669,7 +673,15 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 
 // RemoveGroup forgets a dropped group (a dirty list entry is skipped
 // later: it is no longer the group's bucket).
-func (a *Allocator) RemoveGroup(name string) { delete(a.groups, name) }
+func (a *Allocator) RemoveGroup(name string) {
+	if _, ok := a.groups[name]; ok {
+		delete(a.groups, name)
+		a.gen++
+	}
+}
+
+// Gen changes whenever a group is added or removed.
+func (a *Allocator) Gen() uint64 { return a.gen }
 
 // Len is the number of groups held.
 func (a *Allocator) Len() int { return len(a.groups) }

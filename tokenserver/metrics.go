@@ -6,9 +6,11 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
@@ -128,7 +130,7 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 
 // groupRow is one group's series at one scrape.
 type groupRow struct {
-	name      string
+	label     string // the group's name escaped as a label value
 	usage     ru.Consumption
 	granted   float64
 	throttled float64
@@ -138,25 +140,95 @@ type groupRow struct {
 	clients   int
 }
 
-// groupRows reads every group's series (walkGroups: a chunk of groups
-// per hold of the grant lock), sorted by name.
-func (s *Server) groupRows() []groupRow {
-	now := s.now()
+// scrapeCache is what one scrape keeps for the next, so that a scrape
+// of 100,000 groups costs the writing of their series and little else:
+// the buckets in name order (sorted again only when groups come or go),
+// the rows' memory and the gzip writer. One scrape uses it at a time; a
+// scrape that finds it in use (a second scraper, or a first that a slow
+// client holds up) makes its own.
+type scrapeCache struct {
+	mu sync.Mutex
+	// order is alloc's buckets by name, as of alloc's generation gen;
+	// labels their names escaped as label values, side by side in one
+	// string, so that writing a million series reads them in order
+	// rather than from a hundred thousand places in the heap.
+	alloc  *Allocator
+	gen    uint64
+	order  []*Bucket
+	labels []string
+	rows   []groupRow
+	gz     *gzip.Writer
+}
+
+// byName returns the buckets by name, from c.order when no group came or
+// went since it was built; otherwise it lists them a chunk per hold of
+// the grant lock and sorts them outside it (a bucket's name never
+// changes). A group added or dropped during the listing may or may not
+// be in it; the next scrape sees the new generation and lists again.
+func (s *Server) byName(c *scrapeCache) []*Bucket {
 	s.mu.Lock()
-	rows := make([]groupRow, 0, s.alloc.Len())
+	a := s.alloc
+	if c.alloc == a && c.gen == a.gen {
+		s.mu.Unlock()
+		return c.order
+	}
+	gen := a.gen
+	order := c.order[:0]
+	if cap(order) < len(a.groups) {
+		order = make([]*Bucket, 0, len(a.groups)+len(a.groups)/8)
+	}
+	n := 0
+	for _, b := range a.groups {
+		order = append(order, b)
+		if n++; n%walkChunk == 0 {
+			s.mu.Unlock()
+			runtime.Gosched() // let waiting grants in
+			s.mu.Lock()
+		}
+	}
 	s.mu.Unlock()
-	s.walkGroups(func(b *Bucket) {
-		r := groupRow{name: b.name, usage: b.usage, granted: b.granted, throttled: b.throttled, rate: float64(b.settings.RUPerSec),
-			clients: len(b.slots), limited: !b.settings.Unlimited()}
-		if b.settings.RUPerSec == resourcegroup.Unlimited {
-			r.rate = math.Inf(1)
+	slices.SortFunc(order, func(x, y *Bucket) int { return strings.Compare(x.name, y.name) })
+	var arena []byte
+	ends := make([]int, len(order))
+	for i, b := range order {
+		arena = appendLabelValue(arena, b.name)
+		ends[i] = len(arena)
+	}
+	all, start := string(arena), 0
+	labels := c.labels[:0]
+	for _, end := range ends {
+		labels = append(labels, all[start:end])
+		start = end
+	}
+	c.alloc, c.gen, c.order, c.labels = a, gen, order, labels
+	return order
+}
+
+// groupRows reads every group's series, by name: a chunk of buckets per
+// hold of the grant lock, each copied into a row, so that a grant waits
+// at most for a chunk's copy. A bucket dropped since byName listed it may
+// still be read (as when the scrape started a moment earlier).
+func (s *Server) groupRows(c *scrapeCache) []groupRow {
+	order := s.byName(c)
+	now := s.now()
+	rows := c.rows[:0]
+	for i := 0; i < len(order); i += walkChunk {
+		s.mu.Lock()
+		for k, b := range order[i:min(i+walkChunk, len(order))] {
+			r := groupRow{label: c.labels[i+k], usage: b.usage, granted: b.granted, throttled: b.throttled, rate: float64(b.settings.RUPerSec),
+				clients: len(b.slots), limited: !b.settings.Unlimited()}
+			if b.settings.RUPerSec == resourcegroup.Unlimited {
+				r.rate = math.Inf(1)
+			}
+			if r.limited {
+				r.tokens = b.Tokens(now)
+			}
+			rows = append(rows, r)
 		}
-		if r.limited {
-			r.tokens = b.Tokens(now)
-		}
-		rows = append(rows, r)
-	})
-	slices.SortFunc(rows, func(a, b groupRow) int { return strings.Compare(a.name, b.name) })
+		s.mu.Unlock()
+		runtime.Gosched()
+	}
+	c.rows = rows
 	return rows
 }
 
@@ -202,12 +274,22 @@ var groupFamilies = []groupFamily{
 		value: func(r *groupRow, _ int) (float64, bool) { return float64(r.clients), true }},
 }
 
+// writeYield is how many series writeGroupMetrics writes between two
+// yields of its processor: a scrape of 100,000 groups writes a million
+// lines, and grants that wait for a processor go first.
+const writeYield = 1024
+
+// writeChunk is how many bytes writeGroupMetrics gathers before it
+// writes them: at least a bufio.Writer's buffer, so that they pass it
+// without a copy.
+const writeChunk = 64 << 10
+
 // writeGroupMetrics writes every group's series in the text exposition
 // format.
-func writeGroupMetrics(w *bufio.Writer, rows []groupRow) error {
-	var buf []byte
+func writeGroupMetrics(w io.Writer, rows []groupRow) error {
+	buf := make([]byte, 0, writeChunk+4<<10)
 	for _, f := range groupFamilies {
-		buf = append(buf[:0], "# HELP "...)
+		buf = append(buf, "# HELP "...)
 		buf = append(buf, f.name...)
 		buf = append(buf, ' ')
 		buf = append(buf, f.help...)
@@ -216,35 +298,41 @@ func writeGroupMetrics(w *bufio.Writer, rows []groupRow) error {
 		buf = append(buf, ' ')
 		buf = append(buf, f.typ...)
 		buf = append(buf, '\n')
-		if _, err := w.Write(buf); err != nil {
-			return err
+		// What comes before and after a series' group name.
+		head := f.name + `{resource_group="`
+		tails := []string{`"} `}
+		if len(f.labels) > 0 {
+			tails = tails[:0]
+			for _, l := range f.labels {
+				tails = append(tails, `",`+l+"} ")
+			}
 		}
-		n := max(len(f.labels), 1)
 		for i := range rows {
+			if i%writeYield == writeYield-1 {
+				runtime.Gosched()
+			}
 			r := &rows[i]
-			for j := 0; j < n; j++ {
+			for j, tail := range tails {
 				v, ok := f.value(r, j)
 				if !ok {
 					continue
 				}
-				buf = append(buf[:0], f.name...)
-				buf = append(buf, `{resource_group="`...)
-				buf = appendLabelValue(buf, r.name)
-				buf = append(buf, '"')
-				if len(f.labels) > 0 {
-					buf = append(buf, ',')
-					buf = append(buf, f.labels[j]...)
-				}
-				buf = append(buf, "} "...)
+				buf = append(buf, head...)
+				buf = append(buf, r.label...)
+				buf = append(buf, tail...)
 				buf = appendValue(buf, v)
 				buf = append(buf, '\n')
+			}
+			if len(buf) >= writeChunk {
 				if _, err := w.Write(buf); err != nil {
 					return err
 				}
+				buf = buf[:0]
 			}
 		}
 	}
-	return nil
+	_, err := w.Write(buf)
+	return err
 }
 
 // appendLabelValue escapes a label value as the text format wants.
@@ -278,10 +366,10 @@ func appendValue(buf []byte, v float64) []byte {
 
 // MetricsHandler serves /metrics in the text exposition format: the
 // families of g (the registry of the process and Go metrics and this
-// server's own), then every group's series written straight from the
-// allocator, a chunk of groups per hold of the grant lock, so that a
-// scrape of 100,000 groups costs tens of milliseconds and never holds
-// grants up.
+// server's own), then every group's series, copied from the allocator a
+// chunk of groups per hold of the grant lock (groupRows) and written
+// outside it, yielding to grants as it goes, so that a scrape of 100,000
+// groups never holds grants up.
 func (s *Server) MetricsHandler(g prometheus.Gatherer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mfs, err := g.Gather()
@@ -289,15 +377,25 @@ func (s *Server) MetricsHandler(g prometheus.Gatherer) http.Handler {
 			http.Error(w, "gather metrics: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
-		rows := s.groupRows()
+		c := &s.scrapes
+		if c.mu.TryLock() {
+			defer c.mu.Unlock()
+		} else {
+			c = &scrapeCache{}
+		}
+		rows := s.groupRows(c)
 		format := expfmt.NewFormat(expfmt.TypeTextPlain)
 		w.Header().Set("Content-Type", string(format))
 		var out io.Writer = w
 		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
 			w.Header().Set("Content-Encoding", "gzip")
-			gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
-			defer gz.Close()
-			out = gz
+			if c.gz == nil {
+				c.gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
+			} else {
+				c.gz.Reset(w)
+			}
+			defer c.gz.Close()
+			out = c.gz
 		}
 		bw := bufio.NewWriterSize(out, 64<<10)
 		enc := expfmt.NewEncoder(bw, format)

@@ -119,6 +119,8 @@ type Server struct {
 	// openStreams counts the AcquireTokens and Watch streams open on this
 	// replica, for the console (Overview).
 	openStreams [numKinds]atomic.Int64
+	// scrapes is what a /metrics scrape keeps for the next (metrics.go).
+	scrapes scrapeCache
 }
 
 // New returns a server over an etcd client. Call Run to load settings and
@@ -723,6 +725,7 @@ func (s *Server) persist(ctx context.Context, handover bool) error {
 			}
 		}
 		s.mu.Unlock()
+		runtime.Gosched() // let waiting grants in
 	}
 	for len(todo) > 0 {
 		n := min(len(todo), maxTxnOps)
