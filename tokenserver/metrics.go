@@ -2,7 +2,6 @@ package tokenserver
 
 import (
 	"bufio"
-	"compress/gzip"
 	"io"
 	"math"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 

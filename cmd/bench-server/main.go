@@ -165,7 +165,7 @@ func compare(out io.Writer, rs []result, o options) {
 		mode = fmt.Sprintf("paced at %.0f group-grants/s", o.rate)
 	}
 	fmt.Fprintf(out, "compared: %d proxies, %d groups per message, %s, %s\n", o.proxies, o.perMsg, mode, scr)
-	fmt.Fprintf(out, "%8s  %11s  %11s  %11s  %9s  %13s  %10s  %8s\n", "groups", "p50", "p99", "max", "p99 ratio", "CPU per grant", "peak RSS", "slowest scrape")
+	fmt.Fprintf(out, "%8s  %9s  %9s  %9s  %9s  %13s  %8s  %14s\n", "groups", "p50", "p99", "max", "p99 ratio", "CPU per grant", "peak RSS", "slowest scrape")
 	for _, r := range rs {
 		cpu, rss := "unknown", "unknown"
 		if !math.IsNaN(r.cpuPerGrant) {
@@ -178,7 +178,7 @@ func compare(out io.Writer, rs []result, o options) {
 		if r.scrapes > 0 {
 			slowest = r.slowestScrape.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(out, "%8d  %11v  %11v  %11v  %8.2fx  %13s  %10s  %8s\n", r.groups, round(r.p50), round(r.p99), round(r.max),
+		fmt.Fprintf(out, "%8d  %9v  %9v  %9v  %8.2fx  %13s  %8s  %14s\n", r.groups, round(r.p50), round(r.p99), round(r.max),
 			float64(r.p99)/float64(rs[0].p99), cpu, rss, slowest)
 	}
 	last := rs[len(rs)-1]
