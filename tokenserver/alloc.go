@@ -630,7 +630,9 @@ type Allocator struct {
 	groups map[string]*Bucket
 	dirty  []*Bucket
 	// gen counts the groups added and removed, so that a list of the
-	// buckets kept outside (the scrape's order by name) knows it is stale.
+	// groups kept outside (the scrape's names in order) knows it is
+	// stale. An allocator that replaces another starts above its gen
+	// (Succeed).
 	gen uint64
 }
 
@@ -680,8 +682,13 @@ func (a *Allocator) RemoveGroup(name string) {
 	}
 }
 
-// Gen changes whenever a group is added or removed.
+// Gen changes whenever a group is added or removed, and from an
+// allocator to the one that succeeds it.
 func (a *Allocator) Gen() uint64 { return a.gen }
+
+// Succeed makes a, a new allocator, the successor of old: its generation
+// starts above old's, so that nothing kept from old passes for a's.
+func (a *Allocator) Succeed(old *Allocator) { a.gen = max(a.gen, old.gen) + 1 }
 
 // Len is the number of groups held.
 func (a *Allocator) Len() int { return len(a.groups) }

@@ -142,44 +142,44 @@ type groupRow struct {
 
 // scrapeCache is what one scrape keeps for the next, so that a scrape
 // of 100,000 groups costs the writing of their series and little else:
-// the buckets in name order (sorted again only when groups come or go),
-// the rows' memory and the gzip writer. One scrape uses it at a time; a
-// scrape that finds it in use (a second scraper, or a first that a slow
-// client holds up) makes its own.
+// the groups' names in order (sorted again only when groups come or go),
+// the rows' memory and the gzip writer. It keeps names, not buckets, so
+// that it never holds on to a dropped group's bucket or an earlier
+// term's allocator. One scrape uses it at a time; a scrape that finds it
+// in use (a second scraper, or a first that a slow client holds up)
+// makes its own.
 type scrapeCache struct {
 	mu sync.Mutex
-	// order is alloc's buckets by name, as of alloc's generation gen;
-	// labels their names escaped as label values, side by side in one
-	// string, so that writing a million series reads them in order
-	// rather than from a hundred thousand places in the heap.
-	alloc  *Allocator
+	// names are the groups by name as of the allocator's generation gen
+	// (valid when listed); labels are the same names escaped as label
+	// values, side by side in one string, so that writing a million
+	// series reads them in order rather than from a hundred thousand
+	// places in the heap.
+	listed bool
 	gen    uint64
-	order  []*Bucket
+	names  []string
 	labels []string
 	rows   []groupRow
 	gz     *gzip.Writer
 }
 
-// byName returns the buckets by name, from c.order when no group came or
-// went since it was built; otherwise it lists them a chunk per hold of
-// the grant lock and sorts them outside it (a bucket's name never
-// changes). A group added or dropped during the listing may or may not
-// be in it; the next scrape sees the new generation and lists again.
-func (s *Server) byName(c *scrapeCache) []*Bucket {
+// list brings c.names and c.labels up to the allocator: when a group came
+// or went since they were made, it lists the names a chunk per hold of
+// the grant lock and sorts them outside it. A group added or dropped
+// during the listing may or may not be in it; the next scrape sees the
+// new generation and lists again.
+func (s *Server) list(c *scrapeCache) {
 	s.mu.Lock()
 	a := s.alloc
-	if c.alloc == a && c.gen == a.gen {
+	if c.listed && c.gen == a.gen {
 		s.mu.Unlock()
-		return c.order
+		return
 	}
 	gen := a.gen
-	order := c.order[:0]
-	if cap(order) < len(a.groups) {
-		order = make([]*Bucket, 0, len(a.groups)+len(a.groups)/8)
-	}
+	names := c.names[:0]
 	n := 0
-	for _, b := range a.groups {
-		order = append(order, b)
+	for name := range a.groups {
+		names = append(names, name)
 		if n++; n%walkChunk == 0 {
 			s.mu.Unlock()
 			runtime.Gosched() // let waiting grants in
@@ -187,11 +187,11 @@ func (s *Server) byName(c *scrapeCache) []*Bucket {
 		}
 	}
 	s.mu.Unlock()
-	slices.SortFunc(order, func(x, y *Bucket) int { return strings.Compare(x.name, y.name) })
+	slices.Sort(names)
 	var arena []byte
-	ends := make([]int, len(order))
-	for i, b := range order {
-		arena = appendLabelValue(arena, b.name)
+	ends := make([]int, len(names))
+	for i, name := range names {
+		arena = appendLabelValue(arena, name)
 		ends[i] = len(arena)
 	}
 	all, start := string(arena), 0
@@ -200,21 +200,23 @@ func (s *Server) byName(c *scrapeCache) []*Bucket {
 		labels = append(labels, all[start:end])
 		start = end
 	}
-	c.alloc, c.gen, c.order, c.labels = a, gen, order, labels
-	return order
+	c.listed, c.gen, c.names, c.labels = true, gen, names, labels
 }
 
-// groupRows reads every group's series, by name: a chunk of buckets per
+// groupRows reads every group's series, by name: a chunk of groups per
 // hold of the grant lock, each copied into a row, so that a grant waits
-// at most for a chunk's copy. A bucket dropped since byName listed it may
-// still be read (as when the scrape started a moment earlier).
+// at most for a chunk's copy. A group dropped since list is left out.
 func (s *Server) groupRows(c *scrapeCache) []groupRow {
-	order := s.byName(c)
+	s.list(c)
 	now := s.now()
 	rows := c.rows[:0]
-	for i := 0; i < len(order); i += walkChunk {
+	for i := 0; i < len(c.names); i += walkChunk {
 		s.mu.Lock()
-		for k, b := range order[i:min(i+walkChunk, len(order))] {
+		for k, name := range c.names[i:min(i+walkChunk, len(c.names))] {
+			b := s.alloc.groups[name]
+			if b == nil {
+				continue
+			}
 			r := groupRow{label: c.labels[i+k], usage: b.usage, granted: b.granted, throttled: b.throttled, rate: float64(b.settings.RUPerSec),
 				clients: len(b.slots), limited: !b.settings.Unlimited()}
 			if b.settings.RUPerSec == resourcegroup.Unlimited {

@@ -444,6 +444,7 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 // never go back within the process. Called with mu held, once per term.
 func (s *Server) freshAllocator(now time.Time) *Allocator {
 	a := NewAllocator(s.cfg.Alloc)
+	a.Succeed(s.alloc)
 	for name, old := range s.alloc.groups {
 		a.SetGroup(name, old.settings, now)
 		b := a.groups[name]
