@@ -396,8 +396,12 @@ func (s *Server) MetricsHandler(g prometheus.Gatherer) http.Handler {
 			} else {
 				c.gz.Reset(w)
 			}
-			defer c.gz.Close()
-			out = c.gz
+			gz := c.gz
+			defer func() {
+				_ = gz.Close()
+				gz.Reset(io.Discard) // hold no response until the next scrape
+			}()
+			out = gz
 		}
 		bw := bufio.NewWriterSize(out, 64<<10)
 		enc := expfmt.NewEncoder(bw, format)

@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -363,6 +364,9 @@ func joinProxy(ctx context.Context, addr string) (time.Duration, int, error) {
 type proxyStats struct {
 	grants    int
 	latencies []time.Duration
+	// sentAt is when each message was sent, after the start of the
+	// measured window.
+	sentAt []time.Duration
 }
 
 func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) (result, error) {
@@ -409,7 +413,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) (resul
 	var cpuOnce sync.Once
 	// Prometheus scrapes, and a proxy joining halfway, during the run.
 	var side sync.WaitGroup
-	var scrapes []time.Duration
+	var scrapes, scrapeAt []time.Duration
 	var scrapeBytes int64
 	if o.scrapeEvery > 0 {
 		side.Add(1)
@@ -418,8 +422,10 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) (resul
 			t := time.NewTicker(o.scrapeEvery)
 			defer t.Stop()
 			for ; time.Now().Before(end); <-t.C {
+				at := time.Since(measureFrom)
 				if d, n, err := scrape(o.statusAddr); err == nil {
 					scrapes, scrapeBytes = append(scrapes, d), n
+					scrapeAt = append(scrapeAt, at)
 				} else {
 					log.Warn("scrape", "err", err)
 				}
@@ -473,6 +479,16 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) (resul
 	}
 	slices.Sort(all)
 	pct := func(q float64) time.Duration { return all[min(len(all)-1, int(q*float64(len(all))))] }
+	// When the slowest 1% were sent, by half second, beside when the
+	// scrapes and the join began: what holds grants up.
+	slowAt := map[time.Duration]int{}
+	for _, s := range stats {
+		for i, d := range s.latencies {
+			if d >= pct(0.99) {
+				slowAt[s.sentAt[i].Truncate(500*time.Millisecond)]++
+			}
+		}
+	}
 	secs := o.duration.Seconds()
 	mode := "closed loop"
 	if o.rate > 0 {
@@ -506,6 +522,19 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) (resul
 		res.scrapes, res.slowestScrape = len(scrapes), scrapes[len(scrapes)-1]
 		fmt.Fprintf(out, "/metrics scrape       %d scrapes, slowest %v, %d KiB gzip\n", len(scrapes), scrapes[len(scrapes)-1], scrapeBytes/1024)
 	}
+	var slow []string
+	for _, at := range slices.Sorted(maps.Keys(slowAt)) {
+		slow = append(slow, fmt.Sprintf("+%v (%d)", at, slowAt[at]))
+	}
+	var scr []string
+	for _, at := range scrapeAt {
+		scr = append(scr, fmt.Sprintf("+%v", at.Round(100*time.Millisecond)))
+	}
+	fmt.Fprintf(out, "slowest 1%% sent at   %s; scrapes began at %s", strings.Join(slow, " "), strings.Join(scr, " "))
+	if o.join {
+		fmt.Fprintf(out, "; the join at +%v", o.duration/2)
+	}
+	fmt.Fprintln(out)
 	if o.join {
 		if joinErr != nil {
 			fmt.Fprintf(out, "joining proxy         failed: %v\n", joinErr)
@@ -566,6 +595,7 @@ func proxy(ctx context.Context, conn *grpc.ClientConn, p int, names []string, pe
 		if !t.Before(measureFrom) {
 			atMeasure()
 			st.latencies = append(st.latencies, time.Since(t))
+			st.sentAt = append(st.sentAt, t.Sub(measureFrom))
 			for _, g := range resp.Grants {
 				if g.Error == "" {
 					st.grants++
