@@ -629,6 +629,11 @@ type Allocator struct {
 	cfg    AllocConfig
 	groups map[string]*Bucket
 	dirty  []*Bucket
+	// gen counts the groups added and removed, so that a list of the
+	// groups kept outside (the scrape's names in order) knows it is
+	// stale. An allocator that replaces another starts above its gen
+	// (Succeed).
+	gen uint64
 }
 
 // NewAllocator returns an empty allocator.
@@ -649,6 +654,7 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 			b.tokens = s.Capacity()
 		}
 		a.groups[name] = b
+		a.gen++
 		return
 	}
 	b.advance(now)
@@ -669,7 +675,20 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 
 // RemoveGroup forgets a dropped group (a dirty list entry is skipped
 // later: it is no longer the group's bucket).
-func (a *Allocator) RemoveGroup(name string) { delete(a.groups, name) }
+func (a *Allocator) RemoveGroup(name string) {
+	if _, ok := a.groups[name]; ok {
+		delete(a.groups, name)
+		a.gen++
+	}
+}
+
+// Gen changes whenever a group is added or removed, and from an
+// allocator to the one that succeeds it.
+func (a *Allocator) Gen() uint64 { return a.gen }
+
+// Succeed makes a, a new allocator, the successor of old: its generation
+// starts above old's, so that nothing kept from old passes for a's.
+func (a *Allocator) Succeed(old *Allocator) { a.gen = max(a.gen, old.gen) + 1 }
 
 // Len is the number of groups held.
 func (a *Allocator) Len() int { return len(a.groups) }

@@ -2,14 +2,16 @@ package tokenserver
 
 import (
 	"bufio"
-	"compress/gzip"
 	"io"
 	"math"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
 
@@ -128,7 +130,7 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 
 // groupRow is one group's series at one scrape.
 type groupRow struct {
-	name      string
+	label     string // the group's name escaped as a label value
 	usage     ru.Consumption
 	granted   float64
 	throttled float64
@@ -138,25 +140,97 @@ type groupRow struct {
 	clients   int
 }
 
-// groupRows reads every group's series (walkGroups: a chunk of groups
-// per hold of the grant lock), sorted by name.
-func (s *Server) groupRows() []groupRow {
-	now := s.now()
+// scrapeCache is what one scrape keeps for the next, so that a scrape
+// of 100,000 groups costs the writing of their series and little else:
+// the groups' names in order (sorted again only when groups come or go),
+// the rows' memory and the gzip writer. It keeps names, not buckets, so
+// that it never holds on to a dropped group's bucket or an earlier
+// term's allocator. One scrape uses it at a time; a scrape that finds it
+// in use (a second scraper, or a first that a slow client holds up)
+// makes its own.
+type scrapeCache struct {
+	mu sync.Mutex
+	// names are the groups by name as of the allocator's generation gen
+	// (valid when listed); labels are the same names escaped as label
+	// values, side by side in one string, so that writing a million
+	// series reads them in order rather than from a hundred thousand
+	// places in the heap.
+	listed bool
+	gen    uint64
+	names  []string
+	labels []string
+	rows   []groupRow
+	gz     *gzip.Writer
+}
+
+// list brings c.names and c.labels up to the allocator: when a group came
+// or went since they were made, it lists the names a chunk per hold of
+// the grant lock and sorts them outside it. A group added or dropped
+// during the listing may or may not be in it; the next scrape sees the
+// new generation and lists again.
+func (s *Server) list(c *scrapeCache) {
 	s.mu.Lock()
-	rows := make([]groupRow, 0, s.alloc.Len())
+	a := s.alloc
+	if c.listed && c.gen == a.gen {
+		s.mu.Unlock()
+		return
+	}
+	gen := a.gen
+	names := c.names[:0]
+	n := 0
+	for name := range a.groups {
+		names = append(names, name)
+		if n++; n%walkChunk == 0 {
+			s.mu.Unlock()
+			runtime.Gosched() // let waiting grants in
+			s.mu.Lock()
+		}
+	}
 	s.mu.Unlock()
-	s.walkGroups(func(b *Bucket) {
-		r := groupRow{name: b.name, usage: b.usage, granted: b.granted, throttled: b.throttled, rate: float64(b.settings.RUPerSec),
-			clients: len(b.slots), limited: !b.settings.Unlimited()}
-		if b.settings.RUPerSec == resourcegroup.Unlimited {
-			r.rate = math.Inf(1)
+	slices.Sort(names)
+	var arena []byte
+	ends := make([]int, len(names))
+	for i, name := range names {
+		arena = appendLabelValue(arena, name)
+		ends[i] = len(arena)
+	}
+	all, start := string(arena), 0
+	labels := c.labels[:0]
+	for _, end := range ends {
+		labels = append(labels, all[start:end])
+		start = end
+	}
+	c.listed, c.gen, c.names, c.labels = true, gen, names, labels
+}
+
+// groupRows reads every group's series, by name: a chunk of groups per
+// hold of the grant lock, each copied into a row, so that a grant waits
+// at most for a chunk's copy. A group dropped since list is left out.
+func (s *Server) groupRows(c *scrapeCache) []groupRow {
+	s.list(c)
+	now := s.now()
+	rows := c.rows[:0]
+	for i := 0; i < len(c.names); i += walkChunk {
+		s.mu.Lock()
+		for k, name := range c.names[i:min(i+walkChunk, len(c.names))] {
+			b := s.alloc.groups[name]
+			if b == nil {
+				continue
+			}
+			r := groupRow{label: c.labels[i+k], usage: b.usage, granted: b.granted, throttled: b.throttled, rate: float64(b.settings.RUPerSec),
+				clients: len(b.slots), limited: !b.settings.Unlimited()}
+			if b.settings.RUPerSec == resourcegroup.Unlimited {
+				r.rate = math.Inf(1)
+			}
+			if r.limited {
+				r.tokens = b.Tokens(now)
+			}
+			rows = append(rows, r)
 		}
-		if r.limited {
-			r.tokens = b.Tokens(now)
-		}
-		rows = append(rows, r)
-	})
-	slices.SortFunc(rows, func(a, b groupRow) int { return strings.Compare(a.name, b.name) })
+		s.mu.Unlock()
+		runtime.Gosched()
+	}
+	c.rows = rows
 	return rows
 }
 
@@ -202,12 +276,22 @@ var groupFamilies = []groupFamily{
 		value: func(r *groupRow, _ int) (float64, bool) { return float64(r.clients), true }},
 }
 
+// writeYield is how many series writeGroupMetrics writes between two
+// yields of its processor: a scrape of 100,000 groups writes a million
+// lines, and grants that wait for a processor go first.
+const writeYield = 1024
+
+// writeChunk is how many bytes writeGroupMetrics gathers before it
+// writes them: at least a bufio.Writer's buffer, so that they pass it
+// without a copy.
+const writeChunk = 64 << 10
+
 // writeGroupMetrics writes every group's series in the text exposition
 // format.
-func writeGroupMetrics(w *bufio.Writer, rows []groupRow) error {
-	var buf []byte
+func writeGroupMetrics(w io.Writer, rows []groupRow) error {
+	buf := make([]byte, 0, writeChunk+4<<10)
 	for _, f := range groupFamilies {
-		buf = append(buf[:0], "# HELP "...)
+		buf = append(buf, "# HELP "...)
 		buf = append(buf, f.name...)
 		buf = append(buf, ' ')
 		buf = append(buf, f.help...)
@@ -216,35 +300,41 @@ func writeGroupMetrics(w *bufio.Writer, rows []groupRow) error {
 		buf = append(buf, ' ')
 		buf = append(buf, f.typ...)
 		buf = append(buf, '\n')
-		if _, err := w.Write(buf); err != nil {
-			return err
+		// What comes before and after a series' group name.
+		head := f.name + `{resource_group="`
+		tails := []string{`"} `}
+		if len(f.labels) > 0 {
+			tails = tails[:0]
+			for _, l := range f.labels {
+				tails = append(tails, `",`+l+"} ")
+			}
 		}
-		n := max(len(f.labels), 1)
 		for i := range rows {
+			if i%writeYield == writeYield-1 {
+				runtime.Gosched()
+			}
 			r := &rows[i]
-			for j := 0; j < n; j++ {
+			for j, tail := range tails {
 				v, ok := f.value(r, j)
 				if !ok {
 					continue
 				}
-				buf = append(buf[:0], f.name...)
-				buf = append(buf, `{resource_group="`...)
-				buf = appendLabelValue(buf, r.name)
-				buf = append(buf, '"')
-				if len(f.labels) > 0 {
-					buf = append(buf, ',')
-					buf = append(buf, f.labels[j]...)
-				}
-				buf = append(buf, "} "...)
+				buf = append(buf, head...)
+				buf = append(buf, r.label...)
+				buf = append(buf, tail...)
 				buf = appendValue(buf, v)
 				buf = append(buf, '\n')
+			}
+			if len(buf) >= writeChunk {
 				if _, err := w.Write(buf); err != nil {
 					return err
 				}
+				buf = buf[:0]
 			}
 		}
 	}
-	return nil
+	_, err := w.Write(buf)
+	return err
 }
 
 // appendLabelValue escapes a label value as the text format wants.
@@ -278,10 +368,10 @@ func appendValue(buf []byte, v float64) []byte {
 
 // MetricsHandler serves /metrics in the text exposition format: the
 // families of g (the registry of the process and Go metrics and this
-// server's own), then every group's series written straight from the
-// allocator, a chunk of groups per hold of the grant lock, so that a
-// scrape of 100,000 groups costs tens of milliseconds and never holds
-// grants up.
+// server's own), then every group's series, copied from the allocator a
+// chunk of groups per hold of the grant lock (groupRows) and written
+// outside it, yielding to grants as it goes, so that a scrape of 100,000
+// groups never holds grants up.
 func (s *Server) MetricsHandler(g prometheus.Gatherer) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mfs, err := g.Gather()
@@ -289,14 +379,28 @@ func (s *Server) MetricsHandler(g prometheus.Gatherer) http.Handler {
 			http.Error(w, "gather metrics: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
-		rows := s.groupRows()
+		c := &s.scrapes
+		if c.mu.TryLock() {
+			defer c.mu.Unlock()
+		} else {
+			c = &scrapeCache{}
+		}
+		rows := s.groupRows(c)
 		format := expfmt.NewFormat(expfmt.TypeTextPlain)
 		w.Header().Set("Content-Type", string(format))
 		var out io.Writer = w
 		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
 			w.Header().Set("Content-Encoding", "gzip")
-			gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
-			defer gz.Close()
+			if c.gz == nil {
+				c.gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
+			} else {
+				c.gz.Reset(w)
+			}
+			gz := c.gz
+			defer func() {
+				_ = gz.Close()
+				gz.Reset(io.Discard) // hold no response until the next scrape
+			}()
 			out = gz
 		}
 		bw := bufio.NewWriterSize(out, 64<<10)

@@ -1,6 +1,7 @@
 package tokenserver
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -318,4 +319,69 @@ func startProxy(t *testing.T, ctx context.Context, ts *testServer) *tokenclient.
 		t.Fatal(err)
 	}
 	return c
+}
+
+// What a scrape keeps for the next (scrapeCache) never shows a group that
+// is gone or hides one that came, within a term or across terms, and a
+// scrape that finds it in use by another still serves every group.
+func TestScrapeCacheFollowsGroups(t *testing.T) {
+	now := time.Now()
+	s := &Server{cfg: Config{Now: func() time.Time { return now }}, alloc: NewAllocator(AllocConfig{})}
+	groups := func(c *scrapeCache) []string {
+		t.Helper()
+		var b strings.Builder
+		bw := bufio.NewWriter(&b)
+		if err := writeGroupMetrics(bw, s.groupRows(c)); err != nil {
+			t.Fatal(err)
+		}
+		if err := bw.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		p := expfmt.NewTextParser(model.LegacyValidation)
+		mfs, err := p.TextToMetricFamilies(strings.NewReader(b.String()))
+		if err != nil {
+			t.Fatalf("does not parse: %v", err)
+		}
+		var out []string
+		for _, m := range mfs["rgserver_group_clients"].GetMetric() {
+			out = append(out, m.GetLabel()[0].GetValue())
+		}
+		return out
+	}
+	set := func(names ...string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, n := range names {
+			s.alloc.SetGroup(n, Settings{RUPerSec: 10}, now)
+		}
+	}
+	c := &s.scrapes
+	steps := []struct {
+		what   string
+		change func()
+		want   []string
+	}{
+		{"first", func() { set("b", "a", `q"uote`) }, []string{"a", "b", `q"uote`}},
+		{"unchanged", func() {}, []string{"a", "b", `q"uote`}},
+		{"one added", func() { set("c") }, []string{"a", "b", "c", `q"uote`}},
+		{"one dropped", func() { s.mu.Lock(); s.alloc.RemoveGroup("b"); s.mu.Unlock() }, []string{"a", "c", `q"uote`}},
+		// (Two added: without Succeed, the new allocator's generation
+		// would be the one the names were listed at.)
+		{"a new term, then two added", func() {
+			s.mu.Lock()
+			s.alloc = s.freshAllocator(now)
+			s.mu.Unlock()
+			set("d", "e")
+		}, []string{"a", "c", "d", "e", `q"uote`}},
+	}
+	for _, st := range steps {
+		st.change()
+		if got := groups(c); !slices.Equal(got, st.want) {
+			t.Errorf("%s: groups %q, want %q", st.what, got, st.want)
+		}
+		// A second scraper while the first holds the cache makes its own.
+		if got := groups(&scrapeCache{}); !slices.Equal(got, st.want) {
+			t.Errorf("%s, own cache: groups %q, want %q", st.what, got, st.want)
+		}
+	}
 }

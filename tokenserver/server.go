@@ -119,6 +119,8 @@ type Server struct {
 	// openStreams counts the AcquireTokens and Watch streams open on this
 	// replica, for the console (Overview).
 	openStreams [numKinds]atomic.Int64
+	// scrapes is what a /metrics scrape keeps for the next (metrics.go).
+	scrapes scrapeCache
 }
 
 // New returns a server over an etcd client. Call Run to load settings and
@@ -442,6 +444,7 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 // never go back within the process. Called with mu held, once per term.
 func (s *Server) freshAllocator(now time.Time) *Allocator {
 	a := NewAllocator(s.cfg.Alloc)
+	a.Succeed(s.alloc)
 	for name, old := range s.alloc.groups {
 		a.SetGroup(name, old.settings, now)
 		b := a.groups[name]
@@ -723,6 +726,7 @@ func (s *Server) persist(ctx context.Context, handover bool) error {
 			}
 		}
 		s.mu.Unlock()
+		runtime.Gosched() // let waiting grants in
 	}
 	for len(todo) > 0 {
 		n := min(len(todo), maxTxnOps)

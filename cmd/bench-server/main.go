@@ -9,7 +9,14 @@
 // snapshot of every group is printed, and so is the server's resident
 // memory at the end.
 //
+// --groups takes a list: each count is a run of its own against a fresh
+// rgserver, and the runs are compared side by side at the end, with the
+// ratio of each run's p99 to the first's (a scrape or any other pass over
+// every group must not hold grants up: make bench-server wants at most 3×
+// from 1,000 to 100,000 groups).
+//
 //	bin/bench-server --rgserver ./bin/rgserver   # spawns one
+//	bin/bench-server --rgserver ./bin/rgserver --groups 1000,100000 --rate 20000
 //	bin/bench-server --addr 127.0.0.1:3379 --status-addr 127.0.0.1:3380
 //
 // It lives under cmd/, not beside rgserver's code, because it imports
@@ -24,6 +31,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -52,7 +61,7 @@ type options struct {
 	addr, statusAddr string
 	// proxies is the number of simulated proxies (streams). Default 200.
 	proxies int
-	// groups is the number of resource groups. Default 1000.
+	// groups is the number of resource groups of this run. Default 1000.
 	groups int
 	// perMsg is how many groups one message asks for. Default 50.
 	perMsg int
@@ -79,7 +88,7 @@ func main() {
 	flag.StringVar(&o.addr, "addr", "127.0.0.1:3379", "gRPC address of a running rgserver (without --rgserver)")
 	flag.StringVar(&o.statusAddr, "status-addr", "127.0.0.1:3380", "status address of a running rgserver (for CPU time)")
 	flag.IntVar(&o.proxies, "proxies", 200, "simulated proxies, one stream each")
-	flag.IntVar(&o.groups, "groups", 1000, "resource groups")
+	groupsList := flag.String("groups", "1000", "resource groups; a comma-separated list runs each against a fresh rgserver and compares them")
 	flag.IntVar(&o.perMsg, "groups-per-message", 50, "groups asked for in one message")
 	flag.Uint64Var(&o.ruPerSec, "ru-per-sec", 1_000_000, "RU_PER_SEC of every group")
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up time, not measured")
@@ -95,10 +104,100 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(400)
 	}
-	if err := run(context.Background(), o, os.Stdout, log); err != nil {
-		fmt.Fprintln(os.Stderr, "bench-server:", err)
-		os.Exit(1)
+	counts, err := parseCounts(*groupsList)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-server: --groups:", err)
+		os.Exit(2)
 	}
+	var results []result
+	for i, n := range counts {
+		o := o
+		o.groups = n
+		if i > 0 {
+			fmt.Println()
+		}
+		r, err := run(context.Background(), o, os.Stdout, log)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench-server:", err)
+			os.Exit(1)
+		}
+		results = append(results, r)
+	}
+	if len(results) > 1 {
+		fmt.Println()
+		compare(os.Stdout, results, o)
+	}
+}
+
+// parseCounts parses --groups: positive counts separated by commas.
+func parseCounts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive number of groups", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// result is what one run measured, for the comparison.
+type result struct {
+	groups        int
+	p50, p99, max time.Duration
+	// cpuPerGrant is the server's CPU µs per group-grant, NaN if unknown.
+	cpuPerGrant float64
+	// rssPeak is the server's peak resident memory in bytes, 0 if unknown.
+	rssPeak float64
+	// scrapes and slowestScrape describe the /metrics scrapes.
+	scrapes       int
+	slowestScrape time.Duration
+}
+
+// compare prints runs side by side, each p99 as a multiple of the first's.
+func compare(out io.Writer, rs []result, o options) {
+	scr := "no /metrics scrapes"
+	if o.scrapeEvery > 0 {
+		scr = fmt.Sprintf("/metrics scraped every %v", o.scrapeEvery)
+	}
+	mode := "closed loop"
+	if o.rate > 0 {
+		mode = fmt.Sprintf("paced at %.0f group-grants/s", o.rate)
+	}
+	fmt.Fprintf(out, "compared: %d proxies, %d groups per message, %s, %s\n", o.proxies, o.perMsg, mode, scr)
+	fmt.Fprintf(out, "%8s  %9s  %9s  %9s  %9s  %13s  %8s  %14s\n", "groups", "p50", "p99", "max", "p99 ratio", "CPU per grant", "peak RSS", "slowest scrape")
+	for _, r := range rs {
+		cpu, rss := "unknown", "unknown"
+		if !math.IsNaN(r.cpuPerGrant) {
+			cpu = fmt.Sprintf("%.2f µs", r.cpuPerGrant)
+		}
+		if r.rssPeak > 0 {
+			rss = fmt.Sprintf("%.0f MiB", r.rssPeak/(1<<20))
+		}
+		slowest := "-"
+		if r.scrapes > 0 {
+			slowest = r.slowestScrape.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(out, "%8d  %9v  %9v  %9v  %8.2fx  %13s  %8s  %14s\n", r.groups, round(r.p50), round(r.p99), round(r.max),
+			float64(r.p99)/float64(rs[0].p99), cpu, rss, slowest)
+	}
+	last := rs[len(rs)-1]
+	fmt.Fprintf(out, "p99 at %d groups is %.2fx the p99 at %d (target: at most 3x, RSS under 1 GiB)\n",
+		last.groups, float64(last.p99)/float64(rs[0].p99), rs[0].groups)
+}
+
+// round keeps three significant digits of a latency.
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= 100*time.Millisecond:
+		return d.Round(time.Millisecond)
+	case d >= 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	}
+	return d.Round(time.Microsecond)
 }
 
 func freeAddr() (string, error) {
@@ -167,11 +266,18 @@ func serverMetric(statusAddr, name string) (float64, error) {
 	return 0, fmt.Errorf("no %s in /metrics", name)
 }
 
-// scrape reads the whole of /metrics, as Prometheus does, and returns how
-// long it took and how many bytes came.
+// scrape reads the whole of /metrics, as Prometheus does (gzip asked
+// for), and returns how long it took and how many bytes came. The body is
+// not decompressed: Prometheus does that on its own machine, and here it
+// would take the server's cores.
 func scrape(statusAddr string) (time.Duration, int64, error) {
 	start := time.Now()
-	resp, err := http.Get("http://" + statusAddr + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, "http://"+statusAddr+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -258,21 +364,25 @@ func joinProxy(ctx context.Context, addr string) (time.Duration, int, error) {
 type proxyStats struct {
 	grants    int
 	latencies []time.Duration
+	// sentAt is when each message was sent, after the start of the
+	// measured window.
+	sentAt []time.Duration
 }
 
-func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error {
+func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) (result, error) {
+	res := result{groups: o.groups, cpuPerGrant: math.NaN()}
 	pid := 0
 	if o.bin != "" {
 		stop, p, err := spawn(ctx, &o)
 		if err != nil {
-			return err
+			return res, err
 		}
 		defer stop()
 		pid = p
 	}
 	conn, err := grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer conn.Close()
 	rg := pb.NewResourceGroupServiceClient(conn)
@@ -282,7 +392,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	}
 	createStart := time.Now()
 	if err := createGroups(ctx, rg, names, o); err != nil {
-		return err
+		return res, err
 	}
 	log.Info("groups ready", "groups", o.groups, "proxies", o.proxies, "groups_per_message", o.perMsg,
 		"created_in", time.Since(createStart).Round(time.Millisecond).String())
@@ -291,7 +401,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	conns := make([]*grpc.ClientConn, (o.proxies+19)/20)
 	for i := range conns {
 		if conns[i], err = grpc.NewClient(o.addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-			return err
+			return res, err
 		}
 		defer conns[i].Close()
 	}
@@ -303,7 +413,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	var cpuOnce sync.Once
 	// Prometheus scrapes, and a proxy joining halfway, during the run.
 	var side sync.WaitGroup
-	var scrapes []time.Duration
+	var scrapes, scrapeAt []time.Duration
 	var scrapeBytes int64
 	if o.scrapeEvery > 0 {
 		side.Add(1)
@@ -312,8 +422,10 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 			t := time.NewTicker(o.scrapeEvery)
 			defer t.Stop()
 			for ; time.Now().Before(end); <-t.C {
+				at := time.Since(measureFrom)
 				if d, n, err := scrape(o.statusAddr); err == nil {
 					scrapes, scrapeBytes = append(scrapes, d), n
+					scrapeAt = append(scrapeAt, at)
 				} else {
 					log.Warn("scrape", "err", err)
 				}
@@ -353,7 +465,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	close(errs)
 	for err := range errs {
 		if err != nil {
-			return err
+			return res, err
 		}
 	}
 	var all []time.Duration
@@ -363,10 +475,20 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 		all = append(all, s.latencies...)
 	}
 	if len(all) == 0 {
-		return errors.New("no message answered in the measured window")
+		return res, errors.New("no message answered in the measured window")
 	}
 	slices.Sort(all)
 	pct := func(q float64) time.Duration { return all[min(len(all)-1, int(q*float64(len(all))))] }
+	// When the slowest 1% were sent, by half second, beside when the
+	// scrapes and the join began: what holds grants up.
+	slowAt := map[time.Duration]int{}
+	for _, s := range stats {
+		for i, d := range s.latencies {
+			if d >= pct(0.99) {
+				slowAt[s.sentAt[i].Truncate(500*time.Millisecond)]++
+			}
+		}
+	}
 	secs := o.duration.Seconds()
 	mode := "closed loop"
 	if o.rate > 0 {
@@ -375,9 +497,11 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	fmt.Fprintf(out, "proxies %d, groups %d, groups per message %d, %s, measured %v\n", o.proxies, o.groups, o.perMsg, mode, o.duration)
 	fmt.Fprintf(out, "group-grants/s        %.0f\n", float64(grants)/secs)
 	fmt.Fprintf(out, "messages/s            %.0f\n", float64(len(all))/secs)
-	fmt.Fprintf(out, "latency per message   p50 %v  p99 %v  max %v\n", pct(0.50), pct(0.99), all[len(all)-1])
+	res.p50, res.p99, res.max = pct(0.50), pct(0.99), all[len(all)-1]
+	fmt.Fprintf(out, "latency per message   p50 %v  p99 %v  max %v\n", res.p50, res.p99, res.max)
 	if cpuErr == nil && cpu0 > 0 {
-		fmt.Fprintf(out, "server CPU per grant  %.2f µs\n", (cpu1-cpu0)*1e6/float64(grants))
+		res.cpuPerGrant = (cpu1 - cpu0) * 1e6 / float64(grants)
+		fmt.Fprintf(out, "server CPU per grant  %.2f µs\n", res.cpuPerGrant)
 	} else {
 		fmt.Fprintf(out, "server CPU per grant  unknown (%v)\n", cpuErr)
 	}
@@ -387,6 +511,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 		if err := errors.Join(err1, err2); err != nil {
 			fmt.Fprintf(out, "server RSS            unknown (%v)\n", err)
 		} else {
+			res.rssPeak = hwm
 			fmt.Fprintf(out, "server RSS            %.0f MiB at the end, peak %.0f MiB (%.1f KiB per group)\n", rss/(1<<20), hwm/(1<<20), hwm/1024/float64(o.groups))
 		}
 	} else if rss, err := serverMetric(o.statusAddr, "process_resident_memory_bytes"); err == nil {
@@ -394,8 +519,22 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	}
 	if len(scrapes) > 0 {
 		slices.Sort(scrapes)
-		fmt.Fprintf(out, "/metrics scrape       %d scrapes, slowest %v, %d KiB\n", len(scrapes), scrapes[len(scrapes)-1], scrapeBytes/1024)
+		res.scrapes, res.slowestScrape = len(scrapes), scrapes[len(scrapes)-1]
+		fmt.Fprintf(out, "/metrics scrape       %d scrapes, slowest %v, %d KiB gzip\n", len(scrapes), scrapes[len(scrapes)-1], scrapeBytes/1024)
 	}
+	var slow []string
+	for _, at := range slices.Sorted(maps.Keys(slowAt)) {
+		slow = append(slow, fmt.Sprintf("+%v (%d)", at, slowAt[at]))
+	}
+	var scr []string
+	for _, at := range scrapeAt {
+		scr = append(scr, fmt.Sprintf("+%v", at.Round(100*time.Millisecond)))
+	}
+	fmt.Fprintf(out, "slowest 1%% sent at   %s; scrapes began at %s", strings.Join(slow, " "), strings.Join(scr, " "))
+	if o.join {
+		fmt.Fprintf(out, "; the join at +%v", o.duration/2)
+	}
+	fmt.Fprintln(out)
 	if o.join {
 		if joinErr != nil {
 			fmt.Fprintf(out, "joining proxy         failed: %v\n", joinErr)
@@ -403,7 +542,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 			fmt.Fprintf(out, "joining proxy         Watch snapshot of %d groups in %v\n", joinGroups, joinTook.Round(time.Millisecond))
 		}
 	}
-	return nil
+	return res, nil
 }
 
 // proxy drives one stream until end, counting what is answered after
@@ -456,6 +595,7 @@ func proxy(ctx context.Context, conn *grpc.ClientConn, p int, names []string, pe
 		if !t.Before(measureFrom) {
 			atMeasure()
 			st.latencies = append(st.latencies, time.Since(t))
+			st.sentAt = append(st.sentAt, t.Sub(measureFrom))
 			for _, g := range resp.Grants {
 				if g.Error == "" {
 					st.grants++
