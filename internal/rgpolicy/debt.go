@@ -87,7 +87,7 @@ func (s *session) repay(ctx context.Context, maxWait time.Duration) *mysqlproto.
 	for len(s.debts) > 0 {
 		d := s.debts[0]
 		left := max(maxWait-s.cur.waited, 0)
-		_, waited, err := s.p.tokens.AcquireShare(ctx, nil, d.group, d.cons, d.required, left)
+		waited, err := s.led.repay(ctx, d, left)
 		s.cur.waited += waited
 		switch {
 		case err == nil, errors.Is(err, tokenclient.ErrUnknownGroup):
@@ -116,7 +116,7 @@ func (s *session) leaveDebts() {
 	for _, d := range s.p.ledger.put(s.user, s.debts, s.p.clk.Now()) {
 		// No room in the ledger: the group takes the debt, as it took a
 		// transaction's debt before sessions owed their own.
-		s.p.tokens.Charge(d.group, d.cons)
+		s.led.leaveToGroup(d)
 	}
 	s.debts = nil
 }
