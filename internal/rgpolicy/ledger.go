@@ -226,3 +226,12 @@ func (lg *stmtLedger) repay(ctx context.Context, d debt, left time.Duration) (ti
 // leaveToGroup charges a debt nobody can repay any more (no room to keep
 // it for the user's next session) to its group's bucket.
 func (lg *stmtLedger) leaveToGroup(d debt) { lg.p.tokens.Charge(d.group, d.cons) }
+
+// chargeExpiredDebts charges the debts of ended sessions whose users did
+// not come back within ledgerMemory to their groups (Run, now and then).
+func (p *Policy) chargeExpiredDebts() {
+	lg := stmtLedger{p: p} // no session: leaveToGroup touches only p
+	for _, d := range p.ledger.expire(p.clk.Now()) {
+		lg.leaveToGroup(d)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/rgproxy/rgproxy/internal/clock"
+	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/ru"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
@@ -203,5 +204,54 @@ func TestLedgerSwitchGroup(t *testing.T) {
 	}
 	if s.last.cost.RU() != 10 || s.last.group != "bound" {
 		t.Errorf("the record: %+v", s.last)
+	}
+}
+
+// A debt its session left that the user does not come back for within
+// ledgerMemory is charged to its group, not lost: its statements were
+// counted when they ran, so the group's bucket (and rgserver) must see it.
+func TestLedgerExpiredDebtIsCharged(t *testing.T) {
+	cases := []struct {
+		name  string
+		after time.Duration
+		// collect: how the forgotten debt is found — the policy's sweep
+		// (Run) or the user's next session.
+		collect string
+		want    float64 // what the group's bucket is charged
+	}{
+		{name: "within memory, repaid by the next session", after: ledgerMemory / 2, collect: "session", want: 7},
+		{name: "within memory, the sweep keeps it", after: ledgerMemory / 2, collect: "sweep", want: 0},
+		{name: "expired, found by the sweep", after: ledgerMemory + time.Second, collect: "sweep", want: 7},
+		{name: "expired, found by the next session", after: ledgerMemory + time.Second, collect: "session", want: 7},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake()
+			tok := &bucketTokens{recordingTokens: testGroups(), bucket: map[string]float64{}}
+			p, err := New(Config{Tokens: tok, Clock: clk, CPU: CPUWall, Settings: Settings{MaxWait: time.Second},
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := p.Open(mysqlproto.SessionInfo{User: "app"}).(*session)
+			s.debts = []debt{{group: "bound", cons: ru.Consumption{WRU: 7}, required: 1}}
+			s.Event(mysqlproto.EventClose, mysqlproto.SessionInfo{User: "app"})
+			if tok.bucket["bound"] != 0 {
+				t.Fatalf("the debt was charged when its session ended: %v", tok.bucket)
+			}
+			clk.Advance(tc.after)
+			switch tc.collect {
+			case "sweep":
+				p.chargeExpiredDebts()
+			case "session":
+				next := p.Open(mysqlproto.SessionInfo{User: "app"}).(*session)
+				if r := next.repay(context.Background(), time.Second); r != nil {
+					t.Fatal(r.Err)
+				}
+			}
+			if got := tok.bucket["bound"]; got != tc.want {
+				t.Errorf("the group's bucket was charged %v RU, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -273,6 +273,7 @@ func (p *Policy) Run(ctx context.Context) {
 		for _, g := range p.metrics.idleGroups(p.clk.Now().Add(-p.idle)) {
 			p.ForgetGroup(g)
 		}
+		p.chargeExpiredDebts()
 	}
 }
 
