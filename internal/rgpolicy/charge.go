@@ -85,12 +85,8 @@ func (s *session) price(st *mysqlproto.Statement) {
 func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int, maxWait time.Duration) *mysqlproto.Reply {
 	cur := &s.cur
 	l := &cur.legs[i]
-	purse := &s.purse
-	if i > 0 {
-		purse = nil // the session's purse is its own group's
-	}
 	left := max(maxWait-cur.waited, 0)
-	share, waited, err := s.p.tokens.AcquireShare(ctx, purse, l.group, cur.prepaid, cur.before.RU(), left)
+	share, waited, err := s.led.take(ctx, l.group, i == 0, cur.prepaid, cur.before.RU(), left)
 	if errors.Is(err, tokenclient.ErrUnknownGroup) && l.group != resourcegroup.DefaultGroup {
 		if i > 0 {
 			// A tag's group dropped under us: it adds no limit any more.
@@ -103,7 +99,7 @@ func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int
 		s.estimate()
 		left = max(maxWait-cur.waited-waited, 0)
 		var more time.Duration
-		share, more, err = s.p.tokens.AcquireShare(ctx, purse, l.group, cur.prepaid, cur.before.RU(), left)
+		share, more, err = s.led.take(ctx, l.group, i == 0, cur.prepaid, cur.before.RU(), left)
 		waited += more
 	}
 	l.prepaid, l.share = cur.prepaid, share

@@ -80,14 +80,18 @@ func (s *session) addDebt(d debt) {
 func (s *session) repay(ctx context.Context, maxWait time.Duration) *mysqlproto.Reply {
 	if !s.ledgerChecked {
 		s.ledgerChecked = true
-		for _, d := range s.p.ledger.take(s.user, s.p.clk.Now()) {
+		owed, expired := s.p.ledger.take(s.user, s.p.clk.Now())
+		for _, d := range owed {
 			s.addDebt(d)
+		}
+		for _, d := range expired {
+			s.led.leaveToGroup(d)
 		}
 	}
 	for len(s.debts) > 0 {
 		d := s.debts[0]
 		left := max(maxWait-s.cur.waited, 0)
-		share, waited, err := s.p.tokens.AcquireShare(ctx, nil, d.group, d.cons, d.required, left)
+		share, waited, err := s.led.repay(ctx, d, left)
 		s.cur.waited += waited
 		switch {
 		case err == nil, errors.Is(err, tokenclient.ErrUnknownGroup):
@@ -113,16 +117,21 @@ func (s *session) leaveDebts() {
 	if len(s.debts) == 0 {
 		return
 	}
-	for _, d := range s.p.ledger.put(s.user, s.debts, s.p.clk.Now()) {
-		// No room in the ledger: the group takes the debt, as it took a
-		// transaction's debt before sessions owed their own.
-		s.p.tokens.Charge(d.group, d.cons)
+	noRoom, expired := s.p.ledger.put(s.user, s.debts, s.p.clk.Now())
+	for _, d := range append(noRoom, expired...) {
+		// No room in the ledger, or forgotten there: the group takes the
+		// debt, as it took a transaction's debt before sessions owed
+		// their own.
+		s.led.leaveToGroup(d)
 	}
 	s.debts = nil
 }
 
 // ledger keeps the debts of sessions that ended owing, by user name, for
-// ledgerMemory. Safe for concurrent use.
+// ledgerMemory; a debt it forgets (its user did not come back in time) is
+// handed back to be charged to its group, so that the RU the statements
+// were counted for reach the group's bucket (and rgserver) all the same.
+// Safe for concurrent use.
 type ledger struct {
 	mu sync.Mutex
 	m  map[string]ledgerEntry
@@ -141,8 +150,9 @@ const (
 	ledgerMax = 10000
 )
 
-// put records debts for user and returns those it had no room for.
-func (l *ledger) put(user string, debts []debt, now time.Time) []debt {
+// put records debts for user and returns those it had no room for, and
+// those of other users it forgot to make room.
+func (l *ledger) put(user string, debts []debt, now time.Time) (noRoom, expired []debt) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.m == nil {
@@ -150,13 +160,9 @@ func (l *ledger) put(user string, debts []debt, now time.Time) []debt {
 	}
 	e, ok := l.m[user]
 	if !ok && len(l.m) >= ledgerMax {
-		for u, old := range l.m { // expire, then give up
-			if now.Sub(old.at) > ledgerMemory {
-				delete(l.m, u)
-			}
-		}
+		expired = l.expireLocked(now) // then give up
 		if len(l.m) >= ledgerMax {
-			return debts
+			return debts, expired
 		}
 	}
 	for _, d := range debts {
@@ -174,20 +180,39 @@ func (l *ledger) put(user string, debts []debt, now time.Time) []debt {
 	}
 	e.at = now
 	l.m[user] = e
-	return nil
+	return nil, expired
 }
 
-// take removes and returns what user's ended sessions owe.
-func (l *ledger) take(user string, now time.Time) []debt {
+// take removes and returns what user's ended sessions owe, or, when it
+// was kept past ledgerMemory, returns it as expired.
+func (l *ledger) take(user string, now time.Time) (owed, expired []debt) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.m[user]
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	delete(l.m, user)
 	if now.Sub(e.at) > ledgerMemory {
-		return nil
+		return nil, e.debts
 	}
-	return e.debts
+	return e.debts, nil
+}
+
+// expire forgets the debts kept past ledgerMemory and returns them.
+func (l *ledger) expire(now time.Time) []debt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expireLocked(now)
+}
+
+func (l *ledger) expireLocked(now time.Time) []debt {
+	var out []debt
+	for u, e := range l.m {
+		if now.Sub(e.at) > ledgerMemory {
+			delete(l.m, u)
+			out = append(out, e.debts...)
+		}
+	}
+	return out
 }

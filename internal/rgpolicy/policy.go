@@ -273,6 +273,7 @@ func (p *Policy) Run(ctx context.Context) {
 		for _, g := range p.metrics.idleGroups(p.clk.Now().Add(-p.idle)) {
 			p.ForgetGroup(g)
 		}
+		p.chargeExpiredDebts()
 	}
 }
 
@@ -308,7 +309,9 @@ func ScanWords() []string {
 
 // Open implements mysqlproto.Policy.
 func (p *Policy) Open(info mysqlproto.SessionInfo) mysqlproto.SessionPolicy {
-	return &session{p: p, user: info.User, connID: info.BackendConnID}
+	s := &session{p: p, user: info.User, connID: info.BackendConnID}
+	s.led = stmtLedger{p: p, purse: &s.purse, last: &s.last}
+	return s
 }
 
 // session is one client session's policy state; mysqlproto calls it from
@@ -345,6 +348,9 @@ type session struct {
 	// guard watches the statement in flight against its QUERY_LIMIT.
 	guard *runawayGuard
 
+	// led moves the RU of the session's statements (ledger.go); last is
+	// its record of the last one, written only by led.
+	led  stmtLedger
 	last lastStatement
 	// notes are what rgproxy's own last statement noted (SHOW WARNINGS).
 	notes []*resourcegroup.Error
@@ -542,13 +548,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 // from their buckets is refunded and what it holds is released.
 func (s *session) abort(r *mysqlproto.Reply) mysqlproto.Verdict {
 	s.end()
-	cur := &s.cur
-	for i := range cur.nlegs {
-		if l := &cur.legs[i]; l.charged {
-			s.p.tokens.Charge(l.group, negate(l.prepaid))
-			l.charged = false
-		}
-	}
+	s.led.refund(&s.cur)
 	return mysqlproto.Verdict{Reply: r}
 }
 
@@ -617,58 +617,16 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	chargeTo := s.chargeGroupAfter(s.guard, fired)
 	killed := fired && s.guard.rule.Action == resourcegroup.ActionKill
 	s.guard = nil
-	total := cur.before
-	total.Add(after)
-	// Settle: each leg paid its prepaid up front; it owes total. After
-	// SWITCH_GROUP the target pays what came after, and the statement's
-	// group gets back the estimate it paid beyond the before-cost.
-	for i := range cur.nlegs {
-		l := &cur.legs[i]
-		if i == 0 && chargeTo != cur.group {
-			extra := l.prepaid
-			extra.Sub(cur.before)
-			if !extra.IsZero() {
-				s.p.tokens.Charge(l.group, negate(extra))
-			}
-			s.p.tokens.Charge(chargeTo, after)
-			continue
-		}
-		settle := total
-		settle.Sub(l.prepaid)
-		switch {
-		case settle.IsZero():
-		case i == 0:
-			s.p.tokens.ChargePurse(&s.purse, l.group, settle)
-		default:
-			s.p.tokens.Charge(l.group, settle)
-		}
-	}
-	s.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would,
-		estimate: cur.prepaid, errCode: out.ErrCode}
+	errCode := out.ErrCode
 	if killed && out.ErrCode == mysql.ER_QUERY_INTERRUPTED {
-		s.last.errCode = errRunawayKilled.Code
+		errCode = errRunawayKilled.Code
 	}
-	if cur.nlegs > 1 {
-		s.last.tagGroup = cur.legs[1].group
-	}
-	if cur.hasShape && !out.NotForwarded { // a statement that never ran teaches nothing
-		s.p.shapes.observe(cur.shape, &s.shapes, st.Scan.Digest, total, out.BackendTime, cur.waited, out.ErrCode != 0, cur.start)
-	}
-	s.end()                       // after observe: the statements its probe wakes find its cost
 	if s.seenGroup != cur.group { // charge moved the statement to default
 		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())
 	}
-	if chargeTo != cur.group {
-		// SWITCH_GROUP: the statement and its before-cost in its group,
-		// what came after in the target, as their buckets were charged.
-		s.series.charged(st.Class.String(), cur.before)
-		s.p.metrics.seeGroup(chargeTo, cur.start).added(after)
-	} else {
-		s.series.charged(st.Class.String(), total)
-	}
-	if cur.nlegs > 1 {
-		s.p.metrics.seeGroup(cur.legs[1].group, cur.start).charged(st.Class.String(), total)
-	}
+	s.led.settle(cur, s.series, &s.shapes, settlement{after: after, chargeTo: chargeTo, class: st.Class.String(),
+		errCode: errCode, ran: !out.NotForwarded, digest: st.Scan.Digest, latency: out.BackendTime, failed: out.ErrCode != 0})
+	s.end() // after settle's observe: the statements its probe wakes find its cost
 }
 
 // see tells the metrics the session used group at now and keeps its
@@ -726,8 +684,7 @@ func throttledError(group, detail string) *mysqlproto.Error {
 // wants its statement.
 func (s *session) refused(group, detail string) *mysqlproto.Reply {
 	s.p.tokens.CountThrottled(group)
-	s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, waited: s.cur.waited,
-		errCode: resourcegroup.CodeThrottled, estimate: s.cur.prepaid}
+	s.led.recordRefused(&s.cur, resourcegroup.CodeThrottled)
 	if n := s.cur.prepaid.RU(); n > 0 {
 		s.p.tokens.HoldDemand(&s.hold, group, n)
 		s.holding = true

@@ -293,8 +293,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	case resourcegroup.ActionKill:
 		// Recorded with what it would have cost (SHOW LAST STATEMENT RU).
 		s.price(st)
-		s.last = lastStatement{valid: true, group: s.cur.group, tagGroup: s.cur.tagGroup, errCode: errQuarantined.Code,
-			estimate: s.cur.prepaid}
+		s.led.recordRefused(&s.cur, errQuarantined.Code)
 		return false, &mysqlproto.Reply{Err: errQuarantined}
 	case resourcegroup.ActionSwitchGroup:
 		if _, ok := s.p.tokens.Group(w.SwitchGroup); ok {

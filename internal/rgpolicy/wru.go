@@ -293,39 +293,18 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 		return
 	}
 	// The statement's groups: its own and, in strict mode, a bound tag's
-	// (charged alike, as After charges them).
-	var groups [2]groupRef
-	groups[0] = groupRef{cur.group, s.series}
-	ng := 1
-	if cur.nlegs > 1 {
-		g := cur.legs[1].group
-		groups[1], ng = groupRef{g, s.p.metrics.seeGroup(g, cur.start)}, 2
-	}
-	written := max(s.last.cost.WriteBytes, 0)
-	if written > 0 {
-		for _, g := range groups[:ng] {
-			g.series.written[srcPacket].Add(written)
-		}
-	}
+	// (charged alike, as After charges them). Its shape's estimate learns
+	// what it alone wrote; a transaction's bytes, charged at its end, go
+	// to the summary of the statement that ended it.
 	own := !st.InTransaction && !out.InTransaction
+	to := s.led.lateTargets(cur, s.series, own)
+	written := max(s.last.cost.WriteBytes, 0)
+	s.led.wrotePacket(&to, written)
 	src := s.p.writes.inForce()
 	if src == srcEstimate && h.avg > 0 && out.ErrCode == 0 && out.AffectedRows > 0 {
 		est := float64(out.AffectedRows) * h.avg
 		if more := est - written; more > 0 {
-			extra := ru.Consumption{WRU: more * s.p.cost.WriteCostPerByte, WriteBytes: more}
-			for i, g := range groups[:ng] {
-				if i == 0 {
-					s.p.tokens.ChargePurse(&s.purse, g.name, extra)
-				} else {
-					s.p.tokens.Charge(g.name, extra)
-				}
-				g.series.wru.Add(extra.WRU)
-				g.series.written[srcEstimate].Add(more)
-			}
-			s.last.cost.Add(extra)
-			if own && cur.hasShape {
-				s.p.shapes.lateWRU(cur.shape, extra.WRU)
-			}
+			s.led.late(&to, ru.Consumption{WRU: more * s.p.cost.WriteCostPerByte, WriteBytes: more}, srcEstimate, true)
 			written = est
 		}
 		s.last.write = &writeResult{source: srcEstimate}
@@ -351,10 +330,7 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	if src != srcBinlog || !wrote {
 		return
 	}
-	c := &writeClaim{p: s.p, groups: groups, ngroups: ng, charged: charged, done: make(chan struct{})}
-	if own && cur.hasShape {
-		c.shape, c.hasShape = cur.shape, true
-	}
+	c := &writeClaim{led: &s.led, to: to, charged: charged, done: make(chan struct{})}
 	switch s.p.writes.binlog.Attribution() {
 	case binlog.AttributeGTID:
 		if own && !st.Multi && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE) {
@@ -542,11 +518,9 @@ const showLastWait = 100 * time.Millisecond
 // binary log shows it wrote. resolve runs once, on the reader's goroutine
 // or the session's; done closes after it has set found and extra.
 type writeClaim struct {
-	p        *Policy
-	groups   [2]groupRef
-	ngroups  int
-	shape    shapeKey
-	hasShape bool
+	// led charges what the log shows, to to (stmtLedger.late).
+	led *stmtLedger
+	to  lateTo
 	// charged is the written bytes already charged for the statement (or
 	// the transaction's statements).
 	charged float64
@@ -562,15 +536,8 @@ func (c *writeClaim) resolve(r binlog.Result) {
 	if r.Found {
 		c.found = true
 		if more := float64(r.Bytes) - c.charged; more > 0 {
-			c.extra = ru.Consumption{WRU: more * c.p.cost.WriteCostPerByte, WriteBytes: more}
-			for _, g := range c.groups[:c.ngroups] {
-				c.p.tokens.Charge(g.name, c.extra)
-				g.series.wru.Add(c.extra.WRU)
-				g.series.written[srcBinlog].Add(more)
-			}
-			if c.hasShape {
-				c.p.shapes.lateWRU(c.shape, c.extra.WRU)
-			}
+			c.extra = ru.Consumption{WRU: more * c.led.p.cost.WriteCostPerByte, WriteBytes: more}
+			c.led.late(&c.to, c.extra, srcBinlog, false)
 		}
 	}
 	close(c.done)
@@ -583,9 +550,11 @@ type groupRef struct {
 }
 
 // lateWRU adds WRU a statement was charged after its shape observed it
-// (what the binary log or the estimate added) to the shape's estimate and
-// summary, as if observe had seen them.
-func (t *shapes) lateWRU(k shapeKey, wru float64) {
+// (what the binary log or the estimate added) to the shape's summary and,
+// when learn is set, its estimate, as if observe had seen them. (A
+// transaction's bytes, charged to the statement that ended it, are not
+// that statement's cost next time.)
+func (t *shapes) lateWRU(k shapeKey, wru float64, learn bool) {
 	sh := t.shard(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -593,9 +562,11 @@ func (t *shapes) lateWRU(k shapeKey, wru float64) {
 	if s == nil {
 		return
 	}
-	if s.execCount <= 1 {
+	switch {
+	case !learn:
+	case s.execCount <= 1:
 		s.estWRU += wru
-	} else {
+	default:
 		s.estWRU += estimateWeight * wru
 	}
 	s.sumWRU += wru
