@@ -264,10 +264,14 @@ func (s *Server) campaign(ctx context.Context) error {
 	defer sess.Close()
 	el := concurrency.NewElection(sess, keyElection)
 
+	// The goroutines below end with octx or cctx, cancelled on return;
+	// campaign waits for them (deferred first, so it runs last).
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	octx, ocancel := context.WithCancel(ctx)
 	defer ocancel()
 	observed := make(chan leaderSeen, 1)
-	go func() {
+	wg.Go(func() {
 		defer close(observed)
 		for resp := range el.Observe(octx) {
 			if len(resp.Kvs) > 0 {
@@ -280,20 +284,20 @@ func (s *Server) campaign(ctx context.Context) error {
 				observed <- leaderSeen{addr: addr, lease: clientv3.LeaseID(resp.Kvs[0].Lease)}
 			}
 		}
-	}()
-	go s.watchLeaderLiveness(octx, observed)
+	})
+	wg.Go(func() { s.watchLeaderLiveness(octx, observed) })
 
 	// A campaign outlives neither ctx nor the session: if the lease is lost
 	// while waiting, start over with a new session.
 	cctx, ccancel := context.WithCancel(ctx)
 	defer ccancel()
-	go func() {
+	wg.Go(func() {
 		select {
 		case <-sess.Done():
 			ccancel()
 		case <-cctx.Done():
 		}
-	}()
+	})
 	failpoint.Inject("campaignError", func() {
 		failpoint.Return(fmt.Errorf("%w: campaign: %w", ErrEtcd, errFailpoint))
 	})

@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/internal/reload"
 	"github.com/rgproxy/rgproxy/internal/rgpolicy"
@@ -78,6 +80,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	var policy mysqlproto.Policy = mysqlproto.PassThrough{}
 	var tc *tokenclient.Client
 	var rp *rgpolicy.Policy
+	var reader *binlog.Reader
 	if cfg.Metering {
 		// The token stream starts before the listener: --listen names the
 		// instance (the cluster views' name once a port 0 is bound).
@@ -89,7 +92,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		defer tc.Close()
 		var killer rgpolicy.Killer
 		var roles rgpolicy.RoleChecker
-		var reader *binlog.Reader
 		writes, _ := rgpolicy.ParseWriteSource(cfg.WriteSource) // validated
 		if cfg.AdminUser != "" {
 			password, err := readAdminPassword(cfg.AdminPasswordFile)
@@ -114,7 +116,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 				if err != nil {
 					return err
 				}
-				go reader.Run(ctx)
 				metrics.registerBinlog(reader)
 			}
 		}
@@ -147,7 +148,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		tc.OnGroupForgotten(rp.ForgetGroup)
 		policy = rp
 		pcfg.ScanWords = rgpolicy.ScanWords()
-		go rp.Run(ctx)
 	}
 	pcfg.Policy = metrics.wrap(policy)
 	srv, err := mysqlproto.NewServer(pcfg)
@@ -156,7 +156,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	}
 	metrics.registerServer(srv)
 	rl.cur, rl.cert, rl.srv, rl.policy, rl.log = cfg, cert, srv, rp, logger
-	reload.OnSignal(ctx, hup, rl.reload)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -195,31 +194,45 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		return err
 	}
 	status := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: handler}
-	go func() {
-		if err := status.Serve(statusLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error("status server", "err", err)
-		}
-	}()
 
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	// Every part runs under one group: the first to fail stops the others
+	// (as SIGTERM does), and run returns once all of them have stopped.
+	g, gctx := errgroup.WithContext(ctx)
+	if reader != nil {
+		g.Go(func() error { reader.Run(gctx); return nil })
+	}
+	if rp != nil {
+		g.Go(func() error { rp.Run(gctx); return nil })
+	}
+	g.Go(func() error { reload.OnSignal(gctx, hup, rl.reload); return nil })
+	g.Go(func() error {
+		if err := status.Serve(statusLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("status server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, mysqlproto.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+		sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			logger.Warn("shutdown cut running sessions", "err", err)
+		}
+		status.Close()
+		return nil
+	})
 	logger.Info("rgproxy serving", "version", version, "listen", ln.Addr().String(),
 		"backend", cfg.Backend, "status", statusLn.Addr().String(), "max_connections", srv.MaxConnections())
-
-	select {
-	case err := <-serveErr:
-		status.Close()
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
+	if err := g.Wait(); err != nil {
+		return err
 	}
-	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		logger.Warn("shutdown cut running sessions", "err", err)
-	}
-	<-serveErr
-	status.Close()
 	logger.Info("stopped")
 	return nil
 }
