@@ -80,7 +80,7 @@ type Client struct {
 	// settings cache.
 	cache          snapshot
 	cacheLoaded    bool
-	settingsSynced bool          // the cache came from a Watch (not only from the file)
+	settingsSynced bool          // the cache came from the settings stream (not only from the file)
 	cacheChanged   chan struct{} // closed and replaced on every cache change
 	// cacheGen counts the cache's changes (CacheGeneration); written under
 	// mu, read without it.
@@ -103,7 +103,7 @@ type Client struct {
 	// forgotten are groups forgotten (dropped or expired) whose hook has
 	// not run yet; notifyForgotten runs it outside the lock.
 	forgotten []string
-	// droppedAt: groups dropped lately (a Watch DELETE or a NOT_FOUND
+	// droppedAt: groups dropped lately (a settings stream DELETE or a NOT_FOUND
 	// grant), so that a statement settling after the DROP does not bring
 	// their state and series back; kept for droppedMemory.
 	droppedAt   map[string]time.Time
@@ -230,7 +230,7 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Start starts the token stream and the settings loop (the Watch RPC) in background
+// Start starts the token stream and the settings stream (rpc Watch on the wire) in background
 // goroutines, which run until Close. It returns once the first Watch
 // snapshot arrived; or, when no rgserver answers, once the snapshot under
 // CacheDir is loaded (the client then starts in degraded mode); or an error
@@ -270,7 +270,7 @@ func (c *Client) Start(ctx context.Context) error {
 			return fmt.Errorf("%w: %w (cache: %w)", ErrUnavailable, err, lerr)
 		}
 		c.mu.Lock()
-		if !c.cacheLoaded { // the Watch may have succeeded meanwhile
+		if !c.cacheLoaded { // the settings stream may have succeeded meanwhile
 			c.setCacheLocked(snap)
 			c.enterDegradedLocked(c.clk.Now())
 		}

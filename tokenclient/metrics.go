@@ -101,7 +101,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked(now)
-	// Only the groups this proxy serves: with 100,000 groups in the Watch
+	// Only the groups this proxy serves: with 100,000 groups in the settings stream
 	// cache, one series each on every proxy would be too many.
 	for name, gs := range c.groups {
 		if !gs.bucket.Unlimited() {

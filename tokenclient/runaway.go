@@ -13,7 +13,7 @@ import (
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
-// The runaway watch list: cached from the Watch stream like groups and
+// The runaway watch list: cached from the settings stream like groups and
 // bindings, matched per statement without taking the client's lock, and
 // written through rgserver's AddWatch / RemoveWatch.
 

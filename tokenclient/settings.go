@@ -61,7 +61,7 @@ func (c *Client) Group(name string) (resourcegroup.Group, bool) {
 // stays the same. It takes no lock.
 func (c *Client) CacheGeneration() uint64 { return c.cacheGen.Load() }
 
-// Binding returns the binding of the account user@host from the Watch
+// Binding returns the binding of the account user@host from the settings stream
 // cache.
 func (c *Client) Binding(user, host string) (resourcegroup.Binding, bool) {
 	c.mu.Lock()
@@ -115,7 +115,7 @@ func (s *snapshot) deleteBinding(user, host string) {
 	}
 }
 
-// settingsLoop keeps a Watch stream open to any server, resuming from the last
+// settingsLoop keeps a settings stream (rpc Watch) open to any server, resuming from the last
 // revision. first receives nil at the first snapshot, or an error once every
 // server failed before any snapshot came.
 func (c *Client) settingsLoop(ctx context.Context, first chan<- error) {
@@ -144,14 +144,14 @@ func (c *Client) settingsLoop(ctx context.Context, first chan<- error) {
 		idx = (idx + 1) % len(c.cfg.Servers)
 		attempt++
 		d := backoff(attempt)
-		c.log.Warn("settings stream (Watch) ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
+		c.log.Warn("settings stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
 		if err := c.sleep(ctx, d); err != nil {
 			return
 		}
 	}
 }
 
-// runSettings follows one Watch stream until it fails; got tells whether any
+// runSettings follows one settings stream until it fails; got tells whether any
 // response arrived. loaded is called after the first applied response.
 func (c *Client) runSettings(ctx context.Context, addr string, loaded func()) (got bool, err error) {
 	cc, err := c.conn(addr)
@@ -167,13 +167,13 @@ func (c *Client) runSettings(ctx context.Context, addr string, loaded func()) (g
 	// In parts: a snapshot of 100,000 groups would not fit in one message.
 	stream, err := tokenpb.NewResourceGroupServiceClient(cc).Watch(ctx, &tokenpb.WatchRequest{AfterRevision: after, SnapshotInParts: true})
 	if err != nil {
-		return false, fmt.Errorf("Watch %s: %w", addr, err)
+		return false, fmt.Errorf("settings stream from %s: %w", addr, err)
 	}
 	var parts *snapshot // a snapshot being received in parts
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return got, fmt.Errorf("Watch %s: %w", addr, err)
+			return got, fmt.Errorf("settings stream from %s: %w", addr, err)
 		}
 		if resp.GetSnapshot() && resp.GetMore() {
 			if parts == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/pingcap/failpoint"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -118,10 +119,30 @@ func backoff(n int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// tokenLoop keeps one AcquireTokens stream open to the leader until ctx
-// ends: it follows NOT_LEADER redirects, and after errors rotates through
-// Servers with backoff.
-func (c *Client) tokenLoop(ctx context.Context) {
+// maxRedirects bounds the NOT_LEADER hops followed in a row before the
+// next server of Servers is tried: replicas that disagree about the
+// leader must not bounce a stream between them.
+const maxRedirects = 3
+
+// leaderStream is one stream a client keeps open to the leader: the
+// token stream and the inspect stream.
+type leaderStream struct {
+	// name names the stream in the logs.
+	name string
+	// level logs the reconnects: Warn for the token stream, which the
+	// proxy needs, Debug for the inspect stream, which it can do without.
+	level slog.Level
+	// run runs one stream to addr until it ends; steady says that it went
+	// well long enough for the backoff to start over.
+	run func(ctx context.Context, addr string) (steady bool, err error)
+	// wait waits d before the next attempt; false once ctx has ended.
+	wait func(ctx context.Context, d time.Duration) bool
+}
+
+// followLeader keeps ls open to the leader until ctx ends: it follows
+// NOT_LEADER redirects (at most maxRedirects in a row), and after other
+// ends rotates through Servers with backoff.
+func (c *Client) followLeader(ctx context.Context, ls leaderStream) {
 	idx, attempt, redirects := 0, 0, 0
 	redirect := ""
 	for {
@@ -129,16 +150,15 @@ func (c *Client) tokenLoop(ctx context.Context) {
 		if redirect != "" {
 			addr = redirect
 		}
-		answered, err := c.runStream(ctx, addr)
-		c.streamEnded()
+		steady, err := ls.run(ctx, addr)
 		if ctx.Err() != nil {
 			return
 		}
-		if answered {
+		if steady {
 			attempt = 0
 		}
-		if nl, ok := errors.AsType[*notLeaderError](err); ok && nl.leader != "" && nl.leader != addr && redirects < 3 {
-			c.log.Info("following the token server leader", "from", addr, "to", nl.leader)
+		if nl, ok := errors.AsType[*notLeaderError](err); ok && nl.leader != "" && nl.leader != addr && redirects < maxRedirects {
+			c.log.Log(ctx, min(ls.level, slog.LevelInfo), "following the token server leader", "stream", ls.name, "from", addr, "to", nl.leader)
 			redirect = nl.leader
 			redirects++
 			continue
@@ -147,11 +167,24 @@ func (c *Client) tokenLoop(ctx context.Context) {
 		idx = (idx + 1) % len(c.cfg.Servers)
 		attempt++
 		d := backoff(attempt)
-		c.log.Warn("token stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
-		if !c.pause(ctx, d) {
+		c.log.Log(ctx, ls.level, ls.name+" stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
+		if !ls.wait(ctx, d) {
 			return
 		}
 	}
+}
+
+// tokenLoop keeps one AcquireTokens stream open to the leader until ctx
+// ends (followLeader).
+func (c *Client) tokenLoop(ctx context.Context) {
+	c.followLeader(ctx, leaderStream{name: "token", level: slog.LevelWarn,
+		run: func(ctx context.Context, addr string) (bool, error) {
+			answered, err := c.runStream(ctx, addr)
+			c.streamEnded()
+			return answered, err
+		},
+		wait: c.pause,
+	})
 }
 
 // pause waits d, keeping degraded mode up to date meanwhile; false when ctx

@@ -116,7 +116,7 @@ type Server struct {
 	leaderSince atomic.Pointer[time.Time]
 	// runaways is the runaway history (runaways.go).
 	runaways *runawayHistory
-	// openStreams counts the AcquireTokens and Watch streams open on this
+	// openStreams counts the AcquireTokens and settings streams open on this
 	// replica, for the console (Overview).
 	openStreams [numKinds]atomic.Int64
 }
@@ -285,7 +285,7 @@ func (s *Server) campaign(ctx context.Context) error {
 			}
 		}
 	})
-	wg.Go(func() { s.watchLeaderLiveness(octx, observed) })
+	wg.Go(func() { s.probeLeaderLiveness(octx, observed) })
 
 	// A campaign outlives neither ctx nor the session: if the lease is lost
 	// while waiting, start over with a new session.
@@ -332,14 +332,14 @@ const (
 	deadLeaderInterval = 200 * time.Millisecond
 )
 
-// watchLeaderLiveness revokes the lease of a leader whose process is gone,
+// probeLeaderLiveness revokes the lease of a leader whose process is gone,
 // so that a replica takes over at once instead of when the lease expires
 // (up to the election TTL, plus etcd's extension when etcd's own leader
 // died with it). Only a refused connection counts: a timeout may be a slow
 // or partitioned leader, which the lease handles. A revoked leader that is
 // somehow alive loses its session and steps down, and its writes are
 // fenced on the election key's revision.
-func (s *Server) watchLeaderLiveness(ctx context.Context, observed <-chan leaderSeen) {
+func (s *Server) probeLeaderLiveness(ctx context.Context, observed <-chan leaderSeen) {
 	var cur leaderSeen
 	refused := 0
 	tick := time.NewTicker(deadLeaderInterval)
@@ -802,11 +802,11 @@ func (s *Server) writeStates(ctx context.Context, key string, rev int64, batch [
 // syncSettings mirrors /rg/settings/ into the allocator until ctx ends.
 func (s *Server) syncSettings(ctx context.Context) {
 	for ctx.Err() == nil {
-		err := s.loadAndWatchSettings(ctx)
+		err := s.loadAndFollowSettings(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("settings watch restarting", "err", err)
+		s.log.Warn("following the settings in etcd: starting over", "err", err)
 		select {
 		case <-time.After(500 * time.Millisecond):
 		case <-ctx.Done():
@@ -814,8 +814,9 @@ func (s *Server) syncSettings(ctx context.Context) {
 	}
 }
 
-// loadAndWatchSettings lists the groups, then applies changes from the watch.
-func (s *Server) loadAndWatchSettings(ctx context.Context) error {
+// loadAndFollowSettings lists the groups, then applies the changes etcd
+// reports after them.
+func (s *Server) loadAndFollowSettings(ctx context.Context) error {
 	groups, rev, err := s.store.listGroups(ctx, 0)
 	if err != nil {
 		return err

@@ -84,7 +84,7 @@ type config struct {
 	// need (rgserver --admin-token-file); empty = none. Default empty.
 	TokenServerTokenFile string
 	// TokenServerProxyTokenFile holds this proxy's bearer token for
-	// rgserver's token and watch streams and reads (a token of rgserver's
+	// rgserver's token and settings streams and reads (a token of rgserver's
 	// --proxy-token-file); empty = none. Default empty.
 	TokenServerProxyTokenFile string
 	// TokenServerTLSCA (PEM) turns on TLS to rgserver and verifies its
