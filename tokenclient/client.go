@@ -109,15 +109,14 @@ type Client struct {
 	droppedAt   map[string]time.Time
 	onForgotten atomic.Pointer[func(group string)]
 
-	// runCtx is the background loops' context (Start), for StartInspect.
-	runCtx context.Context
 	// insp is the Inspect stream's state (inspect.go).
 	insp inspectState
 	// runaways queues runaway events for rgserver (history.go).
 	runaways runawaySender
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// loops are the background goroutines, each with its own context
+	// (loops.go); Close stops them and waits for them.
+	loops loops
 }
 
 // groupState is one group's local state; guarded by Client.mu.
@@ -238,26 +237,23 @@ func New(cfg Config) (*Client, error) {
 // ends first. ctx bounds only this first wait. Start may be called once;
 // after an error the caller should Close the client.
 func (c *Client) Start(ctx context.Context) error {
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.mu.Lock()
-	if c.closed || c.cancel != nil {
+	if c.closed || !c.loops.begin() {
 		c.mu.Unlock()
-		cancel()
 		return fmt.Errorf("tokenclient: start: %w", ErrClosed)
 	}
-	c.cancel, c.runCtx = cancel, runCtx
 	c.stateLocked(resourcegroup.DefaultGroup, c.clk.Now()) // default's series from start
 	c.mu.Unlock()
 
 	first := make(chan error, 1)
-	c.wg.Add(4)
-	go func() { defer c.wg.Done(); c.settingsLoop(runCtx, first) }()
-	go func() { defer c.wg.Done(); c.tokenLoop(runCtx) }()
-	go func() { defer c.wg.Done(); c.expireLoop(runCtx) }()
-	go func() { defer c.wg.Done(); c.purseLoop(runCtx) }()
+	if !c.loops.start(func(ctx context.Context) { c.settingsLoop(ctx, first) }) {
+		return fmt.Errorf("tokenclient: start: %w", ErrClosed) // Close came first
+	}
+	c.loops.start(c.tokenLoop)
+	c.loops.start(c.expireLoop)
+	c.loops.start(c.purseLoop)
 	if c.cfg.CacheDir != "" {
-		c.wg.Add(1)
-		go func() { defer c.wg.Done(); c.saveLoop(runCtx) }()
+		c.loops.start(c.saveLoop)
 	}
 
 	select {
@@ -295,27 +291,24 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	cancel := c.cancel
+	started := c.loops.running()
 	connected := c.connected
 	c.sweepPursesLocked(c.clk.Now(), true) // the final report holds what purses spent
 	c.mu.Unlock()
-	if cancel != nil {
-		if connected {
-			done := make(chan struct{})
-			t := c.clk.NewTimer(time.Second)
+	if started && connected {
+		done := make(chan struct{})
+		t := c.clk.NewTimer(time.Second)
+		select {
+		case c.flush <- done:
 			select {
-			case c.flush <- done:
-				select {
-				case <-done:
-				case <-t.C():
-				}
+			case <-done:
 			case <-t.C():
 			}
-			t.Stop()
+		case <-t.C():
 		}
-		cancel()
+		t.Stop()
 	}
-	c.wg.Wait()
+	c.loops.stop()
 	c.connMu.Lock()
 	defer c.connMu.Unlock()
 	var first error

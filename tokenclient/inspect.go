@@ -146,18 +146,13 @@ func checkInstance(what, instance string) error {
 	return nil
 }
 
-// startLoop runs loop in the background with the client's run context,
+// startLoop runs loop in the background with a context of its own (loops),
 // until Close; what names it in the error of a closed (or not started)
 // client.
 func (c *Client) startLoop(what string, loop func(ctx context.Context)) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || c.runCtx == nil {
+	if !c.loops.start(loop) {
 		return fmt.Errorf("tokenclient: %s: %w", what, ErrClosed)
 	}
-	ctx := c.runCtx
-	c.wg.Add(1)
-	go func() { defer c.wg.Done(); loop(ctx) }()
 	return nil
 }
 
