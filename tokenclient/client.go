@@ -58,6 +58,10 @@ type Client struct {
 	log *slog.Logger
 	met *metrics
 
+	// cache is the settings stream's cache, under its own lock
+	// (settingscache.go).
+	cache *settingsCache
+
 	kick     chan struct{}      // wakes the stream loop: some group needs tokens
 	flush    chan chan struct{} // Close asks the stream loop for a final report
 	saveKick chan struct{}      // wakes saveLoop: the cache changed
@@ -77,18 +81,7 @@ type Client struct {
 	nextReqID   uint64
 	finalID     uint64        // the request id of Close's final report
 	finalAck    chan struct{} // closed when that report is answered
-	// settings cache.
-	cache          snapshot
-	cacheLoaded    bool
-	settingsSynced bool          // the cache came from the settings stream (not only from the file)
-	cacheChanged   chan struct{} // closed and replaced on every cache change
-	// cacheGen counts the cache's changes (CacheGeneration); written under
-	// mu, read without it.
-	cacheGen atomic.Uint64
-	closed   bool
-	// watchIdx is the runaway watch list indexed for MatchWatch, replaced
-	// with the cache so that matching takes no lock.
-	watchIdx atomic.Pointer[watchIndex]
+	closed      bool
 
 	// purses are the sessions' purses that hold an advance or unrecorded
 	// consumption (purse.go).
@@ -206,21 +199,20 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg:          cfg,
-		clk:          cfg.Clock,
-		log:          cfg.Logger.With("component", "tokenclient"),
-		kick:         make(chan struct{}, 1),
-		flush:        make(chan chan struct{}),
-		saveKick:     make(chan struct{}, 1),
-		conns:        map[string]*grpc.ClientConn{},
-		groups:       map[string]*groupState{},
-		droppedAt:    map[string]time.Time{},
-		outstanding:  map[uint64]*sentRequest{},
-		purses:       map[*Purse]struct{}{},
-		cache:        newSnapshot(),
-		cacheChanged: make(chan struct{}),
-		lostAt:       cfg.Clock.Now(),
-		runaways:     newRunawaySender(),
+		cfg:         cfg,
+		clk:         cfg.Clock,
+		log:         cfg.Logger.With("component", "tokenclient"),
+		kick:        make(chan struct{}, 1),
+		flush:       make(chan chan struct{}),
+		saveKick:    make(chan struct{}, 1),
+		conns:       map[string]*grpc.ClientConn{},
+		groups:      map[string]*groupState{},
+		droppedAt:   map[string]time.Time{},
+		outstanding: map[uint64]*sentRequest{},
+		purses:      map[*Purse]struct{}{},
+		cache:       newSettingsCache(),
+		lostAt:      cfg.Clock.Now(),
+		runaways:    newRunawaySender(),
 	}
 	c.met, err = newMetrics(c, cfg.Registerer)
 	if err != nil {
@@ -265,12 +257,14 @@ func (c *Client) Start(ctx context.Context) error {
 		if lerr != nil {
 			return fmt.Errorf("%w: %w (cache: %w)", ErrUnavailable, err, lerr)
 		}
-		c.mu.Lock()
-		if !c.cacheLoaded { // the settings stream may have succeeded meanwhile
-			c.setCacheLocked(snap)
+		if c.cache.install(snap, false) { // unless the settings stream succeeded meanwhile
+			c.mu.Lock()
+			c.cacheInstalledLocked()
 			c.enterDegradedLocked(c.clk.Now())
+			c.mu.Unlock()
+			c.cache.wake()
+			c.notifyForgotten()
 		}
-		c.mu.Unlock()
 		c.log.Warn("rgserver unreachable at start: serving from the cached snapshot in degraded mode",
 			"revision", snap.Revision, "groups", len(snap.Groups), "err", err)
 		return nil
@@ -329,7 +323,7 @@ func (c *Client) stateLocked(group string, now time.Time) *groupState {
 		return gs
 	}
 	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now, lastUsed: now}
-	if g, ok := c.settingsLocked(group); ok && isUnlimited(g) {
+	if g, ok := c.definition(group); ok && isUnlimited(g) {
 		gs.bucket.SetUnlimited(true)
 	}
 	c.groups[group] = gs
@@ -340,10 +334,10 @@ func (c *Client) stateLocked(group string, now time.Time) *groupState {
 	return gs
 }
 
-// settingsLocked returns a group's definition from the cache; `default`
+// definition returns a group's definition from the cache; `default`
 // has its built-in one until rgserver sends one.
-func (c *Client) settingsLocked(name string) (resourcegroup.Group, bool) {
-	if g, ok := c.cache.Groups[name]; ok {
+func (c *Client) definition(name string) (resourcegroup.Group, bool) {
+	if g, ok := c.cache.group(name); ok {
 		return g, true
 	}
 	if name == resourcegroup.DefaultGroup {
@@ -369,7 +363,7 @@ func (c *Client) servesLocked(group string) bool {
 	if !ok {
 		return true
 	}
-	if _, known := c.cache.Groups[group]; known || c.clk.Now().Sub(at) >= droppedMemory {
+	if _, known := c.cache.group(group); known || c.clk.Now().Sub(at) >= droppedMemory {
 		delete(c.droppedAt, group)
 		return true
 	}

@@ -111,7 +111,7 @@ func (c *Client) enterDegradedLocked(now time.Time) {
 // localRefillLocked makes gs fill itself at RU_PER_SEC ÷ proxies (from the
 // last grant, 1 if unknown), with the burst of its BURSTABLE mode.
 func (c *Client) localRefillLocked(now time.Time, gs *groupState) {
-	g, known := c.settingsLocked(gs.name)
+	g, known := c.definition(gs.name)
 	if known && isUnlimited(g) {
 		gs.bucket.SetUnlimited(true)
 		gs.wake()

@@ -72,7 +72,7 @@ func (c *Client) forgetLocked(gs *groupState) {
 func (c *Client) droppedFromCacheLocked(names []string) {
 	check := func(name string) {
 		if gs, ok := c.groups[name]; ok {
-			if _, known := c.cache.Groups[name]; !known {
+			if _, known := c.cache.group(name); !known {
 				c.dropLocked(gs)
 			}
 		}

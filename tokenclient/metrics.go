@@ -107,7 +107,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if !gs.bucket.Unlimited() {
 			ch <- prometheus.MustNewConstMetric(s.tokens, prometheus.GaugeValue, gs.bucket.Tokens(now), name)
 		}
-		if g, ok := c.settingsLocked(name); ok {
+		if g, ok := c.definition(name); ok {
 			// MODE WARN and OFF keep their rate for the dashboards.
 			v := float64(g.RUPerSec)
 			if g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {

@@ -71,10 +71,7 @@ func (c *Client) waitCache(ctx context.Context, ok func(snapshot) bool) {
 	t := c.clk.NewTimer(syncWait)
 	defer t.Stop()
 	for {
-		c.mu.Lock()
-		done := ok(c.cache)
-		ch := c.cacheChanged
-		c.mu.Unlock()
+		done, ch := c.cache.check(ok)
 		if done {
 			return
 		}
@@ -155,13 +152,15 @@ func (s rpcStore) ListGroups(ctx context.Context) ([]resourcegroup.Group, error)
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list resource groups: %w", err)
 	}
-	s.c.mu.Lock()
-	out := make([]resourcegroup.Group, 0, len(s.c.cache.Groups)+1)
-	for _, g := range s.c.cache.Groups {
-		out = append(out, g.Clone())
-	}
-	_, hasDefault := s.c.cache.Groups[resourcegroup.DefaultGroup]
-	s.c.mu.Unlock()
+	var out []resourcegroup.Group
+	var hasDefault bool
+	s.c.cache.read(func(snap *snapshot) {
+		out = make([]resourcegroup.Group, 0, len(snap.Groups)+1)
+		for _, g := range snap.Groups {
+			out = append(out, g.Clone())
+		}
+		_, hasDefault = snap.Groups[resourcegroup.DefaultGroup]
+	})
 	if !hasDefault {
 		out = append(out, resourcegroup.DefaultGroupDefinition())
 	}
@@ -221,15 +220,16 @@ func (s rpcStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, er
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list bindings: %w", err)
 	}
-	s.c.mu.Lock()
-	out := make([]resourcegroup.Binding, 0, len(s.c.cache.Bindings)+len(s.c.cache.Tags))
-	for _, b := range s.c.cache.Bindings {
-		out = append(out, b)
-	}
-	for _, b := range s.c.cache.Tags {
-		out = append(out, b)
-	}
-	s.c.mu.Unlock()
+	var out []resourcegroup.Binding
+	s.c.cache.read(func(snap *snapshot) {
+		out = make([]resourcegroup.Binding, 0, len(snap.Bindings)+len(snap.Tags))
+		for _, b := range snap.Bindings {
+			out = append(out, b)
+		}
+		for _, b := range snap.Tags {
+			out = append(out, b)
+		}
+	})
 	resourcegroup.SortBindings(out)
 	return out, nil
 }
