@@ -12,7 +12,6 @@ import (
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
-	"google.golang.org/grpc"
 )
 
 // A Client's shared state: the Client and each group's groupState, both
@@ -66,10 +65,8 @@ type Client struct {
 	flush    chan chan struct{} // Close asks the stream loop for a final report
 	saveKick chan struct{}      // wakes saveLoop: the cache changed
 
-	connMu      sync.Mutex
-	conns       map[string]*grpc.ClientConn
-	connsClosed bool
-	rgNext      int // next server tried for ResourceGroupService calls
+	// conns are the connections to rgserver, under their own lock.
+	conns connPool
 
 	mu     sync.Mutex
 	groups map[string]*groupState
@@ -205,7 +202,6 @@ func New(cfg Config) (*Client, error) {
 		kick:        make(chan struct{}, 1),
 		flush:       make(chan chan struct{}),
 		saveKick:    make(chan struct{}, 1),
-		conns:       map[string]*grpc.ClientConn{},
 		groups:      map[string]*groupState{},
 		droppedAt:   map[string]time.Time{},
 		outstanding: map[uint64]*sentRequest{},
@@ -303,17 +299,7 @@ func (c *Client) Close() error {
 		t.Stop()
 	}
 	c.loops.stop()
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	var first error
-	for addr, cc := range c.conns {
-		if err := cc.Close(); err != nil && first == nil {
-			first = fmt.Errorf("tokenclient: close %s: %w", addr, err)
-		}
-	}
-	c.conns = map[string]*grpc.ClientConn{}
-	c.connsClosed = true
-	return first
+	return c.conns.close()
 }
 
 // stateLocked returns group's state, making it on first use, with its

@@ -34,9 +34,7 @@ var _ resourcegroup.Store = rpcStore{}
 // naming the servers tried (mapError reads them).
 func (c *Client) call(ctx context.Context, f func(context.Context, tokenpb.ResourceGroupServiceClient) error) error {
 	ctx = context.WithValue(ctx, adminCall{}, true) // bearerCreds sends the admin token
-	c.connMu.Lock()
-	start := c.rgNext
-	c.connMu.Unlock()
+	start := c.conns.next()
 	var err error
 	var tried []string
 	for i := range c.cfg.Servers {
@@ -50,9 +48,7 @@ func (c *Client) call(ctx context.Context, f func(context.Context, tokenpb.Resou
 		}
 		err = f(ctx, tokenpb.NewResourceGroupServiceClient(cc))
 		if status.Code(err) != codes.Unavailable {
-			c.connMu.Lock()
-			c.rgNext = idx
-			c.connMu.Unlock()
+			c.conns.answered(idx)
 			if err != nil {
 				return &rpcFailure{addrs: tried[len(tried)-1:], err: err}
 			}

@@ -34,14 +34,11 @@ var errStuck = errors.New("token request unanswered")
 
 // conn returns the (lazily dialled) connection to addr.
 func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	if c.connsClosed {
-		return nil, ErrClosed
-	}
-	if cc, ok := c.conns[addr]; ok {
-		return cc, nil
-	}
+	return c.conns.get(addr, c.dial)
+}
+
+// dial makes a connection to addr.
+func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if c.cfg.TLS != nil {
 		creds = credentials.NewTLS(c.cfg.TLS)
@@ -67,7 +64,6 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenclient: dial %s: %w", addr, err)
 	}
-	c.conns[addr] = cc
 	return cc, nil
 }
 
