@@ -134,7 +134,7 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 		// whole group's RU_PER_SEC (this proxy's share may grow while it
 		// waits), or the local refill in degraded mode.
 		rate := float64(gs.ruPerSec)
-		if c.degraded {
+		if c.stream.degraded {
 			rate = gs.bucket.FillRate(now)
 		}
 		short := required - gs.bucket.Tokens(now)

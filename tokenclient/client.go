@@ -14,9 +14,22 @@ import (
 	"github.com/rgproxy/rgproxy/ru"
 )
 
-// A Client's shared state: the Client and each group's groupState, both
-// guarded by Client.mu, and the calls that make and close the client. The
-// rest of the client is split by concern:
+// A Client and the calls that make and close it. Its state is split by
+// owner, each part with its own lock or goroutine:
+//
+//	settings cache  settingsCache (settingscache.go), its own RWMutex;
+//	                written by the settings stream's goroutine only
+//	groups          the groups in use, with the token stream's table of
+//	                requests (tokenStreamState), under Client.mu: a
+//	                request or a grant changes both in one step
+//	connections     connPool (conns.go), its own lock
+//	goroutines      loops (loops.go): each loop gets its context at start;
+//	                Close cancels them and waits for them
+//	inspect, runaway history
+//	                inspectState and runawaySender, their own locks
+//
+// Lock order: Client.mu, then the settings cache's; the others are taken
+// alone. The rest of the client is split by concern:
 //
 //	bucket.go    the local token bucket, one per group
 //	acquire.go   AcquireShare (the one way a statement takes tokens), its
@@ -26,7 +39,7 @@ import (
 //	shadow.go    MODE WARN's shadow bucket (WouldAcquire)
 //	degraded.go  degraded mode: local refill when rgserver is silent
 //	stream.go    the token stream (requests, reports, grants)
-//	watch.go     the settings cache of groups, bindings and watches
+//	settings.go  the settings stream and the snapshot file
 //	purse.go     a session's advance on its group's tokens
 //	lifecycle.go when a group's state is born and forgotten
 //	store.go     the gRPC Store of admin statements
@@ -68,17 +81,14 @@ type Client struct {
 	// conns are the connections to rgserver, under their own lock.
 	conns connPool
 
+	// mu guards the groups in use and the token stream's state: a
+	// request takes the groups' reports and marks them in flight, and a
+	// grant fills their buckets, in one step with the stream's table of
+	// requests, so that no consumption is reported twice or lost.
 	mu     sync.Mutex
 	groups map[string]*groupState
-	// Connection state of the token stream.
-	connected   bool      // a stream is open and has answered
-	lostAt      time.Time // when the last answering stream ended (or Start)
-	degraded    bool
-	outstanding map[uint64]*sentRequest
-	nextReqID   uint64
-	finalID     uint64        // the request id of Close's final report
-	finalAck    chan struct{} // closed when that report is answered
-	closed      bool
+	stream tokenStreamState
+	closed bool
 
 	// purses are the sessions' purses that hold an advance or unrecorded
 	// consumption (purse.go).
@@ -107,6 +117,18 @@ type Client struct {
 	// loops are the background goroutines, each with its own context
 	// (loops.go); Close stops them and waits for them.
 	loops loops
+}
+
+// tokenStreamState is the token stream's side of the groups' state
+// (stream.go, degraded.go); guarded by Client.mu.
+type tokenStreamState struct {
+	connected   bool      // a stream is open and has answered
+	lostAt      time.Time // when the last answering stream ended (or Start)
+	degraded    bool      // the groups refill locally (degraded.go)
+	outstanding map[uint64]*sentRequest
+	nextReqID   uint64
+	finalID     uint64        // the request id of Close's final report
+	finalAck    chan struct{} // closed when that report is answered
 }
 
 // groupState is one group's local state; guarded by Client.mu.
@@ -196,19 +218,18 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg:         cfg,
-		clk:         cfg.Clock,
-		log:         cfg.Logger.With("component", "tokenclient"),
-		kick:        make(chan struct{}, 1),
-		flush:       make(chan chan struct{}),
-		saveKick:    make(chan struct{}, 1),
-		groups:      map[string]*groupState{},
-		droppedAt:   map[string]time.Time{},
-		outstanding: map[uint64]*sentRequest{},
-		purses:      map[*Purse]struct{}{},
-		cache:       newSettingsCache(),
-		lostAt:      cfg.Clock.Now(),
-		runaways:    newRunawaySender(),
+		cfg:       cfg,
+		clk:       cfg.Clock,
+		log:       cfg.Logger.With("component", "tokenclient"),
+		kick:      make(chan struct{}, 1),
+		flush:     make(chan chan struct{}),
+		saveKick:  make(chan struct{}, 1),
+		groups:    map[string]*groupState{},
+		droppedAt: map[string]time.Time{},
+		purses:    map[*Purse]struct{}{},
+		cache:     newSettingsCache(),
+		stream:    tokenStreamState{lostAt: cfg.Clock.Now(), outstanding: map[uint64]*sentRequest{}},
+		runaways:  newRunawaySender(),
 	}
 	c.met, err = newMetrics(c, cfg.Registerer)
 	if err != nil {
@@ -282,7 +303,7 @@ func (c *Client) Close() error {
 	}
 	c.closed = true
 	started := c.loops.running()
-	connected := c.connected
+	connected := c.stream.connected
 	c.sweepPursesLocked(c.clk.Now(), true) // the final report holds what purses spent
 	c.mu.Unlock()
 	if started && connected {
@@ -314,7 +335,7 @@ func (c *Client) stateLocked(group string, now time.Time) *groupState {
 	}
 	c.groups[group] = gs
 	gs.waitObs = c.met.born(group)
-	if c.degraded {
+	if c.stream.degraded {
 		c.localRefillLocked(now, gs)
 	}
 	return gs

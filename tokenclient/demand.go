@@ -263,13 +263,13 @@ func (c *Client) Usage(now time.Time) []GroupUsage {
 			Tokens:    gs.bucket.Tokens(now),
 			Unlimited: gs.bucket.Unlimited(),
 			Throttled: gs.throttled,
-			Degraded:  c.degraded,
+			Degraded:  c.stream.degraded,
 		})
 	}
 	c.cache.read(func(snap *snapshot) { // Client.mu, then the cache's lock
 		for name, g := range snap.Groups {
 			if !seen[name] {
-				out = append(out, GroupUsage{Group: name, Unlimited: isUnlimited(g), Degraded: c.degraded})
+				out = append(out, GroupUsage{Group: name, Unlimited: isUnlimited(g), Degraded: c.stream.degraded})
 			}
 		}
 	})

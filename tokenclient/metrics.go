@@ -117,7 +117,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	d := 0.0
-	if c.degraded {
+	if c.stream.degraded {
 		d = 1
 	}
 	ch <- prometheus.MustNewConstMetric(s.degraded, prometheus.GaugeValue, d)

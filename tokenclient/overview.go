@@ -82,7 +82,7 @@ func (c *Client) Overview(now time.Time, limit int) Overview {
 	inUse := map[string]bool{}
 	c.mu.Lock()
 	c.refreshLocked(now)
-	o.Degraded, o.Connected = c.degraded, c.connected
+	o.Degraded, o.Connected = c.stream.degraded, c.stream.connected
 	n := 0
 	for name, gs := range c.groups {
 		g := GroupOverview{InUse: true, Tokens: gs.bucket.Tokens(now), Unlimited: gs.bucket.Unlimited(),

@@ -307,7 +307,7 @@ func (c *Client) refreshGroupLocked(now time.Time, gs *groupState) {
 		gs.want = true
 		c.kickLocked()
 	}
-	if c.degraded || gs.unavailable {
+	if c.stream.degraded || gs.unavailable {
 		c.localRefillLocked(now, gs) // the new RU_PER_SEC applies at once
 	}
 }

@@ -207,11 +207,11 @@ func (c *Client) pause(ctx context.Context, d time.Duration) bool {
 func (c *Client) streamEnded() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.connected {
-		c.connected = false
-		c.lostAt = c.clk.Now()
+	if c.stream.connected {
+		c.stream.connected = false
+		c.stream.lostAt = c.clk.Now()
 	}
-	clear(c.outstanding)
+	clear(c.stream.outstanding)
 	for _, gs := range c.groups {
 		gs.inFlight = false
 	}
@@ -326,7 +326,7 @@ func (c *Client) finalReport(ctx context.Context, stream tokenpb.TokenService_Ac
 	req := c.buildRequestLocked(c.clk.Now(), false, true)
 	ack := make(chan struct{})
 	if req != nil {
-		c.finalID, c.finalAck = req.GetRequestId(), ack
+		c.stream.finalID, c.stream.finalAck = req.GetRequestId(), ack
 	}
 	c.mu.Unlock()
 	if req == nil {
@@ -347,7 +347,7 @@ func (c *Client) finalReport(ctx context.Context, stream tokenpb.TokenService_Ac
 
 func (c *Client) oldestOutstandingLocked(now time.Time) time.Duration {
 	var d time.Duration
-	for _, r := range c.outstanding {
+	for _, r := range c.stream.outstanding {
 		d = max(d, now.Sub(r.at))
 	}
 	return d
@@ -380,7 +380,7 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			continue
 		}
 		due := gs.hasReport() && now.Sub(gs.lastReport) >= c.cfg.ReportPeriod
-		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !c.degraded && len(gs.queue) == 0 && !gs.hasReport() {
+		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !c.stream.degraded && len(gs.queue) == 0 && !gs.hasReport() {
 			// Idle, its trickle over: what the bucket holds no longer
 			// changes. After releaseAfter it is given back; either way
 			// rgserver hears once what this proxy holds, so its own bucket
@@ -405,8 +405,8 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			}
 		}
 	}
-	c.nextReqID++
-	req := &tokenpb.TokenRequest{ProxyId: c.cfg.ProxyID, RequestId: c.nextReqID}
+	c.stream.nextReqID++
+	req := &tokenpb.TokenRequest{ProxyId: c.cfg.ProxyID, RequestId: c.stream.nextReqID}
 	sent := &sentRequest{at: now, reports: map[string]ru.Consumption{}, asked: map[string]bool{}}
 	add := func(gs *groupState, ask bool) {
 		cons := gs.takeReport()
@@ -446,7 +446,7 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 		add(gs, false)
 	}
 	if !final {
-		c.outstanding[req.RequestId] = sent
+		c.stream.outstanding[req.RequestId] = sent
 	}
 	return req
 }
@@ -531,11 +531,11 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	defer c.notifyForgotten() // after the unlock
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	sent := c.outstanding[resp.GetRequestId()]
-	delete(c.outstanding, resp.GetRequestId())
-	if c.finalAck != nil && resp.GetRequestId() == c.finalID {
-		close(c.finalAck)
-		c.finalAck = nil
+	sent := c.stream.outstanding[resp.GetRequestId()]
+	delete(c.stream.outstanding, resp.GetRequestId())
+	if c.stream.finalAck != nil && resp.GetRequestId() == c.stream.finalID {
+		close(c.stream.finalAck)
+		c.stream.finalAck = nil
 	}
 	if nl := resp.GetNotLeader(); nl != nil {
 		if sent != nil {
@@ -552,12 +552,12 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	if sent != nil {
 		c.met.duration.Observe(now.Sub(sent.at).Seconds())
 	}
-	if !c.connected {
+	if !c.stream.connected {
 		c.endBridgeLocked(now)
 	}
-	c.connected = true
-	if c.degraded {
-		c.degraded = false
+	c.stream.connected = true
+	if c.stream.degraded {
+		c.stream.degraded = false
 		c.log.Info("token grants resumed: leaving degraded mode")
 		for _, gs := range c.groups {
 			// Stop the local refill; the groups ask again at once.
@@ -598,7 +598,7 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 			c.dropLocked(gs)
 			continue
 		}
-		if gs.unavailable && !c.degraded {
+		if gs.unavailable && !c.stream.degraded {
 			// Served again: stop the local refill; the grant below, or the
 			// group's next ask, feeds the bucket.
 			gs.unavailable = false
