@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -175,6 +176,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			logger.Warn("the runaway history will not show this proxy's events", "err", err)
 		}
 	}
+	var probes sync.WaitGroup // the /readyz probes: waited for after the status server
 	handler, err := statusHandler(metrics, func(ctx context.Context) (readiness, error) {
 		r := readiness{Metering: cfg.Metering}
 		if tc != nil {
@@ -186,7 +188,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			r.QueryLimitUnenforced = rp.QueryLimitUnenforced()
 		}
 		return r, mysqlproto.ProbeBackend(ctx, pcfg)
-	}, cfg.EnablePprof, &consoleSource{proxyID: proxyID(cfg), policy: rp, now: time.Now,
+	}, &probes, cfg.EnablePprof, &consoleSource{proxyID: proxyID(cfg), policy: rp, now: time.Now,
 		conns: func() (int64, int) { return srv.Stats().Connections, srv.MaxConnections() }})
 	if err != nil {
 		ln.Close()
@@ -226,6 +228,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			logger.Warn("shutdown cut running sessions", "err", err)
 		}
 		status.Close()
+		probes.Wait() // each ends within probeTimeout
 		return nil
 	})
 	logger.Info("rgproxy serving", "version", version, "listen", ln.Addr().String(),

@@ -24,7 +24,7 @@ func TestPprofOnlyWithTheFlag(t *testing.T) {
 		on   bool
 		want int
 	}{{false, http.StatusNotFound}, {true, http.StatusOK}} {
-		h, err := statusHandler(newMetrics(), ready, tc.on, testConsole(nil))
+		h, err := statusHandler(newMetrics(), ready, new(sync.WaitGroup), tc.on, testConsole(nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -48,6 +48,7 @@ func TestPprofOnlyWithTheFlag(t *testing.T) {
 // next request after it starts a new one.
 func TestConcurrentReadyzShareOneProbe(t *testing.T) {
 	var probes atomic.Int64
+	var running sync.WaitGroup // the probes' goroutines
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
 	probe := sharedProbe(func(context.Context) (readiness, error) {
@@ -58,7 +59,8 @@ func TestConcurrentReadyzShareOneProbe(t *testing.T) {
 		}
 		<-release
 		return readiness{}, errors.New("backend says no")
-	})
+	}, &running)
+	defer running.Wait()
 	const n = 50
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -126,7 +128,7 @@ func TestConsoleRoutes(t *testing.T) {
 		if metering {
 			p = pol
 		}
-		h, err := statusHandler(newMetrics(), ready, false, testConsole(p))
+		h, err := statusHandler(newMetrics(), ready, new(sync.WaitGroup), false, testConsole(p))
 		if err != nil {
 			t.Fatal(err)
 		}
