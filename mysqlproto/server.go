@@ -177,6 +177,9 @@ type Server struct {
 	listeners  map[net.Listener]struct{}
 	sessions   map[*session]struct{}
 	wg         sync.WaitGroup
+	// bg holds the hang-up sampler and the backend poller, which end with
+	// hardCtx; Shutdown waits for them.
+	bg sync.WaitGroup
 	// hardCtx ends when Shutdown gives up waiting: every session's context
 	// derives from it.
 	hardCtx    context.Context
@@ -280,7 +283,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.listeners[ln] = struct{}{}
 	if !s.passThrough && !s.hangupSamplerOn && s.hangupDelay > 0 {
 		s.hangupSamplerOn = true
-		go s.hangupSampler(s.hardCtx)
+		s.bg.Go(func() { s.hangupSampler(s.hardCtx) })
 	}
 	if !s.bpollTried {
 		s.bpollTried = true
@@ -343,7 +346,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		backoff = 0
 		s.accepted.Add(1)
 		if limit := s.maxConns.Load(); limit > 0 && s.conns.Load() >= limit {
-			go s.refuse(c, RefusedMaxConnections, int(limit))
+			s.wg.Go(func() { s.refuse(c, RefusedMaxConnections, int(limit)) })
 			continue
 		}
 		host := hostKey(c.RemoteAddr())
@@ -352,7 +355,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			if reason == RefusedUnauthenticatedPerHost {
 				limit = s.cfg.MaxUnauthenticatedPerHost
 			}
-			go s.refuse(c, reason, limit)
+			s.wg.Go(func() { s.refuse(c, reason, limit) })
 			continue
 		}
 		s.conns.Add(1)
@@ -380,11 +383,11 @@ func (s *Server) startBackendPoller() {
 		return
 	}
 	s.bpoll.Store(w)
-	go w.run()
-	go func() {
+	s.bg.Go(w.run)
+	s.bg.Go(func() {
 		<-s.hardCtx.Done()
 		w.close()
-	}()
+	})
 }
 
 // tooManyConnections is the ERR packet, header included, that a refused
@@ -457,6 +460,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-done:
 		s.hardCancel()
+		s.bg.Wait()
 		return nil
 	case <-ctx.Done():
 	}
@@ -467,6 +471,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	<-done
+	s.bg.Wait()
 	return ctx.Err()
 }
 

@@ -43,7 +43,7 @@ import (
 // from the bucket.
 func (c *Client) AcquireShare(ctx context.Context, p *Purse, group string, cons ru.Consumption, required float64, maxWait time.Duration) (Share, time.Duration, error) {
 	if p != nil {
-		if sh, ok := p.take(group, cons, c.cacheGen.Load()); ok {
+		if sh, ok := p.take(group, cons, c.cache.gen.Load()); ok {
 			return sh, 0, nil
 		}
 	}
@@ -134,7 +134,7 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 		// whole group's RU_PER_SEC (this proxy's share may grow while it
 		// waits), or the local refill in degraded mode.
 		rate := float64(gs.ruPerSec)
-		if c.degraded {
+		if c.stream.degraded {
 			rate = gs.bucket.FillRate(now)
 		}
 		short := required - gs.bucket.Tokens(now)
@@ -259,7 +259,7 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 // Charge).
 func (c *Client) ChargePurse(p *Purse, group string, cons ru.Consumption) {
 	if p != nil {
-		if ok, shadow := p.spend(group, cons, c.cacheGen.Load()); ok {
+		if ok, shadow := p.spend(group, cons, c.cache.gen.Load()); ok {
 			if shadow {
 				c.shadowCharge(group, cons.RU())
 			}
@@ -321,7 +321,7 @@ type Share struct {
 }
 
 func (c *Client) shareLocked(group string) Share {
-	g, ok := c.settingsLocked(group)
+	g, ok := c.definition(group)
 	if !ok {
 		return Share{Unlimited: true, Proxies: 1}
 	}

@@ -12,12 +12,24 @@ import (
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
-	"google.golang.org/grpc"
 )
 
-// A Client's shared state: the Client and each group's groupState, both
-// guarded by Client.mu, and the calls that make and close the client. The
-// rest of the client is split by concern:
+// A Client and the calls that make and close it. Its state is split by
+// owner, each part with its own lock or goroutine:
+//
+//	settings cache  settingsCache (settingscache.go), its own RWMutex;
+//	                written by the settings stream's goroutine only
+//	groups          the groups in use, with the token stream's table of
+//	                requests (tokenStreamState), under Client.mu: a
+//	                request or a grant changes both in one step
+//	connections     connPool (conns.go), its own lock
+//	goroutines      loops (loops.go): each loop gets its context at start;
+//	                Close cancels them and waits for them
+//	inspect, runaway history
+//	                inspectState and runawaySender, their own locks
+//
+// Lock order: Client.mu, then the settings cache's; the others are taken
+// alone. The rest of the client is split by concern:
 //
 //	bucket.go    the local token bucket, one per group
 //	acquire.go   AcquireShare (the one way a statement takes tokens), its
@@ -27,7 +39,7 @@ import (
 //	shadow.go    MODE WARN's shadow bucket (WouldAcquire)
 //	degraded.go  degraded mode: local refill when rgserver is silent
 //	stream.go    the token stream (requests, reports, grants)
-//	watch.go     the settings cache of groups, bindings and watches
+//	settings.go  the settings stream and the snapshot file
 //	purse.go     a session's advance on its group's tokens
 //	lifecycle.go when a group's state is born and forgotten
 //	store.go     the gRPC Store of admin statements
@@ -58,37 +70,25 @@ type Client struct {
 	log *slog.Logger
 	met *metrics
 
+	// cache is the settings stream's cache, under its own lock
+	// (settingscache.go).
+	cache *settingsCache
+
 	kick     chan struct{}      // wakes the stream loop: some group needs tokens
 	flush    chan chan struct{} // Close asks the stream loop for a final report
 	saveKick chan struct{}      // wakes saveLoop: the cache changed
 
-	connMu      sync.Mutex
-	conns       map[string]*grpc.ClientConn
-	connsClosed bool
-	rgNext      int // next server tried for ResourceGroupService calls
+	// conns are the connections to rgserver, under their own lock.
+	conns connPool
 
+	// mu guards the groups in use and the token stream's state: a
+	// request takes the groups' reports and marks them in flight, and a
+	// grant fills their buckets, in one step with the stream's table of
+	// requests, so that no consumption is reported twice or lost.
 	mu     sync.Mutex
 	groups map[string]*groupState
-	// Connection state of the token stream.
-	connected   bool      // a stream is open and has answered
-	lostAt      time.Time // when the last answering stream ended (or Start)
-	degraded    bool
-	outstanding map[uint64]*sentRequest
-	nextReqID   uint64
-	finalID     uint64        // the request id of Close's final report
-	finalAck    chan struct{} // closed when that report is answered
-	// settings cache.
-	cache          snapshot
-	cacheLoaded    bool
-	settingsSynced bool          // the cache came from a Watch (not only from the file)
-	cacheChanged   chan struct{} // closed and replaced on every cache change
-	// cacheGen counts the cache's changes (CacheGeneration); written under
-	// mu, read without it.
-	cacheGen atomic.Uint64
-	closed   bool
-	// watchIdx is the runaway watch list indexed for MatchWatch, replaced
-	// with the cache so that matching takes no lock.
-	watchIdx atomic.Pointer[watchIndex]
+	stream tokenStreamState
+	closed bool
 
 	// purses are the sessions' purses that hold an advance or unrecorded
 	// consumption (purse.go).
@@ -103,21 +103,32 @@ type Client struct {
 	// forgotten are groups forgotten (dropped or expired) whose hook has
 	// not run yet; notifyForgotten runs it outside the lock.
 	forgotten []string
-	// droppedAt: groups dropped lately (a Watch DELETE or a NOT_FOUND
+	// droppedAt: groups dropped lately (a settings stream DELETE or a NOT_FOUND
 	// grant), so that a statement settling after the DROP does not bring
 	// their state and series back; kept for droppedMemory.
 	droppedAt   map[string]time.Time
 	onForgotten atomic.Pointer[func(group string)]
 
-	// runCtx is the background loops' context (Start), for StartInspect.
-	runCtx context.Context
 	// insp is the Inspect stream's state (inspect.go).
 	insp inspectState
 	// runaways queues runaway events for rgserver (history.go).
 	runaways runawaySender
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// loops are the background goroutines, each with its own context
+	// (loops.go); Close stops them and waits for them.
+	loops loops
+}
+
+// tokenStreamState is the token stream's side of the groups' state
+// (stream.go, degraded.go); guarded by Client.mu.
+type tokenStreamState struct {
+	connected   bool      // a stream is open and has answered
+	lostAt      time.Time // when the last answering stream ended (or Start)
+	degraded    bool      // the groups refill locally (degraded.go)
+	outstanding map[uint64]*sentRequest
+	nextReqID   uint64
+	finalID     uint64        // the request id of Close's final report
+	finalAck    chan struct{} // closed when that report is answered
 }
 
 // groupState is one group's local state; guarded by Client.mu.
@@ -207,21 +218,18 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg:          cfg,
-		clk:          cfg.Clock,
-		log:          cfg.Logger.With("component", "tokenclient"),
-		kick:         make(chan struct{}, 1),
-		flush:        make(chan chan struct{}),
-		saveKick:     make(chan struct{}, 1),
-		conns:        map[string]*grpc.ClientConn{},
-		groups:       map[string]*groupState{},
-		droppedAt:    map[string]time.Time{},
-		outstanding:  map[uint64]*sentRequest{},
-		purses:       map[*Purse]struct{}{},
-		cache:        newSnapshot(),
-		cacheChanged: make(chan struct{}),
-		lostAt:       cfg.Clock.Now(),
-		runaways:     newRunawaySender(),
+		cfg:       cfg,
+		clk:       cfg.Clock,
+		log:       cfg.Logger.With("component", "tokenclient"),
+		kick:      make(chan struct{}, 1),
+		flush:     make(chan chan struct{}),
+		saveKick:  make(chan struct{}, 1),
+		groups:    map[string]*groupState{},
+		droppedAt: map[string]time.Time{},
+		purses:    map[*Purse]struct{}{},
+		cache:     newSettingsCache(),
+		stream:    tokenStreamState{lostAt: cfg.Clock.Now(), outstanding: map[uint64]*sentRequest{}},
+		runaways:  newRunawaySender(),
 	}
 	c.met, err = newMetrics(c, cfg.Registerer)
 	if err != nil {
@@ -230,7 +238,7 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Start starts the token stream and the settings loop (the Watch RPC) in background
+// Start starts the token stream and the settings stream (rpc Watch on the wire) in background
 // goroutines, which run until Close. It returns once the first Watch
 // snapshot arrived; or, when no rgserver answers, once the snapshot under
 // CacheDir is loaded (the client then starts in degraded mode); or an error
@@ -238,26 +246,23 @@ func New(cfg Config) (*Client, error) {
 // ends first. ctx bounds only this first wait. Start may be called once;
 // after an error the caller should Close the client.
 func (c *Client) Start(ctx context.Context) error {
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.mu.Lock()
-	if c.closed || c.cancel != nil {
+	if c.closed || !c.loops.begin() {
 		c.mu.Unlock()
-		cancel()
 		return fmt.Errorf("tokenclient: start: %w", ErrClosed)
 	}
-	c.cancel, c.runCtx = cancel, runCtx
 	c.stateLocked(resourcegroup.DefaultGroup, c.clk.Now()) // default's series from start
 	c.mu.Unlock()
 
 	first := make(chan error, 1)
-	c.wg.Add(4)
-	go func() { defer c.wg.Done(); c.settingsLoop(runCtx, first) }()
-	go func() { defer c.wg.Done(); c.tokenLoop(runCtx) }()
-	go func() { defer c.wg.Done(); c.expireLoop(runCtx) }()
-	go func() { defer c.wg.Done(); c.purseLoop(runCtx) }()
+	if !c.loops.start(func(ctx context.Context) { c.settingsLoop(ctx, first) }) {
+		return fmt.Errorf("tokenclient: start: %w", ErrClosed) // Close came first
+	}
+	c.loops.start(c.tokenLoop)
+	c.loops.start(c.expireLoop)
+	c.loops.start(c.purseLoop)
 	if c.cfg.CacheDir != "" {
-		c.wg.Add(1)
-		go func() { defer c.wg.Done(); c.saveLoop(runCtx) }()
+		c.loops.start(c.saveLoop)
 	}
 
 	select {
@@ -269,12 +274,14 @@ func (c *Client) Start(ctx context.Context) error {
 		if lerr != nil {
 			return fmt.Errorf("%w: %w (cache: %w)", ErrUnavailable, err, lerr)
 		}
-		c.mu.Lock()
-		if !c.cacheLoaded { // the Watch may have succeeded meanwhile
-			c.setCacheLocked(snap)
+		if c.cache.install(snap, false) { // unless the settings stream succeeded meanwhile
+			c.mu.Lock()
+			c.cacheInstalledLocked()
 			c.enterDegradedLocked(c.clk.Now())
+			c.mu.Unlock()
+			c.cache.wake()
+			c.notifyForgotten()
 		}
-		c.mu.Unlock()
 		c.log.Warn("rgserver unreachable at start: serving from the cached snapshot in degraded mode",
 			"revision", snap.Revision, "groups", len(snap.Groups), "err", err)
 		return nil
@@ -295,38 +302,25 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	cancel := c.cancel
-	connected := c.connected
+	started := c.loops.running()
+	connected := c.stream.connected
 	c.sweepPursesLocked(c.clk.Now(), true) // the final report holds what purses spent
 	c.mu.Unlock()
-	if cancel != nil {
-		if connected {
-			done := make(chan struct{})
-			t := c.clk.NewTimer(time.Second)
+	if started && connected {
+		done := make(chan struct{})
+		t := c.clk.NewTimer(time.Second)
+		select {
+		case c.flush <- done:
 			select {
-			case c.flush <- done:
-				select {
-				case <-done:
-				case <-t.C():
-				}
+			case <-done:
 			case <-t.C():
 			}
-			t.Stop()
+		case <-t.C():
 		}
-		cancel()
+		t.Stop()
 	}
-	c.wg.Wait()
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	var first error
-	for addr, cc := range c.conns {
-		if err := cc.Close(); err != nil && first == nil {
-			first = fmt.Errorf("tokenclient: close %s: %w", addr, err)
-		}
-	}
-	c.conns = map[string]*grpc.ClientConn{}
-	c.connsClosed = true
-	return first
+	c.loops.stop()
+	return c.conns.close()
 }
 
 // stateLocked returns group's state, making it on first use, with its
@@ -336,21 +330,21 @@ func (c *Client) stateLocked(group string, now time.Time) *groupState {
 		return gs
 	}
 	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now, lastUsed: now}
-	if g, ok := c.settingsLocked(group); ok && isUnlimited(g) {
+	if g, ok := c.definition(group); ok && isUnlimited(g) {
 		gs.bucket.SetUnlimited(true)
 	}
 	c.groups[group] = gs
 	gs.waitObs = c.met.born(group)
-	if c.degraded {
+	if c.stream.degraded {
 		c.localRefillLocked(now, gs)
 	}
 	return gs
 }
 
-// settingsLocked returns a group's definition from the cache; `default`
+// definition returns a group's definition from the cache; `default`
 // has its built-in one until rgserver sends one.
-func (c *Client) settingsLocked(name string) (resourcegroup.Group, bool) {
-	if g, ok := c.cache.Groups[name]; ok {
+func (c *Client) definition(name string) (resourcegroup.Group, bool) {
+	if g, ok := c.cache.group(name); ok {
 		return g, true
 	}
 	if name == resourcegroup.DefaultGroup {
@@ -376,7 +370,7 @@ func (c *Client) servesLocked(group string) bool {
 	if !ok {
 		return true
 	}
-	if _, known := c.cache.Groups[group]; known || c.clk.Now().Sub(at) >= droppedMemory {
+	if _, known := c.cache.group(group); known || c.clk.Now().Sub(at) >= droppedMemory {
 		delete(c.droppedAt, group)
 		return true
 	}

@@ -24,9 +24,20 @@ func setGroups(c *Client, groups ...resourcegroup.Group) {
 	for _, g := range groups {
 		snap.Groups[g.Name] = g
 	}
+	c.cache.install(snap, true)
 	c.mu.Lock()
-	c.setCacheLocked(snap)
+	c.cacheInstalledLocked()
 	c.mu.Unlock()
+	c.cache.wake()
+	c.notifyForgotten()
+}
+
+// putGroup puts g in the settings cache only, as a test's setup: no
+// group in use hears of it.
+func putGroup(c *Client, g resourcegroup.Group) {
+	c.cache.mu.Lock()
+	c.cache.snap.Groups[g.Name] = g
+	c.cache.mu.Unlock()
 }
 
 func tokensOf(c *Client, group string) float64 {
@@ -962,9 +973,7 @@ func TestBucketCanReserve(t *testing.T) {
 // ENFORCE would have done, from a shadow bucket at the group's fair share.
 func TestWouldAcquireShadowsEnforce(t *testing.T) {
 	c, clk := newTestClient(t, nil)
-	c.mu.Lock()
-	c.cache.Groups["w"] = resourcegroup.Group{Name: "w", RUPerSec: 10, Mode: resourcegroup.ModeWarn}
-	c.mu.Unlock()
+	putGroup(c, resourcegroup.Group{Name: "w", RUPerSec: 10, Mode: resourcegroup.ModeWarn})
 	if sh := shareOf(c, "w"); !sh.Unlimited || sh.Mode != resourcegroup.ModeWarn {
 		t.Fatalf("a WARN group's share %+v: want unlimited, mode WARN", sh)
 	}
@@ -996,9 +1005,7 @@ func TestWouldAcquireShadowsEnforce(t *testing.T) {
 		t.Fatalf("after refill: %v %v", w, refused)
 	}
 	// An ENFORCE group is not shadowed.
-	c.mu.Lock()
-	c.cache.Groups["e"] = resourcegroup.Group{Name: "e", RUPerSec: resourcegroup.Unlimited}
-	c.mu.Unlock()
+	putGroup(c, resourcegroup.Group{Name: "e", RUPerSec: resourcegroup.Unlimited})
 	if w, refused := c.WouldAcquire("e", rruOf(1e6), 1e6, 0, false); w != 0 || refused {
 		t.Fatalf("an unlimited group would wait %v refused %v", w, refused)
 	}
@@ -1009,9 +1016,7 @@ func TestWouldAcquireShadowsEnforce(t *testing.T) {
 // ENFORCE would have run on its session's debt.
 func TestWouldAcquireTakesSettledCostAndDebt(t *testing.T) {
 	c, _ := newTestClient(t, nil)
-	c.mu.Lock()
-	c.cache.Groups["w"] = resourcegroup.Group{Name: "w", RUPerSec: 10, Burst: resourcegroup.BurstOff, Mode: resourcegroup.ModeWarn}
-	c.mu.Unlock()
+	putGroup(c, resourcegroup.Group{Name: "w", RUPerSec: 10, Burst: resourcegroup.BurstOff, Mode: resourcegroup.ModeWarn})
 	steps := []struct {
 		name    string
 		do      func() (time.Duration, bool)

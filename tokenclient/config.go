@@ -102,10 +102,10 @@ type Config struct {
 	TLS *tls.Config
 	// AdminToken is sent as "authorization: Bearer <token>" on
 	// ResourceGroupService writes (rgserver --admin-token-file), and on
-	// token and watch streams when ProxyToken is empty; "" = none.
+	// token and settings streams when ProxyToken is empty; "" = none.
 	AdminToken string
 	// ProxyToken is sent as "authorization: Bearer <token>" on the token
-	// and watch streams (a line of rgserver --proxy-token-file), and on
+	// and settings streams (a line of rgserver --proxy-token-file), and on
 	// writes when AdminToken is empty; "" = none.
 	ProxyToken string
 	// InsecureTokens lets the tokens above travel without TLS to an

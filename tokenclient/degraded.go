@@ -23,21 +23,21 @@ func (c *Client) Degraded() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked(now)
-	return c.degraded
+	return c.stream.degraded
 }
 
 // refreshLocked ends expired demand holds and enters degraded mode when
 // rgserver has been silent too long.
 func (c *Client) refreshLocked(now time.Time) {
 	c.expireHoldsLocked(now)
-	if c.degraded {
+	if c.stream.degraded {
 		return
 	}
 	silentSince := time.Time{}
-	if !c.connected {
-		silentSince = c.lostAt
+	if !c.stream.connected {
+		silentSince = c.stream.lostAt
 	} else {
-		for _, r := range c.outstanding {
+		for _, r := range c.stream.outstanding {
 			if silentSince.IsZero() || r.at.Before(silentSince) {
 				silentSince = r.at
 			}
@@ -55,7 +55,7 @@ func (c *Client) refreshLocked(now time.Time) {
 // which every statement calls: the bridge walks the groups in use).
 func (c *Client) tickLocked(now time.Time) {
 	c.refreshLocked(now)
-	if !c.connected && !c.degraded {
+	if !c.stream.connected && !c.stream.degraded {
 		c.bridgeLocked(now)
 	}
 }
@@ -71,7 +71,7 @@ func (c *Client) bridgeLocked(now time.Time) {
 			gs.trickleUntil.After(now) || now.Sub(gs.lastUsed) >= releaseAfter {
 			continue
 		}
-		from := c.lostAt
+		from := c.stream.lostAt
 		if gs.trickleUntil.After(from) {
 			from = gs.trickleUntil
 		}
@@ -102,7 +102,7 @@ func (c *Client) endBridgeLocked(now time.Time) {
 }
 
 func (c *Client) enterDegradedLocked(now time.Time) {
-	c.degraded = true
+	c.stream.degraded = true
 	for _, gs := range c.groups {
 		c.localRefillLocked(now, gs)
 	}
@@ -111,7 +111,7 @@ func (c *Client) enterDegradedLocked(now time.Time) {
 // localRefillLocked makes gs fill itself at RU_PER_SEC ÷ proxies (from the
 // last grant, 1 if unknown), with the burst of its BURSTABLE mode.
 func (c *Client) localRefillLocked(now time.Time, gs *groupState) {
-	g, known := c.settingsLocked(gs.name)
+	g, known := c.definition(gs.name)
 	if known && isUnlimited(g) {
 		gs.bucket.SetUnlimited(true)
 		gs.wake()

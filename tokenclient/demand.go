@@ -141,7 +141,7 @@ func (gs *groupState) threshold(now time.Time) float64 {
 // (as Share reports it) × the BURSTABLE seconds; 0 for a group whose
 // settings are unknown or that is never throttled.
 func (c *Client) holdCapLocked(gs *groupState) float64 {
-	g, ok := c.settingsLocked(gs.name)
+	g, ok := c.definition(gs.name)
 	if !ok || isUnlimited(g) {
 		return 0
 	}
@@ -253,7 +253,7 @@ func (c *Client) Usage(now time.Time) []GroupUsage {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked(now)
-	out := make([]GroupUsage, 0, len(c.groups)+len(c.cache.Groups))
+	out := make([]GroupUsage, 0, len(c.groups))
 	seen := map[string]bool{}
 	for name, gs := range c.groups {
 		seen[name] = true
@@ -263,14 +263,16 @@ func (c *Client) Usage(now time.Time) []GroupUsage {
 			Tokens:    gs.bucket.Tokens(now),
 			Unlimited: gs.bucket.Unlimited(),
 			Throttled: gs.throttled,
-			Degraded:  c.degraded,
+			Degraded:  c.stream.degraded,
 		})
 	}
-	for name, g := range c.cache.Groups {
-		if !seen[name] {
-			out = append(out, GroupUsage{Group: name, Unlimited: isUnlimited(g), Degraded: c.degraded})
+	c.cache.read(func(snap *snapshot) { // Client.mu, then the cache's lock
+		for name, g := range snap.Groups {
+			if !seen[name] {
+				out = append(out, GroupUsage{Group: name, Unlimited: isUnlimited(g), Degraded: c.stream.degraded})
+			}
 		}
-	}
+	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -146,55 +147,29 @@ func checkInstance(what, instance string) error {
 	return nil
 }
 
-// startLoop runs loop in the background with the client's run context,
+// startLoop runs loop in the background with a context of its own (loops),
 // until Close; what names it in the error of a closed (or not started)
 // client.
 func (c *Client) startLoop(what string, loop func(ctx context.Context)) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || c.runCtx == nil {
+	if !c.loops.start(loop) {
 		return fmt.Errorf("tokenclient: %s: %w", what, ErrClosed)
 	}
-	ctx := c.runCtx
-	c.wg.Add(1)
-	go func() { defer c.wg.Done(); loop(ctx) }()
 	return nil
 }
 
 // inspectLoop keeps the Inspect stream open to the leader until ctx
-// ends, as tokenLoop does for tokens: NOT_LEADER is followed (at most 3
-// hops), errors rotate through Servers with backoff.
+// ends (followLeader); a stream that lasted inspectSteady starts the
+// backoff over.
 func (c *Client) inspectLoop(ctx context.Context, instance string, in Inspector) {
-	idx, attempt, redirects := 0, 0, 0
-	redirect := ""
-	for {
-		addr := c.cfg.Servers[idx]
-		if redirect != "" {
-			addr = redirect
-		}
-		began := c.clk.Now()
-		err := c.runInspect(ctx, addr, instance, in)
-		c.insp.setAddr("")
-		if ctx.Err() != nil {
-			return
-		}
-		if c.clk.Now().Sub(began) >= inspectSteady {
-			attempt = 0
-		}
-		if nl, ok := errors.AsType[*notLeaderError](err); ok && nl.leader != "" && nl.leader != addr && redirects < 3 {
-			redirect = nl.leader
-			redirects++
-			continue
-		}
-		redirect, redirects = "", 0
-		idx = (idx + 1) % len(c.cfg.Servers)
-		attempt++
-		d := backoff(attempt)
-		c.log.Debug("inspect stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
-		if c.sleep(ctx, d) != nil {
-			return
-		}
-	}
+	c.followLeader(ctx, leaderStream{name: "inspect", level: slog.LevelDebug,
+		run: func(ctx context.Context, addr string) (bool, error) {
+			began := c.clk.Now()
+			err := c.runInspect(ctx, addr, instance, in)
+			c.insp.setAddr("")
+			return c.clk.Now().Sub(began) >= inspectSteady, err
+		},
+		wait: func(ctx context.Context, d time.Duration) bool { return c.sleep(ctx, d) == nil },
+	})
 }
 
 // runInspect runs one Inspect stream to addr until it ends.

@@ -66,13 +66,13 @@ func (c *Client) forgetLocked(gs *groupState) {
 	c.forgotten = append(c.forgotten, gs.name)
 }
 
-// droppedFromCacheLocked drops the groups in use here that the Watch
+// droppedFromCacheLocked drops the groups in use here that the settings stream
 // cache no longer holds, among names (all groups in use when names is
 // nil: a whole snapshot was installed).
 func (c *Client) droppedFromCacheLocked(names []string) {
 	check := func(name string) {
 		if gs, ok := c.groups[name]; ok {
-			if _, known := c.cache.Groups[name]; !known {
+			if _, known := c.cache.group(name); !known {
 				c.dropLocked(gs)
 			}
 		}

@@ -101,13 +101,13 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refreshLocked(now)
-	// Only the groups this proxy serves: with 100,000 groups in the Watch
+	// Only the groups this proxy serves: with 100,000 groups in the settings stream
 	// cache, one series each on every proxy would be too many.
 	for name, gs := range c.groups {
 		if !gs.bucket.Unlimited() {
 			ch <- prometheus.MustNewConstMetric(s.tokens, prometheus.GaugeValue, gs.bucket.Tokens(now), name)
 		}
-		if g, ok := c.settingsLocked(name); ok {
+		if g, ok := c.definition(name); ok {
 			// MODE WARN and OFF keep their rate for the dashboards.
 			v := float64(g.RUPerSec)
 			if g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {
@@ -117,7 +117,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	d := 0.0
-	if c.degraded {
+	if c.stream.degraded {
 		d = 1
 	}
 	ch <- prometheus.MustNewConstMetric(s.degraded, prometheus.GaugeValue, d)

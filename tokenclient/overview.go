@@ -78,43 +78,44 @@ func (c *Client) Overview(now time.Time, limit int) Overview {
 	})
 	idle := topn.New(limit, func(a, b GroupOverview) bool { return a.Definition.Name < b.Definition.Name })
 	var o Overview
+	o.Revision = c.cache.revision()
+	inUse := map[string]bool{}
 	c.mu.Lock()
 	c.refreshLocked(now)
-	o.Degraded, o.Connected, o.Revision = c.degraded, c.connected, c.cache.Revision
+	o.Degraded, o.Connected = c.stream.degraded, c.stream.connected
 	n := 0
-	pause := func() {
+	for name, gs := range c.groups {
+		g := GroupOverview{InUse: true, Tokens: gs.bucket.Tokens(now), Unlimited: gs.bucket.Unlimited(),
+			Throttled: gs.throttled, Proxies: gs.proxies, ShareRate: gs.shareRate}
+		g.Definition, g.Defined = c.definition(name)
+		g.Definition.Name = name
+		g.RUPerSec, g.StatementsPerSec = gs.usage.rates(now)
+		used.Offer(g)
+		inUse[name] = true
+		o.Total++
+		o.InUse++
 		if n++; n%overviewChunk == 0 {
 			c.mu.Unlock()
 			c.mu.Lock()
 		}
 	}
-	for name, gs := range c.groups {
-		g := GroupOverview{InUse: true, Tokens: gs.bucket.Tokens(now), Unlimited: gs.bucket.Unlimited(),
-			Throttled: gs.throttled, Proxies: gs.proxies, ShareRate: gs.shareRate}
-		g.Definition, g.Defined = c.settingsLocked(name)
-		g.Definition.Name = name
-		g.RUPerSec, g.StatementsPerSec = gs.usage.rates(now)
-		used.Offer(g)
-		o.Total++
-		o.InUse++
-		pause()
-	}
-	for name, def := range c.cache.Groups {
-		if _, ok := c.groups[name]; !ok {
-			idle.Offer(GroupOverview{Definition: def, Defined: true, Unlimited: isUnlimited(def)})
-			o.Total++
+	c.mu.Unlock()
+	// The groups defined and not in use, from the cache alone (its own
+	// lock: the grants do not wait for this walk).
+	c.cache.read(func(snap *snapshot) {
+		for name, def := range snap.Groups {
+			if !inUse[name] {
+				idle.Offer(GroupOverview{Definition: def, Defined: true, Unlimited: isUnlimited(def)})
+				o.Total++
+			}
 		}
-		pause()
-	}
-	if _, ok := c.groups[resourcegroup.DefaultGroup]; !ok {
-		if _, ok := c.cache.Groups[resourcegroup.DefaultGroup]; !ok {
+		if _, ok := snap.Groups[resourcegroup.DefaultGroup]; !ok && !inUse[resourcegroup.DefaultGroup] {
 			// default exists before rgserver sends it.
 			def := resourcegroup.DefaultGroupDefinition()
 			idle.Offer(GroupOverview{Definition: def, Defined: true, Unlimited: isUnlimited(def)})
 			o.Total++
 		}
-	}
-	c.mu.Unlock()
+	})
 	o.Groups = used.Sorted()
 	for _, g := range idle.Sorted() {
 		if len(o.Groups) >= limit {

@@ -181,7 +181,7 @@ func (c *Client) fillPurseLocked(p *Purse, gs *groupState, name string, now time
 		c.pollLowLocked(gs)
 	}
 	p.mu.Lock()
-	p.group, p.gs, p.gen = name, gs, c.cacheGen.Load()
+	p.group, p.gs, p.gen = name, gs, c.cache.gen.Load()
 	p.left = purseStatements - 1
 	p.tokens, p.limit, p.unlimited = adv, 2*adv, unlimited
 	p.shadow = sh.Mode == resourcegroup.ModeWarn

@@ -166,9 +166,7 @@ func TestPurseOnlyWhenTheBucketSparesIt(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		c.mu.Lock()
-		c.cacheGen.Add(1)
-		c.mu.Unlock()
+		c.cache.gen.Add(1)
 		if _, _, err := c.AcquireShare(ctx, &p, "a", rruOf(1), 1, time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -177,9 +175,7 @@ func TestPurseOnlyWhenTheBucketSparesIt(t *testing.T) {
 			t.Fatalf("bucket %v, want %v", got, want)
 		}
 		c.ChargePurse(&p, "a", rruOf(0.5))
-		c.mu.Lock()
-		c.cacheGen.Add(1)
-		c.mu.Unlock()
+		c.cache.gen.Add(1)
 		c.ChargePurse(&p, "a", rruOf(0.5)) // goes to the bucket
 		if got, want := tokensOf(c, "a"), start-3-31-0.5; !near(got, want) {
 			t.Fatalf("bucket %v, want %v", got, want)

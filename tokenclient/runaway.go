@@ -13,7 +13,7 @@ import (
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
-// The runaway watch list: cached from the Watch stream like groups and
+// The runaway watch list: cached from the settings stream like groups and
 // bindings, matched per statement without taking the client's lock, and
 // written through rgserver's AddWatch / RemoveWatch.
 
@@ -67,14 +67,15 @@ func normalizeWatch(w resourcegroup.Watch) resourcegroup.Watch {
 // id.
 func (c *Client) Watches() []resourcegroup.Watch {
 	now := c.clk.Now()
-	c.mu.Lock()
-	out := make([]resourcegroup.Watch, 0, len(c.cache.Watches))
-	for _, w := range c.cache.Watches {
-		if w.Live(now) {
-			out = append(out, w)
+	var out []resourcegroup.Watch
+	c.cache.read(func(snap *snapshot) {
+		out = make([]resourcegroup.Watch, 0, len(snap.Watches))
+		for _, w := range snap.Watches {
+			if w.Live(now) {
+				out = append(out, w)
+			}
 		}
-	}
-	c.mu.Unlock()
+	})
 	resourcegroup.SortWatches(out)
 	return out
 }
@@ -91,7 +92,7 @@ func (c *Client) MatchWatch(text, digest string) (resourcegroup.Watch, bool) {
 // MatchGroupWatch is MatchWatch restricted to the watches of group (as
 // TiDB keeps a watch list per resource group); group "" means any.
 func (c *Client) MatchGroupWatch(group, text, digest string) (resourcegroup.Watch, bool) {
-	idx := c.watchIdx.Load()
+	idx := c.cache.watchIdx.Load()
 	if idx == nil {
 		return resourcegroup.Watch{}, false
 	}
@@ -183,7 +184,7 @@ func (s rpcStore) ListWatches(ctx context.Context) ([]resourcegroup.Watch, error
 // so that a caller computes a statement's digest only when it can match.
 // It takes no lock.
 func (c *Client) HasWatches() (exact, similar bool) {
-	idx := c.watchIdx.Load()
+	idx := c.cache.watchIdx.Load()
 	if idx == nil {
 		return false, false
 	}

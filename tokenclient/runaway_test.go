@@ -118,9 +118,8 @@ func TestWatchCacheMatchAndExpiry(t *testing.T) {
 	// rgserver deleting the entry (its lease ran out) empties the cache.
 	s.rg.expireWatch(exact.ID)
 	waitFor(t, "the expired entry to leave the cache", func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		_, ok := c.cache.Watches[exact.ID]
+		var ok bool
+		c.cache.read(func(s *snapshot) { _, ok = s.Watches[exact.ID] })
 		return !ok
 	}, nil)
 

@@ -49,9 +49,7 @@ func (s snapshot) shallow() snapshot {
 // always there (its built-in definition until rgserver sends one).
 func (c *Client) Group(name string) (resourcegroup.Group, bool) {
 	name = resourcegroup.NormalizeName(name)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	g, ok := c.settingsLocked(name)
+	g, ok := c.definition(name)
 	return g.Clone(), ok
 }
 
@@ -59,39 +57,40 @@ func (c *Client) Group(name string) (resourcegroup.Group, bool) {
 // cached from rgserver change: a caller may keep what Group, Binding,
 // HasBindings, HasTagBindings and TagGroup told it while the generation
 // stays the same. It takes no lock.
-func (c *Client) CacheGeneration() uint64 { return c.cacheGen.Load() }
+func (c *Client) CacheGeneration() uint64 { return c.cache.gen.Load() }
 
-// Binding returns the binding of the account user@host from the Watch
+// Binding returns the binding of the account user@host from the settings stream
 // cache.
 func (c *Client) Binding(user, host string) (resourcegroup.Binding, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	b, ok := c.cache.Bindings[resourcegroup.AccountKey(user, host)]
+	k := resourcegroup.AccountKey(user, host)
+	var b resourcegroup.Binding
+	var ok bool
+	c.cache.read(func(s *snapshot) { b, ok = s.Bindings[k] })
 	return b, ok
 }
 
 // HasBindings reports whether any account of the user name is bound.
 func (c *Client) HasBindings(user string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.cache.users[user] > 0
+	var n int
+	c.cache.read(func(s *snapshot) { n = s.users[user] })
+	return n > 0
 }
 
 // HasTagBindings reports whether any tag is bound: without one, a
 // statement's SQLCommenter comment is not even parsed.
 func (c *Client) HasTagBindings() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.cache.Tags) > 0
+	var n int
+	c.cache.read(func(s *snapshot) { n = len(s.Tags) })
+	return n > 0
 }
 
 // TagGroup returns the group the tag key='value' is bound to, from the
 // settings cache. The group may no longer exist.
 func (c *Client) TagGroup(key, value string) (string, bool) {
 	k := resourcegroup.TagBindingKey(key, value)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	b, ok := c.cache.Tags[k]
+	var b resourcegroup.Binding
+	var ok bool
+	c.cache.read(func(s *snapshot) { b, ok = s.Tags[k] })
 	return b.Group, ok
 }
 
@@ -115,7 +114,7 @@ func (s *snapshot) deleteBinding(user, host string) {
 	}
 }
 
-// settingsLoop keeps a Watch stream open to any server, resuming from the last
+// settingsLoop keeps a settings stream (rpc Watch) open to any server, resuming from the last
 // revision. first receives nil at the first snapshot, or an error once every
 // server failed before any snapshot came.
 func (c *Client) settingsLoop(ctx context.Context, first chan<- error) {
@@ -144,36 +143,31 @@ func (c *Client) settingsLoop(ctx context.Context, first chan<- error) {
 		idx = (idx + 1) % len(c.cfg.Servers)
 		attempt++
 		d := backoff(attempt)
-		c.log.Warn("settings stream (Watch) ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
+		c.log.Warn("settings stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
 		if err := c.sleep(ctx, d); err != nil {
 			return
 		}
 	}
 }
 
-// runSettings follows one Watch stream until it fails; got tells whether any
+// runSettings follows one settings stream until it fails; got tells whether any
 // response arrived. loaded is called after the first applied response.
 func (c *Client) runSettings(ctx context.Context, addr string, loaded func()) (got bool, err error) {
 	cc, err := c.conn(addr)
 	if err != nil {
 		return false, err
 	}
-	c.mu.Lock()
-	after := c.cache.Revision
-	if !c.settingsSynced {
-		after = 0 // a cached file's revision may be from another etcd
-	}
-	c.mu.Unlock()
+	after := c.cache.resumeAfter()
 	// In parts: a snapshot of 100,000 groups would not fit in one message.
 	stream, err := tokenpb.NewResourceGroupServiceClient(cc).Watch(ctx, &tokenpb.WatchRequest{AfterRevision: after, SnapshotInParts: true})
 	if err != nil {
-		return false, fmt.Errorf("Watch %s: %w", addr, err)
+		return false, fmt.Errorf("settings stream from %s: %w", addr, err)
 	}
 	var parts *snapshot // a snapshot being received in parts
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
-			return got, fmt.Errorf("Watch %s: %w", addr, err)
+			return got, fmt.Errorf("settings stream from %s: %w", addr, err)
 		}
 		if resp.GetSnapshot() && resp.GetMore() {
 			if parts == nil {
@@ -202,10 +196,9 @@ func (c *Client) runSettings(ctx context.Context, addr string, loaded func()) (g
 	}
 }
 
-// applySettings applies one whole WatchResponse (a snapshot in one message,
-// or changes) to the cache and reports whether it changed anything.
-// Changes are applied in place, so that each costs in proportion to its
-// events, not to the groups held; only this goroutine writes the cache.
+// applySettings applies one whole response of the settings stream (a
+// snapshot in one message, or changes) to the cache, then brings the
+// groups in use up to date, and reports whether it changed anything.
 func (c *Client) applySettings(resp *tokenpb.WatchResponse) bool {
 	if resp.GetSnapshot() {
 		snap := newSnapshot()
@@ -214,19 +207,8 @@ func (c *Client) applySettings(resp *tokenpb.WatchResponse) bool {
 		c.installSnapshot(snap)
 		return true
 	}
-	defer c.notifyForgotten() // after the unlock
+	touched := c.cache.apply(resp)
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	touched, watches := applyEvents(&c.cache, resp.GetEvents())
-	c.cache.Revision = resp.GetRevision()
-	if len(resp.GetEvents()) > 0 {
-		c.cacheGen.Add(1)
-	}
-	c.settingsSynced = true
-	c.cacheLoaded = true
-	if watches {
-		c.watchIdx.Store(newWatchIndex(c.cache.Watches))
-	}
 	now := c.clk.Now()
 	for _, name := range touched {
 		if gs, ok := c.groups[name]; ok {
@@ -234,7 +216,9 @@ func (c *Client) applySettings(resp *tokenpb.WatchResponse) bool {
 		}
 	}
 	c.droppedFromCacheLocked(touched)
-	c.cacheWokeLocked()
+	c.mu.Unlock()
+	c.cache.wake() // once the groups follow the change
+	c.notifyForgotten()
 	return len(resp.GetEvents()) > 0
 }
 
@@ -289,32 +273,28 @@ func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string
 
 // installSnapshot replaces the cache with a whole snapshot from rgserver.
 func (c *Client) installSnapshot(snap snapshot) {
-	defer c.notifyForgotten() // after the unlock
+	c.cache.install(snap, true)
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.settingsSynced = true
-	c.setCacheLocked(snap)
+	c.cacheInstalledLocked()
+	c.mu.Unlock()
+	c.cache.wake() // once the groups follow the change
+	c.notifyForgotten()
 }
 
-// setCacheLocked installs snap as the cache, updates the groups' unlimited
-// mode and wakes read-your-writes waiters.
-func (c *Client) setCacheLocked(snap snapshot) {
-	c.cache = snap
-	c.cacheGen.Add(1)
-	c.cacheLoaded = true
-	c.watchIdx.Store(newWatchIndex(snap.Watches))
+// cacheInstalledLocked brings every group in use up to date with a cache
+// just installed whole: its unlimited mode, and dropped if it is gone.
+func (c *Client) cacheInstalledLocked() {
 	now := c.clk.Now()
 	for _, gs := range c.groups {
 		c.refreshGroupLocked(now, gs)
 	}
 	c.droppedFromCacheLocked(nil)
-	c.cacheWokeLocked()
 }
 
 // refreshGroupLocked brings a group in use up to date with its definition
 // in the cache: unlimited or not, and in degraded mode its local refill.
 func (c *Client) refreshGroupLocked(now time.Time, gs *groupState) {
-	g, ok := c.cache.Groups[gs.name]
+	g, ok := c.cache.group(gs.name)
 	if !ok {
 		return
 	}
@@ -327,15 +307,9 @@ func (c *Client) refreshGroupLocked(now time.Time, gs *groupState) {
 		gs.want = true
 		c.kickLocked()
 	}
-	if c.degraded || gs.unavailable {
+	if c.stream.degraded || gs.unavailable {
 		c.localRefillLocked(now, gs) // the new RU_PER_SEC applies at once
 	}
-}
-
-// cacheWokeLocked wakes whoever waits for the cache to change.
-func (c *Client) cacheWokeLocked() {
-	close(c.cacheChanged)
-	c.cacheChanged = make(chan struct{})
 }
 
 // cacheSaveInterval spaces two writes of the snapshot file: with 100,000
@@ -355,9 +329,7 @@ func (c *Client) kickSave() {
 // still unsaved).
 func (c *Client) saveLoop(ctx context.Context) {
 	save := func() {
-		c.mu.Lock()
 		snap := c.cache.shallow()
-		c.mu.Unlock()
 		if err := c.saveCache(snap); err != nil {
 			c.log.Warn("cannot save the groups snapshot", "err", err)
 		}

@@ -35,7 +35,7 @@ func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float6
 	now := c.clk.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	g, ok := c.settingsLocked(group)
+	g, ok := c.definition(group)
 	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {
 		return 0, false
 	}

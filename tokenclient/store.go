@@ -34,9 +34,7 @@ var _ resourcegroup.Store = rpcStore{}
 // naming the servers tried (mapError reads them).
 func (c *Client) call(ctx context.Context, f func(context.Context, tokenpb.ResourceGroupServiceClient) error) error {
 	ctx = context.WithValue(ctx, adminCall{}, true) // bearerCreds sends the admin token
-	c.connMu.Lock()
-	start := c.rgNext
-	c.connMu.Unlock()
+	start := c.conns.next()
 	var err error
 	var tried []string
 	for i := range c.cfg.Servers {
@@ -50,9 +48,7 @@ func (c *Client) call(ctx context.Context, f func(context.Context, tokenpb.Resou
 		}
 		err = f(ctx, tokenpb.NewResourceGroupServiceClient(cc))
 		if status.Code(err) != codes.Unavailable {
-			c.connMu.Lock()
-			c.rgNext = idx
-			c.connMu.Unlock()
+			c.conns.answered(idx)
 			if err != nil {
 				return &rpcFailure{addrs: tried[len(tried)-1:], err: err}
 			}
@@ -71,10 +67,7 @@ func (c *Client) waitCache(ctx context.Context, ok func(snapshot) bool) {
 	t := c.clk.NewTimer(syncWait)
 	defer t.Stop()
 	for {
-		c.mu.Lock()
-		done := ok(c.cache)
-		ch := c.cacheChanged
-		c.mu.Unlock()
+		done, ch := c.cache.check(ok)
 		if done {
 			return
 		}
@@ -155,13 +148,15 @@ func (s rpcStore) ListGroups(ctx context.Context) ([]resourcegroup.Group, error)
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list resource groups: %w", err)
 	}
-	s.c.mu.Lock()
-	out := make([]resourcegroup.Group, 0, len(s.c.cache.Groups)+1)
-	for _, g := range s.c.cache.Groups {
-		out = append(out, g.Clone())
-	}
-	_, hasDefault := s.c.cache.Groups[resourcegroup.DefaultGroup]
-	s.c.mu.Unlock()
+	var out []resourcegroup.Group
+	var hasDefault bool
+	s.c.cache.read(func(snap *snapshot) {
+		out = make([]resourcegroup.Group, 0, len(snap.Groups)+1)
+		for _, g := range snap.Groups {
+			out = append(out, g.Clone())
+		}
+		_, hasDefault = snap.Groups[resourcegroup.DefaultGroup]
+	})
 	if !hasDefault {
 		out = append(out, resourcegroup.DefaultGroupDefinition())
 	}
@@ -221,15 +216,16 @@ func (s rpcStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, er
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list bindings: %w", err)
 	}
-	s.c.mu.Lock()
-	out := make([]resourcegroup.Binding, 0, len(s.c.cache.Bindings)+len(s.c.cache.Tags))
-	for _, b := range s.c.cache.Bindings {
-		out = append(out, b)
-	}
-	for _, b := range s.c.cache.Tags {
-		out = append(out, b)
-	}
-	s.c.mu.Unlock()
+	var out []resourcegroup.Binding
+	s.c.cache.read(func(snap *snapshot) {
+		out = make([]resourcegroup.Binding, 0, len(snap.Bindings)+len(snap.Tags))
+		for _, b := range snap.Bindings {
+			out = append(out, b)
+		}
+		for _, b := range snap.Tags {
+			out = append(out, b)
+		}
+	})
 	resourcegroup.SortBindings(out)
 	return out, nil
 }

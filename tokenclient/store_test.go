@@ -199,9 +199,7 @@ func TestWatchResumeAndStoreFailover(t *testing.T) {
 	if err := c.Store().CreateGroup(ctx, resourcegroup.Group{Name: "a", RUPerSec: 10}); err != nil {
 		t.Fatal(err)
 	}
-	c.mu.Lock()
-	rev := c.cache.Revision
-	c.mu.Unlock()
+	rev := c.cache.revision()
 	s1.grpcS.Stop()
 	waitFor(t, "the watch to resume", func() bool {
 		rg.mu.Lock()

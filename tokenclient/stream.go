@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/pingcap/failpoint"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -33,14 +34,11 @@ var errStuck = errors.New("token request unanswered")
 
 // conn returns the (lazily dialled) connection to addr.
 func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	if c.connsClosed {
-		return nil, ErrClosed
-	}
-	if cc, ok := c.conns[addr]; ok {
-		return cc, nil
-	}
+	return c.conns.get(addr, c.dial)
+}
+
+// dial makes a connection to addr.
+func (c *Client) dial(addr string) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if c.cfg.TLS != nil {
 		creds = credentials.NewTLS(c.cfg.TLS)
@@ -66,7 +64,6 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenclient: dial %s: %w", addr, err)
 	}
-	c.conns[addr] = cc
 	return cc, nil
 }
 
@@ -104,10 +101,30 @@ func backoff(n int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// tokenLoop keeps one AcquireTokens stream open to the leader until ctx
-// ends: it follows NOT_LEADER redirects, and after errors rotates through
-// Servers with backoff.
-func (c *Client) tokenLoop(ctx context.Context) {
+// maxRedirects bounds the NOT_LEADER hops followed in a row before the
+// next server of Servers is tried: replicas that disagree about the
+// leader must not bounce a stream between them.
+const maxRedirects = 3
+
+// leaderStream is one stream a client keeps open to the leader: the
+// token stream and the inspect stream.
+type leaderStream struct {
+	// name names the stream in the logs.
+	name string
+	// level logs the reconnects: Warn for the token stream, which the
+	// proxy needs, Debug for the inspect stream, which it can do without.
+	level slog.Level
+	// run runs one stream to addr until it ends; steady says that it went
+	// well long enough for the backoff to start over.
+	run func(ctx context.Context, addr string) (steady bool, err error)
+	// wait waits d before the next attempt; false once ctx has ended.
+	wait func(ctx context.Context, d time.Duration) bool
+}
+
+// followLeader keeps ls open to the leader until ctx ends: it follows
+// NOT_LEADER redirects (at most maxRedirects in a row), and after other
+// ends rotates through Servers with backoff.
+func (c *Client) followLeader(ctx context.Context, ls leaderStream) {
 	idx, attempt, redirects := 0, 0, 0
 	redirect := ""
 	for {
@@ -115,16 +132,15 @@ func (c *Client) tokenLoop(ctx context.Context) {
 		if redirect != "" {
 			addr = redirect
 		}
-		answered, err := c.runStream(ctx, addr)
-		c.streamEnded()
+		steady, err := ls.run(ctx, addr)
 		if ctx.Err() != nil {
 			return
 		}
-		if answered {
+		if steady {
 			attempt = 0
 		}
-		if nl, ok := errors.AsType[*notLeaderError](err); ok && nl.leader != "" && nl.leader != addr && redirects < 3 {
-			c.log.Info("following the token server leader", "from", addr, "to", nl.leader)
+		if nl, ok := errors.AsType[*notLeaderError](err); ok && nl.leader != "" && nl.leader != addr && redirects < maxRedirects {
+			c.log.Log(ctx, min(ls.level, slog.LevelInfo), "following the token server leader", "stream", ls.name, "from", addr, "to", nl.leader)
 			redirect = nl.leader
 			redirects++
 			continue
@@ -133,11 +149,24 @@ func (c *Client) tokenLoop(ctx context.Context) {
 		idx = (idx + 1) % len(c.cfg.Servers)
 		attempt++
 		d := backoff(attempt)
-		c.log.Warn("token stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
-		if !c.pause(ctx, d) {
+		c.log.Log(ctx, ls.level, ls.name+" stream ended; reconnecting", "server", addr, "err", err, "backoff", d.String())
+		if !ls.wait(ctx, d) {
 			return
 		}
 	}
+}
+
+// tokenLoop keeps one AcquireTokens stream open to the leader until ctx
+// ends (followLeader).
+func (c *Client) tokenLoop(ctx context.Context) {
+	c.followLeader(ctx, leaderStream{name: "token", level: slog.LevelWarn,
+		run: func(ctx context.Context, addr string) (bool, error) {
+			answered, err := c.runStream(ctx, addr)
+			c.streamEnded()
+			return answered, err
+		},
+		wait: c.pause,
+	})
 }
 
 // pause waits d, keeping degraded mode up to date meanwhile; false when ctx
@@ -164,11 +193,11 @@ func (c *Client) pause(ctx context.Context, d time.Duration) bool {
 func (c *Client) streamEnded() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.connected {
-		c.connected = false
-		c.lostAt = c.clk.Now()
+	if c.stream.connected {
+		c.stream.connected = false
+		c.stream.lostAt = c.clk.Now()
 	}
-	clear(c.outstanding)
+	clear(c.stream.outstanding)
 	for _, gs := range c.groups {
 		gs.inFlight = false
 	}
@@ -283,7 +312,7 @@ func (c *Client) finalReport(ctx context.Context, stream tokenpb.TokenService_Ac
 	req := c.buildRequestLocked(c.clk.Now(), false, true)
 	ack := make(chan struct{})
 	if req != nil {
-		c.finalID, c.finalAck = req.GetRequestId(), ack
+		c.stream.finalID, c.stream.finalAck = req.GetRequestId(), ack
 	}
 	c.mu.Unlock()
 	if req == nil {
@@ -304,7 +333,7 @@ func (c *Client) finalReport(ctx context.Context, stream tokenpb.TokenService_Ac
 
 func (c *Client) oldestOutstandingLocked(now time.Time) time.Duration {
 	var d time.Duration
-	for _, r := range c.outstanding {
+	for _, r := range c.stream.outstanding {
 		d = max(d, now.Sub(r.at))
 	}
 	return d
@@ -337,7 +366,7 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			continue
 		}
 		due := gs.hasReport() && now.Sub(gs.lastReport) >= c.cfg.ReportPeriod
-		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !c.degraded && len(gs.queue) == 0 && !gs.hasReport() {
+		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !c.stream.degraded && len(gs.queue) == 0 && !gs.hasReport() {
 			// Idle, its trickle over: what the bucket holds no longer
 			// changes. After releaseAfter it is given back; either way
 			// rgserver hears once what this proxy holds, so its own bucket
@@ -362,8 +391,8 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			}
 		}
 	}
-	c.nextReqID++
-	req := &tokenpb.TokenRequest{ProxyId: c.cfg.ProxyID, RequestId: c.nextReqID}
+	c.stream.nextReqID++
+	req := &tokenpb.TokenRequest{ProxyId: c.cfg.ProxyID, RequestId: c.stream.nextReqID}
 	sent := &sentRequest{at: now, reports: map[string]ru.Consumption{}, asked: map[string]bool{}}
 	add := func(gs *groupState, ask bool) {
 		cons := gs.takeReport()
@@ -403,7 +432,7 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 		add(gs, false)
 	}
 	if !final {
-		c.outstanding[req.RequestId] = sent
+		c.stream.outstanding[req.RequestId] = sent
 	}
 	return req
 }
@@ -488,11 +517,11 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	defer c.notifyForgotten() // after the unlock
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	sent := c.outstanding[resp.GetRequestId()]
-	delete(c.outstanding, resp.GetRequestId())
-	if c.finalAck != nil && resp.GetRequestId() == c.finalID {
-		close(c.finalAck)
-		c.finalAck = nil
+	sent := c.stream.outstanding[resp.GetRequestId()]
+	delete(c.stream.outstanding, resp.GetRequestId())
+	if c.stream.finalAck != nil && resp.GetRequestId() == c.stream.finalID {
+		close(c.stream.finalAck)
+		c.stream.finalAck = nil
 	}
 	if nl := resp.GetNotLeader(); nl != nil {
 		if sent != nil {
@@ -509,12 +538,12 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	if sent != nil {
 		c.met.duration.Observe(now.Sub(sent.at).Seconds())
 	}
-	if !c.connected {
+	if !c.stream.connected {
 		c.endBridgeLocked(now)
 	}
-	c.connected = true
-	if c.degraded {
-		c.degraded = false
+	c.stream.connected = true
+	if c.stream.degraded {
+		c.stream.degraded = false
 		c.log.Info("token grants resumed: leaving degraded mode")
 		for _, gs := range c.groups {
 			// Stop the local refill; the groups ask again at once.
@@ -555,7 +584,7 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 			c.dropLocked(gs)
 			continue
 		}
-		if gs.unavailable && !c.degraded {
+		if gs.unavailable && !c.stream.degraded {
 			// Served again: stop the local refill; the grant below, or the
 			// group's next ask, feeds the bucket.
 			gs.unavailable = false

@@ -79,7 +79,7 @@ func TestStreamGrantAndFinalReport(t *testing.T) {
 	if ask.GetReportOnly() || ask.GetTokensWanted() < 5 {
 		t.Fatalf("ask %v", ask)
 	}
-	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.connected }, nil)
+	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.stream.connected }, nil)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestDegradedAndResyncOverStream(t *testing.T) {
 	s := startServer(t)
 	c, clk := startClient(t, nil, s.addr)
 	s.nextReq(t, nil)
-	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.connected }, nil)
+	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.stream.connected }, nil)
 	s.tok.mu.Lock()
 	s.tok.silent = true
 	s.tok.mu.Unlock()
@@ -296,7 +296,7 @@ func TestConcurrentAccountingRealClock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.connected }, nil)
+	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.stream.connected }, nil)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

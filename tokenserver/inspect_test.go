@@ -20,12 +20,22 @@ import (
 )
 
 // fakeProxy plays one proxy of the hub: it answers each request from its
-// queue with rows unless it is silent; it counts what it answered.
+// queue with rows unless it is silent; it counts what it answered. It
+// stops, and the test waits for it, when the test ends.
 func fakeProxy(t *testing.T, c *inspectConn, silent bool, rows int) *atomic.Int32 {
 	t.Helper()
 	var answered atomic.Int32
+	stop, done := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(stop); <-done })
 	go func() {
-		for req := range c.queue {
+		defer close(done)
+		for {
+			var req *pb.InspectRequest
+			select {
+			case <-stop:
+				return
+			case req = <-c.queue:
+			}
 			if silent {
 				continue
 			}

@@ -118,9 +118,9 @@ type Overview struct {
 	GrantingFromMemory bool
 	// Insecure: no authentication is configured.
 	Insecure bool
-	// TokenStreams and WatchStreams are the AcquireTokens and Watch
-	// streams open on this replica: proxies connected to it.
-	TokenStreams, WatchStreams int64
+	// TokenStreams and SettingsStreams are the AcquireTokens and settings
+	// (rpc Watch) streams open on this replica: proxies connected to it.
+	TokenStreams, SettingsStreams int64
 	// Groups are the groups listed: those in use (GroupOverview.InUse),
 	// most RU/s first, then the others by name, at most the limit asked.
 	Groups []GroupOverview
@@ -144,7 +144,7 @@ func (s *Server) Overview(limit int) Overview {
 		GrantingFromMemory: s.orphan.Load(),
 		Insecure:           s.Insecure(),
 		TokenStreams:       s.openStreams[kindTokens].Load(),
-		WatchStreams:       s.openStreams[kindWatch].Load(),
+		SettingsStreams:    s.openStreams[kindSettings].Load(),
 	}
 	used := topn.New(limit, func(a, b GroupOverview) bool {
 		if a.RUPerSec != b.RUPerSec {

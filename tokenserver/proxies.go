@@ -27,7 +27,7 @@ var errStreamLimit = errors.New("tokenserver: credential at its stream limit")
 // streamKinds are the long-lived streams counted per credential.
 const (
 	kindTokens = iota
-	kindWatch
+	kindSettings
 	kindInspect
 	numKinds
 )

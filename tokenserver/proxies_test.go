@@ -76,7 +76,7 @@ func TestProxyRegistry(t *testing.T) {
 	if _, err := r.open(px, kindTokens); !errors.Is(err, errStreamLimit) {
 		t.Fatalf("4th stream: %v", err)
 	}
-	if c, err := r.open(px, kindWatch); err != nil {
+	if c, err := r.open(px, kindSettings); err != nil {
 		t.Fatalf("a watch counts apart: %v", err)
 	} else {
 		c()

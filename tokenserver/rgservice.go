@@ -182,20 +182,21 @@ func (s *Server) ListBindings(ctx context.Context, _ *pb.ListBindingsRequest) (*
 	return out, nil
 }
 
-// Watch implements tokenpb.ResourceGroupServiceServer: an optional snapshot,
-// then every change to settings and bindings, each message carrying the etcd
-// revision it brings the watcher to.
+// Watch implements tokenpb.ResourceGroupServiceServer: the settings stream
+// ("Watch" is its wire name only), an optional snapshot, then every change
+// to settings and bindings, each message carrying the etcd revision it
+// brings the proxy to.
 func (s *Server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[pb.WatchResponse]) error {
 	ctx := stream.Context()
-	// Each open Watch costs an etcd watch: a proxy credential holds as
+	// Each open settings stream costs an etcd watch: a proxy credential holds as
 	// many as it is configured for proxies (plus one, for a reconnect).
-	closeStream, err := s.proxies.open(principalFrom(ctx), kindWatch)
+	closeStream, err := s.proxies.open(principalFrom(ctx), kindSettings)
 	if err != nil {
 		return s.auth.refuse(refusedStreamLimit, codes.ResourceExhausted, err.Error())
 	}
 	defer closeStream()
-	s.openStreams[kindWatch].Add(1)
-	defer s.openStreams[kindWatch].Add(-1)
+	s.openStreams[kindSettings].Add(1)
+	defer s.openStreams[kindSettings].Add(-1)
 	after := req.GetAfterRevision()
 	if after < 0 {
 		return status.Errorf(codes.InvalidArgument, "after_revision %d is negative", after)
@@ -208,7 +209,7 @@ func (s *Server) Watch(req *pb.WatchRequest, stream grpc.ServerStreamingServer[p
 			}
 			after = rev
 		}
-		next, err := s.watchFrom(ctx, stream, after)
+		next, err := s.settingsFrom(ctx, stream, after)
 		if err != nil {
 			return err
 		}
@@ -274,9 +275,9 @@ func (s *Server) sendSnapshot(ctx context.Context, stream grpc.ServerStreamingSe
 	return rev, nil
 }
 
-// watchFrom streams changes after revision after. It returns the revision
+// settingsFrom streams changes after revision after. It returns the revision
 // to resume from, 0 if the history was compacted (a snapshot is needed).
-func (s *Server) watchFrom(ctx context.Context, stream grpc.ServerStreamingServer[pb.WatchResponse], after int64) (int64, error) {
+func (s *Server) settingsFrom(ctx context.Context, stream grpc.ServerStreamingServer[pb.WatchResponse], after int64) (int64, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	for wr := range s.cli.Watch(wctx, keyRoot, clientv3.WithPrefix(), clientv3.WithRev(after+1)) {

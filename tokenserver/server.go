@@ -116,7 +116,7 @@ type Server struct {
 	leaderSince atomic.Pointer[time.Time]
 	// runaways is the runaway history (runaways.go).
 	runaways *runawayHistory
-	// openStreams counts the AcquireTokens and Watch streams open on this
+	// openStreams counts the AcquireTokens and settings streams open on this
 	// replica, for the console (Overview).
 	openStreams [numKinds]atomic.Int64
 	// scrapes is what a /metrics scrape keeps for the next (metrics.go).
@@ -266,10 +266,14 @@ func (s *Server) campaign(ctx context.Context) error {
 	defer sess.Close()
 	el := concurrency.NewElection(sess, keyElection)
 
+	// The goroutines below end with octx or cctx, cancelled on return;
+	// campaign waits for them (deferred first, so it runs last).
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	octx, ocancel := context.WithCancel(ctx)
 	defer ocancel()
 	observed := make(chan leaderSeen, 1)
-	go func() {
+	wg.Go(func() {
 		defer close(observed)
 		for resp := range el.Observe(octx) {
 			if len(resp.Kvs) > 0 {
@@ -282,20 +286,20 @@ func (s *Server) campaign(ctx context.Context) error {
 				observed <- leaderSeen{addr: addr, lease: clientv3.LeaseID(resp.Kvs[0].Lease)}
 			}
 		}
-	}()
-	go s.watchLeaderLiveness(octx, observed)
+	})
+	wg.Go(func() { s.probeLeaderLiveness(octx, observed) })
 
 	// A campaign outlives neither ctx nor the session: if the lease is lost
 	// while waiting, start over with a new session.
 	cctx, ccancel := context.WithCancel(ctx)
 	defer ccancel()
-	go func() {
+	wg.Go(func() {
 		select {
 		case <-sess.Done():
 			ccancel()
 		case <-cctx.Done():
 		}
-	}()
+	})
 	failpoint.Inject("campaignError", func() {
 		failpoint.Return(fmt.Errorf("%w: campaign: %w", ErrEtcd, errFailpoint))
 	})
@@ -330,14 +334,14 @@ const (
 	deadLeaderInterval = 200 * time.Millisecond
 )
 
-// watchLeaderLiveness revokes the lease of a leader whose process is gone,
+// probeLeaderLiveness revokes the lease of a leader whose process is gone,
 // so that a replica takes over at once instead of when the lease expires
 // (up to the election TTL, plus etcd's extension when etcd's own leader
 // died with it). Only a refused connection counts: a timeout may be a slow
 // or partitioned leader, which the lease handles. A revoked leader that is
 // somehow alive loses its session and steps down, and its writes are
 // fenced on the election key's revision.
-func (s *Server) watchLeaderLiveness(ctx context.Context, observed <-chan leaderSeen) {
+func (s *Server) probeLeaderLiveness(ctx context.Context, observed <-chan leaderSeen) {
 	var cur leaderSeen
 	refused := 0
 	tick := time.NewTicker(deadLeaderInterval)
@@ -802,11 +806,11 @@ func (s *Server) writeStates(ctx context.Context, key string, rev int64, batch [
 // syncSettings mirrors /rg/settings/ into the allocator until ctx ends.
 func (s *Server) syncSettings(ctx context.Context) {
 	for ctx.Err() == nil {
-		err := s.loadAndWatchSettings(ctx)
+		err := s.loadAndFollowSettings(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("settings watch restarting", "err", err)
+		s.log.Warn("following the settings in etcd: starting over", "err", err)
 		select {
 		case <-time.After(500 * time.Millisecond):
 		case <-ctx.Done():
@@ -814,8 +818,9 @@ func (s *Server) syncSettings(ctx context.Context) {
 	}
 }
 
-// loadAndWatchSettings lists the groups, then applies changes from the watch.
-func (s *Server) loadAndWatchSettings(ctx context.Context) error {
+// loadAndFollowSettings lists the groups, then applies the changes etcd
+// reports after them.
+func (s *Server) loadAndFollowSettings(ctx context.Context) error {
 	groups, rev, err := s.store.listGroups(ctx, 0)
 	if err != nil {
 		return err

@@ -5,7 +5,7 @@
 // per second, the p50/p99 latency of one stream message, and the server's
 // CPU microseconds per group-grant (from its process_cpu_seconds_total).
 // Meanwhile it scrapes /metrics as Prometheus would, and halfway through a
-// new proxy (tokenclient) joins: the time until it holds the Watch
+// new proxy (tokenclient) joins: the time until it holds the settings stream's
 // snapshot of every group is printed, and so is the server's resident
 // memory at the end.
 //
@@ -335,7 +335,7 @@ func createGroups(ctx context.Context, rg pb.ResourceGroupServiceClient, names [
 }
 
 // joinProxy starts a tokenclient, as a proxy that joins does, and returns
-// how long Start took (it returns once the Watch snapshot is applied) and
+// how long Start took (it returns once the settings snapshot is applied) and
 // how many groups the snapshot held.
 func joinProxy(ctx context.Context, addr string) (time.Duration, int, error) {
 	dir, err := os.MkdirTemp("", "rgserver-bench-join")

@@ -88,7 +88,7 @@ type config struct {
 	// need (rgserver --admin-token-file); empty = none. Default empty.
 	TokenServerTokenFile string
 	// TokenServerProxyTokenFile holds this proxy's bearer token for
-	// rgserver's token and watch streams and reads (a token of rgserver's
+	// rgserver's token and settings streams and reads (a token of rgserver's
 	// --proxy-token-file); empty = none. Default empty.
 	TokenServerProxyTokenFile string
 	// TokenServerTLSCA (PEM) turns on TLS to rgserver and verifies its
@@ -183,7 +183,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.BoolVar(&cfg.Metering, "metering", true, "meter and throttle statements by resource group and answer resource-group SQL; false = a pure proxy")
 	fs.StringVar(&cfg.TokenServers, "token-server", "127.0.0.1:3379", "rgserver gRPC `addresses`, comma-separated (any replica; NOT_LEADER is followed)")
 	fs.StringVar(&cfg.TokenServerTokenFile, "token-server-token-file", "", "`file` holding the bearer token for rgserver's admin RPCs (rgserver --admin-token-file)")
-	fs.StringVar(&cfg.TokenServerProxyTokenFile, "token-server-proxy-token-file", "", "`file` holding this proxy's bearer token for rgserver's token streams, watches and reads (one of rgserver's --proxy-token-file)")
+	fs.StringVar(&cfg.TokenServerProxyTokenFile, "token-server-proxy-token-file", "", "`file` holding this proxy's bearer token for rgserver's token and settings streams and reads (one of rgserver's --proxy-token-file)")
 	fs.StringVar(&cfg.TokenServerTLSCA, "token-server-tls-ca", "", "PEM CA `file`: dial rgserver with TLS and verify its certificate against it")
 	fs.StringVar(&cfg.TokenServerTLSCert, "token-server-tls-cert", "", "PEM client certificate `file` presented to rgserver (its --tls-ca)")
 	fs.StringVar(&cfg.TokenServerTLSKey, "token-server-tls-key", "", "PEM `file` of the key of --token-server-tls-cert")

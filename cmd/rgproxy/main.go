@@ -16,8 +16,11 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/internal/reload"
@@ -79,6 +82,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	var policy mysqlproto.Policy = mysqlproto.PassThrough{}
 	var tc *tokenclient.Client
 	var rp *rgpolicy.Policy
+	var reader *binlog.Reader
 	if cfg.Metering {
 		// The token stream starts before the listener: --listen names the
 		// instance (the cluster views' name once a port 0 is bound).
@@ -90,7 +94,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		defer tc.Close()
 		var killer rgpolicy.Killer
 		var roles rgpolicy.RoleChecker
-		var reader *binlog.Reader
 		writes, _ := rgpolicy.ParseWriteSource(cfg.WriteSource) // validated
 		if cfg.AdminUser != "" {
 			password, err := readAdminPassword(cfg.AdminPasswordFile)
@@ -115,7 +118,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 				if err != nil {
 					return err
 				}
-				go reader.Run(ctx)
 				metrics.registerBinlog(reader)
 			}
 		}
@@ -148,7 +150,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		tc.OnGroupForgotten(rp.ForgetGroup)
 		policy = rp
 		pcfg.ScanWords = rgpolicy.ScanWords()
-		go rp.Run(ctx)
 	}
 	pcfg.Policy = metrics.wrap(policy)
 	srv, err := mysqlproto.NewServer(pcfg)
@@ -157,7 +158,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 	}
 	metrics.registerServer(srv)
 	rl.cur, rl.cert, rl.srv, rl.policy, rl.log = cfg, cert, srv, rp, logger
-	reload.OnSignal(ctx, hup, rl.reload)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -177,6 +177,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			logger.Warn("the runaway history will not show this proxy's events", "err", err)
 		}
 	}
+	var probes sync.WaitGroup // the /readyz probes: waited for after the status server
 	handler, err := statusHandler(metrics, func(ctx context.Context) (readiness, error) {
 		r := readiness{Metering: cfg.Metering}
 		if tc != nil {
@@ -188,7 +189,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			r.QueryLimitUnenforced = rp.QueryLimitUnenforced()
 		}
 		return r, mysqlproto.ProbeBackend(ctx, pcfg)
-	}, cfg.EnablePprof, &consoleSource{proxyID: proxyID(cfg), policy: rp, now: time.Now,
+	}, &probes, cfg.EnablePprof, &consoleSource{proxyID: proxyID(cfg), policy: rp, now: time.Now,
 		conns: func() (int64, int) { return srv.Stats().Connections, srv.MaxConnections() }})
 	if err != nil {
 		ln.Close()
@@ -196,20 +197,16 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 		return err
 	}
 	status := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: handler}
-	go func() {
-		if err := status.Serve(statusLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error("status server", "err", err)
-		}
-	}()
 	// The console also has an address of its own: browsers refuse the
 	// status port 10080, so the page opens where README says.
 	console := &http.Server{ReadHeaderTimeout: statusReadHeaderTimeout, Handler: consoleHandler(handler)}
 	consoleAt := statusLn.Addr().String()
+	var consoleLn net.Listener
 	if cfg.ConsoleAddr != "" && cfg.ConsoleAddr != cfg.StatusAddr {
 		if statuspage.BrowserBlocked(cfg.ConsoleAddr) {
 			logger.Warn("browsers refuse to open the console at this port", "console_addr", cfg.ConsoleAddr)
 		}
-		consoleLn, err := net.Listen("tcp", cfg.ConsoleAddr)
+		cl, err := net.Listen("tcp", cfg.ConsoleAddr)
 		switch {
 		case err != nil && cfg.ConsoleAddr == defaultConsoleAddr:
 			// Proxies that share a host and were each given their own
@@ -219,41 +216,64 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 				"console_addr", cfg.ConsoleAddr, "err", err)
 		case err != nil:
 			ln.Close()
-			status.Close()
+			statusLn.Close()
 			return fmt.Errorf("console listen %s: %w", cfg.ConsoleAddr, err)
 		default:
-			go func() {
-				if err := console.Serve(consoleLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					logger.Error("console server", "err", err)
-				}
-			}()
-			consoleAt = consoleLn.Addr().String()
+			consoleLn = cl
+			consoleAt = cl.Addr().String()
 		}
 	} else if statuspage.BrowserBlocked(cfg.StatusAddr) {
 		logger.Warn("browsers refuse to open the console at the status port; give it --console-addr", "status_addr", cfg.StatusAddr)
 	}
 
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	logger.Info("rgproxy serving", "version", version, "listen", ln.Addr().String(),
-		"backend", cfg.Backend, "status", statusLn.Addr().String(), "console", consoleAt, "max_connections", srv.MaxConnections())
-
-	select {
-	case err := <-serveErr:
+	// Every part runs under one group: the first to fail stops the others
+	// (as SIGTERM does), and run returns once all of them have stopped.
+	g, gctx := errgroup.WithContext(ctx)
+	if reader != nil {
+		g.Go(func() error { reader.Run(gctx); return nil })
+	}
+	if rp != nil {
+		g.Go(func() error { rp.Run(gctx); return nil })
+	}
+	g.Go(func() error { reload.OnSignal(gctx, hup, rl.reload); return nil })
+	g.Go(func() error {
+		if err := status.Serve(statusLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("status server: %w", err)
+		}
+		return nil
+	})
+	if consoleLn != nil {
+		g.Go(func() error {
+			if err := console.Serve(consoleLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("console server: %w", err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, mysqlproto.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+		sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			logger.Warn("shutdown cut running sessions", "err", err)
+		}
 		status.Close()
 		console.Close()
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
+		probes.Wait() // each ends within probeTimeout
+		return nil
+	})
+	logger.Info("rgproxy serving", "version", version, "listen", ln.Addr().String(),
+		"backend", cfg.Backend, "status", statusLn.Addr().String(), "console", consoleAt, "max_connections", srv.MaxConnections())
+	if err := g.Wait(); err != nil {
+		return err
 	}
-	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		logger.Warn("shutdown cut running sessions", "err", err)
-	}
-	<-serveErr
-	status.Close()
-	console.Close()
 	logger.Info("stopped")
 	return nil
 }

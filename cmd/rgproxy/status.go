@@ -18,8 +18,9 @@ import (
 // the console (console.go): its page at / and its JSON at /api/console;
 // with withPprof also Go's profiles under /debug/pprof/, which show the
 // command line, memory and goroutines to whoever reaches the port. Any
-// other path is 404.
-func statusHandler(m *metrics, probe func(context.Context) (readiness, error), withPprof bool, console *consoleSource) (http.Handler, error) {
+// other path is 404. probes holds the /readyz probes running (the caller
+// waits for it once the server is closed).
+func statusHandler(m *metrics, probe func(context.Context) (readiness, error), probes *sync.WaitGroup, withPprof bool, console *consoleSource) (http.Handler, error) {
 	page, err := statuspage.NewPage(consoleHTML)
 	if err != nil {
 		return nil, err
@@ -35,7 +36,7 @@ func statusHandler(m *metrics, probe func(context.Context) (readiness, error), w
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	probe = sharedProbe(probe)
+	probe = sharedProbe(probe, probes)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeHealth(w, health{Health: "true"}, nil)
 	})
@@ -124,8 +125,8 @@ func writeHealth(w http.ResponseWriter, h health, err error) {
 // open for them, so a flood of probes cannot use up descriptors or the
 // backend's connections, and each request still gets a fresh answer. A
 // request whose context ends first stops waiting; the probe goes on for
-// the others, within probeTimeout.
-func sharedProbe(probe func(context.Context) (readiness, error)) func(context.Context) (readiness, error) {
+// the others, within probeTimeout, on a goroutine held by running.
+func sharedProbe(probe func(context.Context) (readiness, error), running *sync.WaitGroup) func(context.Context) (readiness, error) {
 	var mu sync.Mutex
 	var cur *probeCall
 	return func(ctx context.Context) (readiness, error) {
@@ -134,7 +135,7 @@ func sharedProbe(probe func(context.Context) (readiness, error)) func(context.Co
 		if c == nil {
 			c = &probeCall{done: make(chan struct{})}
 			cur = c
-			go func() {
+			running.Go(func() {
 				pctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 				c.r, c.err = probe(pctx)
 				cancel()
@@ -142,7 +143,7 @@ func sharedProbe(probe func(context.Context) (readiness, error)) func(context.Co
 				cur = nil
 				mu.Unlock()
 				close(c.done)
-			}()
+			})
 		}
 		mu.Unlock()
 		select {

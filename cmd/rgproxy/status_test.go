@@ -25,7 +25,7 @@ func TestPprofOnlyWithTheFlag(t *testing.T) {
 		on   bool
 		want int
 	}{{false, http.StatusNotFound}, {true, http.StatusOK}} {
-		h, err := statusHandler(newMetrics(), ready, tc.on, testConsole(nil))
+		h, err := statusHandler(newMetrics(), ready, new(sync.WaitGroup), tc.on, testConsole(nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,6 +49,7 @@ func TestPprofOnlyWithTheFlag(t *testing.T) {
 // next request after it starts a new one.
 func TestConcurrentReadyzShareOneProbe(t *testing.T) {
 	var probes atomic.Int64
+	var running sync.WaitGroup // the probes' goroutines
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
 	probe := sharedProbe(func(context.Context) (readiness, error) {
@@ -59,7 +60,8 @@ func TestConcurrentReadyzShareOneProbe(t *testing.T) {
 		}
 		<-release
 		return readiness{}, errors.New("backend says no")
-	})
+	}, &running)
+	defer running.Wait()
 	const n = 50
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -127,7 +129,7 @@ func TestConsoleRoutes(t *testing.T) {
 		if metering {
 			p = pol
 		}
-		h, err := statusHandler(newMetrics(), ready, false, testConsole(p))
+		h, err := statusHandler(newMetrics(), ready, new(sync.WaitGroup), false, testConsole(p))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,7 +187,7 @@ func TestConsoleAddress(t *testing.T) {
 	if statuspage.BrowserBlocked(cfg.ConsoleAddr) || !statuspage.BrowserBlocked(cfg.StatusAddr) {
 		t.Fatalf("the console's default %s must open in a browser (the status port %s does not)", cfg.ConsoleAddr, cfg.StatusAddr)
 	}
-	status, err := statusHandler(newMetrics(), func(context.Context) (readiness, error) { return readiness{}, nil }, true, testConsole(nil))
+	status, err := statusHandler(newMetrics(), func(context.Context) (readiness, error) { return readiness{}, nil }, new(sync.WaitGroup), true, testConsole(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

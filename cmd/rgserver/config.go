@@ -132,7 +132,7 @@ func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key for gRPC TLS")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "PEM CA bundle: require client certificates signed by it (mTLS)")
 	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding the administrators' bearer token (every RPC)")
-	fs.StringVar(&c.ProxyTokenFile, "proxy-token-file", c.ProxyTokenFile, "file of proxy bearer tokens, lines \"<name> <token> [max-streams]\" (token streams, watches and reads)")
+	fs.StringVar(&c.ProxyTokenFile, "proxy-token-file", c.ProxyTokenFile, "file of proxy bearer tokens, lines \"<name> <token> [max-streams]\" (token and settings streams and reads)")
 	fs.StringVar(&c.TLSAdminNames, "tls-admin-names", c.TLSAdminNames, "comma-separated client certificate identities (CN or SAN) that are administrators under --tls-ca; other certificates are proxies")
 	fs.IntVar(&c.TLSProxyMaxStreams, "tls-proxy-max-streams", c.TLSProxyMaxStreams, "proxies one proxy certificate identity may be at once")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "accept every caller without authentication, even beyond loopback (anyone who reaches --addr may change groups)")

@@ -44,15 +44,16 @@ type serverConsole struct {
 	Leader        bool      `json:"leader"`
 	LeaderAddr    string    `json:"leader_addr"`
 	// Etcd says why etcd refuses writes; "" while it does not.
-	Etcd               string        `json:"etcd"`
-	GrantingFromMemory bool          `json:"granting_from_memory"`
-	Insecure           bool          `json:"insecure"`
-	TokenStreams       int64         `json:"token_streams"`
-	WatchStreams       int64         `json:"watch_streams"`
-	GroupsTotal        int           `json:"groups_total"`
-	GroupsInUse        int           `json:"groups_in_use"`
-	GroupsLimit        int           `json:"groups_limit"`
-	Groups             []serverGroup `json:"groups"`
+	Etcd               string `json:"etcd"`
+	GrantingFromMemory bool   `json:"granting_from_memory"`
+	Insecure           bool   `json:"insecure"`
+	TokenStreams       int64  `json:"token_streams"`
+	// watch_streams is the page's name (kept) for the settings streams.
+	WatchStreams int64         `json:"watch_streams"`
+	GroupsTotal  int           `json:"groups_total"`
+	GroupsInUse  int           `json:"groups_in_use"`
+	GroupsLimit  int           `json:"groups_limit"`
+	Groups       []serverGroup `json:"groups"`
 }
 
 // serverGroup is one group as this replica sees it.
@@ -86,7 +87,7 @@ func (c *consoleSource) snapshot(groups int) serverConsole {
 	out := serverConsole{
 		Kind: "rgserver", Version: versionString(), Name: c.name, AdvertiseAddr: c.advertise, Time: o.At.UTC(),
 		Leader: o.Leader, LeaderAddr: o.LeaderAddr, Etcd: o.Etcd, GrantingFromMemory: o.GrantingFromMemory,
-		Insecure: o.Insecure, TokenStreams: o.TokenStreams, WatchStreams: o.WatchStreams,
+		Insecure: o.Insecure, TokenStreams: o.TokenStreams, WatchStreams: o.SettingsStreams,
 		GroupsTotal: o.Total, GroupsInUse: o.InUse, GroupsLimit: groups, Groups: make([]serverGroup, 0, len(o.Groups)),
 	}
 	for _, g := range o.Groups {

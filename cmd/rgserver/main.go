@@ -32,6 +32,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/rgproxy/rgproxy/internal/netaddr"
 	"github.com/rgproxy/rgproxy/internal/reload"
 	"github.com/rgproxy/rgproxy/internal/statuspage"
@@ -187,39 +189,54 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := hs.Serve(statusLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("status server", "err", err)
-		}
-	}()
-	go func() {
-		if err := gs.Serve(lis); err != nil {
-			log.Error("grpc server", "err", err)
-		}
-	}()
-	reload.OnSignal(ctx, hup, rl.reload)
 	log.Info("rgserver started", "version", versionString(), "addr", lis.Addr().String(),
 		"status_addr", statusLis.Addr().String(), "advertise", cfg.AdvertiseAddr, "tls", cfg.TLSCert != "", "mtls", cfg.TLSCA != "",
 		"auth", !auth.Open())
 
-	// Run returns after ctx ends, having persisted the buckets and resigned.
-	runErr := srv.Run(ctx)
-	log.Info("rgserver stopping")
-	stopped := make(chan struct{})
-	go func() {
-		gs.GracefulStop()
-		close(stopped)
-	}()
-	select {
-	case <-stopped:
-	case <-time.After(2 * time.Second):
-		// Token streams are long-lived; do not wait for proxies to hang up.
-		gs.Stop()
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	// Every part runs under one group: the first to fail stops the others
+	// (as SIGTERM does), and run returns once all of them have stopped.
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	_ = hs.Shutdown(sctx)
-	return runErr
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := hs.Serve(statusLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("status server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		if err := gs.Serve(lis); err != nil {
+			return fmt.Errorf("grpc server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { reload.OnSignal(gctx, hup, rl.reload); return nil })
+	g.Go(func() error {
+		// Run returns after gctx ends, having persisted the buckets and
+		// resigned; then the servers stop.
+		runErr := srv.Run(gctx)
+		cancel() // the other parts stop too, whatever ended Run
+		log.Info("rgserver stopping")
+		stopped := make(chan struct{})
+		go func() { // waited for below, or ended by gs.Stop
+			gs.GracefulStop()
+			close(stopped)
+		}()
+		t := time.NewTimer(2 * time.Second)
+		select {
+		case <-stopped:
+		case <-t.C:
+			// Token streams are long-lived; do not wait for proxies to hang up.
+			gs.Stop()
+			<-stopped
+		}
+		t.Stop()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		return runErr
+	})
+	return g.Wait()
 }
 
 // authenticator builds who may call rgserver from the token files and

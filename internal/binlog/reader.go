@@ -27,6 +27,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -187,9 +188,13 @@ func (r *Reader) ClaimThread(id uint32, done func(Result)) {
 
 // Run follows the log until ctx ends, reconnecting with backoff (100 ms
 // doubling to 30 s) after any failure, and checking each time that the
-// backend still keeps a row-based log.
+// backend still keeps a row-based log. It returns once the claims'
+// expiry loop it starts has stopped too.
 func (r *Reader) Run(ctx context.Context) {
-	go r.expireLoop(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); r.expireLoop(ctx) }()
+	defer wg.Wait() // ctx has ended when Run returns: the loop is stopping
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		start := r.clk.Now()

@@ -142,17 +142,16 @@ func Failed(log *slog.Logger, file string, err error) {
 	log.Error("config reload failed; nothing changed", "config", file, "err", err)
 }
 
-// OnSignal calls reload, in a goroutine of its own, for each signal on
-// sig until ctx ends; reloads never overlap.
+// OnSignal calls reload for each signal on sig until ctx ends, then
+// returns; reloads never overlap. The caller runs it on a goroutine it
+// owns.
 func OnSignal(ctx context.Context, sig <-chan os.Signal, reload func()) {
-	go func() {
-		for {
-			select {
-			case <-sig:
-				reload()
-			case <-ctx.Done():
-				return
-			}
+	for {
+		select {
+		case <-sig:
+			reload()
+		case <-ctx.Done():
+			return
 		}
-	}()
+	}
 }

@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -178,6 +179,9 @@ type Policy struct {
 	settings atomic.Pointer[Settings]
 	// cooldown lets one statement under a COOLDOWN watch run at a time.
 	cooldown chan struct{}
+	// newWatches carries the watches runaway statements ask for to Run's
+	// goroutine that adds them (runaway.go); a full queue drops one.
+	newWatches chan resourcegroup.Watch
 	// ledger keeps the debts of sessions that ended owing (debt.go).
 	ledger    ledger
 	admission *admission
@@ -225,22 +229,23 @@ func New(cfg Config) (*Policy, error) {
 		return nil, fmt.Errorf("rgpolicy: metrics: %w", err)
 	}
 	p := &Policy{
-		tokens:    cfg.Tokens,
-		cost:      cfg.Cost,
-		killer:    cfg.Killer,
-		cluster:   cfg.Cluster,
-		history:   cfg.Runaways,
-		roles:     cfg.Roles,
-		proxyID:   cfg.ProxyID,
-		cooldown:  make(chan struct{}, 1),
-		admission: newAdmission(cfg.Settings.MaxBackendConcurrency),
-		gates:     newGates(),
-		shapes:    newShapes(cfg.Shapes),
-		cpu:       newCPUSource(cfg.CPU, cfg.BackendAddr, cfg.ProcRoot, cfg.Logger),
-		metrics:   m,
-		logger:    cfg.Logger,
-		clk:       cfg.Clock,
-		idle:      cfg.IdleGroupExpiry,
+		tokens:     cfg.Tokens,
+		cost:       cfg.Cost,
+		killer:     cfg.Killer,
+		cluster:    cfg.Cluster,
+		history:    cfg.Runaways,
+		roles:      cfg.Roles,
+		proxyID:    cfg.ProxyID,
+		cooldown:   make(chan struct{}, 1),
+		newWatches: make(chan resourcegroup.Watch, watchQueue),
+		admission:  newAdmission(cfg.Settings.MaxBackendConcurrency),
+		gates:      newGates(),
+		shapes:     newShapes(cfg.Shapes),
+		cpu:        newCPUSource(cfg.CPU, cfg.BackendAddr, cfg.ProcRoot, cfg.Logger),
+		metrics:    m,
+		logger:     cfg.Logger,
+		clk:        cfg.Clock,
+		idle:       cfg.IdleGroupExpiry,
 	}
 	if p.writes, err = newWrites(cfg.Writes, cfg.Binlog, cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("rgpolicy: write source: %w", err)
@@ -256,11 +261,16 @@ func New(cfg Config) (*Policy, error) {
 
 // Run forgets, until they are used again, the series of the groups idle on
 // this proxy for IdleGroupExpiry, and, without a Killer, keeps track of
-// the KILL rules this proxy cannot carry out. It returns when ctx ends.
+// the KILL rules this proxy cannot carry out, and adds the watches that
+// runaway statements ask for. It returns when ctx ends, once the
+// goroutines it started have stopped.
 func (p *Policy) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait() // Run returns only once ctx has ended: they are stopping
 	if p.killer == nil {
-		go p.followEnforcement(ctx)
+		wg.Go(func() { p.followEnforcement(ctx) })
 	}
+	wg.Go(func() { p.addWatches(ctx) })
 	every := min(p.idle/4, time.Minute)
 	for {
 		t := p.clk.NewTimer(every)

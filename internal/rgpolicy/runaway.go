@@ -20,6 +20,10 @@ import (
 // killTimeout bounds one KILL QUERY on the service connection.
 const killTimeout = 5 * time.Second
 
+// watchQueue bounds the watches waiting for Run to add them: a burst of
+// runaways beyond it (rgserver unreachable) drops watches, not memory.
+const watchQueue = 64
+
 // errKillNeedsService refuses a QUERY_LIMIT with ACTION=KILL when rgproxy
 // has no service account to kill with.
 var errKillNeedsService = resourcegroup.NewInvalid(
@@ -108,7 +112,7 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 		// still the statement's text here.
 		s.recordRunaway(acct, gd.group, "IDENTIFY", action, gd.rule.SwitchGroup, limitRule(gd.rule), query, digestOf(query, mode))
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
-			go s.p.addWatch(gd.group, gd.rule, query, mode)
+			s.p.queueWatch(gd.group, gd.rule, query, mode)
 		}
 		if gd.rule.Action == resourcegroup.ActionKill && s.p.killer != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
@@ -305,12 +309,12 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	return false, nil
 }
 
-// addWatch records, through rgserver, a watch for the statement that just
-// crossed its group's limit, so that every proxy acts on its like as soon
-// as it arrives. It runs on its own goroutine: the session does not wait.
-func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text string, mode sqltext.Mode) {
-	ws, ok := p.tokens.Store().(resourcegroup.WatchStore)
-	if !ok {
+// queueWatch asks Run's goroutine to record, through rgserver, a watch
+// for the statement that just crossed its group's limit, so that every
+// proxy acts on its like as soon as it arrives. The session does not
+// wait; with watchQueue watches already waiting this one is dropped.
+func (p *Policy) queueWatch(group string, rule resourcegroup.QueryLimit, text string, mode sqltext.Mode) {
+	if _, ok := p.tokens.Store().(resourcegroup.WatchStore); !ok {
 		return
 	}
 	w := resourcegroup.Watch{Group: group, Action: rule.Action, SwitchGroup: rule.SwitchGroup,
@@ -321,9 +325,32 @@ func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text stri
 	if rule.WatchDuration > 0 {
 		w.Expires = p.clk.Now().Add(rule.WatchDuration)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
-	defer cancel()
-	if _, err := ws.AddWatch(ctx, w); err != nil {
-		p.logger.Warn("adding a runaway watch failed", "resource_group", group, "err", err)
+	select {
+	case p.newWatches <- w:
+	default:
+		p.logger.Warn("runaway watch not added: too many waiting to be added", "resource_group", group)
+	}
+}
+
+// addWatches adds the queued watches until ctx ends, each within
+// killTimeout.
+func (p *Policy) addWatches(ctx context.Context) {
+	for {
+		var w resourcegroup.Watch
+		select {
+		case <-ctx.Done():
+			return
+		case w = <-p.newWatches:
+		}
+		ws, ok := p.tokens.Store().(resourcegroup.WatchStore)
+		if !ok {
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, killTimeout)
+		_, err := ws.AddWatch(actx, w)
+		cancel()
+		if err != nil {
+			p.logger.Warn("adding a runaway watch failed", "resource_group", w.Group, "err", err)
+		}
 	}
 }

@@ -1853,6 +1853,8 @@ func (x *ListWatchesResponse) GetRevision() int64 {
 	return 0
 }
 
+// WatchRequest, WatchEvent and WatchResponse belong to the settings stream
+// (rpc Watch below): their names are the wire's, kept for compatibility.
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 0: start with a snapshot of every group, binding and watch, then changes after

@@ -62,8 +62,12 @@ type ResourceGroupServiceClient interface {
 	RemoveWatch(ctx context.Context, in *RemoveWatchRequest, opts ...grpc.CallOption) (*RemoveWatchResponse, error)
 	// ListWatches returns the live watch entries.
 	ListWatches(ctx context.Context, in *ListWatchesRequest, opts ...grpc.CallOption) (*ListWatchesResponse, error)
-	// Watch streams settings, binding and runaway watch changes with their
-	// etcd revision.
+	// Watch is the settings stream: it streams settings, binding and runaway
+	// watch changes with their etcd revision. "Watch" is its name on the
+	// wire (/rgproxy.token.v1.ResourceGroupService/Watch), kept so that proxies and
+	// rgservers of different versions still talk; everywhere else the code
+	// and the docs call it the settings stream, and "watch" names runaway
+	// watches only.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 }
 
@@ -238,8 +242,12 @@ type ResourceGroupServiceServer interface {
 	RemoveWatch(context.Context, *RemoveWatchRequest) (*RemoveWatchResponse, error)
 	// ListWatches returns the live watch entries.
 	ListWatches(context.Context, *ListWatchesRequest) (*ListWatchesResponse, error)
-	// Watch streams settings, binding and runaway watch changes with their
-	// etcd revision.
+	// Watch is the settings stream: it streams settings, binding and runaway
+	// watch changes with their etcd revision. "Watch" is its name on the
+	// wire (/rgproxy.token.v1.ResourceGroupService/Watch), kept so that proxies and
+	// rgservers of different versions still talk; everywhere else the code
+	// and the docs call it the settings stream, and "watch" names runaway
+	// watches only.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	mustEmbedUnimplementedResourceGroupServiceServer()
 }
