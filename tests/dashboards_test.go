@@ -36,9 +36,9 @@ func dashFiles() []string {
 func dashRows(file string) []string {
 	switch filepath.Base(file) {
 	case "rgproxy-resource-control.json":
-		return []string{"RU", "Details", "Throttling", "Token client", "Runaway"}
+		return []string{"Health", "RU", "Details", "Throttling", "Token client", "Runaway"}
 	case "rgserver.json":
-		return []string{"Server", "Reported consumption"}
+		return []string{"Health", "Server", "Reported consumption"}
 	}
 	return nil
 }
