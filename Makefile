@@ -8,7 +8,7 @@ FUZZTIME  ?= 60s
 # How long `make soak` loads the system.
 SOAK_DURATION ?= 10m
 
-.PHONY: all build run test test-deps tidy-check test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-deps bench-proxy bench-server bench-metering bench-isolation bench-cluster-views soak demo-load generate tools clean
+.PHONY: all build run test test-deps tidy-check test-rules test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-deps bench-proxy bench-server bench-metering bench-isolation bench-cluster-views soak demo-load generate tools clean
 
 all: build
 
@@ -25,7 +25,7 @@ run: build
 # Everything CI runs: static checks, unit tests with the race detector, and
 # the end-to-end tests in tests/ against real processes. test-deps installs
 # (apt, only what is absent) and starts what those tests need.
-test: test-deps vet fmt-check tidy-check test-unit test-failpoints test-e2e
+test: test-deps vet fmt-check tidy-check test-rules test-unit test-failpoints test-e2e
 
 test-deps:
 	bash scripts/test-deps.sh
@@ -36,6 +36,13 @@ tidy-check:
 
 vet:
 	$(GO) vet ./...
+
+# The Prometheus alerting rules beside the dashboards: valid, and each
+# alert fires (and stays quiet) on the series dashboards/alerts_test.yml
+# gives it. promtool comes from Debian's prometheus package (test-deps).
+test-rules: test-deps
+	promtool check rules dashboards/alerts.yml
+	promtool test rules dashboards/alerts_test.yml
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \

@@ -11,6 +11,9 @@
 # (admin.token, proxy.token, readable by you only) and given to both
 # processes, unless RGSERVER_FLAGS names its own credentials
 # (--admin-token-file, --proxy-token-file, --tls-ca) or --insecure.
+# rgproxy gets a service account on the local MariaDB (rgproxy_svc, its
+# password in $RUN_DIR/service.password; scripts/service-account.sh)
+# unless RGPROXY_FLAGS gives --admin-user or another --backend.
 #
 # Environment:
 #   RGPROXY_FLAGS, RGSERVER_FLAGS  extra flags, e.g. RGPROXY_FLAGS="--max-wait 100ms"
@@ -151,6 +154,21 @@ need_free "rgproxy's status address" "$px_status" --status-addr RGPROXY_FLAGS
 bash scripts/ensure-mariadb.sh
 mkdir -p "$RUN_DIR"
 
+# rgproxy's service account (--admin-user), which QUERY_LIMIT ... ACTION =
+# KILL and the binary-log write source need: made on the local MariaDB, as
+# root (which ensure-mariadb.sh opens to TCP), with its password in
+# $RUN_DIR/service.password; unless RGPROXY_FLAGS names an account of its
+# own or another backend.
+svc=()
+if ! given admin-user "${rgproxy_flags[@]}"; then
+  case $px_backend in
+    127.0.0.1:3306 | localhost:3306)
+      bash scripts/service-account.sh rgproxy_svc "$RUN_DIR/service.password"
+      svc=(--admin-user rgproxy_svc --admin-password-file "$RUN_DIR/service.password")
+      ;;
+  esac
+fi
+
 # new_token FILE [NAME STREAMS]: a random token in FILE (mode 600), as
 # "NAME token STREAMS" when given, unless FILE holds one already.
 new_token() {
@@ -210,7 +228,7 @@ if ! given token-server "${rgproxy_flags[@]}"; then
   fi
 fi
 given cache-dir "${rgproxy_flags[@]}" || defaults+=(--cache-dir "$RUN_DIR/rgproxy-cache")
-spawn rgproxy "${defaults[@]}" "${rgproxy_flags[@]}"
+spawn rgproxy "${defaults[@]}" "${svc[@]}" "${rgproxy_flags[@]}"
 # rgproxy waits up to 10 s for rgserver at start.
 wait_up rgproxy "rgproxy serving" "$px_listen" 30
 px_listen=$(in_use rgproxy "rgproxy serving" listen "$px_listen")
@@ -220,6 +238,12 @@ px_console=$(in_use rgproxy "rgproxy serving" console "${px_console:-$px_status}
 echo "rgserver: $rgs_addr (status http://$rgs_status), log $RUN_DIR/rgserver.log"
 echo "rgproxy:  $px_listen -> $px_backend (status http://$px_status), log $RUN_DIR/rgproxy.log"
 echo "console:  http://$px_console/ (rgproxy), http://$rgs_status/ (rgserver)"
+if [ ${#svc[@]} -gt 0 ]; then
+  echo "rgproxy's service account: rgproxy_svc (password in $RUN_DIR/service.password): KILL rules are enforced"
+  if [ "$(mariadb -h127.0.0.1 -P3306 -uroot -N -e 'SELECT CONCAT(@@log_bin, @@binlog_format)' 2>/dev/null)" != 1ROW ]; then
+    echo "  the MariaDB on 3306 writes no row-based binary log: written bytes are estimated (docs/operating.md, \"rgproxy's service account\")"
+  fi
+fi
 echo
 echo "connect with:  mariadb -h${px_listen%:*} -P${px_listen##*:} -uroot --comments"
 echo "Ctrl-C stops everything."

@@ -30,8 +30,8 @@ import (
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
-// The counters' tests: each metric of README's tables, read from /metrics
-// before and after a scripted scenario, moves by what README's meaning
+// The counters' tests: each metric of docs/metrics.md's tables, read from /metrics
+// before and after a scripted scenario, moves by what docs/metrics.md's meaning
 // column says it does.
 
 // scrape is one reading of a status port's /metrics.
@@ -235,7 +235,7 @@ func partialCommand(t testing.TB, c net.Conn, size, sent int) {
 	}
 }
 
-// TestCountersWire covers the wire metrics (README's first eleven rows)
+// TestCountersWire covers the wire metrics (docs/metrics.md's first eleven rows)
 // on a proxy without metering.
 func TestCountersWire(t *testing.T) {
 	px := startProxy(t, "--max-connections", "4", "--max-unauthenticated", "3", "--max-unauthenticated-per-host", "2",
@@ -448,15 +448,16 @@ func TestCountersWire(t *testing.T) {
 	wantDelta(t, b, a, 1, "rgproxy_backend_errors_total")
 }
 
-// readmeMetric is a row of README's metrics tables.
+// readmeMetric is a row of the metrics tables (docs/metrics.md, linked
+// from README).
 type readmeMetric struct {
 	typ, meaning string
 }
 
-// readmeMetrics parses README's rgproxy and rgserver metrics tables.
+// readmeMetrics parses docs/metrics.md's rgproxy and rgserver metrics tables.
 func readmeMetrics(t testing.TB) map[string]readmeMetric {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,12 +469,12 @@ func readmeMetrics(t testing.TB) map[string]readmeMetric {
 		}
 	}
 	if len(out) < 50 {
-		t.Fatalf("README's metrics tables have %d rows, want every metric", len(out))
+		t.Fatalf("docs/metrics.md's tables have %d rows, want every metric", len(out))
 	}
 	return out
 }
 
-// normalizeHelp makes README's meaning and a HELP text comparable:
+// normalizeHelp makes docs/metrics.md's meaning and a HELP text comparable:
 // markdown backticks dropped, the first letter lower case, no final full
 // stop.
 func normalizeHelp(s string) string {
@@ -484,8 +485,8 @@ func normalizeHelp(s string) string {
 }
 
 // checkHelpIsReadme fails for every rgproxy_/rgserver_ metric of the
-// scrapes that README's tables lack, whose type differs, or whose HELP
-// says something else than README's meaning; and for every README row of
+// scrapes that docs/metrics.md's tables lack, whose type differs, or whose HELP
+// says something else than docs/metrics.md's meaning; and for every row of
 // prefix that none of the scrapes exports.
 func checkHelpIsReadme(t testing.TB, prefix string, scrapes ...scrape) {
 	t.Helper()
@@ -499,26 +500,26 @@ func checkHelpIsReadme(t testing.TB, prefix string, scrapes ...scrape) {
 			seen[name] = true
 			r, ok := readme[name]
 			if !ok {
-				t.Errorf("%s is exported but has no row in README's metrics tables", name)
+				t.Errorf("%s is exported but has no row in docs/metrics.md's tables", name)
 				continue
 			}
 			if typ := strings.ToLower(f.GetType().String()); typ != r.typ {
-				t.Errorf("%s is a %s, README says %s", name, typ, r.typ)
+				t.Errorf("%s is a %s, docs/metrics.md says %s", name, typ, r.typ)
 			}
 			if got, want := normalizeHelp(f.GetHelp()), normalizeHelp(r.meaning); got != want {
-				t.Errorf("%s HELP differs from README's meaning:\n HELP:   %s\n README: %s", name, got, want)
+				t.Errorf("%s HELP differs from docs/metrics.md's meaning:\n HELP:   %s\n docs:   %s", name, got, want)
 			}
 		}
 	}
 	for name := range readme {
 		if strings.HasPrefix(name, prefix) && !seen[name] {
-			t.Errorf("README documents %s but no scrape exports it", name)
+			t.Errorf("docs/metrics.md documents %s but no scrape exports it", name)
 		}
 	}
 }
 
 // TestMetricsHelpIsReadme: every metric rgproxy and rgserver export has a
-// row in README's tables, and its HELP text is the row's meaning.
+// row in docs/metrics.md's tables, and its HELP text is the row's meaning.
 func TestMetricsHelpIsReadme(t *testing.T) {
 	ts := startTokenServer(t)
 	px := startMeteredProxy(t, ts, serviceAccount(t)...) // --admin-user: rgproxy_binlog_lag_seconds

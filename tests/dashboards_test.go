@@ -36,9 +36,9 @@ func dashFiles() []string {
 func dashRows(file string) []string {
 	switch filepath.Base(file) {
 	case "rgproxy-resource-control.json":
-		return []string{"RU", "Details", "Throttling", "Token client", "Runaway"}
+		return []string{"Health", "RU", "Details", "Throttling", "Token client", "Runaway"}
 	case "rgserver.json":
-		return []string{"Server", "Reported consumption"}
+		return []string{"Health", "Server", "Reported consumption"}
 	}
 	return nil
 }
@@ -594,6 +594,16 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 		rateInterval = "20s" // ends 1 s before the load does, so it lies inside it
 	)
 	ts := startTokenServer(t)
+	// A KILL rule the test's proxy cannot enforce, as it has no service
+	// account: made through a proxy that has one, stopped before px
+	// starts (rgserver refuses the rule while a proxy without it is
+	// live), so that the Health row's "KILL rules unenforced" reads 1.
+	killer := startMeteredProxy(t, ts, serviceAccount(t)...)
+	adminExec(t, killer.Addr, "DROP RESOURCE GROUP IF EXISTS dash_kill",
+		"CREATE RESOURCE GROUP dash_kill RU_PER_SEC = 1000 QUERY_LIMIT = (EXEC_ELAPSED = '60s', ACTION = KILL)")
+	if err := killer.stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	// A short max-wait makes the throttled group refuse (8252) as well as
 	// wait. The load is SLEEP: charged as wall time it is heavy enough to
 	// queue past the wait (as the backend thread's CPU time it is nearly
@@ -742,6 +752,10 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 					}
 				}
 				switch {
+				case p.Title == "KILL rules unenforced":
+					if len(res) != 1 || res[0].Value != 1 {
+						t.Errorf("%s: %v, want 1 (dash_kill's KILL rule on a proxy without --admin-user)", where, res)
+					}
 				case p.Title == "Throttled statements/s by group" && tg.RefID == "A":
 					t.Logf("throttled statements/s: %v", byGroup)
 					if !(byGroup[slow] > 0) {

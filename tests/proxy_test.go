@@ -27,7 +27,7 @@ func TestFlagsVersionAndHelpDocumented(t *testing.T) {
 		t.Fatalf("--version: %v %q", err, out)
 	}
 	help, _ := exec.Command(filepath.Join(binDir, "rgproxy"), "--help").CombinedOutput()
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/flags.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestFlagsVersionAndHelpDocumented(t *testing.T) {
 	}
 	for _, f := range flags {
 		if !strings.Contains(string(readme), "--"+f[1]) {
-			t.Errorf("flag --%s is not documented in README.md", f[1])
+			t.Errorf("flag --%s is not documented in docs/flags.md", f[1])
 		}
 	}
 	for _, want := range []string{"-listen", "-backend", "-status-addr", "-config", "-tls-cert", "-backend-tls", "-backend-proxy-protocol", "-max-connections", "-shutdown-timeout"} {

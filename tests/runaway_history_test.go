@@ -79,11 +79,11 @@ func TestRunawayHistory(t *testing.T) {
 		}
 		switch r[0] {
 		case a.Addr:
-			if !strings.HasPrefix(r[5], "hist_app") || !strings.Contains(r[6], "SLEEP(0.3)") {
+			if r[5] != "hist_app@%" || !strings.Contains(r[6], "SLEEP(0.3)") {
 				t.Errorf("proxy a's row: account %q, sample %q", r[5], r[6])
 			}
 		case b.Addr:
-			if !strings.HasPrefix(r[5], "root") {
+			if !strings.HasPrefix(r[5], "root@") {
 				t.Errorf("proxy b's row: account %q", r[5])
 			}
 		}
@@ -265,5 +265,71 @@ func TestRunawayHistoryAuthenticated(t *testing.T) {
 	}
 	if _, err := cl.ListRunaways(px, &pb.ListRunawaysRequest{Groups: groups}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("ListRunaways with 1001 groups: %v", err)
+	}
+}
+
+// TestRunawayOneNameOneRow: the proxy that adds a watch is its SOURCE in
+// runaway_watches under the same name as its INSTANCE in runaway_queries
+// (its MySQL address); ACCOUNT is user@host, also for a user bound to no
+// group; and a statement that matches a watch and then crosses its
+// group's limit makes one history row, not one per rule.
+func TestRunawayOneNameOneRow(t *testing.T) {
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts, "--cpu-source", "wall")
+	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS rg_onerow",
+		"CREATE RESOURCE GROUP rg_onerow RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '100ms', ACTION = DRYRUN, WATCH = EXACT DURATION = '10m')")
+	root := openDB(t, px.Addr)
+	root.SetMaxOpenConns(1)
+	const q = "SELECT /*+ RESOURCE_GROUP(rg_onerow) */ SLEEP(0.3) AS onerow_probe"
+	if _, err := root.Exec(q); err != nil {
+		t.Fatal(err)
+	}
+	const watchesQ = "SELECT SOURCE, WATCH FROM information_schema.runaway_watches WHERE RESOURCE_GROUP_NAME = 'rg_onerow'"
+	var watches [][]string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if watches, err = queryStrings(t, root, watchesQ); err == nil && len(watches) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runaway_watches after 10 s: %q, %v", watches, err)
+		}
+	}
+	if watches[0][0] != px.Addr || watches[0][1] != "EXACT" {
+		t.Errorf("runaway_watches row %q: want SOURCE %s (the proxy's INSTANCE), EXACT", watches[0], px.Addr)
+	}
+	// The second run matches the watch first (a WATCH event), then
+	// crosses the limit: still one event.
+	if _, err := root.Exec(q); err != nil {
+		t.Fatal(err)
+	}
+	const rowsQ = "SELECT INSTANCE, MATCH_TYPE, REPEATS, ACCOUNT FROM information_schema.runaway_queries " +
+		"WHERE RESOURCE_GROUP_NAME = 'rg_onerow' ORDER BY MATCH_TYPE"
+	want := [][]string{{px.Addr, "IDENTIFY", "1"}, {px.Addr, "WATCH", "1"}}
+	var rows [][]string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		rows, err = queryStrings(t, root, rowsQ)
+		if err == nil && len(rows) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runaway_queries after 10 s: %q, %v", rows, err)
+		}
+	}
+	// A late second event would land in a row already there: give it
+	// the history's batching time before reading the rows for good.
+	time.Sleep(500 * time.Millisecond)
+	rows, err := queryStrings(t, root, rowsQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 {
+		t.Fatalf("runaway_queries: %q, want %q", rows, want)
+	}
+	for i, r := range rows {
+		if r[0] != want[i][0] || r[1] != want[i][1] || r[2] != want[i][2] || !strings.HasPrefix(r[3], "root@") {
+			t.Errorf("runaway_queries row %q, want %q and ACCOUNT root@host", r, want[i])
+		}
 	}
 }

@@ -145,7 +145,8 @@ func TestRunScriptPortTaken(t *testing.T) {
 // TestRunScriptAddressesAndDeaths: run.sh prints the addresses that
 // RGPROXY_FLAGS / RGSERVER_FLAGS moved the processes to; a process that
 // dies at start or later ends it non-zero with that process's last log
-// lines, stopping the other; Ctrl-C ends it with 0.
+// lines, stopping the other; Ctrl-C ends it with 0. rgproxy has the
+// service account make run creates: a KILL rule is accepted.
 func TestRunScriptAddressesAndDeaths(t *testing.T) {
 	t.Run("dies at start", func(t *testing.T) {
 		rgs := freeAddr(t)
@@ -189,6 +190,14 @@ func TestRunScriptAddressesAndDeaths(t *testing.T) {
 			}
 			adminExec(t, listen, "DROP RESOURCE GROUP IF EXISTS rs_auth", "CREATE RESOURCE GROUP rs_auth RU_PER_SEC = 100", "DROP RESOURCE GROUP rs_auth")
 			if end == "Ctrl-C" {
+				// make run gives rgproxy its service account, so a KILL
+				// rule is accepted (without it, refused with 1105).
+				if !strings.Contains(out, "rgproxy's service account: rgproxy_svc") {
+					t.Errorf("output does not name the service account:\n%s", out)
+				}
+				adminExec(t, listen, "DROP RESOURCE GROUP IF EXISTS rs_kill",
+					"CREATE RESOURCE GROUP rs_kill RU_PER_SEC = 100 QUERY_LIMIT = (EXEC_ELAPSED = '1s', ACTION = KILL)",
+					"DROP RESOURCE GROUP rs_kill")
 				_ = r.cmd.Process.Signal(syscall.SIGINT)
 				if code := r.exit(t); code != 0 {
 					t.Fatalf("Ctrl-C: exit %d:\n%s", code, r.out.String())

@@ -129,7 +129,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			Cluster:         tc,
 			Runaways:        tc,
 			Roles:           roles,
-			ProxyID:         proxyID(cfg),
+			Instance:        instanceNameOf(cfg.Listen),
 			Settings:        policySettings(cfg),
 			Shapes:          cfg.MaxStatementShapes,
 			IdleGroupExpiry: cfg.GroupIdleExpiry,

@@ -58,6 +58,21 @@ func (s *session) account() string {
 	return s.user
 }
 
+// learnAccountForHistory asks the backend, once per login, which account
+// the session is when a statement of its group could make a runaway event
+// (a QUERY_LIMIT, or any watch), so that the history's ACCOUNT is always
+// user@host.
+func (s *session) learnAccountForHistory(ctx context.Context, be mysqlproto.Backend) {
+	if s.hostKnown || s.p.history == nil {
+		return
+	}
+	exact, similar := s.p.tokens.HasWatches()
+	if g, _ := s.group(s.cur.group); g.QueryLimit == nil && !exact && !similar {
+		return
+	}
+	s.learnAccount(ctx, be)
+}
+
 // recordRunaway sends one event to the history, if there is one; it
 // may run on a guard's timer goroutine, so it reads nothing of the
 // session's that a statement changes.
@@ -121,6 +136,9 @@ func (s *session) runawayTable(ctx context.Context, be mysqlproto.Backend) (*vta
 	rows, err := s.p.history.ListRunaways(ctx, groups)
 	if err != nil {
 		return nil, historyError(err)
+	}
+	if !s.hostKnown {
+		s.learnAccount(ctx, be) // the rows name user@host
 	}
 	me := s.account()
 	t := &vtable{cols: runawayColumns}

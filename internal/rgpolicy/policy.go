@@ -132,8 +132,10 @@ type Config struct {
 	// (tokenclient.Client); nil = runaway_queries answers an error
 	// (history.go).
 	Runaways RunawayHistory
-	// ProxyID names this proxy as the source of the watches it adds.
-	ProxyID string
+	// Instance names this proxy as the source of the watches it adds:
+	// its INSTANCE (the MySQL address clients reach it at), the name the
+	// runaway history and the cluster-wide views give it.
+	Instance string
 	// Settings are the reloadable settings.
 	Settings Settings
 	// Shapes is how many statement shapes (digest within a group) the
@@ -175,7 +177,7 @@ type Policy struct {
 	cluster  ClusterInspector
 	history  RunawayHistory
 	roles    RoleChecker
-	proxyID  string
+	instance string
 	settings atomic.Pointer[Settings]
 	// cooldown lets one statement under a COOLDOWN watch run at a time.
 	cooldown chan struct{}
@@ -235,7 +237,7 @@ func New(cfg Config) (*Policy, error) {
 		cluster:    cfg.Cluster,
 		history:    cfg.Runaways,
 		roles:      cfg.Roles,
-		proxyID:    cfg.ProxyID,
+		instance:   cfg.Instance,
 		cooldown:   make(chan struct{}, 1),
 		newWatches: make(chan resourcegroup.Watch, watchQueue),
 		admission:  newAdmission(cfg.Settings.MaxBackendConcurrency),
@@ -523,6 +525,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 			return errReply(err)
 		}
 	}
+	s.learnAccountForHistory(ctx, be)
 	cooldown, r := s.watch(st)
 	if r != nil {
 		return mysqlproto.Verdict{Reply: r}

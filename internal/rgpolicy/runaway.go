@@ -96,6 +96,8 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 			action = actionKillUnenforced
 		}
 		if !gd.counted {
+			// A statement that matched a watch was counted, and has its
+			// history row, then: one event per statement.
 			s.p.metrics.runaway.WithLabelValues(gd.group, action).Inc()
 		}
 		if action == actionKillUnenforced {
@@ -110,7 +112,9 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 		}
 		// The session waits for done before its next command: query is
 		// still the statement's text here.
-		s.recordRunaway(acct, gd.group, "IDENTIFY", action, gd.rule.SwitchGroup, limitRule(gd.rule), query, digestOf(query, mode))
+		if !gd.counted {
+			s.recordRunaway(acct, gd.group, "IDENTIFY", action, gd.rule.SwitchGroup, limitRule(gd.rule), query, digestOf(query, mode))
+		}
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
 			s.p.queueWatch(gd.group, gd.rule, query, mode)
 		}
@@ -318,7 +322,7 @@ func (p *Policy) queueWatch(group string, rule resourcegroup.QueryLimit, text st
 		return
 	}
 	w := resourcegroup.Watch{Group: group, Action: rule.Action, SwitchGroup: rule.SwitchGroup,
-		Match: rule.Watch, Text: text, Source: p.proxyID}
+		Match: rule.Watch, Text: text, Source: p.instance}
 	if rule.Watch == resourcegroup.WatchSimilar {
 		w.Text = mysqlproto.Digest([]byte(text), mode)
 	}

@@ -17,7 +17,7 @@ func TestRunAddsQueuedWatchesAndWaitsForThem(t *testing.T) {
 	tok := testGroups()
 	f := newFakePolicy(t, tok, Settings{})
 	p := f.p
-	p.proxyID = "px"
+	p.instance = "px"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st := tok.Store()
