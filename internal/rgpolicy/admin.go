@@ -12,6 +12,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/sqltext"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
@@ -103,7 +104,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			a.Group = s.currentGroup()
 		}
 		if a.Match == resourcegroup.WatchSimilar && a.Digest == "" {
-			a.Digest = mysqlproto.Digest([]byte(a.Text), st.Mode())
+			a.Digest = sqlscan.Digest([]byte(a.Text), st.Mode())
 		}
 	}
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
@@ -288,7 +289,7 @@ var errAdminInMulti = &mysqlproto.Error{Code: resourcegroup.CodeNotAllowedPrepar
 // multiHasAdmin reports whether any part of a multi-statement is one of
 // rgproxy's admin statements.
 func multiHasAdmin(q string, m sqltext.Mode) bool {
-	for _, part := range mysqlproto.SplitStatements([]byte(q), m) {
+	for _, part := range sqlscan.SplitStatements([]byte(q), m) {
 		if resourcegroup.IsAdmin(string(part), m) {
 			return true
 		}

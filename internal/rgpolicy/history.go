@@ -11,6 +11,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/sqltext"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
@@ -94,7 +95,7 @@ func watchRule(w resourcegroup.Watch) string {
 
 // digestOf is the statement's digest hash, as statements_summary's DIGEST.
 func digestOf(query string, mode sqltext.Mode) uint64 {
-	return mysqlproto.DigestHash([]byte(query), mode)
+	return sqlscan.DigestHash([]byte(query), mode)
 }
 
 // runawayTable builds runaway_queries as the session may see it: with
@@ -133,7 +134,7 @@ func (s *session) runawayTable(ctx context.Context, be mysqlproto.Backend) (*vta
 		}
 		sample := r.SampleSQL
 		if own != nil && r.Account != me {
-			sample = mysqlproto.Digest([]byte(sample), sqltext.Mode{})
+			sample = sqlscan.Digest([]byte(sample), sqltext.Mode{})
 		}
 		row := []string{r.Instance, r.Group, ts(r.Start), ts(r.Last),
 			strconv.FormatUint(r.Repeats, 10), r.MatchType, r.Action, r.Rule, r.Digest, sample, r.Account}

@@ -661,13 +661,13 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	if chargeTo != cur.group {
 		// SWITCH_GROUP: the statement and its before-cost in its group,
 		// what came after in the target, as their buckets were charged.
-		s.series.charged(st.Class.String(), cur.before)
+		s.series.charged(st.Class, cur.before)
 		s.p.metrics.seeGroup(chargeTo, cur.start).added(after)
 	} else {
-		s.series.charged(st.Class.String(), total)
+		s.series.charged(st.Class, total)
 	}
 	if cur.nlegs > 1 {
-		s.p.metrics.seeGroup(cur.legs[1].group, cur.start).charged(st.Class.String(), total)
+		s.p.metrics.seeGroup(cur.legs[1].group, cur.start).charged(st.Class, total)
 	}
 }
 

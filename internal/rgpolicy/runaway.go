@@ -12,6 +12,7 @@ import (
 	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/sqltext"
 )
 
@@ -281,7 +282,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	if similar {
 		digest = string(st.Scan.Digest)
 		if st.Scan.Digest == nil {
-			digest = mysqlproto.Digest([]byte(st.Query), st.Mode())
+			digest = sqlscan.Digest([]byte(st.Query), st.Mode())
 		}
 	}
 	w, ok := s.p.tokens.MatchGroupWatch(s.cur.group, st.Query, digest)
@@ -291,7 +292,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	s.p.metrics.runaway.WithLabelValues(s.cur.group, w.Action.String()).Inc()
 	s.cur.watched = true
 	if s.p.history != nil {
-		h := mysqlproto.HashDigest(digest)
+		h := sqlscan.HashDigest(digest)
 		if digest == "" {
 			h = digestOf(st.Query, st.Mode())
 		}
@@ -325,7 +326,7 @@ func (p *Policy) addWatch(group string, rule resourcegroup.QueryLimit, text stri
 	w := resourcegroup.Watch{Group: group, Action: rule.Action, SwitchGroup: rule.SwitchGroup,
 		Match: rule.Watch, Text: text, Source: p.proxyID}
 	if rule.Watch == resourcegroup.WatchSimilar {
-		w.Text = mysqlproto.Digest([]byte(text), mode)
+		w.Text = sqlscan.Digest([]byte(text), mode)
 	}
 	if rule.WatchDuration > 0 {
 		w.Expires = p.clk.Now().Add(rule.WatchDuration)

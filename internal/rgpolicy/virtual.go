@@ -9,6 +9,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/sqltext"
 )
 
@@ -472,7 +473,7 @@ func (t *vtable) maskExactText() {
 	}
 	for _, r := range t.rows {
 		if r[w] != nil && *r[w] == resourcegroup.WatchExact.String() && r[text] != nil {
-			d := mysqlproto.Digest([]byte(*r[text]), sqltext.Mode{}) // stored as the proxy received it; read as UTF-8
+			d := sqlscan.Digest([]byte(*r[text]), sqltext.Mode{}) // stored as the proxy received it; read as UTF-8
 			r[text] = &d
 		}
 	}

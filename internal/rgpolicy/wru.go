@@ -15,6 +15,7 @@ import (
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/sqltext"
 )
 
@@ -220,7 +221,7 @@ type stmtHead struct {
 func (s *session) writesBefore(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) {
 	w := &s.wr
 	w.head = stmtHead{}
-	if s.p.writes.source == WritePacket || (st.Class != mysqlproto.ClassWrite && st.Class != mysqlproto.ClassOther) {
+	if s.p.writes.source == WritePacket || (st.Class != sqlscan.ClassWrite && st.Class != sqlscan.ClassOther) {
 		return
 	}
 	switch st.Command {
@@ -231,13 +232,13 @@ func (s *session) writesBefore(ctx context.Context, st *mysqlproto.Statement, be
 	// A write may write; of the other statements, EXECUTE (a prepared
 	// or immediate statement) and DO (a function) may, and several
 	// statements in one may hold one.
-	h := stmtHead{mayWrite: st.Class == mysqlproto.ClassWrite || st.Multi}
-	if st.Class == mysqlproto.ClassOther && !st.Multi {
+	h := stmtHead{mayWrite: st.Class == sqlscan.ClassWrite || st.Multi}
+	if st.Class == sqlscan.ClassOther && !st.Multi {
 		h.verb = firstWord(st.Query, st.Mode())
 		h.mayWrite = h.verb == "EXECUTE" || h.verb == "DO"
 	}
 	if s.p.writes.inForce() == srcEstimate && !st.Multi &&
-		(st.Class == mysqlproto.ClassWrite || h.verb == "EXECUTE" || h.verb == "PREPARE") {
+		(st.Class == sqlscan.ClassWrite || h.verb == "EXECUTE" || h.verb == "PREPARE") {
 		full := readHead(st.Query, st.Mode())
 		h.verb, h.target, h.prepare = full.verb, full.target, full.prepare
 		if h.verb == "EXECUTE" && h.target == (tableName{}) && h.prepare != "" {
