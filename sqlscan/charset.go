@@ -218,8 +218,7 @@ func ReadPrepared(text string, m Mode) Prepared {
 	}
 	k := word(&p, t)
 	if k == kwDrop {
-		p.Next() // PREPARE
-		k = kwDeallocate
+		k = kwDeallocate // DROP PREPARE name reads as DEALLOCATE PREPARE name
 	}
 	name := p.Next()
 	if k == kwDeallocate {

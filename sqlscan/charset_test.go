@@ -3,7 +3,6 @@ package sqlscan
 import (
 	"testing"
 
-
 	"github.com/rgproxy/rgproxy/sqltext"
 )
 
@@ -76,4 +75,45 @@ func TestScanSwitchesCharsetInMulti(t *testing.T) {
 	if len(parts) != 3 {
 		t.Errorf("SplitStatements: %q", parts)
 	}
+}
+
+func TestReadPrepared(t *testing.T) {
+	gbk := CharsetEffect{Kind: CharsetTo, To: GBK}
+	ask := CharsetEffect{Kind: CharsetAsk}
+	for _, tc := range []struct {
+		q    string
+		want Prepared
+	}{
+		{"PREPARE s FROM 'SET NAMES gbk'", Prepared{Op: PreparedPrepare, Name: "s", Named: true, HasFrom: true, Effect: gbk}},
+		{"prepare `S``x` from @q", Prepared{Op: PreparedPrepare, Name: "s`x", Named: true, HasFrom: true, Effect: ask}},
+		{"PREPARE s", Prepared{Op: PreparedPrepare, Name: "s", Named: true}},
+		{"PREPARE 's' FROM 'SELECT 1'", Prepared{Op: PreparedPrepare}},
+		{"EXECUTE S USING @a", Prepared{Op: PreparedExecute, Name: "s", Named: true}},
+		{"EXECUTE IMMEDIATE 'SET NAMES gbk'", Prepared{Op: PreparedExecuteImmediate, Name: "immediate", Named: true, Effect: gbk}},
+		{"EXECUTE IMMEDIATE CONCAT('SET NAMES ', 'gbk')", Prepared{Op: PreparedExecuteImmediate, Name: "immediate", Named: true, Effect: ask}},
+		{"DEALLOCATE PREPARE s", Prepared{Op: PreparedDeallocate, Name: "s", Named: true}},
+		{"(DROP PREPARE s)", Prepared{Op: PreparedDeallocate, Name: "s", Named: true}},
+		{"SELECT 1", Prepared{}},
+	} {
+		if got := ReadPrepared(tc.q, Mode{}); got != tc.want {
+			t.Errorf("%q: %+v, want %+v", tc.q, got, tc.want)
+		}
+	}
+}
+
+// FuzzReadPrepared: any text, in any mode, is read without panic, and a
+// name is no longer than the text lowered (an invalid UTF-8 byte lowers
+// to U+FFFD, three bytes).
+func FuzzReadPrepared(f *testing.F) {
+	for _, s := range []string{"PREPARE s FROM 'SET NAMES gbk'", "EXECUTE IMMEDIATE '", "DROP PREPARE `x", "EXECUTE s"} {
+		f.Add(s, uint8(0), false)
+		f.Add(s, uint8(SJIS), true)
+	}
+	f.Fuzz(func(t *testing.T, q string, cs uint8, nbe bool) {
+		m := Mode{Charset: Charset(cs % uint8(GB18030+1)), NoBackslashEscapes: nbe}
+		p := ReadPrepared(q, m)
+		if len(p.Name) > 3*len(q) || p.Op > PreparedDeallocate || p.Effect.Kind > CharsetPrepared {
+			t.Fatalf("%q: %+v", q, p)
+		}
+	})
 }

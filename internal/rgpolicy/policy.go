@@ -526,7 +526,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		s.cpu.stale() // charged wall time: the thread's CPU goes unread
 	}
 	g, _ := s.group(s.cur.group)
-	s.guard = s.armRunaway(g, st.Query, st.Mode(), s.cur.cpuStart, s.cur.cpuOK)
+	s.guard = s.armRunaway(g, st, s.cur.cpuStart, s.cur.cpuOK)
 	return mysqlproto.Verdict{Rewrite: s.rowCountRewrite(st, rewrite)}
 }
 

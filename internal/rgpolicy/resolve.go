@@ -100,7 +100,7 @@ func (s *session) tagGroup(sc *sqlscan.Scan) (string, bool) {
 		return false
 	}
 	for _, c := range [2]string{sc.TrailingComment, sc.LeadingComment} {
-		if c != "" && resourcegroup.ParseTags(c, match) && group != "" {
+		if c != "" && sqlscan.ParseTags(c, match) && group != "" {
 			return group, true
 		}
 	}
