@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 // The capabilities rgproxy passes are listed by name: adding one (a new
@@ -347,11 +348,11 @@ func TestQueryAttributesThroughProxy(t *testing.T) {
 		t.Fatalf("%d statements reached After", len(pol.stmts))
 	}
 	first := pol.stmts[0]
-	if first.st.Query != "INSERT /* a write */ INTO t VALUES (1)" || first.st.Class != ClassWrite ||
+	if first.st.Query != "INSERT /* a write */ INTO t VALUES (1)" || first.st.Class != sqlscan.ClassWrite ||
 		first.st.PayloadBytes != int64(len(sent[0])) || first.out.RequestBytes != int64(len(sent[0])) {
 		t.Errorf("first statement %+v, outcome %+v", first.st, first.out)
 	}
-	if pol.stmts[1].st.Query != "SELECT 'plain'" || pol.stmts[1].st.Class != ClassRead {
+	if pol.stmts[1].st.Query != "SELECT 'plain'" || pol.stmts[1].st.Class != sqlscan.ClassRead {
 		t.Errorf("second statement %+v", pol.stmts[1].st)
 	}
 }
@@ -695,7 +696,7 @@ func TestExtendedCapabilitiesDifferential(t *testing.T) {
 			continue
 		}
 		bulks++
-		if s.st.Class != ClassWrite || !strings.HasPrefix(s.st.Query, "INSERT INTO caps_diff") ||
+		if s.st.Class != sqlscan.ClassWrite || !strings.HasPrefix(s.st.Query, "INSERT INTO caps_diff") ||
 			s.out.RequestBytes != s.st.PayloadBytes || s.st.PayloadBytes < 40 {
 			t.Errorf("bulk statement %+v outcome %+v", s.st, s.out)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/pingcap/failpoint"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 // command reads one client command and handles it to the end of its
@@ -99,23 +100,23 @@ func (ss *session) command() error {
 	case mysql.COM_STMT_PREPARE:
 		st.Query = string(p[1:])
 		ss.prepClass, _ = ss.scan(p[1:], st)
-		st.Class = ClassOther
+		st.Class = sqlscan.ClassOther
 		return ss.statement(st, n, respPrepare, false, nil)
 	case mysql.COM_STMT_EXECUTE, mysql.COM_STMT_FETCH, mysql.COM_STMT_RESET, mysql.COM_STMT_SEND_LONG_DATA, mysql.COM_STMT_CLOSE,
 		comStmtBulkExecute:
 		return ss.stmtCommand(st, n)
 	case mysql.COM_INIT_DB, mysql.COM_PROCESS_KILL, mysql.COM_RESET_CONNECTION, mysql.COM_REFRESH:
-		st.Class = ClassOther
+		st.Class = sqlscan.ClassOther
 		return ss.statement(st, n, respGeneric, false, nil)
 	case mysql.COM_STATISTICS, mysql.COM_SET_OPTION, mysql.COM_DEBUG:
 		// One packet: a string (STATISTICS) or an EOF, or an ERR.
-		st.Class = ClassOther
+		st.Class = sqlscan.ClassOther
 		return ss.statement(st, n, respSingle, false, nil)
 	case mysql.COM_FIELD_LIST:
-		st.Class = ClassRead
+		st.Class = sqlscan.ClassRead
 		return ss.statement(st, n, respFieldList, false, nil)
 	case mysql.COM_PING:
-		st.Class = ClassFree
+		st.Class = sqlscan.ClassFree
 		return ss.statement(st, n, respGeneric, false, nil)
 	case mysql.COM_CHANGE_USER:
 		return ss.changeUser(n)
@@ -150,13 +151,13 @@ func streamed(cmd byte) bool {
 // scan makes the single pass over a statement's text q (st.Query's bytes)
 // into st.Scan, and returns its class and whether it holds several
 // statements. The digest, for a policy only, goes to the session's buffer.
-func (ss *session) scan(q []byte, st *Statement) (Class, bool) {
+func (ss *session) scan(q []byte, st *Statement) (sqlscan.Class, bool) {
 	mode := st.Mode()
 	if ss.srv.passThrough {
-		c, m, _ := scanText(q, st.Query, mode, ss.srv.words, &st.Scan, nil, false)
+		c, m, _ := sqlscan.Text(q, st.Query, mode, ss.srv.words, &st.Scan, nil, false)
 		return c, m
 	}
-	c, m, d := scanText(q, st.Query, mode, ss.srv.words, &st.Scan, ss.digest, true)
+	c, m, d := sqlscan.Text(q, st.Query, mode, ss.srv.words, &st.Scan, ss.digest, true)
 	ss.digest = d
 	return c, m
 }
@@ -204,21 +205,21 @@ func (ss *session) stmtCommand(st *Statement, n int) error {
 		}
 		return nil
 	case mysql.COM_STMT_RESET:
-		st.Class = ClassFree
+		st.Class = sqlscan.ClassFree
 		if ps != nil {
 			ps.longData = 0
 		}
 		return ss.statement(st, n, respGeneric, false, nil)
 	case mysql.COM_STMT_FETCH:
-		st.Class = ClassRead
+		st.Class = sqlscan.ClassRead
 		return ss.statement(st, n, respFetch, true, nil)
 	case comStmtBulkExecute:
 		// MariaDB runs bulk operations for INSERT, UPDATE, DELETE and
 		// REPLACE only: a write, whose parameter rows are written bytes.
-		st.Class = ClassWrite
+		st.Class = sqlscan.ClassWrite
 		return ss.statement(st, n, respGeneric, true, ps)
 	}
-	st.Class = ClassOther
+	st.Class = sqlscan.ClassOther
 	if ps != nil {
 		st.Class = ps.class
 	}
@@ -309,7 +310,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 			ss.lastStmt = 0
 			ss.charsetReset(0, false)
 			ss.pol.Event(EventResetConnection, ss.info)
-		case st.Scan.cs.kind != csNone && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE):
+		case st.Scan.Charset.Kind != sqlscan.CharsetNone && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE):
 			ss.charsetAfter(st, out)
 		}
 	}

@@ -5,37 +5,8 @@ import (
 	"net"
 	"time"
 
-	"github.com/rgproxy/rgproxy/sqltext"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
-
-// Class is a statement's cost class, decided by the classifier.
-type Class uint8
-
-const (
-	// ClassFree: COM_PING, COM_QUIT, COM_STMT_CLOSE, COM_STMT_RESET and
-	// other commands that cost nothing.
-	ClassFree Class = iota
-	// ClassRead: SELECT, SHOW, DESCRIBE, ...
-	ClassRead
-	// ClassWrite: INSERT, UPDATE, DELETE, REPLACE, LOAD DATA, DDL, COMMIT,
-	// and a multi-statement with any write part.
-	ClassWrite
-	// ClassOther: BEGIN, SET, USE, PREPARE, ... and commands such as COM_INIT_DB.
-	ClassOther
-)
-
-func (c Class) String() string {
-	switch c {
-	case ClassRead:
-		return "read"
-	case ClassWrite:
-		return "write"
-	case ClassOther:
-		return "other"
-	default:
-		return "free"
-	}
-}
 
 // Statement is what mysqlproto knows of a command before forwarding it.
 // A session reuses one Statement (and one Outcome) for all its commands:
@@ -44,7 +15,7 @@ type Statement struct {
 	// Command is the COM_* code of the command packet.
 	Command byte
 	// Class is the classifier's verdict.
-	Class Class
+	Class sqlscan.Class
 	// Query is the SQL text of COM_QUERY (after its query attributes,
 	// when CLIENT_QUERY_ATTRIBUTES is in force) and COM_STMT_PREPARE, and
 	// the prepared text for COM_STMT_EXECUTE / COM_STMT_FETCH /
@@ -70,18 +41,18 @@ type Statement struct {
 	// trail byte may be '\' or '`'. For COM_STMT_EXECUTE and the other
 	// commands on a prepared statement it is the one the text was
 	// prepared in.
-	Charset sqltext.Charset
+	Charset sqlscan.Charset
 	// Scan is what the single pass over the SQL text found, for
 	// COM_QUERY, COM_STMT_PREPARE and (from the prepared text)
 	// COM_STMT_EXECUTE; zero for other commands. The digest is computed
 	// only for a policy other than PassThrough.
-	Scan Scan
+	Scan sqlscan.Scan
 }
 
-// Mode is how the server reads the statement's text: pass it to sqltext
-// (and to what reads SQL with it) to read the text as the server does.
-func (st *Statement) Mode() sqltext.Mode {
-	return sqltext.Mode{Charset: st.Charset, NoBackslashEscapes: st.NoBackslashEscapes}
+// Mode is how the server reads the statement's text: pass it to sqlscan
+// to read the text as the server does.
+func (st *Statement) Mode() sqlscan.Mode {
+	return sqlscan.Mode{Charset: st.Charset, NoBackslashEscapes: st.NoBackslashEscapes}
 }
 
 // Outcome is what mysqlproto measured while forwarding a statement.
@@ -266,3 +237,15 @@ type passThroughSession struct{}
 func (passThroughSession) Before(context.Context, *Statement, Backend) Verdict { return Verdict{} }
 func (passThroughSession) After(*Statement, *Outcome)                          {}
 func (passThroughSession) Event(EventKind, SessionInfo)                        {}
+
+// ScanStatement fills st.Class, st.Multi and st.Scan from st.Query as a
+// session does for a COM_QUERY whose server has Config.ScanWords words.
+// It is for tests and tools: it indexes words on every call.
+func ScanStatement(st *Statement, words []string) error {
+	ws, err := sqlscan.NewWords(words)
+	if err != nil {
+		return err
+	}
+	st.Class, st.Multi, _ = sqlscan.Text([]byte(st.Query), st.Query, st.Mode(), ws, &st.Scan, nil, true)
+	return nil
+}

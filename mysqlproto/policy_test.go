@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-mysql-org/go-mysql/mysql"
 	sqldriver "github.com/go-sql-driver/mysql"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 type recStmt struct {
@@ -171,18 +172,18 @@ func TestPolicyOutcomes(t *testing.T) {
 	}
 	tests := []struct {
 		query    string
-		class    Class
+		class    sqlscan.Class
 		inTxBef  bool
 		inTxAft  bool
 		affected uint64
 		errCode  uint16
 	}{
-		{"SELECT CONNECTION_ID()", ClassRead, false, false, 0, 0},
-		{"BEGIN", ClassOther, false, true, 0, 0},
-		{"INSERT INTO pol VALUES (1, 'a'), (2, 'b')", ClassWrite, true, true, 2, 0},
-		{"COMMIT", ClassWrite, true, false, 0, 0},
-		{"SELECT * FROM no_such_table", ClassRead, false, false, 0, 1146},
-		{"DROP TABLE IF EXISTS pol; CREATE TABLE pol (id INT PRIMARY KEY, v VARCHAR(100))", ClassWrite, false, false, 0, 0},
+		{"SELECT CONNECTION_ID()", sqlscan.ClassRead, false, false, 0, 0},
+		{"BEGIN", sqlscan.ClassOther, false, true, 0, 0},
+		{"INSERT INTO pol VALUES (1, 'a'), (2, 'b')", sqlscan.ClassWrite, true, true, 2, 0},
+		{"COMMIT", sqlscan.ClassWrite, true, false, 0, 0},
+		{"SELECT * FROM no_such_table", sqlscan.ClassRead, false, false, 0, 1146},
+		{"DROP TABLE IF EXISTS pol; CREATE TABLE pol (id INT PRIMARY KEY, v VARCHAR(100))", sqlscan.ClassWrite, false, false, 0, 0},
 	}
 	for _, tt := range tests {
 		r, ok := byQuery[tt.query]
@@ -212,9 +213,9 @@ func TestPolicyOutcomes(t *testing.T) {
 		}
 		switch r.st.Command {
 		case mysql.COM_STMT_PREPARE:
-			sawPrep = r.st.Class == ClassOther
+			sawPrep = r.st.Class == sqlscan.ClassOther
 		case mysql.COM_STMT_EXECUTE:
-			sawExec = r.st.Class == ClassWrite && r.out.AffectedRows == 2 && r.out.RequestBytes > 50
+			sawExec = r.st.Class == sqlscan.ClassWrite && r.out.AffectedRows == 2 && r.out.RequestBytes > 50
 		}
 	}
 	if !sawPrep || !sawExec {
@@ -393,7 +394,7 @@ func TestPolicyStreamedRequestBytes(t *testing.T) {
 		switch {
 		case r.st.Query == load:
 			sawLoad = true
-			if want := int64(len(load) + 1 + len(data)); r.out.RequestBytes != want || r.out.AffectedRows != 5000 || r.st.Class != ClassWrite {
+			if want := int64(len(load) + 1 + len(data)); r.out.RequestBytes != want || r.out.AffectedRows != 5000 || r.st.Class != sqlscan.ClassWrite {
 				t.Errorf("LOAD DATA: request bytes %d (want %d), affected %d, class %v", r.out.RequestBytes, want, r.out.AffectedRows, r.st.Class)
 			}
 		case r.st.Command == mysql.COM_STMT_EXECUTE:
@@ -403,7 +404,7 @@ func TestPolicyStreamedRequestBytes(t *testing.T) {
 			}
 		case strings.HasPrefix(big, r.st.Query) && len(r.st.Query) == mysql.MaxPayloadLen-1: // the first packet's text
 			sawBig = true
-			if r.st.PayloadBytes != int64(mysql.MaxPayloadLen) || r.out.RequestBytes != int64(len(big)+1) || r.st.Class != ClassRead {
+			if r.st.PayloadBytes != int64(mysql.MaxPayloadLen) || r.out.RequestBytes != int64(len(big)+1) || r.st.Class != sqlscan.ClassRead {
 				t.Errorf("big query: payload %d request %d class %v", r.st.PayloadBytes, r.out.RequestBytes, r.st.Class)
 			}
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/pingcap/failpoint"
 
 	"github.com/rgproxy/rgproxy/internal/clock"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown.
@@ -133,7 +134,7 @@ type Server struct {
 	// now is the clock behind BackendTime; tests replace it.
 	now func() time.Time
 	// words indexes Config.ScanWords; nil when there are none.
-	words *wordSet
+	words *sqlscan.Words
 	// passThrough is true when the policy never blocks, so that sessions
 	// need not check for a client leaving during Before.
 	passThrough bool
@@ -264,7 +265,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s.passThrough = passesThrough(cfg.Policy)
 	var err error
-	if s.words, err = newWordSet(cfg.ScanWords); err != nil {
+	if s.words, err = sqlscan.NewWords(cfg.ScanWords); err != nil {
 		return nil, err
 	}
 	s.hardCtx, s.hardCancel = context.WithCancel(context.Background())

@@ -19,7 +19,7 @@ import (
 	"github.com/go-mysql-org/go-mysql/mysql"
 	"github.com/pingcap/failpoint"
 
-	"github.com/rgproxy/rgproxy/sqltext"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 // Session errors.
@@ -45,9 +45,9 @@ const authLimit = 1 << 20
 // prepared is what a session remembers of a prepared statement.
 type prepared struct {
 	query    string
-	class    Class
-	scan     Scan            // of query; Digest points into digest
-	charset  sqltext.Charset // the character set query was read in
+	class    sqlscan.Class
+	scan     sqlscan.Scan    // of query; Digest points into digest
+	charset  sqlscan.Charset // the character set query was read in
 	digest   []byte          // the digest, owned by the statement
 	longData int64           // SEND_LONG_DATA bytes not yet charged to an EXECUTE
 }
@@ -101,7 +101,7 @@ type session struct {
 	// see keepBackendAlive.
 	lastBackend time.Time
 	// prepClass is the class of the text of the COM_STMT_PREPARE in flight.
-	prepClass Class
+	prepClass sqlscan.Class
 	stmts     map[uint32]*prepared
 	// lastStmt is the statement prepared last, which MariaDB lets a
 	// command name as lastStmtID; 0 when there is none.
@@ -119,9 +119,9 @@ type session struct {
 	// a way its text does not tell, and the backend is asked before the
 	// next text is scanned; sqlPrepared: what each SQL-level prepared
 	// statement (by lower-case name) does to it (charset.go).
-	charset     sqltext.Charset
+	charset     sqlscan.Charset
 	csStale     bool
-	sqlPrepared map[string]csEffect
+	sqlPrepared map[string]sqlscan.CharsetEffect
 	// st and out are the current statement's, reused so that a statement
 	// costs no allocation for them; policies get pointers valid only
 	// during the call.

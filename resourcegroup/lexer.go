@@ -48,13 +48,13 @@ func (lx *lexer) next() (token, error) {
 	from := lx.l.Pos()
 	t := lx.l.Next()
 	if lx.l.SawExec() {
-		return token{}, NewSyntaxWhy(lx.src, commentAt(lx.src, from), "rgproxy does not run executable comments (/*! */, /*M! */) in its own statements")
+		return token{}, NewSyntaxWhy(lx.src, lx.markAt(from), "rgproxy does not run executable comments (/*! */, /*M! */) in its own statements")
 	}
 	text := lx.src[t.Start:t.End]
 	switch t.Kind {
 	case sqltext.EOF:
 		if lx.l.Unterminated() {
-			return token{}, NewSyntaxWhy(lx.src, commentAt(lx.src, from), "a quote or comment is not closed")
+			return token{}, NewSyntaxWhy(lx.src, lx.markAt(from), "a quote or comment is not closed")
 		}
 		return token{kind: tkEOF, pos: t.Start}, nil
 	case sqltext.Word:
@@ -93,11 +93,12 @@ func (lx *lexer) host(p int) token {
 	return token{kind: tkWord, text: lx.src[t.Start:t.End], pos: t.Start}
 }
 
-// commentAt returns the offset of the comment that starts at or after
-// from (an executable or unterminated one), for the error's position.
-func commentAt(s string, from int) int {
-	if i := strings.Index(s[from:], "/*"); i >= 0 {
-		return from + i
+// markAt returns where the executable comment or the unterminated quote
+// or comment the lexer met opened, for the error's position; from when it
+// does not say.
+func (lx *lexer) markAt(from int) int {
+	if p, ok := lx.l.Mark(); ok {
+		return p
 	}
 	return from
 }

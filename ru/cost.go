@@ -7,7 +7,9 @@ import (
 
 // Class is what a statement costs as, decided by the caller's cheap
 // classification. The zero value is ClassRead, so a statement that nobody
-// classified is still charged.
+// classified is still charged. It is the proxy's one statement class:
+// sqlscan names it as the class of a text (read, write, other, free) and
+// the wire and the metrics use it; ru imports nothing, so all can share it.
 type Class uint8
 
 const (

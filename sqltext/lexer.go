@@ -50,6 +50,9 @@ type Lexer struct {
 	// sawExec: an executable comment marker was read; open: a comment or
 	// quote ran unterminated to the end of the text.
 	sawExec, open bool
+	// mark is 1 + where the first executable comment, or the comment or
+	// quote that ran unterminated, opened (see Mark); 0 when none did.
+	mark int
 	// cmtStart and cmtEnd span the body of the last plain block comment
 	// skipped (not /*! */, /*M! */ or an optimizer hint /*+ */);
 	// cmtStart is 0 when there was none.
@@ -96,6 +99,17 @@ func (l *Lexer) SawExec() bool { return l.sawExec }
 // to the end of the text without its closing mark.
 func (l *Lexer) Unterminated() bool { return l.open }
 
+// Mark returns where the first executable comment, or the unterminated
+// comment or quote, opened (for an error's position); ok is false when
+// neither SawExec nor Unterminated.
+func (l *Lexer) Mark() (pos int, ok bool) { return l.mark - 1, l.mark > 0 }
+
+func (l *Lexer) setMark(p int) {
+	if l.mark == 0 {
+		l.mark = p + 1
+	}
+}
+
 // IsPunct reports whether t is the one-byte punctuation c.
 func (l *Lexer) IsPunct(t Token, c byte) bool {
 	return t.Kind == Punct && t.End == t.Start+1 && l.q[t.Start] == c
@@ -132,15 +146,18 @@ func (l *Lexer) skip() {
 		case c == '/' && l.pos+1 < len(q) && q[l.pos+1] == '*':
 			p := l.pos + 2
 			if p < len(q) && q[p] == '!' {
+				l.setMark(l.pos)
 				l.pos = skipVersion(q, p+1)
 				l.exec, l.sawExec = true, true
 				continue
 			}
 			if p+1 < len(q) && q[p] == 'M' && q[p+1] == '!' {
+				l.setMark(l.pos)
 				l.pos = skipVersion(q, p+2)
 				l.exec, l.sawExec = true, true
 				continue
 			}
+			start := l.pos
 			l.pos = len(q)
 			end := len(q)
 			closed := false
@@ -152,6 +169,7 @@ func (l *Lexer) skip() {
 			}
 			if !closed {
 				l.open = true
+				l.setMark(start)
 			}
 			if p >= len(q) || q[p] != '+' { // optimizer hints are not tags
 				l.cmtStart, l.cmtEnd = p, end
@@ -244,7 +262,7 @@ func (l *Lexer) scan() Token {
 // itself; backslash escapes apply to strings only and escape one byte, as
 // in the server. An unterminated quote runs to the end of the text.
 func (l *Lexer) skipQuoted(p int, quote byte, escapes bool) int {
-	q := l.q
+	q, start := l.q, p
 	if l.cs != ASCIISafe {
 		return l.skipQuotedMB(p, quote, escapes)
 	}
@@ -264,13 +282,14 @@ func (l *Lexer) skipQuoted(p int, quote byte, escapes bool) int {
 		}
 	}
 	l.open = true
+	l.setMark(start - 1)
 	return len(q)
 }
 
 // skipQuotedMB is skipQuoted for a multi-byte Charset: a lead byte and its
 // trail bytes are one character, whatever the trail bytes are.
 func (l *Lexer) skipQuotedMB(p int, quote byte, escapes bool) int {
-	q := l.q
+	q, start := l.q, p
 	for p < len(q) {
 		c := q[p]
 		switch {
@@ -289,6 +308,7 @@ func (l *Lexer) skipQuotedMB(p int, quote byte, escapes bool) int {
 		}
 	}
 	l.open = true
+	l.setMark(start - 1)
 	return len(q)
 }
 

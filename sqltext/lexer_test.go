@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rgproxy/rgproxy/internal/threadcpu"
 )
 
 func kinds(q string, m Mode) []Kind {
@@ -204,11 +206,12 @@ func TestLinearTime(t *testing.T) {
 	cost := func(in []byte, m Mode) time.Duration {
 		best := time.Duration(1<<63 - 1)
 		for range 3 {
-			start := threadCPU()
+			start, _ := threadcpu.Now()
 			l := New(in, m)
 			for l.Next().Kind != EOF {
 			}
-			best = min(best, threadCPU()-start)
+			end, _ := threadcpu.Now()
+			best = min(best, end-start)
 		}
 		return max(best, time.Microsecond)
 	}
@@ -305,4 +308,32 @@ func equal[T comparable](a, b []T) bool {
 		}
 	}
 	return true
+}
+
+// Mark is where the executable comment, or the unterminated comment or
+// quote, opened: a "/*" inside a line comment or a string is not it.
+func TestMark(t *testing.T) {
+	for _, tc := range []struct {
+		q    string
+		want int // -1: no mark
+	}{
+		{"SELECT 1", -1},
+		{"SELECT 1 /*! 2 */", 9},
+		{"SELECT '/*' /*M!100000 2 */", 12},
+		{"SELECT 1 -- /*\n /* open", 16},
+		{"SELECT 'a /* b", 7},
+		{"SELECT `a", 7},
+		{"SELECT '/*' 'x", 12},
+	} {
+		l := NewString(tc.q, Mode{})
+		for l.Next().Kind != EOF {
+		}
+		p, ok := l.Mark()
+		if !ok {
+			p = -1
+		}
+		if p != tc.want {
+			t.Errorf("%q: mark %d, want %d", tc.q, p, tc.want)
+		}
+	}
 }

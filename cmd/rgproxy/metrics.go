@@ -9,6 +9,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 // metrics holds rgproxy's Prometheus collectors in their own registry.
@@ -19,8 +20,8 @@ type metrics struct {
 	// The children of statements and duration for each class, resolved
 	// once: WithLabelValues per statement hashes the label and takes the
 	// vector's lock, shared by every session.
-	classStatements [mysqlproto.ClassOther + 1]prometheus.Counter
-	classDuration   [mysqlproto.ClassOther + 1]prometheus.Observer
+	classStatements [sqlscan.ClassFree + 1]prometheus.Counter // by sqlscan.Class; nil for fetch, a command's class the wire never reports
+	classDuration   [sqlscan.ClassFree + 1]prometheus.Observer
 }
 
 func newMetrics() *metrics {
@@ -36,10 +37,9 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
 		}, []string{"class"}),
 	}
-	for c := range m.classStatements {
-		class := mysqlproto.Class(c).String()
-		m.classStatements[c] = m.statements.WithLabelValues(class)
-		m.classDuration[c] = m.duration.WithLabelValues(class)
+	for _, c := range []sqlscan.Class{sqlscan.ClassFree, sqlscan.ClassRead, sqlscan.ClassWrite, sqlscan.ClassOther} {
+		m.classStatements[c] = m.statements.WithLabelValues(c.String())
+		m.classDuration[c] = m.duration.WithLabelValues(c.String())
 	}
 	m.reg.MustRegister(m.statements, m.duration,
 		collectors.NewGoCollector(),
@@ -136,7 +136,7 @@ func (s *meteredSession) Before(ctx context.Context, st *mysqlproto.Statement, b
 }
 
 func (s *meteredSession) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
-	if c := int(st.Class); c < len(s.m.classStatements) {
+	if c := int(st.Class); c < len(s.m.classStatements) && s.m.classStatements[c] != nil {
 		s.m.classStatements[c].Inc()
 		s.m.classDuration[c].Observe(out.BackendTime.Seconds())
 	}

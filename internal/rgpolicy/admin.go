@@ -12,7 +12,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
-	"github.com/rgproxy/rgproxy/sqltext"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
@@ -103,7 +103,7 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			a.Group = s.currentGroup()
 		}
 		if a.Match == resourcegroup.WatchSimilar && a.Digest == "" {
-			a.Digest = mysqlproto.Digest([]byte(a.Text), st.Mode())
+			a.Digest = sqlscan.Digest([]byte(a.Text), st.Mode())
 		}
 	}
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
@@ -132,11 +132,7 @@ func (s *session) showNotes(st *mysqlproto.Statement) (mysqlproto.Verdict, bool)
 	if st.Command != mysql.COM_QUERY {
 		return mysqlproto.Verdict{}, false
 	}
-	tz := sqltext.NewString(st.Query, st.Mode())
-	var words []string
-	for t := tz.Next(); t.Kind != sqltext.EOF && t.Kind != sqltext.Semicolon && len(words) < 8; t = tz.Next() {
-		words = append(words, strings.ToUpper(st.Query[t.Start:t.End]))
-	}
+	words := sqlscan.HeadWords(st.Query, st.Mode(), 8)
 	switch strings.Join(words, " ") {
 	case "SHOW WARNINGS":
 		rows := make([][]string, len(notes))
@@ -287,8 +283,8 @@ var errAdminInMulti = &mysqlproto.Error{Code: resourcegroup.CodeNotAllowedPrepar
 
 // multiHasAdmin reports whether any part of a multi-statement is one of
 // rgproxy's admin statements.
-func multiHasAdmin(q string, m sqltext.Mode) bool {
-	for _, part := range mysqlproto.SplitStatements([]byte(q), m) {
+func multiHasAdmin(q string, m sqlscan.Mode) bool {
+	for _, part := range sqlscan.SplitStatements([]byte(q), m) {
 		if resourcegroup.IsAdmin(string(part), m) {
 			return true
 		}

@@ -190,18 +190,11 @@ func endsTxn(st *mysqlproto.Statement) bool {
 	return st.Scan.EndsTxn && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE)
 }
 
-// costClass maps the wire class (and command) to the cost model's class.
+// costClass is the statement's class, but fetch for COM_STMT_FETCH,
+// which pays only for the bytes it reads.
 func costClass(st *mysqlproto.Statement) ru.Class {
 	if st.Command == mysql.COM_STMT_FETCH {
 		return ru.ClassFetch
 	}
-	switch st.Class {
-	case mysqlproto.ClassRead:
-		return ru.ClassRead
-	case mysqlproto.ClassWrite:
-		return ru.ClassWrite
-	case mysqlproto.ClassOther:
-		return ru.ClassOther
-	}
-	return ru.ClassFree
+	return st.Class
 }

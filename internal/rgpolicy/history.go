@@ -11,7 +11,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
-	"github.com/rgproxy/rgproxy/sqltext"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
@@ -76,7 +76,7 @@ func (s *session) learnAccountForHistory(ctx context.Context, be mysqlproto.Back
 // recordRunaway sends one event to the history, if there is one; it
 // may run on a guard's timer goroutine, so it reads nothing of the
 // session's that a statement changes.
-func (s *session) recordRunaway(account, group, match, act, switchGroup, rule, query string, digest uint64) {
+func (s *session) recordRunaway(account, group, match, act, switchGroup, rule, query string, mode sqlscan.Mode, digest uint64) {
 	h := s.p.history
 	if h == nil {
 		return
@@ -85,7 +85,7 @@ func (s *session) recordRunaway(account, group, match, act, switchGroup, rule, q
 		act += "(" + switchGroup + ")"
 	}
 	h.RecordRunaway(tokenclient.RunawayEvent{Group: group, Time: s.p.clk.Now(), Account: account,
-		Digest: fmt.Sprintf("%016x", digest), SampleSQL: query, MatchType: match, Action: act, Rule: rule})
+		Digest: fmt.Sprintf("%016x", digest), SampleSQL: sqlscan.Sample(query, mode), MatchType: match, Action: act, Rule: rule})
 }
 
 // limitRule describes the QUERY_LIMIT a statement crossed.
@@ -103,11 +103,6 @@ func limitRule(q resourcegroup.QueryLimit) string {
 // watchRule describes the watch a statement matched.
 func watchRule(w resourcegroup.Watch) string {
 	return "WATCH=" + w.Match.String() + " ID=" + strconv.FormatUint(w.ID, 10)
-}
-
-// digestOf is the statement's digest hash, as statements_summary's DIGEST.
-func digestOf(query string, mode sqltext.Mode) uint64 {
-	return mysqlproto.DigestHash([]byte(query), mode)
 }
 
 // runawayTable builds runaway_queries as the session may see it: with
@@ -149,7 +144,7 @@ func (s *session) runawayTable(ctx context.Context, be mysqlproto.Backend) (*vta
 		}
 		sample := r.SampleSQL
 		if own != nil && r.Account != me {
-			sample = mysqlproto.Digest([]byte(sample), sqltext.Mode{})
+			sample = sqlscan.Mask(sample) // recorded with sqlscan.Sample
 		}
 		row := []string{r.Instance, r.Group, ts(r.Start), ts(r.Last),
 			strconv.FormatUint(r.Repeats, 10), r.MatchType, r.Action, r.Rule, r.Digest, sample, r.Account}

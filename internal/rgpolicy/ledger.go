@@ -80,8 +80,8 @@ type settlement struct {
 	// else the statement's group).
 	after    ru.Consumption
 	chargeTo string
-	class    string // the statement's class label
-	errCode  uint16 // as SHOW LAST STATEMENT RU shows it
+	class    ru.Class // the statement's class
+	errCode  uint16   // as SHOW LAST STATEMENT RU shows it
 	// ran: the statement reached the backend; a shaped one teaches its
 	// shape (observe) with its digest, latency and failure.
 	ran     bool

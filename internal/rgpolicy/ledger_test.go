@@ -138,7 +138,7 @@ func TestLedgerConserves(t *testing.T) {
 					chargeTo = tc.switchTo
 				}
 				total := s.led.settle(cur, s.series, &s.shapes, settlement{after: tc.after, chargeTo: chargeTo,
-					class: "read", ran: true, digest: []byte("select ?")})
+					class: ru.ClassRead, ran: true, digest: []byte("select ?")})
 				to := s.led.lateTargets(cur, s.series, tc.learn)
 				for _, lc := range tc.late {
 					s.led.late(&to, lc.extra, srcBinlog, lc.session)
@@ -196,7 +196,7 @@ func TestLedgerSwitchGroup(t *testing.T) {
 	}
 	cur.legs[0].charged = true
 	s.see("bound", cur.start, 0)
-	s.led.settle(cur, s.series, nil, settlement{after: ru.Consumption{RRU: 9}, chargeTo: "other", class: "read"})
+	s.led.settle(cur, s.series, nil, settlement{after: ru.Consumption{RRU: 9}, chargeTo: "other", class: ru.ClassRead})
 	for g, want := range map[string]float64{"bound": 1, "other": 9} {
 		counted := testutil.ToFloat64(p.metrics.ruConsumed.WithLabelValues(g, "rru"))
 		if tok.bucket[g] != want || counted != want {

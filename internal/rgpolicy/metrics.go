@@ -34,8 +34,10 @@ type metrics struct {
 	forgets atomic.Uint64
 }
 
-// statementClasses are the class label values of a group's statements.
-var statementClasses = [...]string{"read", "write", "other", "free"}
+// statementClasses are the classes a statement's text may have: the
+// class label values of a group's statements (fetch is a command's cost
+// class, counted as the read it continues).
+var statementClasses = [...]ru.Class{ru.ClassRead, ru.ClassWrite, ru.ClassOther, ru.ClassFree}
 
 // groupSeries are a group's per-statement series, looked up by label once
 // when the group is first seen (or seen again after it was forgotten), so
@@ -44,19 +46,8 @@ var statementClasses = [...]string{"read", "write", "other", "free"}
 type groupSeries struct {
 	at       time.Time // the group's last statement, as seeGroup was told
 	rru, wru prometheus.Counter
-	stmts    [len(statementClasses)]prometheus.Counter
+	stmts    [ru.ClassFree + 1]prometheus.Counter // by class; nil for fetch
 	written  [nSources]prometheus.Counter
-}
-
-// classIndex maps a statement class label to its index in
-// statementClasses (free for anything else).
-func classIndex(class string) int {
-	for i, c := range statementClasses {
-		if c == class {
-			return i
-		}
-	}
-	return len(statementClasses) - 1
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -125,8 +116,8 @@ func (m *metrics) seeGroup(group string, now time.Time) *groupSeries {
 		rru: m.ruConsumed.WithLabelValues(group, "rru"),
 		wru: m.ruConsumed.WithLabelValues(group, "wru"),
 	}
-	for i, c := range statementClasses {
-		gs.stmts[i] = m.groupStatements.WithLabelValues(group, c)
+	for _, c := range statementClasses {
+		gs.stmts[c] = m.groupStatements.WithLabelValues(group, c.String())
 	}
 	for i, s := range srcNames {
 		gs.written[i] = m.written.WithLabelValues(group, s)
@@ -188,9 +179,12 @@ func (m *metrics) cpuSource(src CPUSource) {
 // series. Counters only go up: a failed write's refund lowers what is
 // charged to the bucket but is not subtracted here (its WRU may be
 // negative in the total). Series forgotten meanwhile are not revived.
-func (gs *groupSeries) charged(class string, c ru.Consumption) {
+func (gs *groupSeries) charged(class ru.Class, c ru.Consumption) {
 	gs.added(c)
-	gs.stmts[classIndex(class)].Inc()
+	if int(class) >= len(gs.stmts) || gs.stmts[class] == nil {
+		class = ru.ClassFree
+	}
+	gs.stmts[class].Inc()
 }
 
 // added records RU charged to the group for a statement counted in

@@ -74,8 +74,8 @@ func (m *metrics) counts(g *GroupOverview) {
 	if !ok {
 		return
 	}
-	for _, c := range gs.stmts {
-		g.Statements += uint64(counterValue(c))
+	for _, c := range statementClasses {
+		g.Statements += uint64(counterValue(gs.stmts[c]))
 	}
 	// These exist since seeGroup; forgetGroup, which deletes them, holds
 	// m.mu too.

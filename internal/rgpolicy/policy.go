@@ -545,7 +545,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		s.cpu.stale() // charged wall time: the thread's CPU goes unread
 	}
 	g, _ := s.group(s.cur.group)
-	s.guard = s.armRunaway(g, st.Query, st.Mode(), s.cur.cpuStart, s.cur.cpuOK)
+	s.guard = s.armRunaway(g, st, s.cur.cpuStart, s.cur.cpuOK)
 	return mysqlproto.Verdict{Rewrite: s.rowCountRewrite(st, rewrite)}
 }
 
@@ -637,7 +637,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 	if s.seenGroup != cur.group { // charge moved the statement to default
 		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())
 	}
-	s.led.settle(cur, s.series, &s.shapes, settlement{after: after, chargeTo: chargeTo, class: st.Class.String(),
+	s.led.settle(cur, s.series, &s.shapes, settlement{after: after, chargeTo: chargeTo, class: st.Class,
 		errCode: errCode, ran: !out.NotForwarded, digest: st.Scan.Digest, latency: out.BackendTime, failed: out.ErrCode != 0})
 	s.end() // after settle's observe: the statements its probe wakes find its cost
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
@@ -457,7 +458,7 @@ func TestPolicyCommitSkipsConcurrencyCapAndCloseReleases(t *testing.T) {
 	// Inside a transaction a statement waits for the cap at most
 	// --max-wait-in-txn (100 ms here), then runs over it.
 	st := query("UPDATE t SET a = 1")
-	st.Class, st.InTransaction = mysqlproto.ClassWrite, true
+	st.Class, st.InTransaction = sqlscan.ClassWrite, true
 	done := make(chan mysqlproto.Verdict, 1)
 	go func() { done <- b.Before(ctx, st, plainGrants) }()
 	select {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 // resolve is Before's first step: it sets the statement's group — the
@@ -85,7 +86,7 @@ func (s *session) recheckSet(ctx context.Context, be mysqlproto.Backend, set *Se
 // SQLCommenter comment: the trailing comment's tags, in order, then the
 // leading comment's. A statement without such a comment costs two string
 // tests, and no comment is parsed while no tag is bound.
-func (s *session) tagGroup(sc *mysqlproto.Scan) (string, bool) {
+func (s *session) tagGroup(sc *sqlscan.Scan) (string, bool) {
 	if sc.TrailingComment == "" && sc.LeadingComment == "" || !s.p.tokens.HasTagBindings() {
 		return "", false
 	}
@@ -102,7 +103,7 @@ func (s *session) tagGroup(sc *mysqlproto.Scan) (string, bool) {
 		return false
 	}
 	for _, c := range [2]string{sc.TrailingComment, sc.LeadingComment} {
-		if c != "" && resourcegroup.ParseTags(c, match) && group != "" {
+		if c != "" && sqlscan.ParseTags(c, match) && group != "" {
 			return group, true
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
-	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // killTimeout bounds one KILL QUERY on the service connection.
@@ -66,7 +65,7 @@ type runawayGuard struct {
 // that wall time; RU fires when the statement's RU so far — its
 // before-cost, plus its backend time and read bytes as they grow — reaches
 // the limit (the timer covers time, Progress the bytes).
-func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.Mode, cpuStart time.Duration, cpuOK bool) *runawayGuard {
+func (s *session) armRunaway(g resourcegroup.Group, st *mysqlproto.Statement, cpuStart time.Duration, cpuOK bool) *runawayGuard {
 	q := g.QueryLimit
 	if q == nil || (q.ExecElapsed <= 0 && q.RU == 0) {
 		return nil
@@ -85,6 +84,9 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 	}
 	connID := s.connID
 	acct := s.account() // read on the session's goroutine
+	// The scan's digest is the session's buffer, which it does not reuse
+	// before done: fire copies it for addWatch.
+	query, mode, digest, hash := st.Query, st.Mode(), st.Scan.Digest, st.Scan.DigestHash
 	if q.Watch != resourcegroup.WatchNone {
 		query = strings.Clone(query) // kept past the statement
 	}
@@ -113,10 +115,10 @@ func (s *session) armRunaway(g resourcegroup.Group, query string, mode sqltext.M
 		// The session waits for done before its next command: query is
 		// still the statement's text here.
 		if !gd.counted {
-			s.recordRunaway(acct, gd.group, "IDENTIFY", action, gd.rule.SwitchGroup, limitRule(gd.rule), query, digestOf(query, mode))
+			s.recordRunaway(acct, gd.group, "IDENTIFY", action, gd.rule.SwitchGroup, limitRule(gd.rule), query, mode, hash)
 		}
 		if gd.rule.Watch != resourcegroup.WatchNone && query != "" {
-			s.p.queueWatch(gd.group, gd.rule, query, mode)
+			s.p.queueWatch(gd.group, gd.rule, query, string(digest))
 		}
 		if gd.rule.Action == resourcegroup.ActionKill && s.p.killer != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
@@ -267,7 +269,7 @@ func (s *session) chargeGroupAfter(gd *runawayGuard, fired bool) string {
 // group's runaway watch list before it is forwarded. KILL answers it with
 // 8254, SWITCH_GROUP moves it to the target group, COOLDOWN makes it wait
 // for the proxy's one cooldown slot at LOW priority (cooldown true), DRYRUN
-// only counts. The digest comes from mysqlproto's scan; it is made a
+// only counts. The digest comes from the statement's scan; it is made a
 // string only while a SIMILAR watch exists.
 func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlproto.Reply) {
 	if st.Query == "" {
@@ -279,10 +281,7 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	}
 	var digest string
 	if similar {
-		digest = string(st.Scan.Digest)
-		if st.Scan.Digest == nil {
-			digest = mysqlproto.Digest([]byte(st.Query), st.Mode())
-		}
+		digest = string(st.Scan.Digest) // a policy's statements always have one
 	}
 	w, ok := s.p.tokens.MatchGroupWatch(s.cur.group, st.Query, digest)
 	if !ok {
@@ -291,11 +290,8 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 	s.p.metrics.runaway.WithLabelValues(s.cur.group, w.Action.String()).Inc()
 	s.cur.watched = true
 	if s.p.history != nil {
-		h := mysqlproto.HashDigest(digest)
-		if digest == "" {
-			h = digestOf(st.Query, st.Mode())
-		}
-		s.recordRunaway(s.account(), s.cur.group, "WATCH", w.Action.String(), w.SwitchGroup, watchRule(w), st.Query, h)
+		s.recordRunaway(s.account(), s.cur.group, "WATCH", w.Action.String(), w.SwitchGroup, watchRule(w), st.Query, st.Mode(),
+			st.Scan.DigestHash)
 	}
 	switch w.Action {
 	case resourcegroup.ActionKill:
@@ -314,17 +310,18 @@ func (s *session) watch(st *mysqlproto.Statement) (cooldown bool, reply *mysqlpr
 }
 
 // queueWatch asks Run's goroutine to record, through rgserver, a watch
-// for the statement that just crossed its group's limit, so that every
-// proxy acts on its like as soon as it arrives. The session does not
-// wait; with watchQueue watches already waiting this one is dropped.
-func (p *Policy) queueWatch(group string, rule resourcegroup.QueryLimit, text string, mode sqltext.Mode) {
+// for the statement that just crossed its group's limit (digest is the
+// scan's, for a SIMILAR watch), so that every proxy acts on its like as
+// soon as it arrives. The session does not wait; with watchQueue watches
+// already waiting this one is dropped.
+func (p *Policy) queueWatch(group string, rule resourcegroup.QueryLimit, text, digest string) {
 	if _, ok := p.tokens.Store().(resourcegroup.WatchStore); !ok {
 		return
 	}
 	w := resourcegroup.Watch{Group: group, Action: rule.Action, SwitchGroup: rule.SwitchGroup,
 		Match: rule.Watch, Text: text, Source: p.instance}
 	if rule.Watch == resourcegroup.WatchSimilar {
-		w.Text = mysqlproto.Digest([]byte(text), mode)
+		w.Text = digest
 	}
 	if rule.WatchDuration > 0 {
 		w.Expires = p.clk.Now().Add(rule.WatchDuration)

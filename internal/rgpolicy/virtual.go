@@ -10,7 +10,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
-	"github.com/rgproxy/rgproxy/sqltext"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 // rgproxy's virtual tables live in information_schema, but rgproxy, not
@@ -63,140 +63,16 @@ type vtable struct {
 	rows [][]*string
 }
 
-// afterTableRef are the words that may follow a table reference without
-// being its alias.
-var afterTableRef = map[string]bool{
-	"WHERE": true, "JOIN": true, "INNER": true, "LEFT": true, "RIGHT": true, "CROSS": true, "NATURAL": true,
-	"STRAIGHT_JOIN": true, "FULL": true, "OUTER": true, "ON": true, "USING": true, "GROUP": true, "ORDER": true,
-	"HAVING": true, "LIMIT": true, "UNION": true, "EXCEPT": true, "INTERSECT": true, "WINDOW": true, "FOR": true,
-	"LOCK": true, "INTO": true, "PARTITION": true, "USE": true, "IGNORE": true, "FORCE": true, "SET": true,
-	"RETURNING": true, "PROCEDURE": true, "OFFSET": true, "FETCH": true, "MINUS": true, "FROM": true,
-}
-
-// clauseOf maps the keywords that start a clause to the clause: a table
-// name right after FROM or JOIN (or a comma in a FROM list) is a table
-// reference; an item right after SELECT (or a comma in a select list) is
-// a select-list item.
-func clauseOf(word string) (string, bool) {
-	switch strings.ToUpper(word) {
-	case "SELECT":
-		return "select", true
-	case "FROM", "JOIN", "STRAIGHT_JOIN", "UPDATE":
-		return "from", true
-	case "WHERE", "GROUP", "ORDER", "HAVING", "LIMIT", "ON", "USING", "UNION", "WINDOW", "INTO",
-		"SET", "VALUES", "EXCEPT", "INTERSECT":
-		return "other", true
-	}
-	return "", false
-}
-
 // virtualRef is one span of the text to replace.
-type virtualRef struct {
-	start, end int
-	table      string // a virtual table, or "" for CURRENT_RESOURCE_GROUP()
-	column     bool   // information_schema.t.col: only the qualifier goes
-	alias      bool   // the reference is followed by an alias
-	selectItem bool   // CURRENT_RESOURCE_GROUP() as a select-list item without alias
-}
+type virtualRef = sqlscan.TableRef
+
+// currentGroupFunc is the function rgproxy answers itself.
+const currentGroupFunc = "current_resource_group"
 
 // findVirtual returns the references to virtual tables and to
-// CURRENT_RESOURCE_GROUP() in q. A bare table name (no information_schema
-// qualifier) counts only when inDB reports that the session's current
-// database is information_schema; inDB is asked at most once, and only
-// when such a name stands where a table does.
-func findVirtual(q string, mode sqltext.Mode, inDB func() bool) []virtualRef {
-	tz := sqltext.NewString(q, mode)
-	var toks []sqltext.Token
-	for {
-		t := tz.Next()
-		if t.Kind == sqltext.EOF {
-			break
-		}
-		toks = append(toks, t)
-	}
-	text := func(i int) string {
-		if i < 0 || i >= len(toks) {
-			return ""
-		}
-		t := toks[i]
-		s := q[t.Start:t.End]
-		if t.Kind == sqltext.QuotedIdent {
-			s, _ = sqltext.Unquote(s, mode)
-		}
-		return s
-	}
-	isName := func(i int) bool {
-		return i >= 0 && i < len(toks) && (toks[i].Kind == sqltext.Word || toks[i].Kind == sqltext.QuotedIdent)
-	}
-	isPunct := func(i int, p string) bool {
-		return i >= 0 && i < len(toks) && toks[i].Kind == sqltext.Punct && q[toks[i].Start:toks[i].End] == p
-	}
-	isWord := func(i int, w string) bool {
-		return i >= 0 && i < len(toks) && toks[i].Kind == sqltext.Word && strings.EqualFold(text(i), w)
-	}
-	hasAlias := func(i int) bool { // is toks[i] an alias?
-		switch {
-		case i >= len(toks):
-			return false
-		case isWord(i, "AS"), toks[i].Kind == sqltext.QuotedIdent:
-			return true
-		case toks[i].Kind == sqltext.Word:
-			return !afterTableRef[strings.ToUpper(text(i))]
-		}
-		return false
-	}
-	clause := []string{""} // by parenthesis depth
-	dbAsked, dbIsIS := false, false
-	var refs []virtualRef
-	for i := 0; i < len(toks); i++ {
-		d := len(clause) - 1
-		switch {
-		case isPunct(i, "("):
-			clause = append(clause, "")
-			continue
-		case isPunct(i, ")"):
-			if d > 0 {
-				clause = clause[:d]
-			}
-			continue
-		case toks[i].Kind == sqltext.Semicolon:
-			clause = []string{""}
-			continue
-		case toks[i].Kind == sqltext.Word:
-			if c, ok := clauseOf(text(i)); ok {
-				clause[d] = c
-			}
-		}
-		switch {
-		case isName(i) && strings.EqualFold(text(i), "information_schema") && isPunct(i+1, ".") &&
-			isName(i+2) && isVirtualTable(text(i+2)) && !isPunct(i-1, "."):
-			r := virtualRef{start: toks[i].Start, end: toks[i+2].End, table: strings.ToLower(text(i + 2))}
-			if isPunct(i+3, ".") {
-				r.column = true
-			} else {
-				r.alias = hasAlias(i + 3)
-			}
-			refs = append(refs, r)
-			i += 2
-		case isName(i) && isVirtualTable(text(i)) && !isPunct(i-1, ".") && !isPunct(i+1, ".") &&
-			(isWord(i-1, "FROM") || isWord(i-1, "JOIN") || isWord(i-1, "STRAIGHT_JOIN") || isPunct(i-1, ",") && clause[d] == "from"):
-			if !dbAsked {
-				dbAsked, dbIsIS = true, inDB()
-			}
-			if dbIsIS {
-				refs = append(refs, virtualRef{start: toks[i].Start, end: toks[i].End, table: strings.ToLower(text(i)),
-					alias: hasAlias(i + 1)})
-			}
-		case toks[i].Kind == sqltext.Word && strings.EqualFold(text(i), "current_resource_group") &&
-			isPunct(i+1, "(") && isPunct(i+2, ")") && !isPunct(i-1, "."):
-			r := virtualRef{start: toks[i].Start, end: toks[i+2].End}
-			r.selectItem = clause[d] == "select" && (isWord(i-1, "SELECT") || isPunct(i-1, ",") || isWord(i-1, "DISTINCT")) &&
-				!hasAlias(i+3)
-			refs = append(refs, r)
-			i += 2
-		}
-	}
-	return refs
+// CURRENT_RESOURCE_GROUP() in q (sqlscan.TableRefs).
+func findVirtual(q string, mode sqlscan.Mode, inDB func() bool) []virtualRef {
+	return sqlscan.TableRefs(q, mode, isVirtualTable, currentGroupFunc, inDB)
 }
 
 // rewriteVirtual replaces refs in q: each table by a derived table from
@@ -208,31 +84,31 @@ func rewriteVirtual(q string, _ bool, refs []virtualRef, current string, table f
 	built := map[string]string{}
 	last := 0
 	for _, r := range refs {
-		b.WriteString(q[last:r.start])
-		last = r.end
+		b.WriteString(q[last:r.Start])
+		last = r.End
 		switch {
-		case r.table == "":
+		case r.Table == "":
 			b.WriteString(sqlText(current))
-			if r.selectItem {
+			if r.SelectItem {
 				b.WriteString(" AS ")
-				b.WriteString(functionAlias(q[r.start:r.end]))
+				b.WriteString(functionAlias(q[r.Start:r.End]))
 			}
-		case r.column:
-			b.WriteString(quoteIdent(r.table))
+		case r.Column:
+			b.WriteString(quoteIdent(r.Table))
 		default:
-			sub, ok := built[r.table]
+			sub, ok := built[r.Table]
 			if !ok {
-				t, err := table(r.table)
+				t, err := table(r.Table)
 				if err != nil {
-					return "", fmt.Errorf("rgpolicy: %s: %w", r.table, err)
+					return "", fmt.Errorf("rgpolicy: %s: %w", r.Table, err)
 				}
 				sub = derivedTable(t)
-				built[r.table] = sub
+				built[r.Table] = sub
 			}
 			b.WriteString(sub)
-			if !r.alias {
+			if !r.Alias {
 				b.WriteString(" AS ")
-				b.WriteString(quoteIdent(r.table))
+				b.WriteString(quoteIdent(r.Table))
 			}
 		}
 	}
@@ -473,7 +349,7 @@ func (t *vtable) maskExactText() {
 	}
 	for _, r := range t.rows {
 		if r[w] != nil && *r[w] == resourcegroup.WatchExact.String() && r[text] != nil {
-			d := mysqlproto.Digest([]byte(*r[text]), sqltext.Mode{}) // stored as the proxy received it; read as UTF-8
+			d := sqlscan.Mask(*r[text]) // stored as the proxy received it, in a mode not kept
 			r[text] = &d
 		}
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/go-mysql-org/go-mysql/mysql"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
-	"github.com/rgproxy/rgproxy/sqltext"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 func TestRewriteVirtual(t *testing.T) {
@@ -52,7 +52,7 @@ func TestRewriteVirtual(t *testing.T) {
 	}
 	for _, tc := range tests {
 		asked := 0
-		refs := findVirtual(tc.q, sqltext.Mode{}, func() bool { asked++; return tc.inIS })
+		refs := findVirtual(tc.q, sqlscan.Mode{}, func() bool { asked++; return tc.inIS })
 		if asked > 1 {
 			t.Errorf("%q: the current database was asked %d times", tc.q, asked)
 		}
@@ -115,14 +115,14 @@ func TestSQLText(t *testing.T) {
 // the string, and CURRENT_RESOURCE_GROUP() is code, as the server reads it.
 func TestFindVirtualCharset(t *testing.T) {
 	q := "SELECT '\x81\\', CURRENT_RESOURCE_GROUP() -- '"
-	if refs := findVirtual(q, sqltext.Mode{Charset: sqltext.GBK}, func() bool { return false }); len(refs) != 1 {
+	if refs := findVirtual(q, sqlscan.Mode{Charset: sqlscan.GBK}, func() bool { return false }); len(refs) != 1 {
 		t.Errorf("gbk: %d references, want 1", len(refs))
 	}
-	if refs := findVirtual(q, sqltext.Mode{}, func() bool { return false }); len(refs) != 0 {
+	if refs := findVirtual(q, sqlscan.Mode{}, func() bool { return false }); len(refs) != 0 {
 		t.Errorf("utf8mb4: %d references, want 0 (all in one string)", len(refs))
 	}
 	q = "SELECT 1 AS `\x81`, CURRENT_RESOURCE_GROUP() -- `"
-	if refs := findVirtual(q, sqltext.Mode{Charset: sqltext.GBK}, func() bool { return false }); len(refs) != 0 {
+	if refs := findVirtual(q, sqlscan.Mode{Charset: sqlscan.GBK}, func() bool { return false }); len(refs) != 0 {
 		t.Errorf("gbk: %d references in a backquoted name, want 0", len(refs))
 	}
 }
@@ -133,13 +133,13 @@ func FuzzFindVirtual(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, q string) {
-		refs := findVirtual(q, sqltext.Mode{}, func() bool { return true })
+		refs := findVirtual(q, sqlscan.Mode{}, func() bool { return true })
 		last := 0
 		for _, r := range refs {
-			if r.start < last || r.end > len(q) || r.start >= r.end {
+			if r.Start < last || r.End > len(q) || r.Start >= r.End {
 				t.Fatalf("%q: bad span %+v", q, r)
 			}
-			last = r.end
+			last = r.End
 		}
 		if _, err := rewriteVirtual(q, false, refs, "g", func(string) (*vtable, error) { return &vtable{cols: []vcol{{name: "A"}}}, nil }); err != nil {
 			t.Fatal(err)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
-	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // The watches runaway statements ask for wait in a bounded queue (one
@@ -24,9 +23,11 @@ func TestRunAddsQueuedWatchesAndWaitsForThem(t *testing.T) {
 	if err := st.CreateGroup(ctx, resourcegroup.Group{Name: "bound", RUPerSec: 100}); err != nil {
 		t.Fatal(err)
 	}
-	rule := resourcegroup.QueryLimit{Action: resourcegroup.ActionKill, Watch: resourcegroup.WatchExact} // no DURATION: the store keeps real time, the policy a fake clock
-	for i := range watchQueue + 1 {                                                                     // before Run: the last one finds the queue full
-		p.queueWatch("bound", rule, fmt.Sprintf("SELECT %d", i), sqltext.Mode{})
+	// No DURATION: the store keeps real time, the policy a fake clock.
+	rule := resourcegroup.QueryLimit{Action: resourcegroup.ActionKill, Watch: resourcegroup.WatchExact}
+	// Before Run: the last one finds the queue full.
+	for i := range watchQueue + 1 {
+		p.queueWatch("bound", rule, fmt.Sprintf("SELECT %d", i), "")
 	}
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()

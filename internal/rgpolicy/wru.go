@@ -15,7 +15,7 @@ import (
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/ru"
-	"github.com/rgproxy/rgproxy/sqltext"
+	"github.com/rgproxy/rgproxy/sqlscan"
 )
 
 // This file makes writes pay for what the backend wrote. The before-cost
@@ -220,7 +220,7 @@ type stmtHead struct {
 func (s *session) writesBefore(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) {
 	w := &s.wr
 	w.head = stmtHead{}
-	if s.p.writes.source == WritePacket || (st.Class != mysqlproto.ClassWrite && st.Class != mysqlproto.ClassOther) {
+	if s.p.writes.source == WritePacket || (st.Class != sqlscan.ClassWrite && st.Class != sqlscan.ClassOther) {
 		return
 	}
 	switch st.Command {
@@ -231,13 +231,13 @@ func (s *session) writesBefore(ctx context.Context, st *mysqlproto.Statement, be
 	// A write may write; of the other statements, EXECUTE (a prepared
 	// or immediate statement) and DO (a function) may, and several
 	// statements in one may hold one.
-	h := stmtHead{mayWrite: st.Class == mysqlproto.ClassWrite || st.Multi}
-	if st.Class == mysqlproto.ClassOther && !st.Multi {
+	h := stmtHead{mayWrite: st.Class == sqlscan.ClassWrite || st.Multi}
+	if st.Class == sqlscan.ClassOther && !st.Multi {
 		h.verb = firstWord(st.Query, st.Mode())
 		h.mayWrite = h.verb == "EXECUTE" || h.verb == "DO"
 	}
 	if s.p.writes.inForce() == srcEstimate && !st.Multi &&
-		(st.Class == mysqlproto.ClassWrite || h.verb == "EXECUTE" || h.verb == "PREPARE") {
+		(st.Class == sqlscan.ClassWrite || h.verb == "EXECUTE" || h.verb == "PREPARE") {
 		full := readHead(st.Query, st.Mode())
 		h.verb, h.target, h.prepare = full.verb, full.target, full.prepare
 		if h.verb == "EXECUTE" && h.target == (tableName{}) && h.prepare != "" {
@@ -408,69 +408,10 @@ func (s *session) rowCountRewrite(st *mysqlproto.Statement, rewrite string) stri
 	return rewrite
 }
 
-// replaceRowCount replaces each ROW_COUNT() call in q by n, as a BIGINT;
-// a bare select item is aliased to its own text. ok is false when q calls
-// none.
-func replaceRowCount(q string, mode sqltext.Mode, n int64) (string, bool) {
-	tz := sqltext.NewString(q, mode)
-	var toks []sqltext.Token
-	for t := tz.Next(); t.Kind != sqltext.EOF; t = tz.Next() {
-		toks = append(toks, t)
-	}
-	text := func(i int) string {
-		if i < 0 || i >= len(toks) {
-			return ""
-		}
-		return q[toks[i].Start:toks[i].End]
-	}
-	is := func(i int, kind sqltext.Kind, s string) bool {
-		return i >= 0 && i < len(toks) && toks[i].Kind == kind && strings.EqualFold(text(i), s)
-	}
-	value := "CAST(" + strconv.FormatInt(n, 10) + " AS SIGNED)"
-	var b strings.Builder
-	last, depth := 0, 0
-	for i := 0; i < len(toks); i++ {
-		switch {
-		case is(i, sqltext.Punct, "("):
-			depth++
-			continue
-		case is(i, sqltext.Punct, ")"):
-			depth--
-			continue
-		}
-		if !is(i, sqltext.Word, "ROW_COUNT") || !is(i+1, sqltext.Punct, "(") ||
-			!is(i+2, sqltext.Punct, ")") || is(i-1, sqltext.Punct, ".") {
-			continue
-		}
-		start, end := toks[i].Start, toks[i+2].End
-		b.WriteString(q[last:start])
-		b.WriteString(value)
-		bare := depth == 0 && (is(i-1, sqltext.Word, "SELECT") || is(i-1, sqltext.Word, "DISTINCT") ||
-			is(i-1, sqltext.Word, "ALL") || is(i-1, sqltext.Punct, ","))
-		if next := i + 3; bare && next < len(toks) {
-			switch k := toks[next].Kind; {
-			case k == sqltext.Semicolon, is(next, sqltext.Punct, ","):
-			case k == sqltext.Word:
-				switch strings.ToUpper(text(next)) {
-				case "FROM", "INTO", "WHERE", "GROUP", "HAVING", "ORDER", "LIMIT", "UNION", "FOR", "LOCK", "WINDOW":
-				default:
-					bare = false // an alias, or an operator word (AND, DIV, ...)
-				}
-			default:
-				bare = false
-			}
-		}
-		if bare {
-			b.WriteString(" AS `" + strings.ReplaceAll(q[start:end], "`", "``") + "`")
-		}
-		last = end
-		i += 2
-	}
-	if last == 0 {
-		return "", false
-	}
-	b.WriteString(q[last:])
-	return b.String(), true
+// replaceRowCount replaces each ROW_COUNT() call in q by n
+// (sqlscan.ReplaceRowCount).
+func replaceRowCount(q string, mode sqlscan.Mode, n int64) (string, bool) {
+	return sqlscan.ReplaceRowCount(q, mode, n)
 }
 
 // writeResult is how a statement's written bytes were settled, for SHOW
@@ -572,156 +513,14 @@ func (t *shapes) lateWRU(k shapeKey, wru float64, learn bool) {
 	s.sumWRU += wru
 }
 
-// firstWord is a statement's first keyword, upper case ("" when it starts
-// with anything else); only its first 64 bytes are read.
-func firstWord(q string, mode sqltext.Mode) string {
-	if len(q) > 64 {
-		q = q[:64]
-	}
-	tz := sqltext.NewString(q, mode)
-	if t := tz.Next(); t.Kind == sqltext.Word {
-		return strings.ToUpper(q[t.Start:t.End])
-	}
-	return ""
-}
+// firstWord is a statement's first keyword, upper case (sqlscan.FirstWord).
+func firstWord(q string, mode sqlscan.Mode) string { return sqlscan.FirstWord(q, mode) }
 
 // readHead reads the first words of a statement: its verb and, when it
-// writes one table, that table. Only the first 1 KiB is read, so a 1 MiB
-// literal costs nothing here.
-func readHead(q string, mode sqltext.Mode) stmtHead {
-	const prefix = 1024
-	if len(q) > prefix {
-		q = q[:prefix]
-	}
-	tz := sqltext.NewString(q, mode)
-	next := func() (sqltext.Token, string) {
-		t := tz.Next()
-		return t, q[t.Start:t.End]
-	}
-	word := func(t sqltext.Token, s string) string {
-		if t.Kind != sqltext.Word {
-			return ""
-		}
-		return strings.ToUpper(s)
-	}
-	t, s := next()
-	h := stmtHead{verb: word(t, s)}
-	switch h.verb {
-	case "INSERT", "REPLACE":
-		for {
-			t, s = next()
-			switch word(t, s) {
-			case "LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE", "INTO":
-				continue
-			}
-			break
-		}
-		h.target, _ = tableRef(t, s, &tz, q)
-	case "UPDATE":
-		for {
-			t, s = next()
-			switch word(t, s) {
-			case "LOW_PRIORITY", "IGNORE":
-				continue
-			}
-			break
-		}
-		tbl, after := tableRef(t, s, &tz, q)
-		// One table: SET follows it, or an alias and SET.
-		for i := 0; i < 3 && (after.Kind == sqltext.Word || after.Kind == sqltext.QuotedIdent); i++ {
-			w := word(after, q[after.Start:after.End])
-			if w == "SET" {
-				h.target = tbl
-				break
-			}
-			if w == "JOIN" || w == "STRAIGHT_JOIN" || w == "INNER" || w == "LEFT" || w == "RIGHT" || w == "CROSS" || w == "NATURAL" {
-				break
-			}
-			after = tz.Next()
-		}
-	case "EXECUTE":
-		t, s = next()
-		if word(t, s) == "IMMEDIATE" {
-			t, s = next()
-			if t.Kind == sqltext.String {
-				inner := readHead(literalText(s, mode), mode)
-				if inner.verb == "INSERT" || inner.verb == "REPLACE" || inner.verb == "UPDATE" {
-					h.target = inner.target
-				}
-			}
-			return h
-		}
-		if name := identText(t, s); name != "" {
-			h.prepare = name // looked up by the caller
-		}
-	case "PREPARE":
-		t, s = next()
-		name := identText(t, s)
-		if t, s = next(); word(t, s) != "FROM" || name == "" {
-			return h
-		}
-		if t, s = next(); t.Kind == sqltext.String {
-			inner := readHead(literalText(s, mode), mode)
-			if inner.verb == "INSERT" || inner.verb == "REPLACE" || inner.verb == "UPDATE" {
-				h.target = inner.target
-			}
-			h.prepare = name // remembered even without a target: EXECUTE then finds none
-		}
-	}
-	return h
-}
-
-// tableRef reads a table reference, [schema.]table, whose first token is
-// t; it returns the table ("" when t is not a name) and the token after
-// it.
-func tableRef(t sqltext.Token, s string, tz *sqltext.Lexer, q string) (tableName, sqltext.Token) {
-	first := identText(t, s)
-	if first == "" {
-		return tableName{}, t
-	}
-	n := tz.Next()
-	if n.Kind != sqltext.Punct || q[n.Start:n.End] != "." {
-		return tableName{table: first}, n
-	}
-	n = tz.Next()
-	second := identText(n, q[n.Start:n.End])
-	if second == "" {
-		return tableName{}, n
-	}
-	return tableName{schema: first, table: second}, tz.Next()
-}
-
-// identText is the name a word or `quoted identifier` token stands for.
-func identText(t sqltext.Token, s string) string {
-	switch t.Kind {
-	case sqltext.Word:
-		return s
-	case sqltext.QuotedIdent:
-		if v, ok := sqltext.Unquote(s, sqltext.Mode{}); ok {
-			return v
-		}
-		return strings.ReplaceAll(strings.TrimPrefix(s, "`"), "``", "`") // cut by readHead's prefix
-	}
-	return ""
-}
-
-// literalText is the text of a string literal token (an N or _charset
-// prefix, quotes and escapes undone, as the server reads it in mode); an
-// unterminated literal (cut by readHead's prefix) gives what there is of
-// it.
-func literalText(s string, mode sqltext.Mode) string {
-	i := strings.IndexAny(s, `'"`)
-	if i < 0 {
-		return ""
-	}
-	if v, ok := sqltext.Unquote(s[i:], mode); ok {
-		return v
-	}
-	// Cut: unquote what there is, closed by its quote.
-	if v, ok := sqltext.Unquote(s[i:]+s[i:i+1], mode); ok {
-		return v
-	}
-	return ""
+// writes one table, that table (sqlscan.ReadHead).
+func readHead(q string, mode sqlscan.Mode) stmtHead {
+	h := sqlscan.ReadHead(q, mode)
+	return stmtHead{verb: h.Verb, target: tableName{schema: h.Target.Schema, table: h.Target.Table}, prepare: h.Prepare}
 }
 
 // rowLengths caches tables' average row lengths (information_schema

@@ -18,7 +18,6 @@ import (
 	"github.com/rgproxy/rgproxy/internal/binlog"
 	"github.com/rgproxy/rgproxy/internal/clock"
 	"github.com/rgproxy/rgproxy/mysqlproto"
-	"github.com/rgproxy/rgproxy/sqltext"
 )
 
 // fakeBinlog stands for internal/binlog.Reader: txns are the transactions
@@ -436,74 +435,4 @@ func TestWritesGiveBackRowCount(t *testing.T) {
 	if got := next("SELECT ROW_COUNT()"); got != "" {
 		t.Errorf("after CALL: %q", got)
 	}
-}
-
-func TestReplaceRowCount(t *testing.T) {
-	tests := []struct{ q, want string }{
-		{"SELECT ROW_COUNT()", "SELECT CAST(7 AS SIGNED) AS `ROW_COUNT()`"},
-		{"SELECT a, row_count( ), b FROM t", "SELECT a, CAST(7 AS SIGNED) AS `row_count( )`, b FROM t"},
-		{"SELECT ROW_COUNT() AS n", "SELECT CAST(7 AS SIGNED) AS n"},
-		{"SELECT ROW_COUNT() n", "SELECT CAST(7 AS SIGNED) n"},
-		{"SELECT IF(ROW_COUNT() > 0, 'y', 'n')", "SELECT IF(CAST(7 AS SIGNED) > 0, 'y', 'n')"},
-		{"SELECT ROW_COUNT() + 1", "SELECT CAST(7 AS SIGNED) + 1"},
-		{"SET @n = ROW_COUNT()", "SET @n = CAST(7 AS SIGNED)"},
-		{"SELECT db.row_count(), 'ROW_COUNT()' /* ROW_COUNT() */", ""},
-		{"SELECT `row_count`()", ""},
-	}
-	for _, tc := range tests {
-		got, ok := replaceRowCount(tc.q, sqltext.Mode{}, 7)
-		if got != tc.want || ok != (tc.want != "") {
-			t.Errorf("%s: %q %v, want %q", tc.q, got, ok, tc.want)
-		}
-	}
-}
-
-func TestReadHead(t *testing.T) {
-	tests := []struct {
-		q       string
-		verb    string
-		target  tableName
-		prepare string
-	}{
-		{"INSERT INTO t VALUES (1)", "INSERT", tableName{table: "t"}, ""},
-		{"insert /*+ RESOURCE_GROUP(a) */ ignore db.t(a) values (1)", "INSERT", tableName{"db", "t"}, ""},
-		{"INSERT `my``db`.`t 1` SET a = 1", "INSERT", tableName{"my`db", "t 1"}, ""},
-		{"REPLACE DELAYED INTO t SELECT 1", "REPLACE", tableName{table: "t"}, ""},
-		{"UPDATE t SET a = 1", "UPDATE", tableName{table: "t"}, ""},
-		{"UPDATE LOW_PRIORITY d.t x SET a = 1", "UPDATE", tableName{"d", "t"}, ""},
-		{"UPDATE t, u SET t.a = u.a", "UPDATE", tableName{}, ""},
-		{"UPDATE t LEFT JOIN u USING (id) SET t.a = 1", "UPDATE", tableName{}, ""},
-		{"DELETE FROM t", "DELETE", tableName{}, ""},
-		{"EXECUTE IMMEDIATE 'INSERT INTO t VALUES (?)' USING 1", "EXECUTE", tableName{table: "t"}, ""},
-		{`EXECUTE IMMEDIATE _utf8mb4"UPDATE \"x\" SET a=1"`, "EXECUTE", tableName{}, ""},
-		{"EXECUTE IMMEDIATE 'INSERT INTO `it''s` VALUES (''" + strings.Repeat("x", 4000) + "'')'", "EXECUTE", tableName{table: "it's"}, ""},
-		{"EXECUTE IMMEDIATE @sql", "EXECUTE", tableName{}, ""},
-		{"EXECUTE stmt1 USING @a", "EXECUTE", tableName{}, "stmt1"},
-		{"PREPARE s FROM 'INSERT INTO d.t VALUES (?)'", "PREPARE", tableName{"d", "t"}, "s"},
-		{"PREPARE s FROM @q", "PREPARE", tableName{}, ""},
-		{"INSERT INTO t (b) VALUES ('" + strings.Repeat("y", 5000), "INSERT", tableName{table: "t"}, ""},
-		{"SET @v = 1", "SET", tableName{}, ""},
-		{"  ", "", tableName{}, ""},
-	}
-	for _, tc := range tests {
-		h := readHead(tc.q, sqltext.Mode{})
-		if h.verb != tc.verb || h.target != tc.target || h.prepare != tc.prepare {
-			t.Errorf("%.60s: %+v, want %s %+v %q", tc.q, h, tc.verb, tc.target, tc.prepare)
-		}
-	}
-}
-
-// FuzzReadHead: any text, in either escaping mode, is read without panic
-// and names at most what it holds.
-func FuzzReadHead(f *testing.F) {
-	for _, s := range []string{"INSERT INTO t VALUES (1)", "EXECUTE IMMEDIATE 'UPDATE `a`.b SET x=1'", "PREPARE s FROM '", "UPDATE `", "EXECUTE IMMEDIATE '\\"} {
-		f.Add(s, false)
-		f.Add(s, true)
-	}
-	f.Fuzz(func(t *testing.T, q string, nbe bool) {
-		h := readHead(q, sqltext.Mode{NoBackslashEscapes: nbe})
-		if len(h.target.table) > len(q) || len(h.target.schema) > len(q) || len(h.prepare) > len(q) {
-			t.Fatalf("%q: %+v longer than the text", q, h)
-		}
-	})
 }

@@ -1,4 +1,4 @@
-package resourcegroup
+package sqlscan
 
 import (
 	"net/url"

@@ -1,4 +1,4 @@
-package mysqlproto
+package sqlscan
 
 import (
 	"bytes"
@@ -37,45 +37,46 @@ type Scan struct {
 	// token (a ";" aside); "" when there is none. Executable comments and
 	// optimizer hints are not plain comments.
 	LeadingComment, TrailingComment string
-	// Mentions has bit i set when word i of the server's Config.ScanWords
+	// Mentions has bit i set when word i of the server's scan words (mysqlproto.Config.ScanWords)
 	// appears as an identifier or keyword, bare or backquoted, outside
 	// strings and comments (any letter case).
 	Mentions uint64
-	// cs is what the text may do to the session's character_set_client.
-	cs csEffect
+	// Charset is what the text may do to the session's
+	// character_set_client.
+	Charset CharsetEffect
 }
 
 // maxScanWords is how many words a Scan can report in Mentions.
 const maxScanWords = 64
 
-// maxScanWordLen bounds the length of a word in Config.ScanWords.
+// maxScanWordLen bounds the length of a word in scan words (mysqlproto.Config.ScanWords).
 const maxScanWordLen = 64
 
-// wordSet finds a small fixed set of words among identifiers without
+// Words finds a small fixed set of words among identifiers without
 // hashing: a word is compared only with the set's words of its length.
-type wordSet struct {
+type Words struct {
 	words []string // lower case
 	byLen [maxScanWordLen + 1]uint64
 }
 
-// newWordSet indexes words (at most 64, each 1..64 ASCII bytes).
-func newWordSet(words []string) (*wordSet, error) {
+// NewWords indexes words (at most 64, each 1..64 ASCII bytes).
+func NewWords(words []string) (*Words, error) {
 	if len(words) == 0 {
 		return nil, nil
 	}
 	if len(words) > maxScanWords {
-		return nil, fmt.Errorf("mysqlproto: %d scan words, at most %d", len(words), maxScanWords)
+		return nil, fmt.Errorf("sqlscan: %d scan words, at most %d", len(words), maxScanWords)
 	}
-	ws := &wordSet{}
+	ws := &Words{}
 	for i, w := range words {
 		if len(w) == 0 || len(w) > maxScanWordLen {
-			return nil, fmt.Errorf("mysqlproto: scan word %q: length must be 1..%d", w, maxScanWordLen)
+			return nil, fmt.Errorf("sqlscan: scan word %q: length must be 1..%d", w, maxScanWordLen)
 		}
 		lw := make([]byte, len(w))
 		for j := range len(w) {
 			c := w[j]
 			if c >= 0x80 {
-				return nil, fmt.Errorf("mysqlproto: scan word %q is not ASCII", w)
+				return nil, fmt.Errorf("sqlscan: scan word %q is not ASCII", w)
 			}
 			if c >= 'A' && c <= 'Z' {
 				c += 'a' - 'A'
@@ -89,7 +90,7 @@ func newWordSet(words []string) (*wordSet, error) {
 }
 
 // match returns the bits of the words equal to w, ignoring ASCII case.
-func (ws *wordSet) match(w []byte) uint64 {
+func (ws *Words) match(w []byte) uint64 {
 	if len(w) > maxScanWordLen {
 		return 0
 	}
@@ -141,7 +142,7 @@ type scanner struct {
 	// strings are then its substrings, not copies.
 	text   string
 	digest bool // write the digest
-	words  *wordSet
+	words  *Words
 	res    Scan // copied out at the end: a pointer would escape
 	// lastEnd is where the last token other than ";" ended, for telling a
 	// trailing comment.
@@ -185,19 +186,19 @@ func (s *scanner) next() sqltext.Token {
 	return t
 }
 
-// scanQuery makes the single pass over q (the text of a COM_QUERY or
+// Query makes the single pass over q (the text of a COM_QUERY or
 // COM_STMT_PREPARE): it returns the class and whether q holds several
 // statements (as ClassifyQueryMode), and fills res. With withDigest it
 // writes the digest into digest[:0], returns that buffer (grown as needed)
 // and sets res.Digest and res.DigestHash. words may be nil. It allocates
 // only to grow the digest buffer.
-func scanQuery(q []byte, m sqltext.Mode, words *wordSet, res *Scan, digest []byte, withDigest bool) (Class, bool, []byte) {
-	return scanText(q, "", m, words, res, digest, withDigest)
+func Query(q []byte, m sqltext.Mode, words *Words, res *Scan, digest []byte, withDigest bool) (Class, bool, []byte) {
+	return Text(q, "", m, words, res, digest, withDigest)
 }
 
-// scanText is scanQuery for a caller that also holds q as the string
+// Text is Query for a caller that also holds q as the string
 // text, so that the Scan's strings are substrings of it.
-func scanText(q []byte, text string, m sqltext.Mode, words *wordSet, res *Scan, digest []byte, withDigest bool) (Class, bool, []byte) {
+func Text(q []byte, text string, m sqltext.Mode, words *Words, res *Scan, digest []byte, withDigest bool) (Class, bool, []byte) {
 	s := scanner{
 		text:   text,
 		d:      digester{l: sqltext.New(q, m), out: digest[:0]},
@@ -225,8 +226,8 @@ func scanText(q []byte, text string, m sqltext.Mode, words *wordSet, res *Scan, 
 		class = ClassOther
 	}
 	s.res.EndsTxn = parts == 1 && endsTxn
-	if s.multiCS && parts > 1 && s.res.cs.kind == csPrepared {
-		s.res.cs.kind = csAsk // the session follows prepared names of single statements only
+	if s.multiCS && parts > 1 && s.res.Charset.Kind == CharsetPrepared {
+		s.res.Charset.Kind = CharsetAsk // the session follows prepared names of single statements only
 	}
 	if withDigest {
 		s.res.Digest = s.d.out
@@ -243,7 +244,7 @@ func scanText(q []byte, text string, m sqltext.Mode, words *wordSet, res *Scan, 
 // a second statement; reading it with escapes would hide the write.
 func ClassifyQueryMode(q []byte, m sqltext.Mode) (class Class, multi bool) {
 	var res Scan
-	class, multi, _ = scanQuery(q, m, nil, &res, nil, false)
+	class, multi, _ = Query(q, m, nil, &res, nil, false)
 	return class, multi
 }
 
@@ -280,21 +281,21 @@ func (s *scanner) classifyNext(first bool) (class Class, empty, more, ends bool)
 	}
 	class, depth, program := classifyHead(*l, t)
 	ends = !parens && endsTransaction(*l, t)
-	var cs csEffect
+	var cs CharsetEffect
 	if n := t.End - t.Start; t.Kind == tkWord && (n == 3 || n == 4 || n == 7 || n == 10) {
 		// SET, DROP (PREPARE), EXECUTE, PREPARE, DEALLOCATE: the few
 		// statements that may change character_set_client.
 		cs = charsetEffect(*l, t)
 	}
 	more = s.skipStatement(depth, program)
-	if cs.kind != csNone {
+	if cs.Kind != CharsetNone {
 		if !first || more {
 			s.multiCS = true
 		}
-		s.res.cs = cs
-		if cs.kind == csTo && more {
+		s.res.Charset = cs
+		if cs.Kind == CharsetTo && more {
 			// The server parses the next statement after running this one.
-			l.SetCharset(cs.to)
+			l.SetCharset(cs.To)
 		}
 	}
 	return class, false, more, ends
@@ -494,16 +495,4 @@ func fnv64[T string | []byte](b T) uint64 {
 		h *= prime
 	}
 	return h
-}
-
-// ScanStatement fills st.Class, st.Multi and st.Scan from st.Query as a
-// session does for a COM_QUERY whose server has Config.ScanWords words.
-// It is for tests and tools: it indexes words on every call.
-func ScanStatement(st *Statement, words []string) error {
-	ws, err := newWordSet(words)
-	if err != nil {
-		return err
-	}
-	st.Class, st.Multi, _ = scanText([]byte(st.Query), st.Query, st.Mode(), ws, &st.Scan, nil, true)
-	return nil
 }

@@ -1,4 +1,4 @@
-package mysqlproto
+package sqlscan
 
 import (
 	"bytes"
@@ -40,7 +40,7 @@ func checkScanMatchesReference(t *testing.T, q []byte) {
 	for _, mode := range []sqltext.Mode{{}, {NoBackslashEscapes: true}, {Charset: sqltext.GBK}, {Charset: sqltext.SJIS, NoBackslashEscapes: true}} {
 		wc, wm := refClassifyQueryMode(q, mode)
 		var res Scan
-		c, m, _ := scanQuery(q, mode, nil, &res, nil, true)
+		c, m, _ := Query(q, mode, nil, &res, nil, true)
 		if c != wc || m != wm {
 			t.Fatalf("scan(%q, %+v) = %v, %v; separate passes %v, %v", q, mode, c, m, wc, wm)
 		}
@@ -50,7 +50,7 @@ func checkScanMatchesReference(t *testing.T, q []byte) {
 		// The reference digester reads the whole text in one mode: a
 		// SET NAMES inside a multi-statement switches the scan's.
 		switches := bytes.Contains(bytes.ToUpper(q), []byte("SET")) && bytes.Contains(q, []byte(";"))
-		if _, _, d := scanQuery(q, mode, nil, &res, nil, true); !switches && string(d) != refDigest(q, mode) || res.DigestHash != HashDigest(refDigest(q, mode)) {
+		if _, _, d := Query(q, mode, nil, &res, nil, true); !switches && string(d) != refDigest(q, mode) || res.DigestHash != HashDigest(refDigest(q, mode)) {
 			t.Fatalf("scan digest of %q in %+v = %q (hash %x); Digest was %q", q, mode, d, res.DigestHash, refDigest(q, mode))
 		}
 	}
@@ -58,7 +58,7 @@ func checkScanMatchesReference(t *testing.T, q []byte) {
 
 func TestScanFields(t *testing.T) {
 	words := []string{"resource", "CURRENT_RESOURCE_GROUP", "resource_groups"}
-	ws, err := newWordSet(words)
+	ws, err := NewWords(words)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestScanFields(t *testing.T) {
 	}
 	for _, tc := range tests {
 		var res Scan
-		scanText([]byte(tc.q), tc.q, sqltext.Mode{}, ws, &res, nil, false)
+		Text([]byte(tc.q), tc.q, sqltext.Mode{}, ws, &res, nil, false)
 		if res.EndsTxn != tc.ends || res.Hint != tc.hint || res.LeadingComment != tc.lead ||
 			res.TrailingComment != tc.trail || res.Mentions != tc.mentions {
 			t.Errorf("%q: ends=%v hint=%q lead=%q trail=%q mentions=%b; want %v %q %q %q %b", tc.q,
@@ -116,13 +116,13 @@ func TestScanFields(t *testing.T) {
 }
 
 func TestScanAllocations(t *testing.T) {
-	ws, _ := newWordSet([]string{"resource", "current_resource_group"})
+	ws, _ := NewWords([]string{"resource", "current_resource_group"})
 	q := "/* app */ SELECT id, name FROM users WHERE id = 42 AND status IN ('a', 'b') /*route='x'*/"
 	b := []byte(q)
 	buf := make([]byte, 0, 256)
 	var res Scan
 	if n := testing.AllocsPerRun(100, func() {
-		_, _, buf = scanText(b, q, sqltext.Mode{}, ws, &res, buf, true)
+		_, _, buf = Text(b, q, sqltext.Mode{}, ws, &res, buf, true)
 	}); n != 0 {
 		t.Fatalf("scan allocates %v times per statement", n)
 	}
@@ -132,30 +132,30 @@ func TestScanAllocations(t *testing.T) {
 }
 
 func TestNewWordSet(t *testing.T) {
-	if _, err := newWordSet([]string{""}); err == nil {
+	if _, err := NewWords([]string{""}); err == nil {
 		t.Fatal("empty word accepted")
 	}
-	if _, err := newWordSet([]string{"résumé"}); err == nil {
+	if _, err := NewWords([]string{"résumé"}); err == nil {
 		t.Fatal("non-ASCII word accepted")
 	}
 	many := make([]string, 65)
 	for i := range many {
 		many[i] = "w"
 	}
-	if _, err := newWordSet(many); err == nil {
+	if _, err := NewWords(many); err == nil {
 		t.Fatal("65 words accepted")
 	}
 }
 
 func BenchmarkScan(b *testing.B) {
-	ws, _ := newWordSet([]string{"resource", "current_resource_group", "resource_groups", "runaway_watches", "statements_summary", "watch", "last"})
+	ws, _ := NewWords([]string{"resource", "current_resource_group", "resource_groups", "runaway_watches", "statements_summary", "watch", "last"})
 	q := "SELECT c FROM sbtest1 WHERE id=4242"
 	bq := []byte(q)
 	buf := make([]byte, 0, 256)
 	var res Scan
 	b.ReportAllocs()
 	for b.Loop() {
-		_, _, buf = scanText(bq, q, sqltext.Mode{}, ws, &res, buf, true)
+		_, _, buf = Text(bq, q, sqltext.Mode{}, ws, &res, buf, true)
 	}
 }
 

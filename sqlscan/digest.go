@@ -1,4 +1,4 @@
-package mysqlproto
+package sqlscan
 
 import "github.com/rgproxy/rgproxy/sqltext"
 
@@ -29,7 +29,7 @@ import "github.com/rgproxy/rgproxy/sqltext"
 // NO_BACKSLASH_ESCAPES (Statement.Mode).
 func Digest(q []byte, m sqltext.Mode) string {
 	var res Scan
-	_, _, out := scanQuery(q, m, nil, &res, make([]byte, 0, len(q)+8), true)
+	_, _, out := Query(q, m, nil, &res, make([]byte, 0, len(q)+8), true)
 	return string(out)
 }
 

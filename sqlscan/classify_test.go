@@ -1,12 +1,14 @@
-package mysqlproto
+package sqlscan
 
 import (
 	"bytes"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rgproxy/rgproxy/internal/threadcpu"
 	"github.com/rgproxy/rgproxy/sqltext"
 )
 
@@ -251,14 +253,16 @@ func TestClassifyQueryPrefixSafe(t *testing.T) {
 	}
 }
 
-// TestLinearTime feeds inputs that a look-ahead per token would make
-// quadratic (about 10^10 steps here); linear code takes milliseconds even
-// under the race detector, far below the bound.
 // TestLinearTime guards against quadratic paths on hostile input. It does
 // not time against a wall-clock budget (a loaded machine would fail it):
 // it compares, in one run, the cost of n and 8n tokens of each input. A
 // linear scan grows about 8x, a quadratic one about 64x.
+//
+// The cost is the thread's CPU time: with both cores busy, the wall time
+// of the longer run also counts its waits for a CPU (it read 36x).
 func TestLinearTime(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	patterns := []func(n int) string{
 		func(n int) string { return "CREATE PROCEDURE p() BEGIN " + strings.Repeat("IF(", n) },
 		func(n int) string { return "CREATE PROCEDURE p() BEGIN " + strings.Repeat("IF (a) THEN ", n) },
@@ -271,11 +275,12 @@ func TestLinearTime(t *testing.T) {
 	}
 	cost := func(in []byte) time.Duration {
 		best := time.Duration(1<<63 - 1)
-		for i := 0; i < 3; i++ {
-			start := time.Now()
+		for range 3 {
+			start, _ := threadcpu.Now()
 			ClassifyQuery(in)
 			Digest(in, sqltext.Mode{})
-			best = min(best, time.Since(start))
+			end, _ := threadcpu.Now()
+			best = min(best, end-start)
 		}
 		return max(best, time.Microsecond)
 	}

@@ -1,4 +1,4 @@
-package mysqlproto
+package sqlscan
 
 import (
 	"hash/fnv"

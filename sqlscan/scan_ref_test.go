@@ -1,4 +1,4 @@
-package mysqlproto
+package sqlscan
 
 // The classifier and digester as they were before they merged into one
 // pass (scan.go): the differential tests and fuzz targets check that the
@@ -51,8 +51,8 @@ func refClassifyNext(l *sqltext.Lexer) (class Class, empty, more bool) {
 	// statement of a multi-statement in that character set.
 	cs := charsetEffect(*l, t)
 	more = refSkipStatement(l, depth, program)
-	if cs.kind == csTo && more {
-		l.SetCharset(cs.to)
+	if cs.Kind == CharsetTo && more {
+		l.SetCharset(cs.To)
 	}
 	return class, false, more
 }
