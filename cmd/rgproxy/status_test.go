@@ -72,13 +72,21 @@ func TestConcurrentReadyzShareOneProbe(t *testing.T) {
 		errs <- err
 	}()
 	<-started // the first request's probe runs
+	// The others are released only once each is about to ask: with both
+	// cores busy, goroutines started but not yet run when the probe ended
+	// each started one of their own (50 probes for 50 requests).
+	asking := make(chan struct{}, n)
 	for range n - 1 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			asking <- struct{}{}
 			_, err := probe(context.Background())
 			errs <- err
 		}()
+	}
+	for range n - 1 {
+		<-asking
 	}
 	// A request that gives up stops waiting at once.
 	ctx, cancel := context.WithCancel(context.Background())
