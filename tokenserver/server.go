@@ -39,6 +39,43 @@ const (
 	DefaultPersistInterval = 5 * time.Second
 )
 
+// How long the leader's chores and the loops that start over may take or
+// wait. Each bound keeps a stalled etcd from holding up what comes next.
+const (
+	// electionRetryWait is the pause before campaigning again after an
+	// election error: short beside ElectionTTL, long enough not to spin
+	// on an etcd that refuses.
+	electionRetryWait = time.Second
+	// settingsRetryWait is the pause before following /rg/settings/ again
+	// after its watch ended: proxies wait on the settings, so it is short.
+	settingsRetryWait = 500 * time.Millisecond
+	// resignTimeout bounds giving up a leadership this replica could not
+	// take up; the lease's TTL frees the key anyway if it runs out.
+	resignTimeout = 2 * time.Second
+	// etcdProbeTimeout bounds one small etcd request on the election's
+	// path (revoking a dead leader's lease, probing for an orphaned
+	// leader, reading a lease for the log): a second is many round trips
+	// to a healthy etcd, and the caller tries again or decides without it.
+	etcdProbeTimeout = time.Second
+	// leaderChoreTimeout bounds each of a new leader's one-off chores
+	// (loading the runaway history, moving old bindings): large data may
+	// take a while, but granting must not wait on a stalled etcd forever;
+	// the next term tries again.
+	leaderChoreTimeout = 30 * time.Second
+	// handOverTimeout bounds saving the buckets when leadership is handed
+	// over: what is not saved by then is lost to at most one persist
+	// interval of drift.
+	handOverTimeout = 3 * time.Second
+	// persistRoundMax bounds one persistence round (the interval, if
+	// shorter): a round that cannot finish is tried again next interval.
+	persistRoundMax = 2 * time.Second
+	// minExpiryTick and minRenewTick floor the expiry and lease-renewal
+	// tickers, which follow ClientExpiry/4 and ElectionTTL/6, so that tiny
+	// test settings do not spin.
+	minExpiryTick = time.Second
+	minRenewTick  = 100 * time.Millisecond
+)
+
 // Config configures a Server.
 type Config struct {
 	// Alloc tunes the token allocator (target period 5 s, client expiry 60 s).
@@ -246,7 +283,7 @@ func (s *Server) Run(ctx context.Context) error {
 			failpoint.InjectCall("electionRetry", err)
 			s.log.Warn("leader election", "err", err)
 			select {
-			case <-time.After(time.Second):
+			case <-time.After(electionRetryWait):
 			case <-ctx.Done():
 			}
 		}
@@ -311,7 +348,7 @@ func (s *Server) campaign(ctx context.Context) error {
 	}
 	if err := s.becomeLeader(ctx, el.Key(), el.Rev()); err != nil {
 		s.stepDown()
-		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		rctx, cancel := context.WithTimeout(context.Background(), resignTimeout)
 		defer cancel()
 		_ = el.Resign(rctx)
 		return err
@@ -378,7 +415,7 @@ func (s *Server) probeLeaderLiveness(ctx context.Context, observed <-chan leader
 			continue
 		}
 		s.log.Warn("leader refuses connections: revoking its lease", "leader", cur.addr)
-		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		rctx, cancel := context.WithTimeout(ctx, etcdProbeTimeout)
 		_, err = s.cli.Revoke(rctx, cur.lease)
 		cancel()
 		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -408,7 +445,7 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 	}
 	resp = nil
 	// The runaway history of earlier terms; bounded, like the chores below.
-	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+	lctx, lcancel := context.WithTimeout(ctx, leaderChoreTimeout)
 	if err := s.loadRunaways(clientv3.WithRequireLeader(lctx), rev); err != nil {
 		s.log.Warn("loading the runaway history", "err", err)
 	}
@@ -432,7 +469,7 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 	// Bindings an earlier version kept per user name move to their account.
 	// Bounded, so a stalled etcd does not keep the new leader from its
 	// chores; the next leader (or this one's next term) tries again.
-	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	mctx, cancel := context.WithTimeout(ctx, leaderChoreTimeout)
 	n, err := s.store.migrateBindings(clientv3.WithRequireLeader(mctx), key, rev)
 	cancel()
 	if err != nil {
@@ -509,12 +546,12 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 	defer persist.Stop()
 	// Expiry walks every slot of every group (in chunks): do it a few
 	// times per expiry period, not every second.
-	expire := time.NewTicker(max(s.cfg.Alloc.withDefaults().ClientExpiry/4, time.Second))
+	expire := time.NewTicker(max(s.cfg.Alloc.withDefaults().ClientExpiry/4, minExpiryTick))
 	defer expire.Stop()
 	// The session renews its lease every TTL/3; under heavy load one late
 	// renewal can cost the leadership, so the leader also renews on its own,
 	// more often. Cheap: one small RPC per tick.
-	renew := time.NewTicker(max(s.cfg.ElectionTTL/6, 100*time.Millisecond))
+	renew := time.NewTicker(max(s.cfg.ElectionTTL/6, minRenewTick))
 	defer renew.Stop()
 	lease := sess.Lease()
 	lapsed := sess.Done()
@@ -570,7 +607,7 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 			}
 			// Bounded, and failing at once without an etcd leader, so that
 			// the loop notices a lapsed session in time.
-			pctx, cancel := context.WithTimeout(ctx, min(s.cfg.PersistInterval, 2*time.Second))
+			pctx, cancel := context.WithTimeout(ctx, min(s.cfg.PersistInterval, persistRoundMax))
 			err := s.Persist(clientv3.WithRequireLeader(pctx))
 			cancel()
 			if err != nil {
@@ -582,7 +619,7 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 				}
 				s.log.Warn("persist bucket states", "err", err)
 			}
-			pctx, cancel = context.WithTimeout(ctx, min(s.cfg.PersistInterval, 2*time.Second))
+			pctx, cancel = context.WithTimeout(ctx, min(s.cfg.PersistInterval, persistRoundMax))
 			err = s.persistRunaways(clientv3.WithRequireLeader(pctx))
 			cancel()
 			if err != nil {
@@ -620,7 +657,7 @@ const orphanProbeInterval = 500 * time.Millisecond
 // still the first (the leader's), it renews the lease and returns a new
 // session over it; otherwise it steps down (nil).
 func (s *Server) resumeOrLose(ctx context.Context, el *concurrency.Election, lease clientv3.LeaseID) *concurrency.Session {
-	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	pctx, cancel := context.WithTimeout(ctx, etcdProbeTimeout)
 	defer cancel()
 	resp, err := s.cli.Get(clientv3.WithRequireLeader(pctx), keyElection+"/", clientv3.WithFirstCreate()...)
 	if err != nil {
@@ -657,7 +694,7 @@ func (s *Server) resumeOrLose(ctx context.Context, el *concurrency.Election, lea
 
 // handOver saves the buckets and lets another replica lead.
 func (s *Server) handOver(el *concurrency.Election) {
-	wctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	wctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
 	defer cancel()
 	if err := s.persist(wctx, true); err != nil {
 		s.log.Warn("persist on shutdown", "err", err)
@@ -680,7 +717,7 @@ func (s *Server) handOver(el *concurrency.Election) {
 
 // leaseState describes the session's lease, for the log of a lost leadership.
 func (s *Server) leaseState(lease clientv3.LeaseID) string {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), etcdProbeTimeout)
 	defer cancel()
 	r, err := s.cli.TimeToLive(ctx, lease)
 	if err != nil {
@@ -812,7 +849,7 @@ func (s *Server) syncSettings(ctx context.Context) {
 		}
 		s.log.Warn("following the settings in etcd: starting over", "err", err)
 		select {
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(settingsRetryWait):
 		case <-ctx.Done():
 		}
 	}
