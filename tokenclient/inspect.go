@@ -47,6 +47,17 @@ type StatementSummary struct {
 	EstimateRU float64
 }
 
+// TotalRU is every execution's RU (RRU + WRU) summed.
+func (s StatementSummary) TotalRU() float64 { return (s.AvgRRU + s.AvgWRU) * float64(s.ExecCount) }
+
+// AvgLatency is SumLatency / ExecCount.
+func (s StatementSummary) AvgLatency() time.Duration {
+	if s.ExecCount == 0 {
+		return 0
+	}
+	return s.SumLatency / time.Duration(s.ExecCount)
+}
+
 // UsageRow is one row of a proxy's SHOW RESOURCE GROUP USAGE.
 type UsageRow struct {
 	GroupUsage

@@ -118,7 +118,7 @@ func clusterSummaryTable(v *tokenclient.ClusterView, keep func(string) bool) *vt
 			if keep != nil && !keep(r.Group) {
 				continue
 			}
-			row := append([]string{in.Instance}, summaryRow(ShapeSummary(r))...)
+			row := append([]string{in.Instance}, summaryRow(r)...)
 			t.rows = append(t.rows, cellsOf(row))
 		}
 	}
@@ -197,11 +197,7 @@ var _ tokenclient.Inspector = (*Policy)(nil)
 func (p *Policy) InspectStatements(keep func(string) bool) []tokenclient.StatementSummary {
 	shapes := p.shapes.summary(keep)
 	slices.SortStableFunc(shapes, func(a, b ShapeSummary) int { return cmp.Compare(b.SumLatency, a.SumLatency) })
-	out := make([]tokenclient.StatementSummary, len(shapes))
-	for i, r := range shapes {
-		out[i] = tokenclient.StatementSummary(r)
-	}
-	return out
+	return shapes
 }
 
 // InspectUsage implements tokenclient.Inspector: this proxy's usage of

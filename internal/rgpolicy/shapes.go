@@ -9,6 +9,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/internal/topn"
 	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
 // shapeKey names a statement shape: the hash of its digest (literals
@@ -318,31 +319,10 @@ func (t *shapes) len() int {
 }
 
 // ShapeSummary is one row of statements_summary: a shape's figures since
-// the proxy first saw it (or since it was last evicted).
-type ShapeSummary struct {
-	Group, Digest, DigestText string
-	ExecCount                 uint64
-	SumLatency, MaxLatency    time.Duration
-	AvgRRU, MaxRRU            float64
-	AvgWRU, MaxWRU            float64
-	AvgQueued, MaxQueued      time.Duration
-	SumErrors                 uint64
-	FirstSeen, LastSeen       time.Time
-	// EstimateRU is what the proxy charges before the next execution.
-	EstimateRU float64
-}
-
-// TotalRU is every execution's RU (RRU + WRU) summed. (A method, not a
-// field: tokenclient.StatementSummary converts from this struct.)
-func (s ShapeSummary) TotalRU() float64 { return (s.AvgRRU + s.AvgWRU) * float64(s.ExecCount) }
-
-// AvgLatency is SumLatency / ExecCount.
-func (s ShapeSummary) AvgLatency() time.Duration {
-	if s.ExecCount == 0 {
-		return 0
-	}
-	return s.SumLatency / time.Duration(s.ExecCount)
-}
+// this proxy first saw it (or since it was last evicted). It is the type the Inspect stream carries
+// (tokenclient.StatementSummary), so a proxy's rows and the cluster's are
+// one struct.
+type ShapeSummary = tokenclient.StatementSummary
 
 // summary returns the shapes whose group passes keep (every group when
 // keep is nil), ordered by group and digest.
