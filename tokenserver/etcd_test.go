@@ -209,7 +209,7 @@ func TestEtcdNoSpace(t *testing.T) {
 		t.Fatalf("the refused alter changed g: %v %v", g, err)
 	}
 
-	// The operator's way out (README, Operating): free space, compact,
+	// The operator's way out (docs/operating.md): free space, compact,
 	// defragment, disarm.
 	if _, err := cli.Delete(ctx, "/junk/", clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)

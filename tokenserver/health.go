@@ -39,7 +39,7 @@ func (s *Server) EtcdProblem() string {
 	case h.noQuorum:
 		return "etcd has no quorum (" + h.detail + "); group changes fail until etcd is back"
 	case h.noSpace:
-		return "etcd is out of space (NOSPACE alarm): group changes and bucket persistence fail until an operator compacts, defragments and disarms it (README, Operating); tokens are still granted"
+		return "etcd is out of space (NOSPACE alarm): group changes and bucket persistence fail until an operator compacts, defragments and disarms it (docs/operating.md); tokens are still granted"
 	}
 	return ""
 }
@@ -125,7 +125,7 @@ func isNoQuorum(err error) bool {
 func etcdMessage(err error) string {
 	switch {
 	case errors.Is(err, rpctypes.ErrNoSpace):
-		return "etcd is out of space (NOSPACE alarm) and refuses writes, so nothing was changed; an operator must compact, defragment and disarm it (README, Operating); tokens are still granted [" + err.Error() + "]"
+		return "etcd is out of space (NOSPACE alarm) and refuses writes, so nothing was changed; an operator must compact, defragment and disarm it (docs/operating.md); tokens are still granted [" + err.Error() + "]"
 	case isNoQuorum(err):
 		return "etcd has no quorum and refuses writes, so nothing was changed; retry once its members are back; tokens are still granted [" + err.Error() + "]"
 	}

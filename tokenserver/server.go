@@ -540,7 +540,7 @@ func (s *Server) stepDown() {
 // leader's, and steps down otherwise. (In a partition that leaves a
 // majority of etcd members elsewhere, a replica there may be elected once
 // the lease expires there: until this leader reaches etcd again, groups
-// used through both may get up to twice their rate. README, "Operating".)
+// used through both may get up to twice their rate. docs/operating.md.)
 func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concurrency.Election) {
 	persist := time.NewTicker(s.cfg.PersistInterval)
 	defer persist.Stop()

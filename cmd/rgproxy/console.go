@@ -16,7 +16,7 @@ import (
 // The console: GET / on the status port is a page (console.html, inline
 // style and script, nothing fetched from elsewhere) that reads GET
 // /api/console every 2 s and shows every group with its limit and its
-// live figures on this proxy, and the heaviest statement shapes. README,
+// live figures on this proxy, and the heaviest statement shapes. docs/metrics.md,
 // "Console", documents the JSON.
 
 //go:embed console.html

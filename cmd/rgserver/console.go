@@ -16,7 +16,7 @@ import (
 // /api/console every 2 s and shows every group cluster-wide: its limit,
 // its global bucket, the proxies using it and what they reported. Every
 // replica answers; a follower shows what it knows and names the leader.
-// README, "Console", documents the JSON.
+// docs/metrics.md, "Console", documents the JSON.
 
 //go:embed console.html
 var consoleHTML []byte

@@ -155,7 +155,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		log.Warn("INSECURE: --insecure given, rgserver authenticates nobody: anyone who reaches its gRPC address may create, alter and drop resource groups, bind users and take tokens",
 			"addr", cfg.Addr)
 	case auth.Open():
-		log.Warn("no authentication configured: anyone on this host may change resource groups and take tokens (gRPC listens on loopback only); see README, Security",
+		log.Warn("no authentication configured: anyone on this host may change resource groups and take tokens (gRPC listens on loopback only); see docs/security.md",
 			"addr", cfg.Addr)
 	case cfg.AdminTokenFile == "" && cfg.TLSAdminNames == "":
 		log.Warn("no administrator credential configured (--admin-token-file, --tls-admin-names): every change to groups, bindings and watches is refused")

@@ -16,7 +16,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// MySQL error codes the soak expects (see README, "Operating").
+// MySQL error codes the soak expects (see docs/operating.md).
 const (
 	codeThrottled   = 8252 // refused under throttling: expected at any time
 	codeBackendLost = 1927 // in flight when the backend died
