@@ -182,7 +182,7 @@ type writeState struct {
 	dbKnown bool
 	// prepared maps the names of statements PREPAREd from a literal text
 	// to their target table, for EXECUTE name (estimate).
-	prepared map[string]tableName
+	prepared map[string]sqlscan.Table
 	// rowCount is what ROW_COUNT() said after the session's last
 	// statement, before the @@last_gtid query set it to -1 (rowCountSet:
 	// known; see rowCountRewrite).
@@ -193,19 +193,11 @@ type writeState struct {
 // maxPrepared bounds a session's remembered PREPARE names.
 const maxPrepared = 64
 
-// tableName is a table as a statement names it; schema "" = the current
-// database.
-type tableName struct{ schema, table string }
-
-// stmtHead is what the policy reads of a statement's first words.
+// stmtHead is what the policy reads of a statement's first words
+// (sqlscan.ReadHead; a Target's Schema "" is the current database), and
+// what it makes of them.
 type stmtHead struct {
-	verb string // the first keyword, upper case ("" when none was read)
-	// target is the one table an INSERT, REPLACE or single-table UPDATE
-	// writes (also through EXECUTE IMMEDIATE 'text' or EXECUTE name).
-	target tableName
-	// prepare is the name a PREPARE ... FROM 'text' defines (its target
-	// is target).
-	prepare string
+	sqlscan.Head
 	// mayWrite: the statement may commit a write (see writesBefore).
 	mayWrite bool
 	// avg is the target's average row length, when the estimate has it.
@@ -233,19 +225,18 @@ func (s *session) writesBefore(ctx context.Context, st *mysqlproto.Statement, be
 	// statements in one may hold one.
 	h := stmtHead{mayWrite: st.Class == sqlscan.ClassWrite || st.Multi}
 	if st.Class == sqlscan.ClassOther && !st.Multi {
-		h.verb = firstWord(st.Query, st.Mode())
-		h.mayWrite = h.verb == "EXECUTE" || h.verb == "DO"
+		h.Verb = sqlscan.FirstWord(st.Query, st.Mode())
+		h.mayWrite = h.Verb == "EXECUTE" || h.Verb == "DO"
 	}
 	if s.p.writes.inForce() == srcEstimate && !st.Multi &&
-		(st.Class == sqlscan.ClassWrite || h.verb == "EXECUTE" || h.verb == "PREPARE") {
-		full := readHead(st.Query, st.Mode())
-		h.verb, h.target, h.prepare = full.verb, full.target, full.prepare
-		if h.verb == "EXECUTE" && h.target == (tableName{}) && h.prepare != "" {
-			h.target = w.prepared[strings.ToLower(h.prepare)]
-			h.prepare = ""
+		(st.Class == sqlscan.ClassWrite || h.Verb == "EXECUTE" || h.Verb == "PREPARE") {
+		h.Head = sqlscan.ReadHead(st.Query, st.Mode())
+		if h.Verb == "EXECUTE" && h.Target == (sqlscan.Table{}) && h.Prepare != "" {
+			h.Target = w.prepared[strings.ToLower(h.Prepare)]
+			h.Prepare = ""
 		}
-		if h.target.table != "" && h.verb != "PREPARE" {
-			h.avg = s.rowLength(ctx, be, h.target)
+		if h.Target.Table != "" && h.Verb != "PREPARE" {
+			h.avg = s.rowLength(ctx, be, h.Target)
 		}
 	}
 	w.head = h
@@ -264,12 +255,12 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	switch {
 	case st.Command == mysql.COM_RESET_CONNECTION:
 		*w = writeState{}
-	case st.Command == mysql.COM_INIT_DB || h.verb == "USE" || st.Multi:
+	case st.Command == mysql.COM_INIT_DB || h.Verb == "USE" || st.Multi:
 		w.dbKnown = false
 	}
-	if h.prepare != "" && h.verb == "PREPARE" && out.ErrCode == 0 {
+	if h.Prepare != "" && h.Verb == "PREPARE" && out.ErrCode == 0 {
 		if w.prepared == nil {
-			w.prepared = map[string]tableName{}
+			w.prepared = map[string]sqlscan.Table{}
 		}
 		for k := range w.prepared {
 			if len(w.prepared) < maxPrepared {
@@ -277,7 +268,7 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 			}
 			delete(w.prepared, k)
 		}
-		w.prepared[strings.ToLower(h.prepare)] = h.target
+		w.prepared[strings.ToLower(h.Prepare)] = h.Target
 	}
 	w.rowCountSet = false
 	cur := &s.cur
@@ -336,7 +327,7 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 		if own && !st.Multi && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_EXECUTE) {
 			// The query sets ROW_COUNT() to -1; a plain DML statement's
 			// is known, and given back in the next statement.
-			switch firstWord(st.Query, st.Mode()) {
+			switch sqlscan.FirstWord(st.Query, st.Mode()) {
 			case "INSERT", "UPDATE", "DELETE", "REPLACE":
 				w.rowCount, w.rowCountSet = int64(out.AffectedRows), true
 				if out.ErrCode != 0 {
@@ -402,16 +393,10 @@ func (s *session) rowCountRewrite(st *mysqlproto.Statement, rewrite string) stri
 	if q == "" {
 		q = st.Query
 	}
-	if out, ok := replaceRowCount(q, st.Mode(), w.rowCount); ok {
+	if out, ok := sqlscan.ReplaceRowCount(q, st.Mode(), w.rowCount); ok {
 		return out
 	}
 	return rewrite
-}
-
-// replaceRowCount replaces each ROW_COUNT() call in q by n
-// (sqlscan.ReplaceRowCount).
-func replaceRowCount(q string, mode sqlscan.Mode, n int64) (string, bool) {
-	return sqlscan.ReplaceRowCount(q, mode, n)
 }
 
 // writeResult is how a statement's written bytes were settled, for SHOW
@@ -513,22 +498,12 @@ func (t *shapes) lateWRU(k shapeKey, wru float64, learn bool) {
 	s.sumWRU += wru
 }
 
-// firstWord is a statement's first keyword, upper case (sqlscan.FirstWord).
-func firstWord(q string, mode sqlscan.Mode) string { return sqlscan.FirstWord(q, mode) }
-
-// readHead reads the first words of a statement: its verb and, when it
-// writes one table, that table (sqlscan.ReadHead).
-func readHead(q string, mode sqlscan.Mode) stmtHead {
-	h := sqlscan.ReadHead(q, mode)
-	return stmtHead{verb: h.Verb, target: tableName{schema: h.Target.Schema, table: h.Target.Table}, prepare: h.Prepare}
-}
-
 // rowLengths caches tables' average row lengths (information_schema
 // TABLES.AVG_ROW_LENGTH, bytes) for a minute, for every session; at most
 // maxRowLengths tables. Safe for concurrent use.
 type rowLengths struct {
 	mu sync.Mutex
-	m  map[tableName]rowLength
+	m  map[sqlscan.Table]rowLength
 }
 
 type rowLength struct {
@@ -541,9 +516,9 @@ const (
 	maxRowLengths = 10000
 )
 
-func newRowLengths() *rowLengths { return &rowLengths{m: map[tableName]rowLength{}} }
+func newRowLengths() *rowLengths { return &rowLengths{m: map[sqlscan.Table]rowLength{}} }
 
-func (r *rowLengths) get(t tableName, now time.Time) (float64, bool) {
+func (r *rowLengths) get(t sqlscan.Table, now time.Time) (float64, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.m[t]
@@ -553,7 +528,7 @@ func (r *rowLengths) get(t tableName, now time.Time) (float64, bool) {
 	return e.avg, true
 }
 
-func (r *rowLengths) put(t tableName, avg float64, now time.Time) {
+func (r *rowLengths) put(t sqlscan.Table, avg float64, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.m[t]; !ok && len(r.m) >= maxRowLengths {
@@ -578,28 +553,28 @@ const minTrustedDataLength = 1 << 20
 // sent hex-encoded, never as quoted text. 0 when unknown or not trusted
 // (no such table, no statistics yet, under minTrustedDataLength, the query
 // failed).
-func (s *session) rowLength(ctx context.Context, be mysqlproto.Backend, t tableName) float64 {
+func (s *session) rowLength(ctx context.Context, be mysqlproto.Backend, t sqlscan.Table) float64 {
 	w := &s.wr
 	now := s.p.clk.Now()
 	key := t
-	if key.schema == "" && w.dbKnown {
-		key.schema = w.db
+	if key.Schema == "" && w.dbKnown {
+		key.Schema = w.db
 	}
-	if key.schema != "" {
+	if key.Schema != "" {
 		if avg, ok := s.p.writes.rows.get(key, now); ok {
 			return avg
 		}
 	}
 	schema := "DATABASE()"
-	if t.schema != "" {
-		schema = "X'" + hex.EncodeToString([]byte(t.schema)) + "'"
+	if t.Schema != "" {
+		schema = "X'" + hex.EncodeToString([]byte(t.Schema)) + "'"
 	}
 	s.cpu.stale()
 	qctx, cancel := context.WithTimeout(ctx, followUpTimeout)
 	defer cancel()
 	_, rows, err := be.Query(qctx, "SELECT DATABASE(), (SELECT IF(DATA_LENGTH >= "+strconv.Itoa(minTrustedDataLength)+
 		", AVG_ROW_LENGTH, 0) FROM information_schema.TABLES WHERE TABLE_SCHEMA = "+
-		schema+" AND TABLE_NAME = X'"+hex.EncodeToString([]byte(t.table))+"')")
+		schema+" AND TABLE_NAME = X'"+hex.EncodeToString([]byte(t.Table))+"')")
 	if err != nil || len(rows) != 1 || len(rows[0]) != 2 {
 		s.p.logger.Debug("reading a table's average row length failed: the statement pays its packet", "err", err)
 		return 0
@@ -608,14 +583,14 @@ func (s *session) rowLength(ctx context.Context, be mysqlproto.Backend, t tableN
 	if rows[0][0] != nil {
 		w.db = *rows[0][0]
 	}
-	if t.schema == "" {
-		key.schema = w.db
+	if t.Schema == "" {
+		key.Schema = w.db
 	}
 	var avg float64
 	if rows[0][1] != nil {
 		avg, _ = strconv.ParseFloat(*rows[0][1], 64)
 	}
-	if key.schema != "" {
+	if key.Schema != "" {
 		s.p.writes.rows.put(key, avg, now)
 	}
 	return avg
