@@ -845,6 +845,9 @@ func (ss *session) relayAuth(plugin string, delta byte) (ok bool, err error) {
 			if err := m.parseOK(p); err == nil {
 				ss.status = m.Status
 			}
+			// Logged in: the pre-login place is free before the client
+			// learns it, so that its next connection finds it free.
+			ss.leavePreAuth()
 			if err := ss.sendClient(bseq+delta, p); err != nil {
 				return false, err
 			}
