@@ -13,8 +13,9 @@ import (
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
 
-// The console: GET / on the status port is a page (console.html, inline
-// style and script, nothing fetched from elsewhere) that reads GET
+// The console: GET / on the status port is a page (console.html, whose
+// inline style and script statuspage.NewConsole heads with what both
+// consoles share; nothing fetched from elsewhere) that reads GET
 // /api/console every 2 s and shows every group with its limit and its
 // live figures on this proxy, and the heaviest statement shapes. docs/metrics.md,
 // "Console", documents the JSON.

@@ -21,7 +21,7 @@ import (
 // other path is 404. probes holds the /readyz probes running (the caller
 // waits for it once the server is closed).
 func statusHandler(m *metrics, probe func(context.Context) (readiness, error), probes *sync.WaitGroup, withPprof bool, console *consoleSource) (http.Handler, error) {
-	page, err := statuspage.NewPage(consoleHTML)
+	page, err := statuspage.NewConsole(consoleHTML)
 	if err != nil {
 		return nil, err
 	}

@@ -11,8 +11,9 @@ import (
 	"github.com/rgproxy/rgproxy/tokenserver"
 )
 
-// The console: GET / on the status port is a page (console.html, inline
-// style and script, nothing fetched from elsewhere) that reads GET
+// The console: GET / on the status port is a page (console.html, whose
+// inline style and script statuspage.NewConsole heads with what both
+// consoles share; nothing fetched from elsewhere) that reads GET
 // /api/console every 2 s and shows every group cluster-wide: its limit,
 // its global bucket, the proxies using it and what they reported. Every
 // replica answers; a follower shows what it knows and names the leader.

@@ -325,7 +325,7 @@ func writeHealth(w http.ResponseWriter, h health) {
 // statusMux serves /metrics, /healthz, /readyz and the console (its page
 // at /, its JSON at /api/console); any other path is 404.
 func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Registry, console *consoleSource) (*http.ServeMux, error) {
-	page, err := statuspage.NewPage(consoleHTML)
+	page, err := statuspage.NewConsole(consoleHTML)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ package statuspage
 import (
 	"bytes"
 	"crypto/sha256"
+	_ "embed"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -42,6 +43,33 @@ func NewPage(html []byte) (*Page, error) {
 	csp := "default-src 'none'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'" +
 		"; script-src " + hashSource(script) + "; style-src " + hashSource(style)
 	return &Page{html: html, csp: csp}, nil
+}
+
+// The style and code both consoles share: NewConsole puts them at the
+// head of a page's own <style> and <script>, so that each page keeps one
+// of each (one hash each in its policy) and holds only what is its own.
+var (
+	//go:embed console.css
+	consoleCSS []byte
+	//go:embed console.js
+	consoleJS []byte
+)
+
+// NewConsole is NewPage for a console: html's <style> and <script> are
+// given the shared style and code (console.css, console.js) first. The
+// page's script defines render(d) and calls startConsole(render).
+func NewConsole(html []byte) (*Page, error) {
+	out := html
+	for _, part := range []struct {
+		open   string
+		shared []byte
+	}{{"<style>\n", consoleCSS}, {"<script>\n", consoleJS}} {
+		if bytes.Count(out, []byte(part.open)) != 1 {
+			return nil, fmt.Errorf("statuspage: a console needs exactly one %q", part.open)
+		}
+		out = bytes.Replace(out, []byte(part.open), append([]byte(part.open), part.shared...), 1)
+	}
+	return NewPage(out)
 }
 
 // inline returns the text of the one <tag>…</tag> of html (nil for

@@ -100,3 +100,38 @@ func TestBrowserBlocked(t *testing.T) {
 		}
 	}
 }
+
+// A console page holds only its own style and code; NewConsole heads
+// them with the shared ones, and the policy names the composed texts, so
+// the browser runs the shared code and nothing else.
+func TestConsoleHeadsPageWithSharedCode(t *testing.T) {
+	sum := func(s string) string {
+		h := sha256.Sum256([]byte(s))
+		return "'sha256-" + base64.StdEncoding.EncodeToString(h[:]) + "'"
+	}
+	page := "<style>\n.own{}\n</style><p>x</p><script>\nfunction render(d) {}\nstartConsole(render);\n</script>"
+	p, err := NewConsole([]byte(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	p.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	body := rec.Body.String()
+	for _, want := range []string{"function startConsole(render)", "function el(tag, text, cls)", "startConsole(render);", ".own{}", "tr.idle td"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("composed page lacks %q", want)
+		}
+	}
+	script := "\n" + string(consoleJS) + "function render(d) {}\nstartConsole(render);\n"
+	style := "\n" + string(consoleCSS) + ".own{}\n"
+	for _, want := range []string{"script-src " + sum(script), "style-src " + sum(style)} {
+		if !strings.Contains(p.CSP(), want) {
+			t.Errorf("CSP %q lacks %q", p.CSP(), want)
+		}
+	}
+	for _, bad := range []string{"<p>no style or script</p>", "<style>\n</style><script>\n</script><script>\n</script>"} {
+		if _, err := NewConsole([]byte(bad)); err == nil {
+			t.Errorf("NewConsole(%q) = nil error, want one", bad)
+		}
+	}
+}
