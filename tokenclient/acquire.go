@@ -61,13 +61,13 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 	n := max(cons.RU(), 0)
 	required = min(max(required, 0), n)
 	start := c.clk.Now()
-	c.mu.Lock()
+	c.groups.mu.Lock()
 	if p != nil && p.listed {
 		// The purse could not serve the statement: what it spent is
 		// recorded, what is left goes back, before the bucket is asked.
-		c.dropPurseLocked(p, start)
+		c.groups.dropPurseLocked(p, start)
 	}
-	gs := c.useLocked(group, start)
+	gs := c.groups.useLocked(group, start)
 	// me is this statement's place in gs.queue once it had to wait: the
 	// group's waiting statements take their tokens in arrival order, so
 	// that one session's retries cannot keep getting ahead of another's.
@@ -81,10 +81,10 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 	}
 	for now := start; ; now = c.clk.Now() {
 		waited := now.Sub(start)
-		c.refreshLocked(now)
+		c.groups.refreshLocked(now)
 		if gs.dead {
 			unregister()
-			c.mu.Unlock()
+			c.groups.mu.Unlock()
 			return waited, fmt.Errorf("%w: %q", ErrUnknownGroup, group)
 		}
 		remaining := max(maxWait-waited, 0)
@@ -99,49 +99,49 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 				wait, ok = min(gs.repayTime(now), remaining), true
 			}
 		}
-		c.pollLowLocked(gs)
+		c.groups.pollLowLocked(gs)
 		if ok {
 			unregister()
 			if wait > 0 {
 				// Sleeping on a reservation is waiting too: it counts in the
 				// demand that splits the fill rate between proxies.
 				gs.addWaiting(now, n)
-				c.mu.Unlock()
+				c.groups.mu.Unlock()
 				err := c.sleep(ctx, wait)
-				c.mu.Lock()
+				c.groups.mu.Lock()
 				now = c.clk.Now()
 				gs.addWaiting(now, -n)
 				if err != nil {
 					gs.bucket.Refund(now, n)
-					c.mu.Unlock()
+					c.groups.mu.Unlock()
 					return now.Sub(start), fmt.Errorf("tokenclient: group %q: %w", group, err)
 				}
 				waited = now.Sub(start)
 			}
 			gs.record(now, cons)
 			gs.lastUsed = now
-			if c.groups[group] == gs { // a forgotten group's series stay deleted
+			if c.groups.byName[group] == gs { // a forgotten group's series stay deleted
 				gs.waitObs.Observe(waited.Seconds())
 			}
-			*share = c.shareLocked(group)
+			*share = c.groups.shareLocked(group)
 			if p != nil && wait == 0 && waited == 0 {
-				c.fillPurseLocked(p, gs, named, now, n, *share)
+				c.groups.fillPurseLocked(p, gs, named, now, n, *share)
 			}
-			c.mu.Unlock()
+			c.groups.mu.Unlock()
 			return waited, nil
 		}
 		// Fail fast only when even the best case cannot pay in time: the
 		// whole group's RU_PER_SEC (this proxy's share may grow while it
 		// waits), or the local refill in degraded mode.
 		rate := float64(gs.ruPerSec)
-		if c.stream.degraded {
+		if c.groups.degraded {
 			rate = gs.bucket.FillRate(now)
 		}
 		short := required - gs.bucket.Tokens(now)
 		if remaining <= 0 || (rate > 0 && short/rate > remaining.Seconds()) {
 			unregister()
-			*share = c.shareLocked(group)
-			c.mu.Unlock()
+			*share = c.groups.shareLocked(group)
+			c.groups.mu.Unlock()
 			return waited, fmt.Errorf("%w: group %q needs %.2f RU, more than %v can supply", ErrThrottled, group, n, maxWait)
 		}
 		if me == nil {
@@ -149,27 +149,27 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 			gs.want = true
 			me = &queued{}
 			gs.queue = append(gs.queue, me)
-			c.kickLocked()
+			c.groups.kickLocked()
 		}
 		retry := remaining
 		if wait > 0 && wait < retry {
 			retry = wait
 		}
 		ch := gs.notify
-		c.mu.Unlock()
+		c.groups.mu.Unlock()
 		t := c.clk.NewTimer(retry)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			c.mu.Lock()
+			c.groups.mu.Lock()
 			unregister()
-			c.mu.Unlock()
+			c.groups.mu.Unlock()
 			return c.clk.Now().Sub(start), fmt.Errorf("tokenclient: group %q: %w", group, ctx.Err())
 		case <-ch:
 		case <-t.C():
 		}
 		t.Stop()
-		c.mu.Lock()
+		c.groups.mu.Lock()
 	}
 }
 
@@ -236,15 +236,15 @@ func (gs *groupState) wake() {
 func (c *Client) Charge(group string, cons ru.Consumption) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.refreshLocked(now)
-	gs, ok := c.groups[group]
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	c.groups.refreshLocked(now)
+	gs, ok := c.groups.byName[group]
 	if !ok {
-		if !c.servesLocked(group) {
+		if !c.groups.servesLocked(group) {
 			return // dropped meanwhile: nothing to charge, no state to revive
 		}
-		gs = c.stateLocked(group, now)
+		gs = c.groups.stateLocked(group, now)
 	}
 	if now.After(gs.lastUsed) {
 		gs.lastUsed = now
@@ -252,7 +252,7 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 	gs.bucket.Take(now, cons.RU())
 	gs.shadowTakeLocked(now, cons.RU())
 	gs.record(now, cons)
-	c.pollLowLocked(gs)
+	c.groups.pollLowLocked(gs)
 }
 
 // ChargePurse is Charge that settles in the purse when it can (p nil:
@@ -277,18 +277,18 @@ func (c *Client) ChargePurse(p *Purse, group string, cons ru.Consumption) {
 func (c *Client) CountThrottled(group string) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.servesLocked(group) {
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	if !c.groups.servesLocked(group) {
 		return
 	}
-	c.throttledLocked(c.useLocked(group, now))
+	c.groups.throttledLocked(c.groups.useLocked(group, now))
 }
 
-func (c *Client) throttledLocked(gs *groupState) {
+func (t *groupTable) throttledLocked(gs *groupState) {
 	gs.throttled++
 	gs.pendingThrottled++
-	c.met.throttled.WithLabelValues(gs.name).Inc()
+	t.met.throttled.WithLabelValues(gs.name).Inc()
 }
 
 // Share is what one proxy may spend of a group, from its settings and the
@@ -320,13 +320,13 @@ type Share struct {
 	Tokens float64
 }
 
-func (c *Client) shareLocked(group string) Share {
-	g, ok := c.definition(group)
+func (t *groupTable) shareLocked(group string) Share {
+	g, ok := t.cache.definition(group)
 	if !ok {
 		return Share{Unlimited: true, Proxies: 1}
 	}
 	sh := Share{BurstSeconds: g.Burst.CapacitySeconds(), Proxies: 1, Mode: g.Mode, Unlimited: isUnlimited(g)}
-	gs, used := c.groups[group]
+	gs, used := t.byName[group]
 	if used {
 		sh.Proxies = max(gs.proxies, 1)
 		sh.Unlimited = sh.Unlimited || gs.bucket.Unlimited()
@@ -340,7 +340,7 @@ func (c *Client) shareLocked(group string) Share {
 	}
 	if used {
 		sh.Rate = gs.shareRate
-		sh.Tokens = gs.bucket.Tokens(c.clk.Now())
+		sh.Tokens = gs.bucket.Tokens(t.clk.Now())
 	}
 	sh.Rate = max(sh.Rate, float64(g.RUPerSec)/float64(sh.Proxies))
 	return sh

@@ -4,32 +4,32 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/rgproxy/rgproxy/resourcegroup"
-	"github.com/rgproxy/rgproxy/ru"
 )
 
 // A Client and the calls that make and close it. Its state is split by
-// owner, each part with its own lock or goroutine:
+// owner, each with its own lock or goroutine; no lock is held while
+// another is taken, but for the two leaves named in groupTable's contract:
 //
+//	groups          groupTable (groups.go), its own lock: every group's
+//	                state, degraded mode, purses, demand holds
+//	token stream    tokenStream (stream.go), its own lock: the requests
+//	                awaiting their answer, whether connected; the groups
+//	                read its status without a lock
 //	settings cache  settingsCache (settingscache.go), its own RWMutex;
 //	                written by the settings stream's goroutine only
-//	groups          the groups in use, with the token stream's table of
-//	                requests (tokenStreamState), under Client.mu: a
-//	                request or a grant changes both in one step
 //	connections     connPool (conns.go), its own lock
 //	goroutines      loops (loops.go): each loop gets its context at start;
 //	                Close cancels them and waits for them
 //	inspect, runaway history
 //	                inspectState and runawaySender, their own locks
 //
-// Lock order: Client.mu, then the settings cache's; the others are taken
-// alone. The rest of the client is split by concern:
+// Lock order, where two are ever held together: groupTable.mu, then the
+// settings cache's read lock or a Purse's mu. The rest of the client is
+// split by concern:
 //
 //	bucket.go    the local token bucket, one per group
 //	acquire.go   AcquireShare (the one way a statement takes tokens), its
@@ -70,44 +70,21 @@ type Client struct {
 	log *slog.Logger
 	met *metrics
 
+	// groups are the groups in use, under their own lock (groups.go).
+	groups *groupTable
+	// stream is the token stream's state, under its own lock (stream.go).
+	stream *tokenStream
 	// cache is the settings stream's cache, under its own lock
 	// (settingscache.go).
 	cache *settingsCache
-
-	kick     chan struct{}      // wakes the stream loop: some group needs tokens
-	flush    chan chan struct{} // Close asks the stream loop for a final report
-	saveKick chan struct{}      // wakes saveLoop: the cache changed
+	// saveKick wakes saveLoop: the cache changed.
+	saveKick chan struct{}
 
 	// conns are the connections to rgserver, under their own lock.
 	conns connPool
 
-	// mu guards the groups in use and the token stream's state: a
-	// request takes the groups' reports and marks them in flight, and a
-	// grant fills their buckets, in one step with the stream's table of
-	// requests, so that no consumption is reported twice or lost.
-	mu     sync.Mutex
-	groups map[string]*groupState
-	stream tokenStreamState
-	closed bool
-
-	// purses are the sessions' purses that hold an advance or unrecorded
-	// consumption (purse.go).
-	purses map[*Purse]struct{}
-	// holds are the refused statements' demand holds, oldest first
-	// (HoldDemand).
-	holds []heldDemand
-
-	// droppedTokens counts granted tokens a dropGrant failpoint discarded.
-	droppedTokens float64
-
-	// forgotten are groups forgotten (dropped or expired) whose hook has
-	// not run yet; notifyForgotten runs it outside the lock.
-	forgotten []string
-	// droppedAt: groups dropped lately (a settings stream DELETE or a NOT_FOUND
-	// grant), so that a statement settling after the DROP does not bring
-	// their state and series back; kept for droppedMemory.
-	droppedAt   map[string]time.Time
-	onForgotten atomic.Pointer[func(group string)]
+	// closed: Close was called.
+	closed atomic.Bool
 
 	// insp is the Inspect stream's state (inspect.go).
 	insp inspectState
@@ -119,98 +96,6 @@ type Client struct {
 	loops loops
 }
 
-// tokenStreamState is the token stream's side of the groups' state
-// (stream.go, degraded.go); guarded by Client.mu.
-type tokenStreamState struct {
-	connected   bool      // a stream is open and has answered
-	lostAt      time.Time // when the last answering stream ended (or Start)
-	degraded    bool      // the groups refill locally (degraded.go)
-	outstanding map[uint64]*sentRequest
-	nextReqID   uint64
-	finalID     uint64        // the request id of Close's final report
-	finalAck    chan struct{} // closed when that report is answered
-}
-
-// groupState is one group's local state; guarded by Client.mu.
-type groupState struct {
-	name   string
-	bucket Bucket
-	notify chan struct{} // closed and replaced when tokens arrive
-
-	// From the last grant.
-	granted   bool
-	shareRate float64 // this proxy's share of the fill rate, RU/s
-	// holdCap is the most tokens the proxy holds for the group while
-	// nothing waits: its share of the group's capacity (RU; 0 = unknown,
-	// no cap). Trickles stop filling there and the low-tokens threshold
-	// never exceeds it, so an idle proxy neither asks nor piles up tokens.
-	holdCap      float64
-	proxies      uint32
-	ruPerSec     uint64
-	trickleUntil time.Time // zero: no trickle
-	trickleRate  float64   // RU/s of the trickle that runs until trickleUntil
-	// bridging: the token stream is lost and the bucket fills at the last
-	// share rate until degraded mode or the next answer (degraded.go).
-	bridging bool
-	received float64 // every token granted to this proxy, as applied
-	dead     bool    // rgserver does not know the group
-	// unavailable: rgserver could not read the group lately (etcd); it
-	// keeps its settings and bucket, refilled locally, and asks again.
-	unavailable bool
-
-	// Request state.
-	inFlight bool
-	want     bool // the bucket signalled low tokens since the last request
-	nextAsk  time.Time
-
-	// Demand.
-	ewma        float64 // RU/s
-	ewmaAt      time.Time
-	ewmaAcc     float64 // RU consumed since ewmaAt
-	ewmaSampled bool
-	// waiting is the RU of the statements waiting now: for tokens, or
-	// sleeping on a reservation until the debt it made is paid.
-	waiting float64
-	// waitArea integrates waiting over time (RU·s) since waitSince, so that
-	// demand reports the average over the period, not a noisy sample.
-	waitArea  float64
-	waitAt    time.Time
-	waitSince time.Time
-	// queue orders the statements waiting for tokens (AcquireShare):
-	// only the first may take them, so they are served in arrival order.
-	queue []*queued
-
-	// Reporting.
-	pending ru.Consumption
-	// pendingThrottled counts the statements refused since the last
-	// report (Consumption.throttled).
-	pendingThrottled uint64
-	lastReport       time.Time
-	// heldSent is the held_tokens of the last message for the group.
-	heldSent float64
-
-	usage     usageRing
-	throttled uint64
-	// waitObs is the group's rgproxy_throttle_wait_seconds series.
-	waitObs prometheus.Observer
-
-	// shadow is MODE WARN's bucket of what ENFORCE would have done
-	// (shadow.go).
-	shadow shadowBucket
-
-	// lastUsed is the last AcquireShare, Charge or throttled count (or the
-	// state's creation): the idle expiry's clock.
-	lastUsed time.Time
-}
-
-// sentRequest is a TokenRequest awaiting its answer.
-type sentRequest struct {
-	at        time.Time
-	reports   map[string]ru.Consumption // consumption sent per group
-	throttled map[string]uint64         // refusals sent per group (nil: none)
-	asked     map[string]bool           // group → tokens were asked (not report-only)
-}
-
 // New returns a Client for cfg; Start connects it.
 func New(cfg Config) (*Client, error) {
 	cfg, err := cfg.withDefaults()
@@ -218,23 +103,20 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{
-		cfg:       cfg,
-		clk:       cfg.Clock,
-		log:       cfg.Logger.With("component", "tokenclient"),
-		kick:      make(chan struct{}, 1),
-		flush:     make(chan chan struct{}),
-		saveKick:  make(chan struct{}, 1),
-		groups:    map[string]*groupState{},
-		droppedAt: map[string]time.Time{},
-		purses:    map[*Purse]struct{}{},
-		cache:     newSettingsCache(),
-		stream:    tokenStreamState{lostAt: cfg.Clock.Now(), outstanding: map[uint64]*sentRequest{}},
-		runaways:  newRunawaySender(),
+		cfg:      cfg,
+		clk:      cfg.Clock,
+		log:      cfg.Logger.With("component", "tokenclient"),
+		saveKick: make(chan struct{}, 1),
+		cache:    newSettingsCache(),
+		stream:   newTokenStream(cfg.Clock.Now()),
+		runaways: newRunawaySender(),
 	}
-	c.met, err = newMetrics(c, cfg.Registerer)
+	c.groups = newGroupTable(&c.cfg, c.log, c.cache, c.stream)
+	c.met, err = newMetrics(c.groups, cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
+	c.groups.met = c.met
 	return c, nil
 }
 
@@ -246,13 +128,12 @@ func New(cfg Config) (*Client, error) {
 // ends first. ctx bounds only this first wait. Start may be called once;
 // after an error the caller should Close the client.
 func (c *Client) Start(ctx context.Context) error {
-	c.mu.Lock()
-	if c.closed || !c.loops.begin() {
-		c.mu.Unlock()
+	if c.closed.Load() || !c.loops.begin() {
 		return fmt.Errorf("tokenclient: start: %w", ErrClosed)
 	}
-	c.stateLocked(resourcegroup.DefaultGroup, c.clk.Now()) // default's series from start
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.stateLocked(resourcegroup.DefaultGroup, c.clk.Now()) // default's series from start
+	c.groups.mu.Unlock()
 
 	first := make(chan error, 1)
 	if !c.loops.start(func(ctx context.Context) { c.settingsLoop(ctx, first) }) {
@@ -275,12 +156,12 @@ func (c *Client) Start(ctx context.Context) error {
 			return fmt.Errorf("%w: %w (cache: %w)", ErrUnavailable, err, lerr)
 		}
 		if c.cache.install(snap, false) { // unless the settings stream succeeded meanwhile
-			c.mu.Lock()
-			c.cacheInstalledLocked()
-			c.enterDegradedLocked(c.clk.Now())
-			c.mu.Unlock()
+			c.groups.mu.Lock()
+			c.groups.cacheInstalledLocked()
+			c.groups.enterDegradedLocked(c.clk.Now())
+			c.groups.mu.Unlock()
 			c.cache.wake()
-			c.notifyForgotten()
+			c.groups.notifyForgotten()
 		}
 		c.log.Warn("rgserver unreachable at start: serving from the cached snapshot in degraded mode",
 			"revision", snap.Revision, "groups", len(snap.Groups), "err", err)
@@ -296,21 +177,19 @@ func (c *Client) Start(ctx context.Context) error {
 // local buckets afterwards (degraded once DegradedAfter passes); Store
 // writes fail with ErrClosed.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if c.closed.Swap(true) {
 		return nil
 	}
-	c.closed = true
 	started := c.loops.running()
-	connected := c.stream.connected
-	c.sweepPursesLocked(c.clk.Now(), true) // the final report holds what purses spent
-	c.mu.Unlock()
+	connected := c.stream.status().connected
+	c.groups.mu.Lock()
+	c.groups.sweepPursesLocked(c.clk.Now(), true) // the final report holds what purses spent
+	c.groups.mu.Unlock()
 	if started && connected {
 		done := make(chan struct{})
 		t := c.clk.NewTimer(time.Second)
 		select {
-		case c.flush <- done:
+		case c.stream.flush <- done:
 			select {
 			case <-done:
 			case <-t.C():
@@ -321,72 +200,4 @@ func (c *Client) Close() error {
 	}
 	c.loops.stop()
 	return c.conns.close()
-}
-
-// stateLocked returns group's state, making it on first use, with its
-// series at 0.
-func (c *Client) stateLocked(group string, now time.Time) *groupState {
-	if gs, ok := c.groups[group]; ok {
-		return gs
-	}
-	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now, lastUsed: now}
-	if g, ok := c.definition(group); ok && isUnlimited(g) {
-		gs.bucket.SetUnlimited(true)
-	}
-	c.groups[group] = gs
-	gs.waitObs = c.met.born(group)
-	if c.stream.degraded {
-		c.localRefillLocked(now, gs)
-	}
-	return gs
-}
-
-// definition returns a group's definition from the cache; `default`
-// has its built-in one until rgserver sends one.
-func (c *Client) definition(name string) (resourcegroup.Group, bool) {
-	if g, ok := c.cache.group(name); ok {
-		return g, true
-	}
-	if name == resourcegroup.DefaultGroup {
-		return resourcegroup.DefaultGroupDefinition(), true
-	}
-	return resourcegroup.Group{}, false
-}
-
-// isUnlimited reports whether g is never throttled.
-func isUnlimited(g resourcegroup.Group) bool {
-	return g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited || g.Mode != resourcegroup.ModeEnforce
-}
-
-// servesLocked reports whether a charge, a held demand or a refusal may
-// (re)create group's state: not for a group dropped lately and not back
-// in the settings cache (a statement that settles after the DROP must not
-// bring back its state and series for --group-idle-expiry).
-func (c *Client) servesLocked(group string) bool {
-	if _, ok := c.groups[group]; ok {
-		return true
-	}
-	at, ok := c.droppedAt[group]
-	if !ok {
-		return true
-	}
-	if _, known := c.cache.group(group); known || c.clk.Now().Sub(at) >= droppedMemory {
-		delete(c.droppedAt, group)
-		return true
-	}
-	return false
-}
-
-// droppedMemory is how long a dropped group is remembered: longer than
-// any statement's settling after the DROP reached this proxy.
-const droppedMemory = 10 * time.Minute
-
-// trickleLeft returns the time and tokens of the running trickle still to
-// come at now.
-func (gs *groupState) trickleLeft(now time.Time) (time.Duration, float64) {
-	if gs.trickleUntil.IsZero() || !gs.trickleUntil.After(now) {
-		return 0, 0
-	}
-	d := gs.trickleUntil.Sub(now)
-	return d, gs.bucket.FillRate(now) * d.Seconds()
 }

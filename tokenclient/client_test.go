@@ -13,10 +13,16 @@ import (
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
+// build builds and registers the next request, as the stream's send
+// loop does.
 func build(c *Client, force bool) *tokenpb.TokenRequest {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.buildRequestLocked(c.clk.Now(), force, false)
+	c.groups.mu.Lock()
+	req, sent := c.groups.buildRequestLocked(c.clk.Now(), force, false)
+	c.groups.mu.Unlock()
+	if req != nil {
+		c.stream.register(req, sent)
+	}
+	return req
 }
 
 func setGroups(c *Client, groups ...resourcegroup.Group) {
@@ -25,11 +31,11 @@ func setGroups(c *Client, groups ...resourcegroup.Group) {
 		snap.Groups[g.Name] = g
 	}
 	c.cache.install(snap, true)
-	c.mu.Lock()
-	c.cacheInstalledLocked()
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.cacheInstalledLocked()
+	c.groups.mu.Unlock()
 	c.cache.wake()
-	c.notifyForgotten()
+	c.groups.notifyForgotten()
 }
 
 // putGroup puts g in the settings cache only, as a test's setup: no
@@ -41,18 +47,18 @@ func putGroup(c *Client, g resourcegroup.Group) {
 }
 
 func tokensOf(c *Client, group string) float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.groups[group].bucket.Tokens(c.clk.Now())
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	return c.groups.byName[group].bucket.Tokens(c.clk.Now())
 }
 
 // wantTokens puts group in use on c and makes it ask for tokens in the
 // next request.
 func wantTokens(c *Client, group string) {
 	c.Charge(group, rruOf(0))
-	c.mu.Lock()
-	c.groups[group].want = true
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.byName[group].want = true
+	c.groups.mu.Unlock()
 }
 
 func rruOf(x float64) ru.Consumption { return ru.Consumption{RRU: x, Statements: 1} }
@@ -139,11 +145,11 @@ func TestRequestSizeAndEWMA(t *testing.T) {
 	}
 	// A second sample of 0 RU/s halves the EWMA.
 	clk.Advance(time.Second)
-	c.mu.Lock()
-	gs := c.groups["a"]
+	c.groups.mu.Lock()
+	gs := c.groups.byName["a"]
 	gs.updateEWMA(clk.Now())
 	ewma := gs.ewma
-	c.mu.Unlock()
+	c.groups.mu.Unlock()
 	if !near(ewma, 50) {
 		t.Fatalf("ewma %v, want 50", ewma)
 	}
@@ -176,9 +182,9 @@ func TestDemandIncludesWaiters(t *testing.T) {
 	if got := tokensOf(c, "a"); !near(got, 11000-40) {
 		t.Fatalf("tokens %v, want 10960", got)
 	}
-	c.mu.Lock()
-	waiting, waiters := c.groups["a"].waiting, len(c.groups["a"].queue)
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	waiting, waiters := c.groups.byName["a"].waiting, len(c.groups.byName["a"].queue)
+	c.groups.mu.Unlock()
 	if waiting != 0 || waiters != 0 {
 		t.Fatalf("waiters left: %v %v", waiting, waiters)
 	}
@@ -202,25 +208,25 @@ func TestHeldDemandEndsAfterSilence(t *testing.T) {
 	// The session says nothing more: after holdFor the hold is over, and
 	// the next report's demand averages it only over the time it lasted.
 	clk.Advance(holdFor)
-	c.mu.Lock()
-	c.refreshLocked(clk.Now())
-	waiting := c.groups["a"].waiting
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.refreshLocked(clk.Now())
+	waiting := c.groups.byName["a"].waiting
+	c.groups.mu.Unlock()
 	if waiting != 0 {
 		t.Fatalf("waiting %v after holdFor, want 0", waiting)
 	}
 	clk.Advance(holdFor)
-	c.mu.Lock()
-	d := c.groups["a"].demand(clk.Now())
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	d := c.groups.byName["a"].demand(clk.Now())
+	c.groups.mu.Unlock()
 	if !near(d, 250) { // held 2 s of the 4 s since the report
 		t.Fatalf("demand %v, want the held 500 RU/s averaged over half the window: 250", d)
 	}
-	c.mu.Lock()
-	c.groups["a"].resetWaiting(clk.Now())
+	c.groups.mu.Lock()
+	c.groups.byName["a"].resetWaiting(clk.Now())
 	clk.Advance(time.Second)
-	d = c.groups["a"].demand(clk.Now())
-	c.mu.Unlock()
+	d = c.groups.byName["a"].demand(clk.Now())
+	c.groups.mu.Unlock()
 	if d != 0 {
 		t.Fatalf("demand %v in the next window, want 0", d)
 	}
@@ -229,10 +235,10 @@ func TestHeldDemandEndsAfterSilence(t *testing.T) {
 	c.ReleaseDemand(&h)
 	clk.Advance(holdFor)
 	c.ReleaseDemand(&h)
-	c.mu.Lock()
-	c.refreshLocked(clk.Now())
-	waiting, holds := c.groups["a"].waiting, len(c.holds)
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.refreshLocked(clk.Now())
+	waiting, holds := c.groups.byName["a"].waiting, len(c.groups.holds)
+	c.groups.mu.Unlock()
 	if waiting != 0 || holds != 0 {
 		t.Fatalf("waiting %v, %d holds listed; want none", waiting, holds)
 	}
@@ -464,9 +470,9 @@ func TestTrickle(t *testing.T) {
 	// The new trickle replaces what was left of the old one (10 RU):
 	// rgserver released that reservation when it granted.
 	trickle(req, 100, 10000)
-	c.mu.Lock()
-	rate := c.groups["a"].bucket.FillRate(clk.Now())
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	rate := c.groups.byName["a"].bucket.FillRate(clk.Now())
+	c.groups.mu.Unlock()
 	if !near(rate, 10) {
 		t.Fatalf("fill rate %v, want 10", rate)
 	}
@@ -740,9 +746,9 @@ func TestDegradedRefillAndResync(t *testing.T) {
 	setGroups(c, resourcegroup.Group{Name: "off", RUPerSec: 300}, resourcegroup.Group{Name: "mod", RUPerSec: 300, Burst: resourcegroup.BurstModerated})
 	c.Charge("off", rruOf(0))
 	c.Charge("mod", rruOf(0))
-	c.mu.Lock()
-	c.groups["off"].want, c.groups["mod"].want = true, true
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.byName["off"].want, c.groups.byName["mod"].want = true, true
+	c.groups.mu.Unlock()
 	req := build(c, false)
 	resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId()}
 	for _, name := range []string{"off", "mod"} {
@@ -765,10 +771,10 @@ func TestDegradedRefillAndResync(t *testing.T) {
 		name         string
 		rate, tokens float64
 	}{{"off", 100, 100}, {"mod", 100, 1000}} {
-		c.mu.Lock()
-		b := &c.groups[tc.name].bucket
+		c.groups.mu.Lock()
+		b := &c.groups.byName[tc.name].bucket
 		rate, tokens := b.FillRate(clk.Now()), b.Tokens(clk.Now())
-		c.mu.Unlock()
+		c.groups.mu.Unlock()
 		if !near(rate, tc.rate) || !near(tokens, tc.tokens) {
 			t.Fatalf("%s: rate %v tokens %v, want %v %v", tc.name, rate, tokens, tc.rate, tc.tokens)
 		}
@@ -791,9 +797,9 @@ func TestDegradedRefillAndResync(t *testing.T) {
 	if c.Degraded() {
 		t.Fatal("still degraded after a grant")
 	}
-	c.mu.Lock()
-	rate := c.groups["off"].bucket.FillRate(clk.Now())
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	rate := c.groups.byName["off"].bucket.FillRate(clk.Now())
+	c.groups.mu.Unlock()
 	if rate != 0 {
 		t.Fatalf("local refill still on: %v", rate)
 	}
@@ -853,10 +859,10 @@ func TestRenewalRoundTripNotCountedTwice(t *testing.T) {
 	}
 	apply(build(c, false), 100, 10000) // 10 RU/s for 10 s
 	clk.Advance(9500 * time.Millisecond)
-	c.mu.Lock()
-	c.groups["a"].nextAsk = time.Time{}
-	c.groups["a"].want = true
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.byName["a"].nextAsk = time.Time{}
+	c.groups.byName["a"].want = true
+	c.groups.mu.Unlock()
 	req := build(c, false)
 	if g := groupEntry(req, "a"); g == nil || g.GetReportOnly() {
 		t.Fatalf("want an ask near the trickle's end, got %v", req)
@@ -887,9 +893,9 @@ func TestAcquireShareEstimate(t *testing.T) {
 			{Group: "a", Tokens: 10, FillRate: 10, Proxies: 1, RuPerSec: 10}}}); err != nil {
 			t.Fatal(err)
 		}
-		c.mu.Lock()
-		c.groups["a"].bucket.Reconfigure(clk.Now(), 0, 10, 0, 0)
-		c.mu.Unlock()
+		c.groups.mu.Lock()
+		c.groups.byName["a"].bucket.Reconfigure(clk.Now(), 0, 10, 0, 0)
+		c.groups.mu.Unlock()
 		return c, clk
 	}
 	tests := []struct {
@@ -1147,9 +1153,9 @@ func TestFirstGrantImmediateTokens(t *testing.T) {
 				{Group: "g", ImmediateTokens: tc.immediate, Tokens: 9, TrickleMs: 1000, FillRate: 10, Proxies: 1, RuPerSec: 10}}}); err != nil {
 				t.Fatal(err)
 			}
-			c.mu.Lock()
-			got := c.groups["g"].bucket.String(clk.Now())
-			c.mu.Unlock()
+			c.groups.mu.Lock()
+			got := c.groups.byName["g"].bucket.String(clk.Now())
+			c.groups.mu.Unlock()
 			if got != tc.want {
 				t.Fatalf("bucket after the grant:\n got  %s\n want %s", got, tc.want)
 			}
@@ -1179,10 +1185,10 @@ func TestStreamLossBridgesAtLastShare(t *testing.T) {
 	start := clk.Now()
 	state := func(sec float64) string {
 		clk.Advance(start.Add(time.Duration(sec * float64(time.Second))).Sub(clk.Now()))
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.tickLocked(clk.Now()) // the stream loop's tick
-		return c.groups["g"].bucket.String(clk.Now())
+		c.groups.mu.Lock()
+		defer c.groups.mu.Unlock()
+		c.groups.tickLocked(clk.Now()) // the stream loop's tick
+		return c.groups.byName["g"].bucket.String(clk.Now())
 	}
 	story := []struct {
 		at     float64
@@ -1225,10 +1231,10 @@ func TestStreamLossBridgesAtLastShare(t *testing.T) {
 	}
 	c2.streamEnded()
 	clk2.Advance(time.Second)
-	c2.mu.Lock()
-	c2.tickLocked(clk2.Now())
-	bridged := c2.groups["g"].bucket.String(clk2.Now())
-	c2.mu.Unlock()
+	c2.groups.mu.Lock()
+	c2.groups.tickLocked(clk2.Now())
+	bridged := c2.groups.byName["g"].bucket.String(clk2.Now())
+	c2.groups.mu.Unlock()
 	if want := "tokens=10.00 rate=10.0/s burst=10 threshold=0 debt=0"; bridged != want {
 		t.Fatalf("bridge of an at-once grant after 1 s:\n got  %s\n want %s", bridged, want)
 	}
@@ -1237,10 +1243,10 @@ func TestStreamLossBridgesAtLastShare(t *testing.T) {
 		{Group: "g", FillRate: 10, Proxies: 2, RuPerSec: 20}}}); err != nil {
 		t.Fatal(err)
 	}
-	c2.mu.Lock()
-	gs := c2.groups["g"]
+	c2.groups.mu.Lock()
+	gs := c2.groups.byName["g"]
 	after, want, bridging := gs.bucket.String(clk2.Now()), gs.want, gs.bridging
-	c2.mu.Unlock()
+	c2.groups.mu.Unlock()
 	if after != "tokens=10.00 rate=0.0/s burst=none threshold=0 debt=0" || !want || bridging {
 		t.Fatalf("after rgserver answered again: %s, asks %v, bridging %v", after, want, bridging)
 	}
@@ -1260,10 +1266,10 @@ func TestStreamLossBridgesAtLastShare(t *testing.T) {
 	c3.streamEnded()
 	tick := func() string {
 		clk3.Advance(time.Second)
-		c3.mu.Lock()
-		defer c3.mu.Unlock()
-		c3.tickLocked(clk3.Now())
-		return c3.groups["g"].bucket.String(clk3.Now())
+		c3.groups.mu.Lock()
+		defer c3.groups.mu.Unlock()
+		c3.groups.tickLocked(clk3.Now())
+		return c3.groups.byName["g"].bucket.String(clk3.Now())
 	}
 	if got := tick(); got != "tokens=0.00 rate=0.0/s burst=none threshold=0 debt=0" {
 		t.Fatalf("an idle group bridged: %s", got)

@@ -20,58 +20,52 @@ import "time"
 // rgserver has not granted tokens for Config.DegradedAfter.
 func (c *Client) Degraded() bool {
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.refreshLocked(now)
-	return c.stream.degraded
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	c.groups.refreshLocked(now)
+	return c.groups.degraded
 }
 
 // refreshLocked ends expired demand holds and enters degraded mode when
-// rgserver has been silent too long.
-func (c *Client) refreshLocked(now time.Time) {
-	c.expireHoldsLocked(now)
-	if c.stream.degraded {
+// rgserver has been silent too long (as the token stream's status says).
+func (t *groupTable) refreshLocked(now time.Time) {
+	t.expireHoldsLocked(now)
+	if t.degraded {
 		return
 	}
-	silentSince := time.Time{}
-	if !c.stream.connected {
-		silentSince = c.stream.lostAt
-	} else {
-		for _, r := range c.stream.outstanding {
-			if silentSince.IsZero() || r.at.Before(silentSince) {
-				silentSince = r.at
-			}
-		}
-	}
-	if !silentSince.IsZero() && now.Sub(silentSince) >= c.cfg.DegradedAfter {
-		c.enterDegradedLocked(now)
-		c.log.Warn("no token grant from rgserver: degraded mode, refilling locally",
+	silentSince := t.stream.status().silentSince
+	if !silentSince.IsZero() && now.Sub(silentSince) >= t.cfg.DegradedAfter {
+		t.enterDegradedLocked(now)
+		t.log.Warn("no token grant from rgserver: degraded mode, refilling locally",
 			"silent_for", now.Sub(silentSince).String())
 	}
 }
 
 // tickLocked is the stream loop's housekeeping at now: refreshLocked, and
 // the bridge while the stream is lost (here rather than in refreshLocked,
-// which every statement calls: the bridge walks the groups in use).
-func (c *Client) tickLocked(now time.Time) {
-	c.refreshLocked(now)
-	if !c.stream.connected && !c.stream.degraded {
-		c.bridgeLocked(now)
+// which every statement calls: the bridge walks the groups in use). The
+// stream's status is read under t.mu: a stream that answers meanwhile
+// ends the bridge in its own step under t.mu, after this one
+// (applyResponse).
+func (t *groupTable) tickLocked(now time.Time) {
+	t.refreshLocked(now)
+	if st := t.stream.status(); !st.connected && !t.degraded {
+		t.bridgeLocked(now, st.lostAt)
 	}
 }
 
 // bridgeLocked starts the bridge (see above) of every group whose trickle
 // has ended since the stream was lost, or that had none: from then (the
 // tokens of the time since are added at once, up to the cap), at its last
-// share rate. A group idle for releaseAfter (its saved tokens given back)
+// share rate; lostAt is when the stream was lost. A group idle for releaseAfter (its saved tokens given back)
 // is bridged only once a statement uses it again.
-func (c *Client) bridgeLocked(now time.Time) {
-	for _, gs := range c.groups {
+func (t *groupTable) bridgeLocked(now, lostAt time.Time) {
+	for _, gs := range t.byName {
 		if gs.bridging || !gs.granted || gs.dead || gs.unavailable || gs.bucket.Unlimited() || gs.shareRate <= 0 ||
 			gs.trickleUntil.After(now) || now.Sub(gs.lastUsed) >= releaseAfter {
 			continue
 		}
-		from := c.stream.lostAt
+		from := lostAt
 		if gs.trickleUntil.After(from) {
 			from = gs.trickleUntil
 		}
@@ -89,29 +83,29 @@ func (c *Client) bridgeLocked(now time.Time) {
 
 // endBridgeLocked stops the bridge of every group when rgserver answers
 // again: their buckets stop filling and they ask at once.
-func (c *Client) endBridgeLocked(now time.Time) {
-	for _, gs := range c.groups {
+func (t *groupTable) endBridgeLocked(now time.Time) {
+	for _, gs := range t.byName {
 		if !gs.bridging {
 			continue
 		}
 		gs.bridging = false
 		gs.bucket.Reconfigure(now, 0, 0, 0, gs.threshold(now))
 		gs.want = true
-		c.kickLocked()
+		t.kickLocked()
 	}
 }
 
-func (c *Client) enterDegradedLocked(now time.Time) {
-	c.stream.degraded = true
-	for _, gs := range c.groups {
-		c.localRefillLocked(now, gs)
+func (t *groupTable) enterDegradedLocked(now time.Time) {
+	t.degraded = true
+	for _, gs := range t.byName {
+		t.localRefillLocked(now, gs)
 	}
 }
 
 // localRefillLocked makes gs fill itself at RU_PER_SEC ÷ proxies (from the
 // last grant, 1 if unknown), with the burst of its BURSTABLE mode.
-func (c *Client) localRefillLocked(now time.Time, gs *groupState) {
-	g, known := c.definition(gs.name)
+func (t *groupTable) localRefillLocked(now time.Time, gs *groupState) {
+	g, known := t.cache.definition(gs.name)
 	if known && isUnlimited(g) {
 		gs.bucket.SetUnlimited(true)
 		gs.wake()

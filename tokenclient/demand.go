@@ -24,7 +24,7 @@ const holdFor = 2 * time.Second
 
 // DemandHold is the RU of a session's refused statement, held as its
 // group's waiting demand (HoldDemand). A session owns one; the zero value
-// holds nothing. It is used under the client's lock only.
+// holds nothing. It is used under the groups' lock (groupTable.mu) only.
 type DemandHold struct {
 	group string
 	ru    float64
@@ -48,33 +48,33 @@ type heldDemand struct {
 func (c *Client) HoldDemand(h *DemandHold, group string, ru float64) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.releaseDemandLocked(h, now)
-	if ru <= 0 || math.IsInf(ru, 0) || math.IsNaN(ru) || !c.servesLocked(group) {
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	c.groups.releaseDemandLocked(h, now)
+	if ru <= 0 || math.IsInf(ru, 0) || math.IsNaN(ru) || !c.groups.servesLocked(group) {
 		return
 	}
-	gs := c.stateLocked(group, now)
+	gs := c.groups.stateLocked(group, now)
 	gs.addWaiting(now, ru)
 	gs.want = true
-	c.kickLocked()
+	c.groups.kickLocked()
 	*h = DemandHold{group: group, ru: ru, until: now.Add(holdFor)}
-	c.holds = append(c.holds, heldDemand{h: h, until: h.until})
+	c.groups.holds = append(c.groups.holds, heldDemand{h: h, until: h.until})
 }
 
 // ReleaseDemand ends what h holds, if anything (a hold may have expired).
 func (c *Client) ReleaseDemand(h *DemandHold) {
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.releaseDemandLocked(h, now)
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	c.groups.releaseDemandLocked(h, now)
 }
 
-func (c *Client) releaseDemandLocked(h *DemandHold, at time.Time) {
+func (t *groupTable) releaseDemandLocked(h *DemandHold, at time.Time) {
 	if h.ru == 0 {
 		return
 	}
-	if gs, ok := c.groups[h.group]; ok {
+	if gs, ok := t.byName[h.group]; ok {
 		gs.addWaiting(at, -h.ru)
 	}
 	*h = DemandHold{}
@@ -82,12 +82,12 @@ func (c *Client) releaseDemandLocked(h *DemandHold, at time.Time) {
 
 // expireHoldsLocked ends the holds older than holdFor, each as of its
 // end; the stream loop calls it every tick.
-func (c *Client) expireHoldsLocked(now time.Time) {
+func (t *groupTable) expireHoldsLocked(now time.Time) {
 	n := 0
-	for _, e := range c.holds {
+	for _, e := range t.holds {
 		if !e.until.After(now) {
 			if e.h.ru != 0 && e.h.until.Equal(e.until) {
-				c.releaseDemandLocked(e.h, e.until)
+				t.releaseDemandLocked(e.h, e.until)
 			}
 			n++
 			continue
@@ -95,33 +95,33 @@ func (c *Client) expireHoldsLocked(now time.Time) {
 		break
 	}
 	if n > 0 {
-		c.holds = append(c.holds[:0], c.holds[n:]...)
+		t.holds = append(t.holds[:0], t.holds[n:]...)
 	}
 	// Entries whose hold was released or replaced are dropped when they
 	// expire; bound the list against many replacements within holdFor.
-	if len(c.holds) > 4096 {
-		kept := c.holds[:0]
-		for _, e := range c.holds {
+	if len(t.holds) > 4096 {
+		kept := t.holds[:0]
+		for _, e := range t.holds {
 			if e.h.ru != 0 && e.h.until.Equal(e.until) {
 				kept = append(kept, e)
 			}
 		}
-		c.holds = kept
+		t.holds = kept
 	}
 }
 
 // pollLowLocked turns the bucket's one-shot low-tokens signal into a
 // request at the next send.
-func (c *Client) pollLowLocked(gs *groupState) {
+func (t *groupTable) pollLowLocked(gs *groupState) {
 	if gs.bucket.NeedsTokens() {
 		gs.want = true
-		c.kickLocked()
+		t.kickLocked()
 	}
 }
 
-func (c *Client) kickLocked() {
+func (t *groupTable) kickLocked() {
 	select {
-	case c.kick <- struct{}{}:
+	case t.kick <- struct{}{}:
 	default:
 	}
 }
@@ -140,8 +140,8 @@ func (gs *groupState) threshold(now time.Time) float64 {
 // holdCapLocked is gs's share of its group's capacity: this proxy's rate
 // (as Share reports it) × the BURSTABLE seconds; 0 for a group whose
 // settings are unknown or that is never throttled.
-func (c *Client) holdCapLocked(gs *groupState) float64 {
-	g, ok := c.definition(gs.name)
+func (t *groupTable) holdCapLocked(gs *groupState) float64 {
+	g, ok := t.cache.definition(gs.name)
 	if !ok || isUnlimited(g) {
 		return 0
 	}
@@ -250,12 +250,12 @@ type GroupUsage struct {
 // Usage returns, sorted by name, every group known from the settings cache or
 // used on this proxy, with its live state at now.
 func (c *Client) Usage(now time.Time) []GroupUsage {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.refreshLocked(now)
-	out := make([]GroupUsage, 0, len(c.groups))
+	c.groups.mu.Lock()
+	c.groups.refreshLocked(now)
+	degraded := c.groups.degraded
+	out := make([]GroupUsage, 0, len(c.groups.byName))
 	seen := map[string]bool{}
-	for name, gs := range c.groups {
+	for name, gs := range c.groups.byName {
 		seen[name] = true
 		out = append(out, GroupUsage{
 			Group:     name,
@@ -263,13 +263,16 @@ func (c *Client) Usage(now time.Time) []GroupUsage {
 			Tokens:    gs.bucket.Tokens(now),
 			Unlimited: gs.bucket.Unlimited(),
 			Throttled: gs.throttled,
-			Degraded:  c.stream.degraded,
+			Degraded:  degraded,
 		})
 	}
-	c.cache.read(func(snap *snapshot) { // Client.mu, then the cache's lock
+	c.groups.mu.Unlock()
+	// The groups defined and not in use, from the cache alone: one lock
+	// at a time.
+	c.cache.read(func(snap *snapshot) {
 		for name, g := range snap.Groups {
 			if !seen[name] {
-				out = append(out, GroupUsage{Group: name, Unlimited: isUnlimited(g), Degraded: c.stream.degraded})
+				out = append(out, GroupUsage{Group: name, Unlimited: isUnlimited(g), Degraded: degraded})
 			}
 		}
 	})

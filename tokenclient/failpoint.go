@@ -41,9 +41,9 @@ func carriesTokens(resp *tokenpb.TokenResponse) bool {
 // lostGrant records, for tests, the tokens of a response that a failpoint
 // dropped on its way in.
 func (c *Client) lostGrant(resp *tokenpb.TokenResponse) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.stream.mu.Lock()
+	defer c.stream.mu.Unlock()
 	for _, g := range resp.GetGrants() {
-		c.droppedTokens += g.GetTokens()
+		c.stream.droppedTokens += g.GetTokens()
 	}
 }

@@ -126,11 +126,13 @@ func TestFailpointDroppedGrant(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		acquireAll(ctx, c, "a", rruOf(2), 2*time.Second)
 	}
-	c.mu.Lock()
-	dropped := c.droppedTokens // only group a asks for tokens here
-	gs := c.groups["a"]
+	c.stream.mu.Lock()
+	dropped := c.stream.droppedTokens // only group a asks for tokens here
+	c.stream.mu.Unlock()
+	c.groups.mu.Lock()
+	gs := c.groups.byName["a"]
 	received := gs.received
-	c.mu.Unlock()
+	c.groups.mu.Unlock()
 	mu.Lock()
 	g := granted
 	mu.Unlock()

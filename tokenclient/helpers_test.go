@@ -439,7 +439,7 @@ func acquireAll(ctx context.Context, c *Client, group string, cons ru.Consumptio
 
 // shareOf is group's Share as AcquireShare would return it now.
 func shareOf(c *Client, group string) Share {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.shareLocked(resourcegroup.NormalizeName(group))
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	return c.groups.shareLocked(resourcegroup.NormalizeName(group))
 }

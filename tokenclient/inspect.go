@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"time"
@@ -195,11 +196,20 @@ func (c *Client) runInspect(ctx context.Context, addr, instance string, in Inspe
 	if err != nil {
 		return fmt.Errorf("open inspect stream to %s: %w", addr, err)
 	}
+	return c.serveInspect(stream, addr, instance, in)
+}
+
+// serveInspect says hello on an open Inspect stream to addr and answers
+// its requests until it ends. A Send that fails with io.EOF means the
+// server ended the stream first; why (a follower's NOT_LEADER, sent as
+// it ends the stream at once, or the stream's status) comes with Recv.
+func (c *Client) serveInspect(stream tokenpb.InspectService_InspectClient, addr, instance string, in Inspector) error {
 	hello := &tokenpb.InspectReply{Hello: &tokenpb.InspectHello{ProxyId: c.cfg.ProxyID, Instance: instance}}
-	if err := stream.Send(hello); err != nil {
+	if err := stream.Send(hello); err == nil {
+		c.insp.setAddr(addr)
+	} else if !errors.Is(err, io.EOF) {
 		return fmt.Errorf("inspect hello to %s: %w", addr, err)
 	}
-	c.insp.setAddr(addr)
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -208,7 +218,7 @@ func (c *Client) runInspect(ctx context.Context, addr, instance string, in Inspe
 		if nl := req.GetNotLeader(); nl != nil {
 			return &notLeaderError{leader: nl.GetLeaderAddr()}
 		}
-		if err := stream.Send(inspectReply(req, in)); err != nil {
+		if err := stream.Send(inspectReply(req, in)); err != nil && !errors.Is(err, io.EOF) {
 			return fmt.Errorf("inspect reply to %s: %w", addr, err)
 		}
 	}

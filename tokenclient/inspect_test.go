@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -274,5 +275,52 @@ func TestInspectStream(t *testing.T) {
 	defer c3.Close()
 	if _, err := c3.ClusterInspect(ctx, InspectUsage, nil); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("no rgserver: %v", err)
+	}
+}
+
+// endedStream is an Inspect stream the server already ended: every Send
+// fails with io.EOF, as gRPC reports a stream ended by its server, and Recv
+// gives what the server sent first (then io.EOF).
+type endedStream struct {
+	grpc.ClientStream
+	sent []*tokenpb.InspectReply
+	recv []*tokenpb.InspectRequest
+}
+
+func (s *endedStream) Send(r *tokenpb.InspectReply) error {
+	s.sent = append(s.sent, r)
+	return io.EOF
+}
+
+func (s *endedStream) Recv() (*tokenpb.InspectRequest, error) {
+	if len(s.recv) == 0 {
+		return nil, io.EOF
+	}
+	r := s.recv[0]
+	s.recv = s.recv[1:]
+	return r, nil
+}
+
+// A follower answers an Inspect stream with NOT_LEADER and ends it at
+// once: the proxy's hello may then fail with io.EOF, and the proxy must
+// still read the redirect (it backed off instead, and with one server
+// configured met the follower again and again).
+func TestInspectHelloAfterNotLeader(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	st := &endedStream{recv: []*tokenpb.InspectRequest{{NotLeader: &tokenpb.NotLeader{LeaderAddr: "leader:1"}}}}
+	err := c.serveInspect(st, "follower:1", "a:4000", &fakeInspector{})
+	nl, ok := errors.AsType[*notLeaderError](err)
+	if !ok || nl.leader != "leader:1" {
+		t.Fatalf("got %v, want NOT_LEADER naming leader:1", err)
+	}
+	if len(st.sent) != 1 || st.sent[0].GetHello().GetInstance() != "a:4000" {
+		t.Fatalf("sent %v, want the hello", st.sent)
+	}
+	if a := c.insp.leader(); a != "" {
+		t.Fatalf("inspect address %q after a stream that never opened", a)
+	}
+	// A stream ended with nothing to say ends with its own error.
+	if err := c.serveInspect(&endedStream{}, "follower:1", "a:4000", &fakeInspector{}); !errors.Is(err, io.EOF) {
+		t.Fatalf("got %v, want io.EOF", err)
 	}
 }

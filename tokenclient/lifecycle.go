@@ -15,21 +15,21 @@ import (
 // with OnGroupForgotten is told, so that the caller forgets the group too.
 
 // OnGroupForgotten registers fn, called with a group's name (outside the
-// client's lock, on one of its goroutines) after the group was dropped or
+// groups' lock, on one of its goroutines) after the group was dropped or
 // expired here and its series deleted. It replaces any earlier fn; nil
 // removes it. Safe to call at any time, also after Start.
 func (c *Client) OnGroupForgotten(fn func(group string)) {
 	if fn == nil {
-		c.onForgotten.Store(nil)
+		c.groups.onForgotten.Store(nil)
 		return
 	}
-	c.onForgotten.Store(&fn)
+	c.groups.onForgotten.Store(&fn)
 }
 
 // useLocked returns group's state (made on first use) and notes that it
 // was used at now.
-func (c *Client) useLocked(group string, now time.Time) *groupState {
-	gs := c.stateLocked(group, now)
+func (t *groupTable) useLocked(group string, now time.Time) *groupState {
+	gs := t.stateLocked(group, now)
 	if now.After(gs.lastUsed) {
 		gs.lastUsed = now
 	}
@@ -41,39 +41,39 @@ func (c *Client) useLocked(group string, now time.Time) *groupState {
 // as it would a moment later from rgserver's NOT_FOUND), and what it still
 // owed is moot: rgserver drops whatever is reported for an unknown group.
 // `default` cannot be dropped.
-func (c *Client) dropLocked(gs *groupState) {
-	if gs.name == resourcegroup.DefaultGroup || c.groups[gs.name] != gs {
+func (t *groupTable) dropLocked(gs *groupState) {
+	if gs.name == resourcegroup.DefaultGroup || t.byName[gs.name] != gs {
 		return
 	}
 	gs.dead = true
 	gs.wake()
-	c.forgetLocked(gs)
-	now := c.clk.Now()
-	if len(c.droppedAt) >= 1024 {
-		for name, at := range c.droppedAt {
+	t.forgetLocked(gs)
+	now := t.clk.Now()
+	if len(t.droppedAt) >= 1024 {
+		for name, at := range t.droppedAt {
 			if now.Sub(at) >= droppedMemory {
-				delete(c.droppedAt, name)
+				delete(t.droppedAt, name)
 			}
 		}
 	}
-	c.droppedAt[gs.name] = now
+	t.droppedAt[gs.name] = now
 }
 
 // forgetLocked deletes gs and its series and queues the hook.
-func (c *Client) forgetLocked(gs *groupState) {
-	delete(c.groups, gs.name)
-	c.met.forget(gs.name)
-	c.forgotten = append(c.forgotten, gs.name)
+func (t *groupTable) forgetLocked(gs *groupState) {
+	delete(t.byName, gs.name)
+	t.met.forget(gs.name)
+	t.forgotten = append(t.forgotten, gs.name)
 }
 
 // droppedFromCacheLocked drops the groups in use here that the settings stream
 // cache no longer holds, among names (all groups in use when names is
 // nil: a whole snapshot was installed).
-func (c *Client) droppedFromCacheLocked(names []string) {
+func (t *groupTable) droppedFromCacheLocked(names []string) {
 	check := func(name string) {
-		if gs, ok := c.groups[name]; ok {
-			if _, known := c.cache.group(name); !known {
-				c.dropLocked(gs)
+		if gs, ok := t.byName[name]; ok {
+			if _, known := t.cache.group(name); !known {
+				t.dropLocked(gs)
 			}
 		}
 	}
@@ -83,7 +83,7 @@ func (c *Client) droppedFromCacheLocked(names []string) {
 		}
 		return
 	}
-	for name := range c.groups {
+	for name := range t.byName {
 		check(name)
 	}
 }
@@ -91,18 +91,18 @@ func (c *Client) droppedFromCacheLocked(names []string) {
 // notifyForgotten runs the OnGroupForgotten hook for the groups forgotten
 // since its last call, outside the lock. A group used again meanwhile
 // (its state born again) is not reported: its caller may already count it.
-func (c *Client) notifyForgotten() {
-	c.mu.Lock()
-	names := c.forgotten
-	c.forgotten = nil
+func (t *groupTable) notifyForgotten() {
+	t.mu.Lock()
+	names := t.forgotten
+	t.forgotten = nil
 	live := names[:0:0]
 	for _, n := range names {
-		if _, again := c.groups[n]; !again {
+		if _, again := t.byName[n]; !again {
 			live = append(live, n)
 		}
 	}
-	c.mu.Unlock()
-	fn := c.onForgotten.Load()
+	t.mu.Unlock()
+	fn := t.onForgotten.Load()
 	if fn == nil {
 		return
 	}
@@ -130,9 +130,9 @@ const owedEpsilon = 1e-6
 // yet (rgserver keeps counting a little more consumption than there was).
 // `default` never expires: its series exist from start.
 func (c *Client) expireIdle(now time.Time) {
-	c.mu.Lock()
+	c.groups.mu.Lock()
 	before := now.Add(-c.cfg.IdleExpiry)
-	for name, gs := range c.groups {
+	for name, gs := range c.groups.byName {
 		if name == resourcegroup.DefaultGroup || gs.lastUsed.After(before) {
 			continue
 		}
@@ -140,10 +140,10 @@ func (c *Client) expireIdle(now time.Time) {
 			(!gs.bucket.Unlimited() && gs.bucket.Tokens(now) < -owedEpsilon) {
 			continue
 		}
-		c.forgetLocked(gs)
+		c.groups.forgetLocked(gs)
 	}
-	c.mu.Unlock()
-	c.notifyForgotten()
+	c.groups.mu.Unlock()
+	c.groups.notifyForgotten()
 }
 
 // expireLoop runs expireIdle every quarter of IdleExpiry (at most every

@@ -57,9 +57,9 @@ func (f *forgottenLog) get() []string {
 }
 
 func hasState(c *Client, group string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, ok := c.groups[group]
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	_, ok := c.groups.byName[group]
 	return ok
 }
 
@@ -145,9 +145,9 @@ func TestDroppedGroupForgotten(t *testing.T) {
 	c.Charge("kept", rruOf(0))
 	waiting := acquire(c, "gone", 5, time.Hour)
 	waitFor(t, "gone's statement to wait", func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		gs := c.groups["gone"]
+		c.groups.mu.Lock()
+		defer c.groups.mu.Unlock()
+		gs := c.groups.byName["gone"]
 		return gs != nil && len(gs.queue) == 1
 	}, nil)
 	if len(seriesOf(t, reg, "gone")) == 0 {
@@ -318,9 +318,9 @@ func TestIdleExpiryKeepsWaiters(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { _, err := acquireAll(ctx, c, "w", rruOf(5), 10*time.Hour); done <- err }()
 	waitFor(t, "the statement to wait", func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.groups["w"] != nil && len(c.groups["w"].queue) == 1
+		c.groups.mu.Lock()
+		defer c.groups.mu.Unlock()
+		return c.groups.byName["w"] != nil && len(c.groups.byName["w"].queue) == 1
 	}, nil)
 	// Its request went and was answered with nothing.
 	req := build(c, false)

@@ -31,7 +31,7 @@ type metrics struct {
 	state *stateCollector
 }
 
-func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(groups *groupTable, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_token_requests_total",
@@ -59,7 +59,7 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 			Name: "rgproxy_runaway_events_dropped_total",
 			Help: "Runaway events left out of the runaway history (information_schema.runaway_queries): the queue to rgserver was full, or rgserver refused them as malformed.",
 		}),
-		state: &stateCollector{c: c,
+		state: &stateCollector{groups: groups,
 			tokens: prometheus.NewDesc("rgproxy_group_tokens",
 				"Tokens (RU) in the group's local bucket on this proxy; negative is debt; limited groups in use here only. While the bucket holds plenty, busy sessions carry small advances of it (32 statements' worth; given back within 200 ms of a session going idle), which this does not count.", []string{"resource_group"}, nil),
 			rate: prometheus.NewDesc("rgproxy_group_ru_per_sec",
@@ -83,9 +83,9 @@ func newMetrics(c *Client, reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// stateCollector exports gauges read from the client's state at scrape.
+// stateCollector exports gauges read from the groups' state at scrape.
 type stateCollector struct {
-	c                      *Client
+	groups                 *groupTable
 	tokens, rate, degraded *prometheus.Desc
 }
 
@@ -96,18 +96,18 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	c := s.c
-	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.refreshLocked(now)
+	t := s.groups
+	now := t.clk.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.refreshLocked(now)
 	// Only the groups this proxy serves: with 100,000 groups in the settings stream
 	// cache, one series each on every proxy would be too many.
-	for name, gs := range c.groups {
+	for name, gs := range t.byName {
 		if !gs.bucket.Unlimited() {
 			ch <- prometheus.MustNewConstMetric(s.tokens, prometheus.GaugeValue, gs.bucket.Tokens(now), name)
 		}
-		if g, ok := c.definition(name); ok {
+		if g, ok := t.cache.definition(name); ok {
 			// MODE WARN and OFF keep their rate for the dashboards.
 			v := float64(g.RUPerSec)
 			if g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {
@@ -117,7 +117,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	d := 0.0
-	if c.stream.degraded {
+	if t.degraded {
 		d = 1
 	}
 	ch <- prometheus.MustNewConstMetric(s.degraded, prometheus.GaugeValue, d)

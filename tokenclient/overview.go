@@ -60,13 +60,13 @@ type Overview struct {
 }
 
 // overviewChunk is how many groups Overview looks at per hold of the
-// client's lock, so that statements never wait for a walk over 100,000
+// groups' lock, so that statements never wait for a walk over 100,000
 // groups.
 const overviewChunk = 1024
 
 // Overview returns every group this proxy knows, listing at most limit of
 // them: those in use here first, by RU/s, then the others by name. It
-// keeps only the groups it lists, and releases the client's lock every
+// keeps only the groups it lists, and releases the groups' lock every
 // overviewChunk groups (a group created, used or forgotten meanwhile may
 // or may not be counted).
 func (c *Client) Overview(now time.Time, limit int) Overview {
@@ -80,14 +80,14 @@ func (c *Client) Overview(now time.Time, limit int) Overview {
 	var o Overview
 	o.Revision = c.cache.revision()
 	inUse := map[string]bool{}
-	c.mu.Lock()
-	c.refreshLocked(now)
-	o.Degraded, o.Connected = c.stream.degraded, c.stream.connected
+	c.groups.mu.Lock()
+	c.groups.refreshLocked(now)
+	o.Degraded, o.Connected = c.groups.degraded, c.stream.status().connected
 	n := 0
-	for name, gs := range c.groups {
+	for name, gs := range c.groups.byName {
 		g := GroupOverview{InUse: true, Tokens: gs.bucket.Tokens(now), Unlimited: gs.bucket.Unlimited(),
 			Throttled: gs.throttled, Proxies: gs.proxies, ShareRate: gs.shareRate}
-		g.Definition, g.Defined = c.definition(name)
+		g.Definition, g.Defined = c.cache.definition(name)
 		g.Definition.Name = name
 		g.RUPerSec, g.StatementsPerSec = gs.usage.rates(now)
 		used.Offer(g)
@@ -95,11 +95,11 @@ func (c *Client) Overview(now time.Time, limit int) Overview {
 		o.Total++
 		o.InUse++
 		if n++; n%overviewChunk == 0 {
-			c.mu.Unlock()
-			c.mu.Lock()
+			c.groups.mu.Unlock()
+			c.groups.mu.Lock()
 		}
 	}
-	c.mu.Unlock()
+	c.groups.mu.Unlock()
 	// The groups defined and not in use, from the cache alone (its own
 	// lock: the grants do not wait for this walk).
 	c.cache.read(func(snap *snapshot) {

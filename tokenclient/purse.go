@@ -11,7 +11,7 @@ import (
 )
 
 // A session's statements mostly find their group's bucket far from empty.
-// Then each of them taking the client's lock — shared by every session of
+// Then each of them taking the groups' lock — shared by every session of
 // the proxy — twice (AcquireShare, Charge) costs more than the rest of the
 // metering: on a saturated 2-core VM a point select's visits to the
 // client were half of what metering added to it. So a session may carry a
@@ -49,8 +49,8 @@ const (
 // copied after first use.
 type Purse struct {
 	// mu guards the fields below but listed; the owner's statements and
-	// the client's sweep take it, the sweep under Client.mu (never the
-	// other way round).
+	// the client's sweep take it, the sweep under groupTable.mu (never
+	// the other way round).
 	mu sync.Mutex
 	// group is the group as the caller names it ("" = empty); gs its state
 	// when the advance was taken; gen the cache generation then: a change
@@ -79,7 +79,8 @@ type Purse struct {
 	// used: a statement used the purse since the last sweep.
 	used bool
 
-	// listed: the purse is in Client.purses; guarded by Client.mu.
+	// listed: the purse is in groupTable.purses; guarded by
+	// groupTable.mu.
 	listed bool
 }
 
@@ -145,20 +146,20 @@ func (p *Purse) spend(group string, cons ru.Consumption, gen uint64) (ok, shadow
 // returns its purse when it ends.
 func (c *Client) ReturnPurse(p *Purse) {
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
 	if p.listed {
-		c.dropPurseLocked(p, now)
+		c.groups.dropPurseLocked(p, now)
 	}
 }
 
 // dropPurseLocked settles a listed purse, gives its advance back and takes
-// it off the sweep's list; Client.mu is held.
-func (c *Client) dropPurseLocked(p *Purse, now time.Time) {
+// it off the sweep's list; t.mu is held.
+func (t *groupTable) dropPurseLocked(p *Purse, now time.Time) {
 	p.mu.Lock()
-	c.settlePurseLocked(p, now, true)
+	t.settlePurseLocked(p, now, true)
 	p.mu.Unlock()
-	delete(c.purses, p)
+	delete(t.purses, p)
 	p.listed = false
 }
 
@@ -166,8 +167,8 @@ func (c *Client) dropPurseLocked(p *Purse, now time.Time) {
 // its tokens from the bucket at once, when the bucket can spare it; p is
 // empty (acquire settled it). name is the group as the caller names it;
 // sh the group's Share now.
-func (c *Client) fillPurseLocked(p *Purse, gs *groupState, name string, now time.Time, n float64, sh Share) {
-	if !(n > 0) || len(gs.queue) > 0 || gs.dead || c.groups[gs.name] != gs {
+func (t *groupTable) fillPurseLocked(p *Purse, gs *groupState, name string, now time.Time, n float64, sh Share) {
+	if !(n > 0) || len(gs.queue) > 0 || gs.dead || t.byName[gs.name] != gs {
 		return
 	}
 	unlimited := gs.bucket.Unlimited()
@@ -178,27 +179,27 @@ func (c *Client) fillPurseLocked(p *Purse, gs *groupState, name string, now time
 			return
 		}
 		gs.bucket.Take(now, adv)
-		c.pollLowLocked(gs)
+		t.pollLowLocked(gs)
 	}
 	p.mu.Lock()
-	p.group, p.gs, p.gen = name, gs, c.cache.gen.Load()
+	p.group, p.gs, p.gen = name, gs, t.cache.gen.Load()
 	p.left = purseStatements - 1
 	p.tokens, p.limit, p.unlimited = adv, 2*adv, unlimited
 	p.shadow = sh.Mode == resourcegroup.ModeWarn
 	p.share, p.used = sh, true
 	p.mu.Unlock()
 	if !p.listed {
-		c.purses[p] = struct{}{}
+		t.purses[p] = struct{}{}
 		p.listed = true
 	}
 }
 
 // settlePurseLocked records what p spent and, when empty is set, gives
-// back what is left of its advance and empties it. Both Client.mu and
+// back what is left of its advance and empties it. Both t.mu and
 // p.mu are held. What a purse of a group forgotten since is lost with the
 // group, as a Charge to it would be.
-func (c *Client) settlePurseLocked(p *Purse, now time.Time, empty bool) {
-	if gs := p.gs; gs != nil && c.groups[gs.name] == gs {
+func (t *groupTable) settlePurseLocked(p *Purse, now time.Time, empty bool) {
+	if gs := p.gs; gs != nil && t.byName[gs.name] == gs {
 		if !p.spent.IsZero() {
 			gs.record(now, p.spent)
 			if now.After(gs.lastUsed) {
@@ -224,17 +225,17 @@ func (c *Client) settlePurseLocked(p *Purse, now time.Time, empty bool) {
 
 // sweepPursesLocked records what every purse spent, and empties those not
 // used since the last sweep (all of them when all is set).
-func (c *Client) sweepPursesLocked(now time.Time, all bool) {
-	for p := range c.purses {
+func (t *groupTable) sweepPursesLocked(now time.Time, all bool) {
+	for p := range t.purses {
 		p.mu.Lock()
 		idle := all || !p.used
 		p.used = false
 		if !idle {
-			c.settlePurseLocked(p, now, false)
+			t.settlePurseLocked(p, now, false)
 		}
 		p.mu.Unlock()
 		if idle {
-			c.dropPurseLocked(p, now)
+			t.dropPurseLocked(p, now)
 		}
 	}
 }
@@ -246,8 +247,8 @@ func (c *Client) purseLoop(ctx context.Context) {
 			return
 		}
 		now := c.clk.Now()
-		c.mu.Lock()
-		c.sweepPursesLocked(now, false)
-		c.mu.Unlock()
+		c.groups.mu.Lock()
+		c.groups.sweepPursesLocked(now, false)
+		c.groups.mu.Unlock()
 	}
 }

@@ -26,21 +26,21 @@ func grantTokens(t *testing.T, c *Client, group string, n, rate float64) {
 
 // pendingOf is the consumption of group not yet reported to rgserver.
 func pendingOf(c *Client, group string) float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.groups[group].pending.RU()
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	return c.groups.byName[group].pending.RU()
 }
 
 func sweep(c *Client) {
-	c.mu.Lock()
-	c.sweepPursesLocked(c.clk.Now(), false)
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.sweepPursesLocked(c.clk.Now(), false)
+	c.groups.mu.Unlock()
 }
 
 func purses(c *Client) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.purses)
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	return len(c.groups.purses)
 }
 
 // A session's statements run from an advance while the bucket holds

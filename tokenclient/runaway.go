@@ -14,7 +14,7 @@ import (
 )
 
 // The runaway watch list: cached from the settings stream like groups and
-// bindings, matched per statement without taking the client's lock, and
+// bindings, matched per statement without taking a lock, and
 // written through rgserver's AddWatch / RemoveWatch.
 
 // watchIndex is an immutable view of the watch list, rebuilt on every

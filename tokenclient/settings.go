@@ -49,7 +49,7 @@ func (s snapshot) shallow() snapshot {
 // always there (its built-in definition until rgserver sends one).
 func (c *Client) Group(name string) (resourcegroup.Group, bool) {
 	name = resourcegroup.NormalizeName(name)
-	g, ok := c.definition(name)
+	g, ok := c.cache.definition(name)
 	return g.Clone(), ok
 }
 
@@ -208,17 +208,17 @@ func (c *Client) applySettings(resp *tokenpb.WatchResponse) bool {
 		return true
 	}
 	touched := c.cache.apply(resp)
-	c.mu.Lock()
+	c.groups.mu.Lock()
 	now := c.clk.Now()
 	for _, name := range touched {
-		if gs, ok := c.groups[name]; ok {
-			c.refreshGroupLocked(now, gs)
+		if gs, ok := c.groups.byName[name]; ok {
+			c.groups.refreshGroupLocked(now, gs)
 		}
 	}
-	c.droppedFromCacheLocked(touched)
-	c.mu.Unlock()
+	c.groups.droppedFromCacheLocked(touched)
+	c.groups.mu.Unlock()
 	c.cache.wake() // once the groups follow the change
-	c.notifyForgotten()
+	c.groups.notifyForgotten()
 	return len(resp.GetEvents()) > 0
 }
 
@@ -274,27 +274,27 @@ func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string
 // installSnapshot replaces the cache with a whole snapshot from rgserver.
 func (c *Client) installSnapshot(snap snapshot) {
 	c.cache.install(snap, true)
-	c.mu.Lock()
-	c.cacheInstalledLocked()
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	c.groups.cacheInstalledLocked()
+	c.groups.mu.Unlock()
 	c.cache.wake() // once the groups follow the change
-	c.notifyForgotten()
+	c.groups.notifyForgotten()
 }
 
 // cacheInstalledLocked brings every group in use up to date with a cache
 // just installed whole: its unlimited mode, and dropped if it is gone.
-func (c *Client) cacheInstalledLocked() {
-	now := c.clk.Now()
-	for _, gs := range c.groups {
-		c.refreshGroupLocked(now, gs)
+func (t *groupTable) cacheInstalledLocked() {
+	now := t.clk.Now()
+	for _, gs := range t.byName {
+		t.refreshGroupLocked(now, gs)
 	}
-	c.droppedFromCacheLocked(nil)
+	t.droppedFromCacheLocked(nil)
 }
 
 // refreshGroupLocked brings a group in use up to date with its definition
 // in the cache: unlimited or not, and in degraded mode its local refill.
-func (c *Client) refreshGroupLocked(now time.Time, gs *groupState) {
-	g, ok := c.cache.group(gs.name)
+func (t *groupTable) refreshGroupLocked(now time.Time, gs *groupState) {
+	g, ok := t.cache.group(gs.name)
 	if !ok {
 		return
 	}
@@ -305,10 +305,10 @@ func (c *Client) refreshGroupLocked(now time.Time, gs *groupState) {
 	case !unl && gs.bucket.Unlimited():
 		gs.bucket.SetUnlimited(false)
 		gs.want = true
-		c.kickLocked()
+		t.kickLocked()
 	}
-	if c.stream.degraded || gs.unavailable {
-		c.localRefillLocked(now, gs) // the new RU_PER_SEC applies at once
+	if t.degraded || gs.unavailable {
+		t.localRefillLocked(now, gs) // the new RU_PER_SEC applies at once
 	}
 }
 

@@ -12,9 +12,10 @@ import (
 // watches that the settings stream keeps (settings.go), with its own
 // lock. The settings stream's goroutine is its only writer (and Start,
 // from the snapshot file, while no stream answered); sessions, the
-// groups' state and the console read it. Lock order: Client.mu, then
-// settingsCache.mu, never the other way round: the writer releases this
-// lock before it tells the groups what changed.
+// groups' state and the console read it. Lock order: groupTable.mu, then
+// settingsCache.mu (read: a group's definition), never the other way
+// round: the writer releases this lock before it tells the groups what
+// changed.
 type settingsCache struct {
 	mu   sync.RWMutex
 	snap snapshot
@@ -44,7 +45,7 @@ func (sc *settingsCache) group(name string) (resourcegroup.Group, bool) {
 }
 
 // read runs f on the cache under its read lock; f must not keep snap's
-// maps nor take Client.mu.
+// maps nor take another lock.
 func (sc *settingsCache) read(f func(snap *snapshot)) {
 	sc.mu.RLock()
 	defer sc.mu.RUnlock()
@@ -127,4 +128,16 @@ func (sc *settingsCache) revision() int64 {
 	sc.mu.RLock()
 	defer sc.mu.RUnlock()
 	return sc.snap.Revision
+}
+
+// definition returns a group's definition from the cache; `default`
+// has its built-in one until rgserver sends one.
+func (sc *settingsCache) definition(name string) (resourcegroup.Group, bool) {
+	if g, ok := sc.group(name); ok {
+		return g, true
+	}
+	if name == resourcegroup.DefaultGroup {
+		return resourcegroup.DefaultGroupDefinition(), true
+	}
+	return resourcegroup.Group{}, false
 }

@@ -14,7 +14,7 @@ import (
 // It is apart from the group's real bucket, which in WARN is unlimited.
 
 // shadowBucket is a group's shadow bucket (groupState.shadow); guarded by
-// Client.mu.
+// groupTable.mu.
 type shadowBucket struct {
 	bucket Bucket
 	on     bool // set up by a first WouldAcquire
@@ -33,13 +33,13 @@ type shadowBucket struct {
 func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float64, maxWait time.Duration, onDebt bool) (wait time.Duration, refused bool) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	g, ok := c.definition(group)
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	g, ok := c.cache.definition(group)
 	if !ok || g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited {
 		return 0, false
 	}
-	gs := c.stateLocked(group, now)
+	gs := c.groups.stateLocked(group, now)
 	rate := float64(g.RUPerSec) / float64(max(gs.proxies, 1))
 	burst := rate * g.Burst.CapacitySeconds()
 	sb := &gs.shadow.bucket
@@ -67,7 +67,7 @@ func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float6
 }
 
 // shadowTakeLocked takes n RU (a refund when negative) from the group's
-// shadow bucket, once WouldAcquire set it up. Client.mu is held.
+// shadow bucket, once WouldAcquire set it up. groupTable.mu is held.
 func (gs *groupState) shadowTakeLocked(now time.Time, n float64) {
 	if gs.shadow.on {
 		gs.shadow.bucket.Take(now, n)
@@ -78,9 +78,9 @@ func (gs *groupState) shadowTakeLocked(now time.Time, n float64) {
 func (c *Client) shadowCharge(group string, n float64) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if gs, ok := c.groups[group]; ok {
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	if gs, ok := c.groups.byName[group]; ok {
 		gs.shadowTakeLocked(now, n)
 	}
 }

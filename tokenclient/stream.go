@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,6 +32,139 @@ func (e *notLeaderError) Error() string {
 
 // errStuck ends a stream whose request went unanswered for DegradedAfter.
 var errStuck = errors.New("token request unanswered")
+
+// tokenStream is the token stream's own state: its table of requests
+// awaiting their answer, whether it is connected, and Close's final
+// report.
+//
+// Concurrency contract: mu guards the fields below it. It is taken by the
+// stream's two goroutines only — the send loop (tokenLoop: runStream's
+// loop, finalReport, streamEnded) registers requests and ends the stream,
+// the receiving goroutine (applyResponse) takes a request out when its
+// answer comes — and held by no other lock's holder nor while taking
+// another: each method takes it alone, for a few map operations. Every
+// change publishes status, the immutable streamStatus that anyone (the
+// groups under their lock, Close, the console) reads without a lock.
+type tokenStream struct {
+	// published is what the others may read of the stream (status).
+	published atomic.Pointer[streamStatus]
+	// flush: Close asks the send loop for a final report.
+	flush chan chan struct{}
+
+	mu          sync.Mutex
+	connected   bool      // a stream is open and has answered
+	lostAt      time.Time // when the last answering stream ended (or New)
+	outstanding map[uint64]*sentRequest
+	nextReqID   uint64
+	finalID     uint64        // the request id of Close's final report
+	finalAck    chan struct{} // closed when that report is answered
+	// droppedTokens counts granted tokens a dropGrant failpoint discarded.
+	droppedTokens float64
+}
+
+// streamStatus is the token stream's state as the groups see it; never
+// changed once published.
+type streamStatus struct {
+	// connected: a stream is open and has answered.
+	connected bool
+	// lostAt is when the last answering stream ended (or New).
+	lostAt time.Time
+	// silentSince is when rgserver was last heard from, as degraded mode
+	// counts: lostAt while not connected, else the sending of the oldest
+	// request not answered yet; zero when nothing waits for an answer.
+	silentSince time.Time
+}
+
+func newTokenStream(now time.Time) *tokenStream {
+	s := &tokenStream{flush: make(chan chan struct{}), lostAt: now, outstanding: map[uint64]*sentRequest{}}
+	s.publishLocked()
+	return s
+}
+
+// status returns the stream's state, without a lock.
+func (s *tokenStream) status() *streamStatus { return s.published.Load() }
+
+// publishLocked publishes the stream's state; mu is held (or s is new).
+func (s *tokenStream) publishLocked() {
+	st := &streamStatus{connected: s.connected, lostAt: s.lostAt}
+	if !s.connected {
+		st.silentSince = s.lostAt
+	} else {
+		for _, r := range s.outstanding {
+			if st.silentSince.IsZero() || r.at.Before(st.silentSince) {
+				st.silentSince = r.at
+			}
+		}
+	}
+	s.published.Store(st)
+}
+
+// register gives req its id and records it, with what it carried, as
+// awaiting its answer. The send loop calls it before sending req.
+func (s *tokenStream) register(req *tokenpb.TokenRequest, sent *sentRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextReqID++
+	req.RequestId = s.nextReqID
+	s.outstanding[req.RequestId] = sent
+	s.publishLocked()
+}
+
+// registerFinal gives Close's final report req its id and returns the
+// channel closed once it is answered.
+func (s *tokenStream) registerFinal(req *tokenpb.TokenRequest) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextReqID++
+	req.RequestId = s.nextReqID
+	s.finalID, s.finalAck = req.RequestId, make(chan struct{})
+	return s.finalAck
+}
+
+// answered takes request id out of the table and returns what it carried
+// (nil: unknown, or the final report). ok: the answer is not NOT_LEADER,
+// so the stream is connected; reconnected: it was not before. final, when
+// not nil, is the final report's channel, for the caller to close once
+// the answer is applied.
+func (s *tokenStream) answered(id uint64, ok bool) (sent *sentRequest, reconnected bool, final chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sent = s.outstanding[id]
+	delete(s.outstanding, id)
+	if s.finalAck != nil && id == s.finalID {
+		final, s.finalAck = s.finalAck, nil
+	}
+	if ok {
+		reconnected = !s.connected
+		s.connected = true
+	}
+	s.publishLocked()
+	return sent, reconnected, final
+}
+
+// ended forgets the requests of a stream that ended at now.
+func (s *tokenStream) ended(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.connected {
+		s.connected = false
+		s.lostAt = now
+	}
+	clear(s.outstanding)
+	s.publishLocked()
+}
+
+// oldest is how long the oldest request awaiting its answer has waited
+// at now (0: none).
+func (s *tokenStream) oldest(now time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var d time.Duration
+	for _, r := range s.outstanding {
+		d = max(d, now.Sub(r.at))
+	}
+	return d
+}
 
 // conn returns the (lazily dialled) connection to addr.
 func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
@@ -175,9 +309,9 @@ func (c *Client) pause(ctx context.Context, d time.Duration) bool {
 	end := c.clk.Now().Add(d)
 	for {
 		now := c.clk.Now()
-		c.mu.Lock()
-		c.tickLocked(now)
-		c.mu.Unlock()
+		c.groups.mu.Lock()
+		c.groups.tickLocked(now)
+		c.groups.mu.Unlock()
 		left := end.Sub(now)
 		if left <= 0 {
 			return true
@@ -189,16 +323,13 @@ func (c *Client) pause(ctx context.Context, d time.Duration) bool {
 }
 
 // streamEnded forgets the requests of a stream that ended: their groups
-// may ask again on the next stream.
+// may ask again on the next stream. The stream's receiving goroutine has
+// returned: nothing answers meanwhile.
 func (c *Client) streamEnded() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stream.connected {
-		c.stream.connected = false
-		c.stream.lostAt = c.clk.Now()
-	}
-	clear(c.stream.outstanding)
-	for _, gs := range c.groups {
+	c.stream.ended(c.clk.Now())
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	for _, gs := range c.groups.byName {
 		gs.inFlight = false
 	}
 }
@@ -261,16 +392,20 @@ func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err
 	force := true // the first request carries every group: a resync
 	for {
 		now := c.clk.Now()
-		c.mu.Lock()
-		c.tickLocked(now)
-		stuck := c.oldestOutstandingLocked(now) >= c.cfg.DegradedAfter
+		stuck := c.stream.oldest(now) >= c.cfg.DegradedAfter
+		c.groups.mu.Lock()
+		c.groups.tickLocked(now)
 		var req *tokenpb.TokenRequest
+		var sent *sentRequest
 		if !stuck {
-			req = c.buildRequestLocked(now, force, false)
+			req, sent = c.groups.buildRequestLocked(now, force, false)
 		}
-		c.mu.Unlock()
+		c.groups.mu.Unlock()
 		if stuck {
 			return false, fmt.Errorf("%s: %w", addr, errStuck)
+		}
+		if req != nil {
+			c.stream.register(req, sent)
 		}
 		if req != nil && force {
 			// The first message says what this proxy can enforce.
@@ -294,9 +429,9 @@ func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err
 		case err := <-recvErr:
 			t.Stop()
 			return false, err
-		case <-c.kick:
+		case <-c.groups.kick:
 		case <-t.C():
-		case done := <-c.flush:
+		case done := <-c.stream.flush:
 			c.finalReport(ctx, stream, recvErr)
 			close(done)
 		}
@@ -308,16 +443,13 @@ func (c *Client) runStream(ctx context.Context, addr string) (answered bool, err
 // most a second) for the answer, so that it is recorded before the stream
 // is torn down. Best effort: the client is closing.
 func (c *Client) finalReport(ctx context.Context, stream tokenpb.TokenService_AcquireTokensClient, recvErr <-chan error) {
-	c.mu.Lock()
-	req := c.buildRequestLocked(c.clk.Now(), false, true)
-	ack := make(chan struct{})
-	if req != nil {
-		c.stream.finalID, c.stream.finalAck = req.GetRequestId(), ack
-	}
-	c.mu.Unlock()
+	c.groups.mu.Lock()
+	req, _ := c.groups.buildRequestLocked(c.clk.Now(), false, true)
+	c.groups.mu.Unlock()
 	if req == nil {
 		return
 	}
+	ack := c.stream.registerFinal(req)
 	if err := stream.Send(req); err != nil {
 		return
 	}
@@ -331,14 +463,6 @@ func (c *Client) finalReport(ctx context.Context, stream tokenpb.TokenService_Ac
 	}
 }
 
-func (c *Client) oldestOutstandingLocked(now time.Time) time.Duration {
-	var d time.Duration
-	for _, r := range c.stream.outstanding {
-		d = max(d, now.Sub(r.at))
-	}
-	return d
-}
-
 // buildRequestLocked builds the next TokenRequest at now, or nil when no
 // group needs to send anything. A group is in it when it needs tokens (its
 // bucket ran low, or statements wait) and may ask (no request in flight,
@@ -348,13 +472,15 @@ func (c *Client) oldestOutstandingLocked(now time.Time) time.Duration {
 // past releaseAfter gives its tokens back here first); once a message goes
 // out, every group with unreported consumption rides along. force puts
 // every idle group in (as report-only when it needs nothing); final sends
-// every group's consumption report-only.
-func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.TokenRequest {
+// every group's consumption report-only. The request has no id yet: the
+// token stream gives it one when it registers it with sent, what the
+// request carried (tokenStream.register; nil when final).
+func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*tokenpb.TokenRequest, *sentRequest) {
 	if force {
-		c.stateLocked(resourcegroup.DefaultGroup, now) // something to ask even when idle
+		t.stateLocked(resourcegroup.DefaultGroup, now) // something to ask even when idle
 	}
 	var asks, reports []*groupState
-	for _, gs := range c.groups {
+	for _, gs := range t.byName {
 		if (gs.inFlight && !final) || gs.dead {
 			continue
 		}
@@ -365,8 +491,8 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 			asks = append(asks, gs)
 			continue
 		}
-		due := gs.hasReport() && now.Sub(gs.lastReport) >= c.cfg.ReportPeriod
-		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !c.stream.degraded && len(gs.queue) == 0 && !gs.hasReport() {
+		due := gs.hasReport() && now.Sub(gs.lastReport) >= t.cfg.ReportPeriod
+		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !t.degraded && len(gs.queue) == 0 && !gs.hasReport() {
 			// Idle, its trickle over: what the bucket holds no longer
 			// changes. After releaseAfter it is given back; either way
 			// rgserver hears once what this proxy holds, so its own bucket
@@ -381,18 +507,17 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 		}
 	}
 	if len(asks) == 0 && len(reports) == 0 {
-		return nil
+		return nil, nil
 	}
 	if !final {
 		// Piggyback every pending report on a message that goes anyway.
-		for _, gs := range c.groups {
+		for _, gs := range t.byName {
 			if !gs.inFlight && !gs.dead && gs.hasReport() && !contains(asks, gs) && !contains(reports, gs) {
 				reports = append(reports, gs)
 			}
 		}
 	}
-	c.stream.nextReqID++
-	req := &tokenpb.TokenRequest{ProxyId: c.cfg.ProxyID, RequestId: c.stream.nextReqID}
+	req := &tokenpb.TokenRequest{ProxyId: t.cfg.ProxyID}
 	sent := &sentRequest{at: now, reports: map[string]ru.Consumption{}, asked: map[string]bool{}}
 	add := func(gs *groupState, ask bool) {
 		cons := gs.takeReport()
@@ -414,7 +539,7 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 		}
 		gs.heldSent = gr.HeldTokens
 		if ask {
-			gr.TokensWanted = gs.wanted(now, c.cfg.TargetPeriod)
+			gr.TokensWanted = gs.wanted(now, t.cfg.TargetPeriod)
 			gs.want = false
 		}
 		gs.resetWaiting(now)
@@ -423,7 +548,7 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 		sent.reports[gs.name] = cons
 		sent.asked[gs.name] = ask
 		req.Groups = append(req.Groups, gr)
-		c.met.requests.WithLabelValues(gs.name).Inc()
+		t.met.requests.WithLabelValues(gs.name).Inc()
 	}
 	for _, gs := range asks {
 		add(gs, true)
@@ -431,10 +556,10 @@ func (c *Client) buildRequestLocked(now time.Time, force, final bool) *tokenpb.T
 	for _, gs := range reports {
 		add(gs, false)
 	}
-	if !final {
-		c.stream.outstanding[req.RequestId] = sent
+	if final {
+		return req, nil
 	}
-	return req
+	return req, sent
 }
 
 func contains(list []*groupState, gs *groupState) bool {
@@ -509,24 +634,31 @@ func consumptionToPB(c ru.Consumption) *tokenpb.Consumption {
 	}
 }
 
-// applyResponse applies one TokenResponse; a NOT_LEADER answer returns a
+// applyResponse applies one TokenResponse: first to the stream's table
+// of requests, then to the groups. A NOT_LEADER answer returns a
 // *notLeaderError after putting its request's consumption back (the server
 // did not record it).
 func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	now := c.clk.Now()
-	defer c.notifyForgotten() // after the unlock
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	sent := c.stream.outstanding[resp.GetRequestId()]
-	delete(c.stream.outstanding, resp.GetRequestId())
-	if c.stream.finalAck != nil && resp.GetRequestId() == c.stream.finalID {
-		close(c.stream.finalAck)
-		c.stream.finalAck = nil
+	sent, reconnected, final := c.stream.answered(resp.GetRequestId(), resp.GetNotLeader() == nil)
+	err := c.groups.apply(now, resp, sent, reconnected)
+	if final != nil {
+		close(final) // Close's final report is in
 	}
+	c.groups.notifyForgotten()
+	return err
+}
+
+// apply brings the groups up to date with a response whose request was
+// sent (nil: unknown, or Close's final report); reconnected: it is the
+// first answer of the stream.
+func (t *groupTable) apply(now time.Time, resp *tokenpb.TokenResponse, sent *sentRequest, reconnected bool) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if nl := resp.GetNotLeader(); nl != nil {
 		if sent != nil {
 			for name, cons := range sent.reports {
-				if gs, ok := c.groups[name]; ok {
+				if gs, ok := t.byName[name]; ok {
 					gs.pending.Add(cons)
 					gs.pendingThrottled += sent.throttled[name]
 					gs.inFlight = false
@@ -536,25 +668,24 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 		return &notLeaderError{leader: nl.GetLeaderAddr()}
 	}
 	if sent != nil {
-		c.met.duration.Observe(now.Sub(sent.at).Seconds())
+		t.met.duration.Observe(now.Sub(sent.at).Seconds())
 	}
-	if !c.stream.connected {
-		c.endBridgeLocked(now)
+	if reconnected {
+		t.endBridgeLocked(now)
 	}
-	c.stream.connected = true
-	if c.stream.degraded {
-		c.stream.degraded = false
-		c.log.Info("token grants resumed: leaving degraded mode")
-		for _, gs := range c.groups {
+	if t.degraded {
+		t.degraded = false
+		t.log.Info("token grants resumed: leaving degraded mode")
+		for _, gs := range t.byName {
 			// Stop the local refill; the groups ask again at once.
 			gs.bucket.Reconfigure(now, 0, 0, 0, gs.threshold(now))
 			gs.trickleUntil = time.Time{}
 			gs.want = true
 		}
-		c.kickLocked()
+		t.kickLocked()
 	}
 	for _, g := range resp.GetGrants() {
-		gs, ok := c.groups[g.GetGroup()]
+		gs, ok := t.byName[g.GetGroup()]
 		if !ok {
 			continue
 		}
@@ -564,41 +695,41 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 			// A passing etcd error must not lift the group's limit: keep
 			// its settings and bucket, refill locally, ask again later.
 			if !gs.unavailable {
-				c.log.Warn("rgserver cannot serve a group for now: refilling it locally", "resource_group", gs.name, "err", g.GetError())
+				t.log.Warn("rgserver cannot serve a group for now: refilling it locally", "resource_group", gs.name, "err", g.GetError())
 				gs.unavailable = true
-				c.localRefillLocked(now, gs)
+				t.localRefillLocked(now, gs)
 			}
 			gs.nextAsk = now.Add(unavailableRetry)
 			continue
 		}
 		if g.GetError() != "" {
-			c.log.Warn("rgserver refused a group", "resource_group", gs.name, "err", g.GetError())
+			t.log.Warn("rgserver refused a group", "resource_group", gs.name, "err", g.GetError())
 			if gs.name == resourcegroup.DefaultGroup {
 				// default cannot be dropped: its state starts again at
 				// its next use, its series stay.
 				gs.dead = true
 				gs.wake()
-				delete(c.groups, gs.name)
+				delete(t.byName, gs.name)
 				continue
 			}
-			c.dropLocked(gs)
+			t.dropLocked(gs)
 			continue
 		}
-		if gs.unavailable && !c.stream.degraded {
+		if gs.unavailable && !t.degraded {
 			// Served again: stop the local refill; the grant below, or the
 			// group's next ask, feeds the bucket.
 			gs.unavailable = false
 			gs.bucket.Reconfigure(now, 0, 0, 0, gs.threshold(now))
 			gs.trickleUntil = time.Time{}
 			gs.want = true
-			c.kickLocked()
+			t.kickLocked()
 		}
 		gs.unavailable = false
 		gs.granted = true
 		gs.proxies = g.GetProxies()
 		gs.ruPerSec = g.GetRuPerSec()
 		gs.shareRate = g.GetFillRate()
-		gs.holdCap = c.holdCapLocked(gs)
+		gs.holdCap = t.holdCapLocked(gs)
 		if g.GetUnlimited() {
 			gs.bucket.SetUnlimited(true)
 			gs.wake()
@@ -632,7 +763,7 @@ func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 			imm = 0
 		}
 		gs.received += g.GetTokens() + imm
-		c.met.granted.WithLabelValues(gs.name).Add(g.GetTokens() + imm)
+		t.met.granted.WithLabelValues(gs.name).Add(g.GetTokens() + imm)
 		if ms := g.GetTrickleMs(); ms > 0 {
 			d := time.Duration(ms) * time.Millisecond
 			gs.bucket.Grant(now, imm, g.GetTokens(), d, gs.holdCap, gs.threshold(now))
@@ -663,4 +794,12 @@ func grantUnavailable(g *tokenpb.GroupGrant) bool {
 		return false
 	}
 	return strings.HasPrefix(g.GetError(), "unavailable:")
+}
+
+// sentRequest is a TokenRequest awaiting its answer.
+type sentRequest struct {
+	at        time.Time
+	reports   map[string]ru.Consumption // consumption sent per group
+	throttled map[string]uint64         // refusals sent per group (nil: none)
+	asked     map[string]bool           // group → tokens were asked (not report-only)
 }

@@ -79,7 +79,7 @@ func TestStreamGrantAndFinalReport(t *testing.T) {
 	if ask.GetReportOnly() || ask.GetTokensWanted() < 5 {
 		t.Fatalf("ask %v", ask)
 	}
-	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.stream.connected }, nil)
+	waitFor(t, "connected", func() bool { return c.stream.status().connected }, nil)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestDegradedAndResyncOverStream(t *testing.T) {
 	s := startServer(t)
 	c, clk := startClient(t, nil, s.addr)
 	s.nextReq(t, nil)
-	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.stream.connected }, nil)
+	waitFor(t, "connected", func() bool { return c.stream.status().connected }, nil)
 	s.tok.mu.Lock()
 	s.tok.silent = true
 	s.tok.mu.Unlock()
@@ -194,9 +194,9 @@ func TestCacheDirReload(t *testing.T) {
 	// Local refill at 100 RU/s (one proxy): 50 RU take 0.5 s.
 	done := acquire(c2, "rg1", 50, time.Second)
 	waitFor(t, "the statement to sleep", func() bool {
-		c2.mu.Lock()
-		defer c2.mu.Unlock()
-		gs, ok := c2.groups["rg1"]
+		c2.groups.mu.Lock()
+		defer c2.groups.mu.Unlock()
+		gs, ok := c2.groups.byName["rg1"]
 		return ok && gs.bucket.Tokens(clk.Now()) < 0
 	}, nil)
 	if err := result(t, done, func() { clk.Advance(10 * time.Millisecond) }); err != nil {
@@ -296,7 +296,7 @@ func TestConcurrentAccountingRealClock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "connected", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.stream.connected }, nil)
+	waitFor(t, "connected", func() bool { return c.stream.status().connected }, nil)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

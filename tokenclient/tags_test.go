@@ -60,9 +60,9 @@ func TestTagBindingsInCache(t *testing.T) {
 	}
 
 	// The cache file keeps them; a proxy starting from it has them.
-	c.mu.Lock()
+	c.groups.mu.Lock()
 	snap := c.cache.shallow()
-	c.mu.Unlock()
+	c.groups.mu.Unlock()
 	if err := c.saveCache(snap); err != nil {
 		t.Fatal(err)
 	}
