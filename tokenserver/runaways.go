@@ -77,13 +77,13 @@ type runawayKey struct {
 
 // runawayRow is one row of the history; its JSON form is stored in etcd.
 type runawayRow struct {
-	id        string
-	key       runawayKey
-	start     int64 // ms since the epoch
-	last      int64
-	repeats   uint64
-	sample    string
-	account   string
+	id      string
+	key     runawayKey
+	start   int64 // ms since the epoch
+	last    int64
+	repeats uint64
+	sample  string
+	account string
 	// cred is the credential that recorded the row ("" for rows of an
 	// older version, or with authentication off).
 	cred      string
