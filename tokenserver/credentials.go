@@ -260,6 +260,20 @@ func (b *credBook) forget(names map[string]bool) {
 	}
 }
 
+// ForgetCredentials drops what the server holds of credentials a reload
+// revoked (their streams are being ended): their book, and the instance
+// names bound to them, which another credential may then take.
+func (s *Server) ForgetCredentials(names []string) {
+	if len(names) == 0 {
+		return
+	}
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	s.creds.forget(m)
+}
+
 // grant adds tokens granted to p's proxies in group.
 func (b *credBook) grant(p Principal, group string, tokens float64, now time.Time) {
 	if !(tokens > 0) {

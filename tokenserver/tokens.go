@@ -191,13 +191,37 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 	var ticket *streamTicket
 	var updateCaps func(proxyCaps)
 	budget := newLookupBudget()
-	for {
-		req, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
+	// The stream's messages come through a goroutine, so that the stream
+	// ends when its context does (a reload revoked its credential) even
+	// while the proxy sends nothing.
+	ctx := stream.Context()
+	recv := make(chan *pb.TokenRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case recv <- r:
+			case <-ctx.Done():
+				return
+			}
 		}
-		if err != nil {
+	}()
+	for {
+		var req *pb.TokenRequest
+		select {
+		case req = <-recv:
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
 			return err
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
 		}
 		start := time.Now()
 		if err := validateTokenRequest(req, proxyID); err != nil {
