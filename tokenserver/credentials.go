@@ -77,7 +77,6 @@ const (
 	droppedRU        = "ru"
 	droppedStmts     = "statements"
 	droppedThrottled = "throttled"
-	droppedEvents    = "runaway_events"
 	droppedRows      = "cluster_view_rows"
 )
 
@@ -171,7 +170,7 @@ func newCredBook() *credBook {
 		}, []string{"credential"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgserver_credential_dropped_total",
-			Help: "What rgserver did not count of what a credential's proxies sent, beyond its bounds (see docs/security.md): ru, statements and throttled of consumption reports, runaway_events, cluster_view_rows.",
+			Help: "What rgserver did not count of what a credential's proxies sent, beyond its bounds (see docs/security.md): RU (ru), statements and throttled statements (throttled) of consumption reports, cluster-view rows (cluster_view_rows).",
 		}, []string{"credential", "what"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgserver_credential_refused_total",
@@ -209,6 +208,16 @@ func (b *credBook) entry(p Principal, now time.Time) *credEntry {
 		// New to this server: its proxies may have run degraded before.
 		e = &credEntry{name: n, accounts: map[string]*account{}, away: awayWindow.Seconds(), awayFrom: now}
 		b.creds[n] = e
+		// Its series exist from its first call, at 0, so that rate()
+		// sees the first drop.
+		b.granted.WithLabelValues(n)
+		b.reported.WithLabelValues(n)
+		for _, w := range []string{droppedRU, droppedStmts, droppedThrottled, droppedRows} {
+			b.dropped.WithLabelValues(n, w)
+		}
+		for _, r := range []string{refusedInstance, refusedUnknownGroup, refusedEventRate} {
+			b.refused.WithLabelValues(n, r)
+		}
 	}
 	return e
 }

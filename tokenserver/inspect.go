@@ -210,7 +210,8 @@ func (c *inspectConn) deliver(r *pb.InspectReply) {
 // trim keeps of r the valid rows of the call's kind and groups that fit
 // the call's budget, in the order the proxy sent them; bound (nil: none)
 // refuses rows of groups that do not exist and statement rows claiming
-// more executions than the credential reported, which dropped counts.
+// more executions than the credential reported; dropped counts those and
+// the malformed rows.
 func (call *inspectCall) trim(instance string, r *pb.InspectReply, bound rowBound, dropped func(int)) *pb.InstanceRows {
 	out := &pb.InstanceRows{Instance: instance, Truncated: r.GetTruncated()}
 	size := 0
@@ -251,7 +252,14 @@ func (call *inspectCall) trim(instance string, r *pb.InspectReply, bound rowBoun
 	switch call.kind {
 	case pb.InspectKind_INSPECT_KIND_STATEMENTS_SUMMARY:
 		for _, row := range r.GetStatements() {
-			if !kept(row.GetResourceGroup()) || validSummaryRow(row) != nil || !allowed(row.GetResourceGroup(), row.GetExecCount()) {
+			if !kept(row.GetResourceGroup()) {
+				continue
+			}
+			if validSummaryRow(row) != nil {
+				refused++
+				continue
+			}
+			if !allowed(row.GetResourceGroup(), row.GetExecCount()) {
 				continue
 			}
 			if !fits(row) {
@@ -261,7 +269,14 @@ func (call *inspectCall) trim(instance string, r *pb.InspectReply, bound rowBoun
 		}
 	case pb.InspectKind_INSPECT_KIND_USAGE:
 		for _, row := range r.GetUsage() {
-			if !kept(row.GetResourceGroup()) || validUsageRow(row) != nil || !allowed(row.GetResourceGroup(), 0) {
+			if !kept(row.GetResourceGroup()) {
+				continue
+			}
+			if validUsageRow(row) != nil {
+				refused++
+				continue
+			}
+			if !allowed(row.GetResourceGroup(), 0) {
 				continue
 			}
 			if !fits(row) {
