@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/ru"
 )
 
@@ -267,6 +268,13 @@ func (b *credBook) forget(names map[string]bool) {
 			delete(b.instances, in)
 		}
 	}
+}
+
+// holdsLocked reports whether group exists as far as the leader knows:
+// its allocator holds it, or it is `default`, which always exists.
+// Called with s.mu held.
+func (s *Server) holdsLocked(group string) bool {
+	return group == resourcegroup.DefaultGroup || s.alloc.Group(group) != nil
 }
 
 // ForgetCredentials drops what the server holds of credentials a reload

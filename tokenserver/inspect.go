@@ -594,7 +594,7 @@ func (is inspectService) Inspect(stream grpc.BidiStreamingServer[pb.InspectReply
 	if bounded(p) {
 		c.bound = func(g string) (bool, float64) {
 			s.mu.Lock()
-			ok := s.alloc.Group(g) != nil
+			ok := s.holdsLocked(g)
 			s.mu.Unlock()
 			return ok, s.creds.statementsOf(p, g)
 		}

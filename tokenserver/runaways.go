@@ -606,7 +606,7 @@ func (rs runawayService) RecordRunaways(ctx context.Context, req *pb.RecordRunaw
 	for _, e := range events {
 		g := resourcegroup.NormalizeName(e.GetResourceGroup())
 		if _, ok := known[g]; !ok {
-			known[g] = s.alloc.Group(g) != nil
+			known[g] = s.holdsLocked(g)
 		}
 	}
 	s.mu.Unlock()
