@@ -68,6 +68,9 @@ const (
 	keyRunaways = "/rg-runaways/"
 	// runawayLoadPage is how many rows a new term reads per request.
 	runawayLoadPage = 1000
+	// runawayLookups is how many group names one RecordRunaways may
+	// read from etcd when the allocator does not hold them.
+	runawayLookups = 4
 )
 
 // runawayKey is what collapses events into one row.
@@ -610,6 +613,26 @@ func (rs runawayService) RecordRunaways(ctx context.Context, req *pb.RecordRunaw
 		}
 	}
 	s.mu.Unlock()
+	// A group created a moment ago may not have reached the allocator
+	// yet: etcd says, for a few names a call (the rest wait for the
+	// settings feed; a name etcd does not hold is remembered as in
+	// AcquireTokens).
+	lookups := 0
+	for g, ok := range known {
+		if ok || s.misses.has(g, now) || lookups >= runawayLookups {
+			continue
+		}
+		lookups++
+		rctx, cancel := etcdCall(ctx)
+		_, err := s.store.GetGroup(rctx, g)
+		cancel()
+		switch {
+		case err == nil:
+			known[g] = true
+		case errors.Is(err, resourcegroup.ErrNotFound):
+			s.misses.add(g, now)
+		}
+	}
 	kept, unknown := s.runaways.record(in, p.Name, events, func(g string) bool { return known[g] }, now)
 	s.creds.refuse(p, refusedUnknownGroup, float64(unknown))
 	return &pb.RecordRunawaysResponse{Accepted: kept}, nil
