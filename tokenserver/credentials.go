@@ -137,6 +137,9 @@ type credEntry struct {
 	// Totals for the console.
 	granted, reported, dropped float64
 	refused                    float64
+	// cGranted and cReported are its series of the two counters every
+	// grant moves (looked up once, not per grant).
+	cGranted, cReported prometheus.Counter
 }
 
 // instanceOwner is the credential an instance name is bound to.
@@ -211,8 +214,7 @@ func (b *credBook) entry(p Principal, now time.Time) *credEntry {
 		b.creds[n] = e
 		// Its series exist from its first call, at 0, so that rate()
 		// sees the first drop.
-		b.granted.WithLabelValues(n)
-		b.reported.WithLabelValues(n)
+		e.cGranted, e.cReported = b.granted.WithLabelValues(n), b.reported.WithLabelValues(n)
 		for _, w := range []string{droppedRU, droppedStmts, droppedThrottled, droppedRows} {
 			b.dropped.WithLabelValues(n, w)
 		}
@@ -293,17 +295,22 @@ func (s *Server) ForgetCredentials(names []string) {
 
 // grant adds tokens granted to p's proxies in group.
 func (b *credBook) grant(p Principal, group string, tokens float64, now time.Time) {
-	if !(tokens > 0) {
-		return
-	}
+	b.settle(p, group, tokens, bound{unlimited: true}, ru.Consumption{}, 0, now)
+}
+
+// settle records, in one step, tokens granted to p's proxies in group
+// and the consumption they reported with the request (report).
+func (b *credBook) settle(p Principal, group string, tokens float64, gb bound, u ru.Consumption, throttled float64, now time.Time) (ru.Consumption, float64) {
 	b.mu.Lock()
 	e := b.entry(p, now)
-	e.granted += tokens
-	if bounded(p) {
-		e.account(group).balance += tokens
+	if tokens > 0 {
+		e.granted += tokens
+		e.cGranted.Add(tokens)
+		if bounded(p) {
+			e.account(group).balance += tokens
+		}
 	}
-	b.mu.Unlock()
-	b.granted.WithLabelValues(label(p)).Add(tokens)
+	return b.reportLocked(e, p, group, gb, u, throttled, now)
 }
 
 func (e *credEntry) account(group string) *account {
@@ -330,7 +337,15 @@ func boundOf(s Settings) bound {
 // returns what counts; what does not is counted dropped.
 func (b *credBook) report(p Principal, group string, gb bound, u ru.Consumption, throttled float64, now time.Time) (ru.Consumption, float64) {
 	b.mu.Lock()
-	e := b.entry(p, now)
+	return b.reportLocked(b.entry(p, now), p, group, gb, u, throttled, now)
+}
+
+// reportLocked is report with mu held; it unlocks mu.
+func (b *credBook) reportLocked(e *credEntry, p Principal, group string, gb bound, u ru.Consumption, throttled float64, now time.Time) (ru.Consumption, float64) {
+	if u == (ru.Consumption{}) && throttled == 0 {
+		b.mu.Unlock()
+		return u, throttled
+	}
 	var dRU, dStmts, dThr float64
 	if bounded(p) {
 		a := e.account(group)
@@ -358,9 +373,14 @@ func (b *credBook) report(p Principal, group string, gb bound, u ru.Consumption,
 	}
 	e.reported += u.RU()
 	e.dropped += dRU
+	if r := u.RU(); r > 0 {
+		e.cReported.Add(r)
+	}
 	b.mu.Unlock()
+	if dRU == 0 && dStmts == 0 && dThr == 0 {
+		return u, throttled
+	}
 	l := label(p)
-	b.reported.WithLabelValues(l).Add(u.RU())
 	for _, d := range []struct {
 		what string
 		n    float64

@@ -368,13 +368,12 @@ func (s *Server) serveMissing(ctx context.Context, p Principal, slot string, gr 
 // the consumption it reported, bounded per message (usageOf) and by what
 // the credential was granted (credBook.report). Called with s.mu held.
 func (s *Server) report(p Principal, name, slot string, g Grant, c *pb.Consumption, now time.Time) {
-	s.creds.grant(p, name, g.Tokens+g.Immediate, now)
 	u, thr, uc := usageOf(c)
 	var gb bound
 	if b := s.alloc.Group(name); b != nil {
 		gb = boundOf(b.settings)
 	}
-	u, thr = s.creds.report(p, name, gb, u, thr, now)
+	u, thr = s.creds.settle(p, name, g.Tokens+g.Immediate, gb, u, thr, now)
 	s.alloc.Report(name, slot, u, thr, now)
 	s.countClamped(g.Clamped, uc)
 }
