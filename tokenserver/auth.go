@@ -316,11 +316,26 @@ func (a *Authenticator) track(e tokenEntry, cancel context.CancelCauseFunc) (unt
 	a.nextID++
 	id := a.nextID
 	a.live[id] = liveStream{entry: e, cancel: cancel}
+	// A reload between the stream's authentication and now did not see
+	// it: check its token again.
+	if !a.holds(e) {
+		cancel(ErrRevoked)
+	}
 	return func() {
 		a.mu.Lock()
 		delete(a.live, id)
 		a.mu.Unlock()
 	}
+}
+
+// holds reports whether the tokens in force hold e as it is.
+func (a *Authenticator) holds(e tokenEntry) bool {
+	for _, x := range *a.tokens.Load() {
+		if x == e {
+			return true
+		}
+	}
+	return false
 }
 
 // Open reports whether authentication is off.
