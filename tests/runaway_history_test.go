@@ -175,6 +175,11 @@ func TestRunawayHistoryBounded(t *testing.T) {
 	ts := startTokenServer(t)
 	px := startMeteredProxy(t, ts)
 	cl := pb.NewRunawayServiceClient(dialRaw(t, ts.Addr))
+	// Events are kept only for groups that exist.
+	if _, err := pb.NewResourceGroupServiceClient(dialRaw(t, ts.Addr)).CreateGroup(context.Background(),
+		&pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "rg_flood", RuPerSec: 100}}); err != nil {
+		t.Fatal(err)
+	}
 	const n = 10_500
 	now := time.Now().UnixMilli()
 	for i := 0; i < n; i += 1000 {
@@ -212,6 +217,7 @@ func TestRunawayHistoryBounded(t *testing.T) {
 // malformed requests are refused whole.
 func TestRunawayHistoryAuthenticated(t *testing.T) {
 	s := startAuthedServer(t, "px pr0xy-token-runaway-0123 2")
+	s.createGroup(t, "rg_auth", 100) // events are kept only for groups that exist
 	cl := pb.NewRunawayServiceClient(dialRaw(t, s.Addr))
 	ev := &pb.RunawayEvent{ResourceGroup: "rg_auth", SqlDigest: "00000000000000aa", MatchType: "WATCH", Action: "KILL"}
 	rec := &pb.RecordRunawaysRequest{Instance: "auth:1", Events: []*pb.RunawayEvent{ev}}

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -166,15 +168,34 @@ type tokenEntry struct {
 	p      Principal
 }
 
-// Authenticator authenticates and authorizes every gRPC call.
+// Authenticator authenticates and authorizes every gRPC call. Its
+// tokens may be replaced while it serves (Reload, on SIGHUP): the
+// streams of a credential that is gone, or whose token, role or streams
+// changed, are ended.
 type Authenticator struct {
 	open       bool
-	tokens     []tokenEntry
 	clientCert bool
 	adminNames map[string]bool
 	certMax    int
 	refused    *prometheus.CounterVec
+
+	// tokens are the bearer tokens in force (Reload replaces them).
+	tokens atomic.Pointer[[]tokenEntry]
+	// live are the running streams of bearer tokens, by id, so that a
+	// reload can end those of a revoked one.
+	mu     sync.Mutex
+	live   map[uint64]liveStream
+	nextID uint64
 }
+
+// liveStream is one running stream of a bearer token.
+type liveStream struct {
+	entry  tokenEntry
+	cancel context.CancelCauseFunc
+}
+
+// ErrRevoked ends the streams of a credential a reload took away.
+var ErrRevoked = errors.New("tokenserver: credential revoked")
 
 // Reasons of rgserver_auth_refused_total.
 const (
@@ -186,7 +207,8 @@ const (
 
 // NewAuthenticator checks cfg and returns its Authenticator.
 func NewAuthenticator(cfg AuthConfig) (*Authenticator, error) {
-	a := &Authenticator{open: cfg.Open(), clientCert: cfg.ClientCerts, adminNames: map[string]bool{}, certMax: cfg.TLSProxyMaxStreams}
+	a := &Authenticator{open: cfg.Open(), clientCert: cfg.ClientCerts, adminNames: map[string]bool{}, certMax: cfg.TLSProxyMaxStreams,
+		live: map[uint64]liveStream{}}
 	if a.certMax <= 0 {
 		a.certMax = 1
 	}
@@ -197,6 +219,25 @@ func NewAuthenticator(cfg AuthConfig) (*Authenticator, error) {
 	for _, r := range []string{refusedNoCredential, refusedBadCredential, refusedNotAdmin, refusedStreamLimit} {
 		a.refused.WithLabelValues(r)
 	}
+	tokens, err := tokensOf(cfg)
+	if err != nil {
+		return nil, err
+	}
+	a.tokens.Store(&tokens)
+	for _, n := range cfg.TLSAdminNames {
+		if n = strings.TrimSpace(n); n != "" {
+			a.adminNames[n] = true
+		}
+	}
+	if len(a.adminNames) > 0 && !cfg.ClientCerts {
+		return nil, fmt.Errorf("%w: administrator certificate names need client certificates (mTLS)", ErrAuthConfig)
+	}
+	return a, nil
+}
+
+// tokensOf checks and digests cfg's bearer tokens.
+func tokensOf(cfg AuthConfig) ([]tokenEntry, error) {
+	var out []tokenEntry
 	seen := map[[sha256.Size]byte]bool{}
 	add := func(token string, p Principal) error {
 		d := sha256.Sum256([]byte(token))
@@ -204,7 +245,7 @@ func NewAuthenticator(cfg AuthConfig) (*Authenticator, error) {
 			return fmt.Errorf("%w: the same token is given to two credentials (%s)", ErrAuthConfig, p.Name)
 		}
 		seen[d] = true
-		a.tokens = append(a.tokens, tokenEntry{digest: d, p: p})
+		out = append(out, tokenEntry{digest: d, p: p})
 		return nil
 	}
 	if cfg.AdminToken != "" {
@@ -220,15 +261,81 @@ func NewAuthenticator(cfg AuthConfig) (*Authenticator, error) {
 			return nil, err
 		}
 	}
-	for _, n := range cfg.TLSAdminNames {
-		if n = strings.TrimSpace(n); n != "" {
-			a.adminNames[n] = true
+	return out, nil
+}
+
+// Reload replaces the bearer tokens with cfg's (its token files read
+// again) and ends the running streams of every token that is gone or
+// whose credential changed (name, role, max-streams). Whether
+// authentication is on, and client certificates, are chosen at start: a
+// cfg that changes them is refused. It returns the credentials added,
+// and those revoked (gone or changed), by name.
+func (a *Authenticator) Reload(cfg AuthConfig) (added, revoked []string, err error) {
+	if cfg.Open() != a.open || cfg.ClientCerts != a.clientCert {
+		return nil, nil, fmt.Errorf("%w: turning authentication or client certificates on or off needs a restart", ErrAuthConfig)
+	}
+	next, err := tokensOf(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	old := *a.tokens.Load()
+	keep := make(map[[sha256.Size]byte]Principal, len(next))
+	for _, e := range next {
+		keep[e.digest] = e.p
+	}
+	gone := map[[sha256.Size]byte]bool{}
+	had := map[[sha256.Size]byte]Principal{}
+	for _, e := range old {
+		had[e.digest] = e.p
+		if p, ok := keep[e.digest]; !ok || p != e.p {
+			gone[e.digest] = true
+			revoked = append(revoked, e.p.Name)
 		}
 	}
-	if len(a.adminNames) > 0 && !cfg.ClientCerts {
-		return nil, fmt.Errorf("%w: administrator certificate names need client certificates (mTLS)", ErrAuthConfig)
+	for _, e := range next {
+		if p, ok := had[e.digest]; !ok || p != e.p {
+			added = append(added, e.p.Name)
+		}
 	}
-	return a, nil
+	a.tokens.Store(&next)
+	a.mu.Lock()
+	for id, ls := range a.live {
+		if gone[ls.entry.digest] {
+			ls.cancel(ErrRevoked)
+			delete(a.live, id)
+		}
+	}
+	a.mu.Unlock()
+	return added, revoked, nil
+}
+
+// track registers a running stream of e; untrack ends the registration.
+func (a *Authenticator) track(e tokenEntry, cancel context.CancelCauseFunc) (untrack func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.nextID++
+	id := a.nextID
+	a.live[id] = liveStream{entry: e, cancel: cancel}
+	// A reload between the stream's authentication and now did not see
+	// it: check its token again.
+	if !a.holds(e) {
+		cancel(ErrRevoked)
+	}
+	return func() {
+		a.mu.Lock()
+		delete(a.live, id)
+		a.mu.Unlock()
+	}
+}
+
+// holds reports whether the tokens in force hold e as it is.
+func (a *Authenticator) holds(e tokenEntry) bool {
+	for _, x := range *a.tokens.Load() {
+		if x == e {
+			return true
+		}
+	}
+	return false
 }
 
 // Open reports whether authentication is off.
@@ -263,8 +370,15 @@ func (a *Authenticator) refuse(reason string, code codes.Code, msg string) error
 // (a token that matches none is refused, whatever certificate comes with
 // it), else its verified client certificate.
 func (a *Authenticator) authenticate(ctx context.Context) (Principal, error) {
+	p, _, err := a.authenticateEntry(ctx)
+	return p, err
+}
+
+// authenticateEntry is authenticate that also returns the bearer token's
+// entry (a zero entry for a certificate or with authentication off).
+func (a *Authenticator) authenticateEntry(ctx context.Context) (Principal, tokenEntry, error) {
 	if a.open {
-		return Principal{Role: RoleAdmin}, nil
+		return Principal{Role: RoleAdmin}, tokenEntry{}, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	if vals := md.Get("authorization"); len(vals) > 0 {
@@ -273,34 +387,34 @@ func (a *Authenticator) authenticate(ctx context.Context) (Principal, error) {
 			if !ok {
 				continue
 			}
-			if p, ok := a.lookupToken(tok); ok {
-				return p, nil
+			if e, ok := a.lookupToken(tok); ok {
+				return e.p, e, nil
 			}
 		}
-		return Principal{}, a.refuse(refusedBadCredential, codes.Unauthenticated, "rgserver does not know this bearer token")
+		return Principal{}, tokenEntry{}, a.refuse(refusedBadCredential, codes.Unauthenticated, "rgserver does not know this bearer token (a credential revoked by a reload is no longer known)")
 	}
 	if a.clientCert {
 		if id, names, ok := certNames(ctx); ok {
 			for _, n := range names {
 				if a.adminNames[n] {
-					return Principal{Name: "cert:" + id, Role: RoleAdmin}, nil
+					return Principal{Name: "cert:" + id, Role: RoleAdmin}, tokenEntry{}, nil
 				}
 			}
-			return Principal{Name: "cert:" + id, Role: RoleProxy, MaxStreams: a.certMax}, nil
+			return Principal{Name: "cert:" + id, Role: RoleProxy, MaxStreams: a.certMax}, tokenEntry{}, nil
 		}
 	}
-	return Principal{}, a.refuse(refusedNoCredential, codes.Unauthenticated,
+	return Principal{}, tokenEntry{}, a.refuse(refusedNoCredential, codes.Unauthenticated,
 		`rgserver requires authentication: send "authorization: Bearer <token>" with a token of its --proxy-token-file or --admin-token-file (rgproxy: --token-server-proxy-token-file, --token-server-token-file), or a client certificate its --tls-ca verifies`)
 }
 
 // lookupToken compares tok with every configured token in constant time.
-func (a *Authenticator) lookupToken(tok string) (Principal, bool) {
+func (a *Authenticator) lookupToken(tok string) (tokenEntry, bool) {
 	d := sha256.Sum256([]byte(tok))
-	var found Principal
+	var found tokenEntry
 	ok := false
-	for _, e := range a.tokens {
+	for _, e := range *a.tokens.Load() {
 		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
-			found, ok = e.p, true
+			found, ok = e, true
 		}
 	}
 	return found, ok
@@ -353,16 +467,21 @@ func IsAdminMethod(fullMethod string) bool {
 // call everything, proxies every method but the admin ones (server
 // reflection included), anyone else nothing.
 func (a *Authenticator) authorize(ctx context.Context, fullMethod string) (Principal, error) {
-	p, err := a.authenticate(ctx)
+	p, _, err := a.authorizeEntry(ctx, fullMethod)
+	return p, err
+}
+
+func (a *Authenticator) authorizeEntry(ctx context.Context, fullMethod string) (Principal, tokenEntry, error) {
+	p, e, err := a.authenticateEntry(ctx)
 	if err != nil {
-		return p, err
+		return p, e, err
 	}
 	if IsAdminMethod(fullMethod) && p.Role != RoleAdmin {
 		name := fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
-		return p, a.refuse(refusedNotAdmin, codes.PermissionDenied, fmt.Sprintf(
+		return p, e, a.refuse(refusedNotAdmin, codes.PermissionDenied, fmt.Sprintf(
 			"%s needs an administrator credential (rgserver --admin-token-file or --tls-admin-names; rgproxy --token-server-token-file): %q is a proxy credential", name, p.Name))
 	}
-	return p, nil
+	return p, e, nil
 }
 
 type principalKey struct{}
@@ -396,11 +515,25 @@ func (a *Authenticator) Interceptors() (grpc.UnaryServerInterceptor, grpc.Stream
 		return h(context.WithValue(ctx, principalKey{}, p), req)
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		p, err := a.authorize(ss.Context(), info.FullMethod)
+		p, e, err := a.authorizeEntry(ss.Context(), info.FullMethod)
 		if err != nil {
 			return err
 		}
-		return h(srv, &authedStream{ServerStream: ss, ctx: context.WithValue(ss.Context(), principalKey{}, p)})
+		ctx := context.WithValue(ss.Context(), principalKey{}, p)
+		if e.p.Role == 0 {
+			return h(srv, &authedStream{ServerStream: ss, ctx: ctx})
+		}
+		// A bearer token's stream ends when a reload revokes the token:
+		// the handlers end on their context.
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		untrack := a.track(e, cancel)
+		defer untrack()
+		err = h(srv, &authedStream{ServerStream: ss, ctx: ctx})
+		if errors.Is(context.Cause(ctx), ErrRevoked) {
+			return status.Errorf(codes.PermissionDenied, "credential %q was revoked: rgserver's token files no longer hold its token (or its entry changed)", p.Name)
+		}
+		return err
 	}
 	return unary, stream
 }

@@ -9,9 +9,11 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
@@ -199,4 +201,75 @@ func TestInsecureGauge(t *testing.T) {
 			}
 		}
 	}
+}
+
+// idleStream is a server stream whose handler waits for its context.
+type idleStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s idleStream) Context() context.Context { return s.ctx }
+
+// TestAuthReload: a reload revokes a credential taken out of the files
+// (its running streams end with PermissionDenied and its token is no
+// longer known), keeps the streams of those left as they were, lets a
+// new one in, and refuses to turn authentication off.
+func TestAuthReload(t *testing.T) {
+	tokA, tokB, tokC := "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc"
+	a, err := NewAuthenticator(AuthConfig{AdminToken: "adminadminadmin0", ProxyTokens: []ProxyCredential{{"a", tokA, 1}, {"b", tokB, 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, streamInt := a.Interceptors()
+	base, cancel := context.WithCancel(context.Background())
+	run := func(tok string) chan error {
+		done := make(chan error, 1)
+		ctx := metadata.NewIncomingContext(base, metadata.Pairs("authorization", "Bearer "+tok))
+		go func() {
+			done <- streamInt(nil, idleStream{ctx: ctx}, &grpc.StreamServerInfo{FullMethod: pb.TokenService_AcquireTokens_FullMethodName},
+				func(_ any, ss grpc.ServerStream) error {
+					<-ss.Context().Done()
+					return status.FromContextError(ss.Context().Err()).Err()
+				})
+		}()
+		return done
+	}
+	doneA, doneB := run(tokA), run(tokB)
+	// Let both register before the reload.
+	for {
+		a.mu.Lock()
+		n := len(a.live)
+		a.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	added, revoked, err := a.Reload(AuthConfig{AdminToken: "adminadminadmin0", ProxyTokens: []ProxyCredential{{"b", tokB, 1}, {"c", tokC, 1}}})
+	if err != nil || len(added) != 1 || added[0] != "c" || len(revoked) != 1 || revoked[0] != "a" {
+		t.Fatalf("reload: added %v, revoked %v, %v", added, revoked, err)
+	}
+	if err := <-doneA; status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("the revoked credential's stream ended with %v", err)
+	}
+	select {
+	case err := <-doneB:
+		t.Fatalf("a kept credential's stream ended: %v", err)
+	default:
+	}
+	bearer := func(tok string) context.Context {
+		return metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok))
+	}
+	if _, err := a.authenticate(bearer(tokA)); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("the revoked token: %v", err)
+	}
+	if p, err := a.authenticate(bearer(tokC)); err != nil || p.Name != "c" {
+		t.Fatalf("the new token: %v %v", p, err)
+	}
+	if _, _, err := a.Reload(AuthConfig{}); !errors.Is(err, ErrAuthConfig) {
+		t.Fatalf("turning authentication off: %v", err)
+	}
+	cancel()
+	<-doneB
 }

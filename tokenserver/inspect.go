@@ -123,10 +123,19 @@ func (h *inspectHub) register(r prometheus.Registerer) error {
 	return nil
 }
 
+// rowBound says whether a proxy's row of group may be shown (the group
+// exists) and the most executions it may claim: what its credential
+// reported (credBook.statementsOf).
+type rowBound func(group string) (ok bool, maxExec float64)
+
 // inspectConn is one proxy's Inspect stream.
 type inspectConn struct {
 	key      string // slotID: the credential and the proxy id
 	instance string
+	// bound checks each row's group and figures; dropped counts the rows
+	// it refused against the credential. nil: every valid row is shown.
+	bound   rowBound
+	dropped func(n int)
 	// queue holds the requests to send; the stream's handler sends them.
 	queue chan *pb.InspectRequest
 	// superseded is closed when a newer stream of the same key took over.
@@ -195,14 +204,41 @@ func (c *inspectConn) deliver(r *pb.InspectReply) {
 	if call == nil {
 		return
 	}
-	call.replies <- inspectAnswer{conn: c, rows: call.trim(c.instance, r)}
+	call.replies <- inspectAnswer{conn: c, rows: call.trim(c.instance, r, c.bound, c.dropped)}
 }
 
 // trim keeps of r the valid rows of the call's kind and groups that fit
-// the call's budget, in the order the proxy sent them.
-func (call *inspectCall) trim(instance string, r *pb.InspectReply) *pb.InstanceRows {
+// the call's budget, in the order the proxy sent them; bound (nil: none)
+// refuses rows of groups that do not exist and statement rows claiming
+// more executions than the credential reported; dropped counts those and
+// the malformed rows.
+func (call *inspectCall) trim(instance string, r *pb.InspectReply, bound rowBound, dropped func(int)) *pb.InstanceRows {
 	out := &pb.InstanceRows{Instance: instance, Truncated: r.GetTruncated()}
 	size := 0
+	refused := 0
+	seen := map[string]float64{} // group → maxExec, -1: refused
+	allowed := func(g string, exec uint64) bool {
+		if bound == nil {
+			return true
+		}
+		m, ok := seen[g]
+		if !ok {
+			okg, max := bound(g)
+			m = max
+			if !okg {
+				m = -1
+			}
+			seen[g] = m
+		}
+		if m < 0 || float64(exec) > m {
+			refused++
+			return false
+		}
+		return true
+	}
+	if dropped != nil {
+		defer func() { dropped(refused) }()
+	}
 	fits := func(m proto.Message) bool {
 		n := proto.Size(m) + 4 // the row's tag and length
 		if size+n > call.budget {
@@ -216,7 +252,14 @@ func (call *inspectCall) trim(instance string, r *pb.InspectReply) *pb.InstanceR
 	switch call.kind {
 	case pb.InspectKind_INSPECT_KIND_STATEMENTS_SUMMARY:
 		for _, row := range r.GetStatements() {
-			if !kept(row.GetResourceGroup()) || validSummaryRow(row) != nil {
+			if !kept(row.GetResourceGroup()) {
+				continue
+			}
+			if validSummaryRow(row) != nil {
+				refused++
+				continue
+			}
+			if !allowed(row.GetResourceGroup(), row.GetExecCount()) {
 				continue
 			}
 			if !fits(row) {
@@ -226,7 +269,14 @@ func (call *inspectCall) trim(instance string, r *pb.InspectReply) *pb.InstanceR
 		}
 	case pb.InspectKind_INSPECT_KIND_USAGE:
 		for _, row := range r.GetUsage() {
-			if !kept(row.GetResourceGroup()) || validUsageRow(row) != nil {
+			if !kept(row.GetResourceGroup()) {
+				continue
+			}
+			if validUsageRow(row) != nil {
+				refused++
+				continue
+			}
+			if !allowed(row.GetResourceGroup(), 0) {
 				continue
 			}
 			if !fits(row) {
@@ -262,8 +312,26 @@ func validSummaryRow(r *pb.StatementSummaryRow) error {
 			return fmt.Errorf("%d is negative", v)
 		}
 	}
+	// Figures that cannot be one proxy's: an average above its maximum,
+	// a statement's RU beyond one report's bound, a shape seen last
+	// before it was first.
+	switch {
+	case above(r.GetAvgRru(), r.GetMaxRru()) || above(r.GetAvgWru(), r.GetMaxWru()) || r.GetAvgQueuedNs() > r.GetMaxQueuedNs():
+		return errors.New("an average above its maximum")
+	case r.GetMaxRru() > maxReportRU || r.GetMaxWru() > maxReportRU || r.GetEstimatedRu() > maxReportRU:
+		return fmt.Errorf("RU beyond %g", float64(maxReportRU))
+	case r.GetExecCount() > uint64(maxReportRU):
+		return fmt.Errorf("exec count %d beyond %g", r.GetExecCount(), float64(maxReportRU))
+	case r.GetExecCount() > 0 && r.GetMaxLatencyNs() > r.GetSumLatencyNs():
+		return errors.New("max latency above the sum")
+	case r.GetLastSeenUnixMs() < r.GetFirstSeenUnixMs():
+		return errors.New("last seen before first seen")
+	}
 	return nil
 }
+
+// above: an average beyond its maximum by more than rounding.
+func above(avg, max float64) bool { return avg > max*(1+1e-9)+1e-9 }
 
 // validUsageRow is validSummaryRow for a usage row; tokens may be
 // negative (debt).
@@ -516,7 +584,22 @@ func (is inspectService) Inspect(stream grpc.BidiStreamingServer[pb.InspectReply
 	if !s.proxies.streams(p, proxyID) {
 		return status.Errorf(codes.FailedPrecondition, "proxy id %q has no token stream under credential %q yet: open AcquireTokens first", proxyID, p.Name)
 	}
+	releaseInstance, err := s.creds.holdInstance(p, hello.GetHello().GetInstance(), s.now(), true)
+	if err != nil {
+		s.creds.refuse(p, refusedInstance, 1)
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	defer func() { releaseInstance(s.now()) }()
 	c := s.inspect.add(slotID(p, proxyID), hello.GetHello().GetInstance())
+	if bounded(p) {
+		c.bound = func(g string) (bool, float64) {
+			s.mu.Lock()
+			ok := s.holdsLocked(g)
+			s.mu.Unlock()
+			return ok, s.creds.statementsOf(p, g)
+		}
+		c.dropped = func(n int) { s.creds.drop(p, droppedRows, float64(n)) }
+	}
 	defer s.inspect.remove(c)
 	leader := time.NewTicker(inspectLeaderCheck)
 	defer leader.Stop()

@@ -206,7 +206,7 @@ func TestInspectBounds(t *testing.T) {
 // for, or with values no proxy sends are dropped.
 func TestInspectTrim(t *testing.T) {
 	good := func(g string) *pb.StatementSummaryRow {
-		return &pb.StatementSummaryRow{ResourceGroup: g, Digest: "0123456789abcdef", DigestText: "SELECT ?", ExecCount: 2, AvgRru: 1}
+		return &pb.StatementSummaryRow{ResourceGroup: g, Digest: "0123456789abcdef", DigestText: "SELECT ?", ExecCount: 2, AvgRru: 1, MaxRru: 1}
 	}
 	bad := []*pb.StatementSummaryRow{
 		{ResourceGroup: "", Digest: "00"},
@@ -219,6 +219,10 @@ func TestInspectTrim(t *testing.T) {
 		{ResourceGroup: "a", Digest: "00", MaxWru: math.Inf(1)},
 		{ResourceGroup: "a", Digest: "00", EstimatedRu: -1},
 		{ResourceGroup: "a", Digest: "00", SumLatencyNs: -1},
+		{ResourceGroup: "a", Digest: "00", AvgRru: 2, MaxRru: 1},
+		{ResourceGroup: "a", Digest: "00", ExecCount: 1e15},
+		{ResourceGroup: "a", Digest: "00", MaxWru: 1e13, AvgWru: 1},
+		{ResourceGroup: "a", Digest: "00", FirstSeenUnixMs: 2, LastSeenUnixMs: 1},
 	}
 	for i, r := range bad {
 		if validSummaryRow(r) == nil {
@@ -232,12 +236,12 @@ func TestInspectTrim(t *testing.T) {
 	}
 	one := proto.Size(good("g0")) + 4
 	call := &inspectCall{kind: pb.InspectKind_INSPECT_KIND_STATEMENTS_SUMMARY, budget: 10 * one}
-	out := call.trim("i:1", reply)
+	out := call.trim("i:1", reply, nil, nil)
 	if len(out.GetStatements()) != 10 || !out.GetTruncated() || len(out.GetUsage()) != 0 || out.GetInstance() != "i:1" {
 		t.Fatalf("trimmed to %d rows (truncated %v, %d usage)", len(out.GetStatements()), out.GetTruncated(), len(out.GetUsage()))
 	}
 	call = &inspectCall{kind: pb.InspectKind_INSPECT_KIND_STATEMENTS_SUMMARY, budget: 1 << 20, keep: map[string]bool{"g1": true}}
-	out = call.trim("i:1", reply)
+	out = call.trim("i:1", reply, nil, nil)
 	for _, r := range out.GetStatements() {
 		if r.GetResourceGroup() != "g1" {
 			t.Fatalf("a row of %s kept", r.GetResourceGroup())

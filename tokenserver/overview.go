@@ -127,6 +127,9 @@ type Overview struct {
 	// Total is the number of groups this replica holds, InUse how many of
 	// them are in use; Groups may list fewer.
 	Total, InUse int
+	// Credentials is what each credential took, reported and had dropped
+	// or refused here, by name (credentials.go).
+	Credentials []CredentialOverview
 }
 
 // Overview returns what this replica knows of every group, listing at
@@ -145,6 +148,7 @@ func (s *Server) Overview(limit int) Overview {
 		Insecure:           s.Insecure(),
 		TokenStreams:       s.openStreams[kindTokens].Load(),
 		SettingsStreams:    s.openStreams[kindSettings].Load(),
+		Credentials:        s.creds.credentials(),
 	}
 	used := topn.New(limit, func(a, b GroupOverview) bool {
 		if a.RUPerSec != b.RUPerSec {

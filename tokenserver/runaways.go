@@ -31,6 +31,12 @@ import (
 // runawayTotal in all (the oldest go first), and saves changed rows to
 // etcd under /rg-runaways/ (outside /rg/, which proxies watch) with the
 // bucket states, fenced on its term. A new term reloads them.
+//
+// A proxy credential speaks only for itself (credentials.go): it records
+// only as an instance bound to it, only events of groups that exist,
+// within its event rate; and when a group's (or the history's) rows are
+// full, the credential that holds the most of them gives up its oldest,
+// so that a flood of one credential pushes out only its own rows.
 
 // Bounds of the runaway history.
 const (
@@ -62,6 +68,9 @@ const (
 	keyRunaways = "/rg-runaways/"
 	// runawayLoadPage is how many rows a new term reads per request.
 	runawayLoadPage = 1000
+	// runawayLookups is how many group names one RecordRunaways may
+	// read from etcd when the allocator does not hold them.
+	runawayLookups = 4
 )
 
 // runawayKey is what collapses events into one row.
@@ -71,13 +80,16 @@ type runawayKey struct {
 
 // runawayRow is one row of the history; its JSON form is stored in etcd.
 type runawayRow struct {
-	id        string
-	key       runawayKey
-	start     int64 // ms since the epoch
-	last      int64
-	repeats   uint64
-	sample    string
-	account   string
+	id      string
+	key     runawayKey
+	start   int64 // ms since the epoch
+	last    int64
+	repeats uint64
+	sample  string
+	account string
+	// cred is the credential that recorded the row ("" for rows of an
+	// older version, or with authentication off).
+	cred      string
 	persisted bool // a key exists (or is being written) in etcd
 }
 
@@ -93,6 +105,7 @@ type runawayRecord struct {
 	Repeats  uint64 `json:"repeats"`
 	Sample   string `json:"sample,omitempty"`
 	Account  string `json:"account,omitempty"`
+	Cred     string `json:"credential,omitempty"`
 }
 
 // idQueue is a FIFO of row ids in creation order; ids of rows dropped
@@ -129,6 +142,12 @@ type runawayHistory struct {
 	groups  map[string]int             // rows per group
 	byGroup map[string]*idQueue
 	all     idQueue
+	// credRows and byCred index the rows by credential, in the group and
+	// in all: the eviction's "who holds the most".
+	credRows map[string]map[string]int      // group → credential → rows
+	byCred   map[string]map[string]*idQueue // group → credential → ids
+	credAll  map[string]int
+	allCred  map[string]*idQueue
 	// prefix and seq make row ids: the term's election revision and a
 	// counter, so ids of different terms never collide.
 	prefix string
@@ -147,10 +166,10 @@ func newRunawayHistory(retention time.Duration) *runawayHistory {
 	h := &runawayHistory{retention: retention, perGroup: runawayPerGroup, total: runawayTotal,
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgserver_runaway_history_dropped_total",
-			Help: "Runaway history rows dropped: expired (older than --runaway-history-retention), group_limit (the group's 10,000 rows were full), total_limit (the 100,000 rows were full); events refused as malformed.",
+			Help: "Runaway history rows dropped: expired (older than --runaway-history-retention), group_limit (the group's 10,000 rows were full: the credential holding the most of them gave up its oldest), total_limit (the 100,000 rows were full, likewise); events refused as malformed or naming a group that does not exist (unknown_group).",
 		}, []string{"reason"}),
 	}
-	for _, r := range []string{"expired", "group_limit", "total_limit", "malformed"} {
+	for _, r := range []string{"expired", "group_limit", "total_limit", "malformed", "unknown_group"} {
 		h.dropped.WithLabelValues(r)
 	}
 	h.reset("0")
@@ -182,36 +201,72 @@ func (h *runawayHistory) reset(prefix string) {
 	h.groups = map[string]int{}
 	h.byGroup = map[string]*idQueue{}
 	h.all = idQueue{}
+	h.credRows = map[string]map[string]int{}
+	h.byCred = map[string]map[string]*idQueue{}
+	h.credAll = map[string]int{}
+	h.allCred = map[string]*idQueue{}
 	h.dirty = map[string]bool{}
 	h.deleted = map[string]bool{}
 	h.prefix, h.seq = prefix, 0
 }
 
-// add puts a row in the indexes, then drops the oldest rows beyond the
-// bounds. Called with mu held.
+// add puts a row in the indexes, then drops rows beyond the bounds: the
+// oldest of the credential that holds the most rows of the group (of the
+// history). Called with mu held.
 func (h *runawayHistory) add(r *runawayRow) {
 	h.rows[r.id] = r
 	if o := h.open[r.key]; o == nil || o.start <= r.start {
 		h.open[r.key] = r
 	}
-	h.groups[r.key.group]++
-	q := h.byGroup[r.key.group]
+	g := r.key.group
+	h.groups[g]++
+	q := h.byGroup[g]
 	if q == nil {
 		q = &idQueue{}
-		h.byGroup[r.key.group] = q
+		h.byGroup[g] = q
 	}
 	q.push(r.id)
 	h.all.push(r.id)
-	for h.groups[r.key.group] > h.perGroup {
-		if !h.dropOldest(q, "group_limit") {
+	if h.credRows[g] == nil {
+		h.credRows[g], h.byCred[g] = map[string]int{}, map[string]*idQueue{}
+	}
+	h.credRows[g][r.cred]++
+	cq := h.byCred[g][r.cred]
+	if cq == nil {
+		cq = &idQueue{}
+		h.byCred[g][r.cred] = cq
+	}
+	cq.push(r.id)
+	h.credAll[r.cred]++
+	aq := h.allCred[r.cred]
+	if aq == nil {
+		aq = &idQueue{}
+		h.allCred[r.cred] = aq
+	}
+	aq.push(r.id)
+	for h.groups[g] > h.perGroup {
+		c := most(h.credRows[g])
+		if !h.dropOldest(h.byCred[g][c], "group_limit") {
 			break
 		}
 	}
 	for len(h.rows) > h.total {
-		if !h.dropOldest(&h.all, "total_limit") {
+		c := most(h.credAll)
+		if !h.dropOldest(h.allCred[c], "total_limit") {
 			break
 		}
 	}
+}
+
+// most is the credential with the most rows (the first by name of equals).
+func most(counts map[string]int) string {
+	best, n := "", -1
+	for c, k := range counts {
+		if k > n || k == n && c < best {
+			best, n = c, k
+		}
+	}
+	return best
 }
 
 // dropOldest removes the oldest live row of q.
@@ -234,9 +289,24 @@ func (h *runawayHistory) remove(r *runawayRow, reason string) {
 	if h.open[r.key] == r {
 		delete(h.open, r.key)
 	}
-	if h.groups[r.key.group]--; h.groups[r.key.group] <= 0 {
-		delete(h.groups, r.key.group)
-		delete(h.byGroup, r.key.group)
+	g := r.key.group
+	if h.groups[g]--; h.groups[g] <= 0 {
+		delete(h.groups, g)
+		delete(h.byGroup, g)
+	}
+	if cr := h.credRows[g]; cr != nil {
+		if cr[r.cred]--; cr[r.cred] <= 0 {
+			delete(cr, r.cred)
+			delete(h.byCred[g], r.cred)
+		}
+		if len(cr) == 0 {
+			delete(h.credRows, g)
+			delete(h.byCred, g)
+		}
+	}
+	if h.credAll[r.cred]--; h.credAll[r.cred] <= 0 {
+		delete(h.credAll, r.cred)
+		delete(h.allCred, r.cred)
 	}
 	delete(h.dirty, r.id)
 	if r.persisted {
@@ -274,16 +344,22 @@ func validEvent(e *pb.RunawayEvent) (*pb.RunawayEvent, error) {
 	}, nil
 }
 
-// record adds valid events of instance; it returns how many it kept.
-func (h *runawayHistory) record(instance string, events []*pb.RunawayEvent, now time.Time) uint32 {
+// record adds valid events of instance, recorded under credential cred,
+// of the groups exists accepts; it returns how many it kept and how
+// many named a group that does not exist.
+func (h *runawayHistory) record(instance, cred string, events []*pb.RunawayEvent, exists func(string) bool, now time.Time) (kept, unknown uint32) {
 	nowMs := now.UnixMilli()
-	var kept uint32
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, raw := range events {
 		e, err := validEvent(raw)
 		if err != nil {
 			h.dropped.WithLabelValues("malformed").Inc()
+			continue
+		}
+		if !exists(e.GetResourceGroup()) {
+			h.dropped.WithLabelValues("unknown_group").Inc()
+			unknown++
 			continue
 		}
 		t := e.GetTimeUnixMs()
@@ -301,11 +377,11 @@ func (h *runawayHistory) record(instance string, events []*pb.RunawayEvent, now 
 		}
 		h.seq++
 		r := &runawayRow{id: fmt.Sprintf("%s-%016x", h.prefix, h.seq), key: k, start: t, last: t, repeats: 1,
-			sample: e.GetSampleSql(), account: e.GetAccount()}
+			sample: e.GetSampleSql(), account: e.GetAccount(), cred: cred}
 		h.dirty[r.id] = true
 		h.add(r)
 	}
-	return kept
+	return kept, unknown
 }
 
 // expire drops the rows whose last event is older than the retention.
@@ -390,7 +466,7 @@ func (h *runawayHistory) takeOps(n int) []runawayOp {
 		r.persisted = true
 		ops = append(ops, runawayOp{id: id, rec: &runawayRecord{Instance: r.key.instance, Group: r.key.group,
 			Digest: r.key.digest, Match: r.key.match, Action: r.key.action, Rule: r.key.rule, Start: r.start,
-			Last: r.last, Repeats: r.repeats, Sample: r.sample, Account: r.account}})
+			Last: r.last, Repeats: r.repeats, Sample: r.sample, Account: r.account, Cred: r.cred}})
 	}
 	return ops
 }
@@ -475,7 +551,7 @@ func (s *Server) loadRunaways(ctx context.Context, rev int64) error {
 			}
 			rows = append(rows, &runawayRow{id: strings.TrimPrefix(string(kv.Key), keyRunaways),
 				key:   runawayKey{instance: rec.Instance, group: rec.Group, digest: rec.Digest, match: rec.Match, action: rec.Action, rule: rec.Rule},
-				start: rec.Start, last: rec.Last, repeats: rec.Repeats, sample: rec.Sample, account: rec.Account, persisted: true})
+				start: rec.Start, last: rec.Last, repeats: rec.Repeats, sample: rec.Sample, account: rec.Account, cred: rec.Cred, persisted: true})
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			break
@@ -499,8 +575,12 @@ type runawayService struct {
 	s *Server
 }
 
-// RecordRunaways implements tokenpb.RunawayServiceServer.
-func (rs runawayService) RecordRunaways(_ context.Context, req *pb.RecordRunawaysRequest) (*pb.RecordRunawaysResponse, error) {
+// RecordRunaways implements tokenpb.RunawayServiceServer. The instance
+// must be bound to the caller's credential (or free, and then it binds
+// it: credBook.claimInstance); events beyond the credential's rate and
+// events of groups that do not exist are not kept (Accepted says how
+// many were), and counted in rgserver_credential_refused_total.
+func (rs runawayService) RecordRunaways(ctx context.Context, req *pb.RecordRunawaysRequest) (*pb.RecordRunawaysResponse, error) {
 	s := rs.s
 	if !s.IsLeader() {
 		return &pb.RecordRunawaysResponse{NotLeader: &pb.NotLeader{LeaderAddr: s.LeaderAddr()}}, nil
@@ -512,7 +592,50 @@ func (rs runawayService) RecordRunaways(_ context.Context, req *pb.RecordRunaway
 	case len(req.GetEvents()) > maxRunawayEvents:
 		return nil, status.Errorf(codes.InvalidArgument, "malformed runaway events: %d events, at most %d", len(req.GetEvents()), maxRunawayEvents)
 	}
-	return &pb.RecordRunawaysResponse{Accepted: s.runaways.record(in, req.GetEvents(), s.now())}, nil
+	p := principalFrom(ctx)
+	now := s.now()
+	if err := s.creds.claimInstance(p, in, now); err != nil {
+		s.creds.refuse(p, refusedInstance, 1)
+		return nil, status.Error(codes.PermissionDenied, err.Error())
+	}
+	events := req.GetEvents()
+	if n := s.creds.events(p, len(events), now); n < len(events) {
+		events = events[:n]
+	}
+	// Which groups exist, read once (the history's lock is never held
+	// with the allocator's).
+	known := make(map[string]bool, 4)
+	s.mu.Lock()
+	for _, e := range events {
+		g := resourcegroup.NormalizeName(e.GetResourceGroup())
+		if _, ok := known[g]; !ok {
+			known[g] = s.holdsLocked(g)
+		}
+	}
+	s.mu.Unlock()
+	// A group created a moment ago may not have reached the allocator
+	// yet: etcd says, for a few names a call (the rest wait for the
+	// settings feed; a name etcd does not hold is remembered as in
+	// AcquireTokens).
+	lookups := 0
+	for g, ok := range known {
+		if ok || s.misses.has(g, now) || lookups >= runawayLookups {
+			continue
+		}
+		lookups++
+		rctx, cancel := etcdCall(ctx)
+		_, err := s.store.GetGroup(rctx, g)
+		cancel()
+		switch {
+		case err == nil:
+			known[g] = true
+		case errors.Is(err, resourcegroup.ErrNotFound):
+			s.misses.add(g, now)
+		}
+	}
+	kept, unknown := s.runaways.record(in, p.Name, events, func(g string) bool { return known[g] }, now)
+	s.creds.refuse(p, refusedUnknownGroup, float64(unknown))
+	return &pb.RecordRunawaysResponse{Accepted: kept}, nil
 }
 
 // ListRunaways implements tokenpb.RunawayServiceServer.

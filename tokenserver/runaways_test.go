@@ -51,7 +51,7 @@ func TestRunawayHistoryCollapse(t *testing.T) {
 			h := newRunawayHistory(time.Hour)
 			for _, e := range tc.events {
 				at := t0.Add(e.after)
-				if n := h.record(e.instance, []*pb.RunawayEvent{runawayEvent("g", e.digest, at)}, at); n != 1 {
+				if n, _ := h.record(e.instance, "", []*pb.RunawayEvent{runawayEvent("g", e.digest, at)}, anyGroup, at); n != 1 {
 					t.Fatalf("record: kept %d", n)
 				}
 			}
@@ -70,14 +70,14 @@ func TestRunawayHistoryBounds(t *testing.T) {
 	h := newRunawayHistory(time.Hour)
 	h.perGroup, h.total = 3, 5
 	for i := range 5 {
-		h.record("a", []*pb.RunawayEvent{runawayEvent("g1", fmt.Sprintf("%x", i), now)}, now)
+		h.record("a", "", []*pb.RunawayEvent{runawayEvent("g1", fmt.Sprintf("%x", i), now)}, anyGroup, now)
 	}
 	rows, _ := h.list(map[string]bool{"g1": true}, runawayTotal)
 	if len(rows) != 3 || rows[2].GetSqlDigest() != "2" {
 		t.Fatalf("g1 after 5 rows with 3 per group: %v", rows)
 	}
 	for i := range 3 {
-		h.record("a", []*pb.RunawayEvent{runawayEvent("g2", fmt.Sprintf("%x", i), now)}, now)
+		h.record("a", "", []*pb.RunawayEvent{runawayEvent("g2", fmt.Sprintf("%x", i), now)}, anyGroup, now)
 	}
 	if all, _ := h.list(nil, runawayTotal); len(all) != 5 {
 		t.Fatalf("%d rows, want the total bound 5", len(all))
@@ -97,13 +97,13 @@ func TestRunawayHistoryBounds(t *testing.T) {
 		{ResourceGroup: "g", SqlDigest: "01", MatchType: "ELSE", Action: "KILL"},
 		{ResourceGroup: "g", SqlDigest: "01", MatchType: "WATCH"},
 	}
-	if n := h.record("a", bad, now); n != 0 {
+	if n, _ := h.record("a", "", bad, anyGroup, now); n != 0 {
 		t.Errorf("kept %d malformed events", n)
 	}
 	long := runawayEvent("g", "01", now)
 	long.SampleSql = strings.Repeat("é", 1000)
 	long.TimeUnixMs = now.Add(time.Hour).UnixMilli() // skewed: taken as now
-	h.record("a", []*pb.RunawayEvent{long}, now)
+	h.record("a", "", []*pb.RunawayEvent{long}, anyGroup, now)
 	rows, _ = h.list(nil, runawayTotal)
 	if len(rows) != 1 || len(rows[0].GetSampleSql()) != 1024 || rows[0].GetStartUnixMs() != now.UnixMilli() {
 		t.Errorf("a long, skewed event: %d bytes from %d", len(rows[0].GetSampleSql()), rows[0].GetStartUnixMs())
@@ -117,11 +117,11 @@ func TestRunawayHistoryOps(t *testing.T) {
 	now := time.UnixMilli(1_800_000_000_000)
 	h := newRunawayHistory(time.Hour)
 	h.perGroup = 2
-	h.record("a", []*pb.RunawayEvent{runawayEvent("g", "1", now), runawayEvent("g", "2", now)}, now)
+	h.record("a", "", []*pb.RunawayEvent{runawayEvent("g", "1", now), runawayEvent("g", "2", now)}, anyGroup, now)
 	if ops := h.takeOps(10); len(ops) != 2 {
 		t.Fatalf("ops %v, want 2 puts", ops)
 	}
-	h.record("a", []*pb.RunawayEvent{runawayEvent("g", "3", now), runawayEvent("g", "4", now), runawayEvent("g", "5", now)}, now)
+	h.record("a", "", []*pb.RunawayEvent{runawayEvent("g", "3", now), runawayEvent("g", "4", now), runawayEvent("g", "5", now)}, anyGroup, now)
 	ops := h.takeOps(2)
 	if len(ops) != 2 || ops[0].rec != nil || ops[1].rec != nil {
 		t.Fatalf("ops %v, want the 2 deletions first", ops)
@@ -133,5 +133,44 @@ func TestRunawayHistoryOps(t *testing.T) {
 	h.giveBack(ops)
 	if again := h.takeOps(10); len(again) != 2 {
 		t.Fatalf("after giveBack: %v", again)
+	}
+}
+
+func anyGroup(string) bool { return true }
+
+// TestRunawayHistoryShare: when a group's rows are full, the credential
+// holding the most of them gives up its oldest, so that a flood of one
+// credential never pushes out another's rows; events of groups that do
+// not exist are not kept.
+func TestRunawayHistoryShare(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000)
+	h := newRunawayHistory(time.Hour)
+	h.perGroup, h.total = 100, 150
+	for i := range 5 {
+		h.record("real", "good", []*pb.RunawayEvent{runawayEvent("g", fmt.Sprintf("%x", i), now)}, anyGroup, now)
+	}
+	for i := range 10_000 {
+		h.record("fake", "bad", []*pb.RunawayEvent{runawayEvent("g", fmt.Sprintf("%x", 0x1000+i), now)}, anyGroup, now)
+	}
+	// The history's bound: the flooder fills another group too.
+	for i := range 10_000 {
+		h.record("fake", "bad", []*pb.RunawayEvent{runawayEvent("h", fmt.Sprintf("%x", 0x100000+i), now)}, anyGroup, now)
+	}
+	rows, _ := h.list(map[string]bool{"g": true}, runawayTotal)
+	real := 0
+	for _, r := range rows {
+		if r.GetInstance() == "real" {
+			real++
+		}
+	}
+	if real != 5 {
+		t.Fatalf("%d of the 5 real rows kept among %d", real, len(rows))
+	}
+	if len(h.rows) > h.total {
+		t.Fatalf("%d rows, bound %d", len(h.rows), h.total)
+	}
+	kept, unknown := h.record("fake", "bad", []*pb.RunawayEvent{runawayEvent("nosuch", "1", now)}, func(string) bool { return false }, now)
+	if kept != 0 || unknown != 1 {
+		t.Fatalf("an unknown group's event: kept %d, unknown %d", kept, unknown)
 	}
 }

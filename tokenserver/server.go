@@ -153,6 +153,9 @@ type Server struct {
 	leaderSince atomic.Pointer[time.Time]
 	// runaways is the runaway history (runaways.go).
 	runaways *runawayHistory
+	// creds is what each credential took, reported and may say
+	// (credentials.go).
+	creds *credBook
 	// openStreams counts the AcquireTokens and settings streams open on this
 	// replica, for the console (Overview).
 	openStreams [numKinds]atomic.Int64
@@ -199,6 +202,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		inspect:  newInspectHub(clock.Real{}),
 		caps:     newCapsRegistry(),
 		runaways: newRunawayHistory(cfg.RunawayRetention),
+		creds:    newCredBook(),
 	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
@@ -211,6 +215,9 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.runaways.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+		}
+		if err := s.creds.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 	}
@@ -464,6 +471,8 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 	addr := s.cfg.AdvertiseAddr
 	s.leaderAddr.Store(&addr)
 	s.leaderSince.Store(&now)
+	// What an earlier leader granted is not known here (credentials.go).
+	s.creds.newTerm()
 	s.leader.Store(true)
 	s.log.Info("became leader", "addr", addr, "election_rev", rev, "states", len(states))
 	// Bindings an earlier version kept per user name move to their account.

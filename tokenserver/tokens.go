@@ -185,17 +185,43 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 	defer closeStream()
 	s.openStreams[kindTokens].Add(1)
 	defer s.openStreams[kindTokens].Add(-1)
+	s.creds.streamOpened(p, s.now())
+	defer func() { s.creds.streamClosed(p, s.now()) }()
 	var proxyID, slot string
 	var ticket *streamTicket
 	var updateCaps func(proxyCaps)
 	budget := newLookupBudget()
-	for {
-		req, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
+	// The stream's messages come through a goroutine, so that the stream
+	// ends when its context does (a reload revoked its credential) even
+	// while the proxy sends nothing.
+	ctx := stream.Context()
+	recv := make(chan *pb.TokenRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case recv <- r:
+			case <-ctx.Done():
+				return
+			}
 		}
-		if err != nil {
+	}()
+	for {
+		var req *pb.TokenRequest
+		select {
+		case req = <-recv:
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
 			return err
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
 		}
 		start := time.Now()
 		if err := validateTokenRequest(req, proxyID); err != nil {
@@ -223,7 +249,7 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 		}
 		var resp *pb.TokenResponse
 		if s.IsLeader() {
-			resp = s.serveTokens(stream.Context(), slot, req, budget)
+			resp = s.serveTokens(stream.Context(), p, slot, req, budget)
 		} else {
 			resp = &pb.TokenResponse{RequestId: req.GetRequestId(), NotLeader: &pb.NotLeader{LeaderAddr: s.LeaderAddr()}}
 		}
@@ -267,7 +293,7 @@ func (s *Server) countClamped(c Clamped, consumption bool) {
 // serveTokens answers one validated request as the leader; slot keys the
 // proxy's slots, budget bounds the stream's etcd reads for unknown groups.
 // Consumption is counted only for groups that exist.
-func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequest, budget *lookupBudget) *pb.TokenResponse {
+func (s *Server) serveTokens(ctx context.Context, p Principal, slot string, req *pb.TokenRequest, budget *lookupBudget) *pb.TokenResponse {
 	now := s.now()
 	resp := &pb.TokenResponse{RequestId: req.GetRequestId(), Grants: make([]*pb.GroupGrant, len(req.GetGroups()))}
 	var missing []int
@@ -279,9 +305,7 @@ func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequ
 			missing = append(missing, i)
 			continue
 		}
-		u, thr, uc := usageOf(gr.GetConsumption())
-		s.alloc.Report(name, slot, u, thr, now)
-		s.countClamped(g.Clamped, uc)
+		s.report(p, name, slot, g, gr.GetConsumption(), now)
 		resp.Grants[i] = grantToPB(name, g)
 		if s.log.Enabled(ctx, slog.LevelDebug) && !gr.GetReportOnly() {
 			s.log.Debug("grant", "resource_group", name, "proxy", slot,
@@ -301,7 +325,7 @@ func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequ
 			s.m.unknownRefused.WithLabelValues(unknownRateLimited).Inc()
 			resp.Grants[i] = &pb.GroupGrant{Group: name, Error: errLookupsLimit, ErrorCode: pb.GrantError_GRANT_ERROR_UNAVAILABLE}
 		default:
-			resp.Grants[i] = s.serveMissing(ctx, slot, gr, now)
+			resp.Grants[i] = s.serveMissing(ctx, p, slot, gr, now)
 		}
 	}
 	return resp
@@ -312,7 +336,7 @@ func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequ
 // cannot say, the error is GRANT_ERROR_UNAVAILABLE, which a proxy must not
 // take for a dropped group (that would lift its limit). A group etcd does
 // not hold is remembered for missTTL.
-func (s *Server) serveMissing(ctx context.Context, slot string, gr *pb.GroupTokenRequest, now time.Time) *pb.GroupGrant {
+func (s *Server) serveMissing(ctx context.Context, p Principal, slot string, gr *pb.GroupTokenRequest, now time.Time) *pb.GroupGrant {
 	name := resourcegroup.NormalizeName(gr.GetGroup())
 	// Bounded: while etcd is away this read must not hold up the proxy's
 	// whole stream (its other groups' grants wait behind it).
@@ -336,10 +360,22 @@ func (s *Server) serveMissing(ctx context.Context, slot string, gr *pb.GroupToke
 		// Dropped between the read and now.
 		return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
 	}
-	u, thr, uc := usageOf(gr.GetConsumption())
-	s.alloc.Report(name, slot, u, thr, now)
-	s.countClamped(grant.Clamped, uc)
+	s.report(p, name, slot, grant, gr.GetConsumption(), now)
 	return grantToPB(name, grant)
+}
+
+// report records what p's proxy (slot) was granted in group name and
+// the consumption it reported, bounded per message (usageOf) and by what
+// the credential was granted (credBook.report). Called with s.mu held.
+func (s *Server) report(p Principal, name, slot string, g Grant, c *pb.Consumption, now time.Time) {
+	u, thr, uc := usageOf(c)
+	var gb bound
+	if b := s.alloc.Group(name); b != nil {
+		gb = boundOf(b.settings)
+	}
+	u, thr = s.creds.settle(p, name, g.Tokens+g.Immediate, gb, u, thr, now)
+	s.alloc.Report(name, slot, u, thr, now)
+	s.countClamped(g.Clamped, uc)
 }
 
 // Bounds of one reported consumption (one group, one message): far

@@ -55,6 +55,19 @@ type serverConsole struct {
 	GroupsInUse  int           `json:"groups_in_use"`
 	GroupsLimit  int           `json:"groups_limit"`
 	Groups       []serverGroup `json:"groups"`
+	// Credentials: what each credential took, reported and had dropped
+	// or refused on this replica (docs/security.md).
+	Credentials []serverCredential `json:"credentials"`
+}
+
+// serverCredential is one credential as this replica saw it.
+type serverCredential struct {
+	Name         string  `json:"name"`
+	TokenStreams int     `json:"token_streams"`
+	GrantedRU    float64 `json:"granted_ru"`
+	ReportedRU   float64 `json:"reported_ru"`
+	DroppedRU    float64 `json:"dropped_ru"`
+	Refused      float64 `json:"refused"`
 }
 
 // serverGroup is one group as this replica sees it.
@@ -90,6 +103,11 @@ func (c *consoleSource) snapshot(groups int) serverConsole {
 		Leader: o.Leader, LeaderAddr: o.LeaderAddr, Etcd: o.Etcd, GrantingFromMemory: o.GrantingFromMemory,
 		Insecure: o.Insecure, TokenStreams: o.TokenStreams, WatchStreams: o.SettingsStreams,
 		GroupsTotal: o.Total, GroupsInUse: o.InUse, GroupsLimit: groups, Groups: make([]serverGroup, 0, len(o.Groups)),
+		Credentials: make([]serverCredential, 0, len(o.Credentials)),
+	}
+	for _, c := range o.Credentials {
+		out.Credentials = append(out.Credentials, serverCredential{Name: c.Name, TokenStreams: c.Streams,
+			GrantedRU: round3(c.GrantedRU), ReportedRU: round3(c.ReportedRU), DroppedRU: round3(c.DroppedRU), Refused: c.Refused})
 	}
 	for _, g := range o.Groups {
 		sg := serverGroup{

@@ -210,6 +210,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		return nil
 	})
+	rl.auth, rl.srv = auth, srv
 	g.Go(func() error { reload.OnSignal(gctx, hup, rl.reload); return nil })
 	g.Go(func() error {
 		// Run returns after gctx ends, having persisted the buckets and
@@ -242,27 +243,36 @@ func run(args []string, stdout, stderr io.Writer) error {
 // authenticator builds who may call rgserver from the token files and
 // the certificate names.
 func authenticator(cfg config) (*tokenserver.Authenticator, error) {
+	ac, err := authConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return tokenserver.NewAuthenticator(ac)
+}
+
+// authConfig reads the token files of cfg (again, on a reload).
+func authConfig(cfg config) (tokenserver.AuthConfig, error) {
 	ac := tokenserver.AuthConfig{ClientCerts: cfg.TLSCA != "", TLSAdminNames: splitList(cfg.TLSAdminNames), TLSProxyMaxStreams: cfg.TLSProxyMaxStreams}
 	if cfg.AdminTokenFile != "" {
 		b, err := os.ReadFile(cfg.AdminTokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("admin token: %w", err)
+			return ac, fmt.Errorf("admin token: %w", err)
 		}
 		ac.AdminToken = strings.TrimSpace(string(b))
 		if ac.AdminToken == "" {
-			return nil, fmt.Errorf("admin token file %s is empty", cfg.AdminTokenFile)
+			return ac, fmt.Errorf("admin token file %s is empty", cfg.AdminTokenFile)
 		}
 	}
 	if cfg.ProxyTokenFile != "" {
 		b, err := os.ReadFile(cfg.ProxyTokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("proxy tokens: %w", err)
+			return ac, fmt.Errorf("proxy tokens: %w", err)
 		}
 		if ac.ProxyTokens, err = tokenserver.ParseProxyTokens(b); err != nil {
-			return nil, fmt.Errorf("%s: %w", cfg.ProxyTokenFile, err)
+			return ac, fmt.Errorf("%s: %w", cfg.ProxyTokenFile, err)
 		}
 	}
-	return tokenserver.NewAuthenticator(ac)
+	return ac, nil
 }
 
 func splitList(s string) []string {

@@ -6,16 +6,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 
 	"github.com/rgproxy/rgproxy/internal/reload"
+	"github.com/rgproxy/rgproxy/tokenserver"
 )
 
 // reloadable says whether SIGHUP may change a setting (a flag's name)
 // while rgserver serves; every other one needs a restart.
 func reloadable(name string) bool {
 	switch name {
-	case "log-level", "tls-cert", "tls-key":
+	case "log-level", "tls-cert", "tls-key", "admin-token-file", "proxy-token-file":
 		return true
 	}
 	return false
@@ -41,6 +43,10 @@ type reloader struct {
 	// cert is the gRPC TLS certificate in force; nil without TLS.
 	cert atomic.Pointer[reload.Certificate]
 	log  *slog.Logger
+	// auth and srv take the token files read again; nil in tests that
+	// reload only the rest.
+	auth *tokenserver.Authenticator
+	srv  *tokenserver.Server
 }
 
 // getCertificate serves the certificate in force to each new TLS
@@ -49,11 +55,14 @@ func (r *reloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error
 	return &r.cert.Load().Certificate, nil
 }
 
-// reload reads the configuration again and applies the log level and the
-// TLS certificate (a file rotated in place counts), in one log line; a
-// changed setting that needs a restart is named in a warning and left as
-// it is. A configuration that does not parse or validate, or whose
-// certificate does not load, changes nothing.
+// reload reads the configuration again and applies the log level, the
+// TLS certificate (a file rotated in place counts) and the token files
+// (--admin-token-file, --proxy-token-file, read again whether or not their
+// names changed: a credential taken out of them is revoked and its
+// streams end), in one log line; a changed setting that needs a restart
+// is named in a warning and left as it is. A configuration that does not
+// parse or validate, whose certificate does not load, or whose token
+// files do not (or would turn authentication on or off), changes nothing.
 func (r *reloader) reload() {
 	next, _, err := parseArgs(r.args, io.Discard)
 	if err != nil {
@@ -65,12 +74,33 @@ func (r *reloader) reload() {
 		// gRPC's credentials are chosen at start.
 		return reloadable(name) && !(tlsOnOff && (name == "tls-cert" || name == "tls-key"))
 	})
+	var cert reload.Certificate
 	if next.TLSCert != "" && !tlsOnOff {
-		cert, err := reload.LoadCertificate(next.TLSCert, next.TLSKey)
-		if err != nil {
+		if cert, err = reload.LoadCertificate(next.TLSCert, next.TLSKey); err != nil {
 			reload.Failed(r.log, r.cur.ConfigFile, fmt.Errorf("tls: %w", err))
 			return
 		}
+	}
+	if r.auth != nil {
+		ac, err := authConfig(next)
+		if err != nil {
+			reload.Failed(r.log, r.cur.ConfigFile, err)
+			return
+		}
+		added, revoked, err := r.auth.Reload(ac)
+		if err != nil {
+			reload.Failed(r.log, r.cur.ConfigFile, err)
+			return
+		}
+		if r.srv != nil {
+			r.srv.ForgetCredentials(revoked)
+		}
+		if len(added)+len(revoked) > 0 {
+			r.log.Info("credentials reloaded: the streams of revoked ones are ended", "added", strings.Join(added, ","), "revoked", strings.Join(revoked, ","))
+		}
+		r.cur.AdminTokenFile, r.cur.ProxyTokenFile = next.AdminTokenFile, next.ProxyTokenFile
+	}
+	if next.TLSCert != "" && !tlsOnOff {
 		// The certificate is named by its file and fingerprint, so a
 		// file rotated in place shows as a change.
 		apply = reload.Without(apply, "tls-cert")
