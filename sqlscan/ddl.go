@@ -142,9 +142,10 @@ var (
 )
 
 // ReadCopyDDL reads an ALTER [ONLINE] [IGNORE] TABLE [IF EXISTS] t ... or
-// an OPTIMIZE [NO_WRITE_TO_BINLOG | LOCAL] TABLE t1, t2, ... statement: the
-// tables it names and whether a clause rebuilds them. ok is false for any
-// other statement (or one whose table it cannot read).
+// an OPTIMIZE [NO_WRITE_TO_BINLOG | LOCAL] TABLE t1, t2, ... statement
+// (also as the literal text of EXECUTE IMMEDIATE): the tables it names and
+// whether a clause rebuilds them. ok is false for any other statement (or
+// one whose table it cannot read).
 func ReadCopyDDL(text string, m Mode) (CopyDDL, bool) {
 	if len(text) > copyPrefix {
 		text = text[:copyPrefix]
@@ -162,6 +163,17 @@ func ReadCopyDDL(text string, m Mode) (CopyDDL, bool) {
 	}
 	t, s := next()
 	d := CopyDDL{Verb: upper(t, s)}
+	if d.Verb == "EXECUTE" {
+		// EXECUTE IMMEDIATE 'text' runs text (once: not EXECUTE in it).
+		if t, s = next(); upper(t, s) == "IMMEDIATE" {
+			if t, s = next(); t.Kind == tkString {
+				if inner := literalText(s, m); FirstWord(inner, m) != "EXECUTE" {
+					return ReadCopyDDL(inner, m)
+				}
+			}
+		}
+		return CopyDDL{}, false
+	}
 	if d.Verb != "ALTER" && d.Verb != "OPTIMIZE" {
 		return CopyDDL{}, false
 	}

@@ -71,6 +71,8 @@ func TestReadCopyDDL(t *testing.T) {
 		{"ALTER TABLE t RENAME TO engine", CopyDDL{Verb: "ALTER", Tables: tbl("", "t")}, true},
 		{"OPTIMIZE TABLE a, d.b", CopyDDL{Verb: "OPTIMIZE", Tables: []Table{{Table: "a"}, {Schema: "d", Table: "b"}}, Rebuild: true}, true},
 		{"OPTIMIZE NO_WRITE_TO_BINLOG TABLE a", CopyDDL{Verb: "OPTIMIZE", Tables: tbl("", "a"), Rebuild: true}, true},
+		{"EXECUTE IMMEDIATE 'ALTER TABLE t FORCE'", CopyDDL{Verb: "ALTER", Tables: tbl("", "t"), Rebuild: true}, true},
+		{"EXECUTE IMMEDIATE 'EXECUTE IMMEDIATE ''ALTER TABLE t FORCE'''", CopyDDL{}, false},
 		{"ALTER DATABASE d CHARACTER SET utf8", CopyDDL{}, false},
 		{"ALTER EVENT e ENABLE", CopyDDL{}, false},
 		{"SELECT 1", CopyDDL{}, false},
