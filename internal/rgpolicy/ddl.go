@@ -106,7 +106,8 @@ const maxCopyStatements = 64
 // refreshes them.
 func (s *session) copyBefore(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) {
 	s.cp = copyState{}
-	if s.p.writes.source == WritePacket || st.Class != sqlscan.ClassWrite {
+	// ALTER and OPTIMIZE are writes; EXECUTE IMMEDIATE is other.
+	if s.p.writes.source == WritePacket || (st.Class != sqlscan.ClassWrite && st.Class != sqlscan.ClassOther) {
 		return
 	}
 	switch st.Command {
