@@ -275,3 +275,62 @@ func ReadCopyDDL(text string, m Mode) (CopyDDL, bool) {
 	}
 	return d, true
 }
+
+// DynamicVar returns the user variable a PREPARE name FROM @v or EXECUTE
+// IMMEDIATE @v runs the value of, for a caller that reads the value (as
+// @`name`, so ok only for a name of ASCII letters, digits, _ and $, which
+// that quoting cannot end early in any character set).
+func DynamicVar(text string, m Mode) (name string, ok bool) {
+	if len(text) > headPrefix {
+		return "", false
+	}
+	l := sqltext.NewString(text, m)
+	word := func(t sqltext.Token) string {
+		if t.Kind != tkWord {
+			return ""
+		}
+		return strings.ToUpper(text[t.Start:t.End])
+	}
+	var v sqltext.Token
+	switch word(l.Next()) {
+	case "PREPARE":
+		if t := l.Next(); identText(t, text[t.Start:t.End], m) == "" || word(l.Next()) != "FROM" {
+			return "", false
+		}
+		v = l.Next()
+	case "EXECUTE":
+		if word(l.Next()) != "IMMEDIATE" {
+			return "", false
+		}
+		v = l.Next()
+	default:
+		return "", false
+	}
+	if v.Kind != tkVar {
+		return "", false
+	}
+	if t := l.Next(); t.Kind != tkEOF && t.Kind != tkSemicolon {
+		return "", false // an expression: @a + ..., or USING
+	}
+	s := text[v.Start+1 : v.End]
+	if strings.HasPrefix(s, "@") {
+		return "", false // a system variable
+	}
+	if s != "" && (s[0] == '`' || s[0] == '\'' || s[0] == '"') {
+		u, ok := sqltext.Unquote(s, m)
+		if !ok {
+			return "", false
+		}
+		s = u
+	}
+	if s == "" {
+		return "", false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '$') {
+			return "", false
+		}
+	}
+	return s, true
+}

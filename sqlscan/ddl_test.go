@@ -83,3 +83,28 @@ func TestReadCopyDDL(t *testing.T) {
 		}
 	}
 }
+
+func TestDynamicVar(t *testing.T) {
+	for _, tt := range []struct {
+		q    string
+		want string
+		ok   bool
+	}{
+		{"PREPARE s FROM @q", "q", true},
+		{"prepare `s` from @`q_1`", "q_1", true},
+		{"EXECUTE IMMEDIATE @q;", "q", true},
+		{"EXECUTE IMMEDIATE @'a$b'", "a$b", true},
+		{"EXECUTE IMMEDIATE @q USING @a", "", false},
+		{"EXECUTE IMMEDIATE CONCAT(@q, '')", "", false},
+		{"PREPARE s FROM 'SELECT 1'", "", false},
+		{"PREPARE s FROM @@sql_mode", "", false},
+		{"EXECUTE IMMEDIATE @`a``b`", "", false},
+		{"EXECUTE IMMEDIATE @`a b`", "", false},
+		{"EXECUTE s", "", false},
+	} {
+		got, ok := DynamicVar(tt.q, Mode{})
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("DynamicVar(%q) = %q, %v; want %q, %v", tt.q, got, ok, tt.want, tt.ok)
+		}
+	}
+}

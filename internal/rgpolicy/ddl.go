@@ -70,7 +70,7 @@ func (s *session) refuseEvent(ctx context.Context, st *mysqlproto.Statement, be 
 			break
 		}
 	}
-	if group == "" || !sqlscan.EventDDL(st.Query, st.Mode()) || s.hasSuperFresh(ctx, be) {
+	if group == "" || !(sqlscan.EventDDL(st.Query, st.Mode()) || s.dynamicEvent(ctx, st, be)) || s.hasSuperFresh(ctx, be) {
 		return nil
 	}
 	g, _ := s.group(group)
@@ -79,6 +79,30 @@ func (s *session) refuseEvent(ctx context.Context, st *mysqlproto.Statement, be 
 			"an event runs later as its definer, outside any session rgproxy meters, so what it writes would be charged to no group; "+
 			"CREATE EVENT and ALTER EVENT need %s (DROP EVENT is allowed)",
 		s.account(), group, g.RUPerSec, adminWays)))}
+}
+
+// dynamicEvent reports whether a PREPARE ... FROM @v or EXECUTE IMMEDIATE
+// @v would run a text that creates or alters an event: it reads @v on the
+// session's connection before the statement (a SELECT of a variable,
+// which changes none of the session's warnings) and reads its value as
+// the server would. A variable it cannot name safely, or a failed read,
+// says no.
+func (s *session) dynamicEvent(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend) bool {
+	if st.Command != mysql.COM_QUERY || st.Multi {
+		return false
+	}
+	name, ok := sqlscan.DynamicVar(st.Query, st.Mode())
+	if !ok {
+		return false
+	}
+	s.cpu.stale()
+	qctx, cancel := context.WithTimeout(ctx, followUpTimeout)
+	defer cancel()
+	_, rows, err := be.Query(qctx, "SELECT @`"+name+"`") // name: ASCII letters, digits, _ and $ only
+	if err != nil || len(rows) != 1 || len(rows[0]) != 1 || rows[0][0] == nil {
+		return false
+	}
+	return sqlscan.EventDDL(*rows[0][0], st.Mode())
 }
 
 // copyState is what Before read of a statement that may copy tables, for
