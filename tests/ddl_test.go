@@ -10,15 +10,17 @@ import (
 	"time"
 )
 
-// ddlBackend is a private MariaDB keeping a row-based binary log, with the
+// ddlBackend is a private MariaDB keeping a row-based binary log as the
+// one make run starts does, with the
 // event scheduler on, rgproxy's service account (rgsvc, REPLICATION SLAVE)
 // and a database w; rgserver; and a proxy with that account in front of
 // it, following the log (--write-source auto: binlog). It returns the
 // flags that start another such proxy.
 func ddlBackend(t *testing.T, proxyFlags ...string) (*privateMariaDB, *tokenServer, *proxy, []string) {
 	t.Helper()
-	m := startPrivateMariaDB(t, "--log-bin", "--binlog-format=ROW", "--server-id=1", "--max-allowed-packet=64M",
-		"--event-scheduler=ON")
+	// The binary-log options are scripts/ensure-mariadb.sh's (make run's).
+	m := startPrivateMariaDB(t, "--log-bin=mariadb-bin", "--binlog-format=ROW", "--server-id=1",
+		"--binlog-expire-logs-seconds=259200", "--max-allowed-packet=64M", "--event-scheduler=ON")
 	m.exec(t, "CREATE USER 'rgsvc'@'%' IDENTIFIED BY 'svcpw'", "GRANT REPLICATION SLAVE ON *.* TO 'rgsvc'@'%'",
 		"CREATE DATABASE w")
 	pw := filepath.Join(t.TempDir(), "svc.pw")
