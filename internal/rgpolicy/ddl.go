@@ -139,6 +139,14 @@ func (s *session) copyBefore(ctx context.Context, st *mysqlproto.Statement, be m
 	default:
 		return
 	}
+	if !st.Multi {
+		// The usual write: one 64-byte look, no allocation.
+		switch sqlscan.FirstWord(st.Query, st.Mode()) {
+		case "ALTER", "OPTIMIZE", "EXECUTE":
+		default:
+			return
+		}
+	}
 	texts := []string{st.Query}
 	if st.Multi {
 		texts = texts[:0]
