@@ -550,6 +550,7 @@ func (ss *session) relayResponse(kind respKind, binary bool, out *Outcome) error
 		switch ev {
 		case evDone:
 			out.AffectedRows = m.Affected
+			out.Warnings = m.Warnings
 			out.ErrCode = m.ErrCode
 			if m.HasStatus {
 				ss.status = m.Status

@@ -67,6 +67,9 @@ type Outcome struct {
 	BackendTime time.Duration
 	// AffectedRows is the sum of affected rows reported in OK packets.
 	AffectedRows uint64
+	// Warnings is the warning count of the response's last OK or EOF
+	// packet: what SHOW WARNINGS would list after it.
+	Warnings uint16
 	// ErrCode is the backend's error code, 0 when the statement succeeded.
 	ErrCode uint16
 	// InTransaction is true when, after the response, a transaction is open.

@@ -111,9 +111,11 @@ type respMachine struct {
 	Status    uint16 // last status flags seen in an OK or EOF
 	HasStatus bool
 	Affected  uint64
-	ErrCode   uint16
-	StmtID    uint32 // prepare: statement id from the PREPARE OK
-	Prepared  bool   // prepare: an OK was received
+	// Warnings is the warning count of the last OK or EOF seen.
+	Warnings uint16
+	ErrCode  uint16
+	StmtID   uint32 // prepare: statement id from the PREPARE OK
+	Prepared bool   // prepare: an OK was received
 }
 
 // reset prepares the machine for the response to one command.
@@ -355,12 +357,17 @@ func (m *respMachine) parseOK(p []byte) error {
 	m.Affected += aff
 	m.Status = uint16(b[0]) | uint16(b[1])<<8
 	m.HasStatus = true
+	m.Warnings = 0
+	if len(b) >= 4 {
+		m.Warnings = uint16(b[2]) | uint16(b[3])<<8
+	}
 	return nil
 }
 
 // parseEOF reads the status flags of an EOF packet (0xfe, warnings, status).
 func (m *respMachine) parseEOF(p []byte) {
 	if len(p) >= 5 {
+		m.Warnings = uint16(p[1]) | uint16(p[2])<<8
 		m.Status = uint16(p[3]) | uint16(p[4])<<8
 		m.HasStatus = true
 	}

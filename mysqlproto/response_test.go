@@ -229,3 +229,39 @@ func FuzzResponseStateMachine(f *testing.F) {
 		}
 	})
 }
+
+// TestResponseWarnings: the warning count of the response's last OK or
+// EOF is what Outcome.Warnings reports (the policy skips a query that
+// would clear the warnings of a statement that has some).
+func TestResponseWarnings(t *testing.T) {
+	withWarnings := func(p []byte, n uint16) []byte {
+		p = append([]byte(nil), p...)
+		i := len(p) - 2 // an OK without info, an EOF: the count is last
+		if p[0] == mysql.EOF_HEADER && len(p) == 5 {
+			i = 1
+		}
+		p[i], p[i+1] = byte(n), byte(n>>8)
+		return p
+	}
+	for _, tt := range []struct {
+		name  string
+		steps [][]byte
+		want  uint16
+	}{
+		{"OK without warnings", [][]byte{okPkt(1, 0)}, 0},
+		{"OK with 3", [][]byte{withWarnings(okPkt(1, 0), 3)}, 3},
+		{"result set ending in an EOF with 2", [][]byte{countPkt(1), colPkt("a"), eofPkt(0), rowPkt("x"), withWarnings(eofPkt(0), 2)}, 2},
+		{"the last of several results", [][]byte{withWarnings(okPkt(1, mysql.SERVER_MORE_RESULTS_EXISTS), 5), okPkt(1, 0)}, 0},
+	} {
+		var m respMachine
+		m.reset(respGeneric, 0, false)
+		for _, p := range tt.steps {
+			if _, err := m.feed(p, len(p)); err != nil {
+				t.Fatalf("%s: %v", tt.name, err)
+			}
+		}
+		if m.Warnings != tt.want {
+			t.Errorf("%s: %d warnings, want %d", tt.name, m.Warnings, tt.want)
+		}
+	}
+}

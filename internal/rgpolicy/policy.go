@@ -312,11 +312,13 @@ func (p *Policy) CPUSourceInForce() string { return p.cpu.inForce().String() }
 // ScanWords are the words the policy needs mysqlproto's scan to report
 // (mysqlproto.Config.ScanWords): every statement rgproxy answers itself
 // holds one of them, so a statement without any is forwarded without a
-// second look at its text (row_count: wru.go's rowCountRewrite).
+// second look at its text (row_count: wru.go's rowCountRewrite; event,
+// prepare, immediate: ddl.go's refuseEvent).
 func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
-		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries"}
+		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
+		"event", "prepare", "immediate"}
 }
 
 // Open implements mysqlproto.Policy.
@@ -387,6 +389,8 @@ type session struct {
 	shapes shapeMemo
 	// wr is the session's write accounting (wru.go).
 	wr writeState
+	// cp is what Before read of a statement that may copy tables (ddl.go).
+	cp copyState
 }
 
 // statement is what the policy keeps of the statement in flight.
@@ -514,6 +518,9 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	if r := s.resolve(ctx, st, be, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
 	}
+	if r := s.refuseEvent(ctx, st, be, set); r != nil {
+		return mysqlproto.Verdict{Reply: r}
+	}
 	if f := s.p.metrics.forgets.Load(); s.cur.group != s.seenGroup || s.cur.start.Sub(s.seenAt) > 10*time.Second || f != s.seenForgets {
 		s.see(s.cur.group, s.cur.start, f)
 	}
@@ -532,6 +539,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	s.cpu.open(ctx, s.p.cpu, be)
 	s.writesBefore(ctx, st, be)
+	s.copyBefore(ctx, st, be)
 	if r := s.charge(ctx, st, set); r != nil {
 		return s.abort(r)
 	}

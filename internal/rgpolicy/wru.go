@@ -249,6 +249,9 @@ const comStmtBulkExecute = 0xfa
 // response is with the client, it settles the bytes the statement wrote
 // from the source in force (see the top of this file).
 func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *mysqlproto.Outcome, be mysqlproto.Backend) {
+	// Copying DDL (ddl.go) last: its bytes are none of the packet's nor
+	// the binary log's.
+	defer s.copyFollowUp(ctx, st, out, be)
 	w := &s.wr
 	h := w.head
 	w.head = stmtHead{}
