@@ -77,6 +77,7 @@ type runawayRow struct {
 	last      int64
 	repeats   uint64
 	sample    string
+	masked    string // "" in rows an older proxy sent: readers mask sample
 	account   string
 	persisted bool // a key exists (or is being written) in etcd
 }
@@ -92,6 +93,7 @@ type runawayRecord struct {
 	Last     int64  `json:"last_unix_ms"`
 	Repeats  uint64 `json:"repeats"`
 	Sample   string `json:"sample,omitempty"`
+	Masked   string `json:"masked,omitempty"`
 	Account  string `json:"account,omitempty"`
 }
 
@@ -268,6 +270,7 @@ func validEvent(e *pb.RunawayEvent) (*pb.RunawayEvent, error) {
 		Account:       textcut.Valid(e.GetAccount(), maxRunawayAccount),
 		SqlDigest:     e.GetSqlDigest(),
 		SampleSql:     textcut.Valid(e.GetSampleSql(), maxRunawaySample),
+		MaskedSql:     textcut.Valid(e.GetMaskedSql(), maxRunawaySample),
 		MatchType:     e.GetMatchType(),
 		Action:        textcut.Valid(e.GetAction(), maxRunawayAction),
 		Rule:          textcut.Valid(e.GetRule(), maxRunawayRule),
@@ -301,7 +304,7 @@ func (h *runawayHistory) record(instance string, events []*pb.RunawayEvent, now 
 		}
 		h.seq++
 		r := &runawayRow{id: fmt.Sprintf("%s-%016x", h.prefix, h.seq), key: k, start: t, last: t, repeats: 1,
-			sample: e.GetSampleSql(), account: e.GetAccount()}
+			sample: e.GetSampleSql(), masked: e.GetMaskedSql(), account: e.GetAccount()}
 		h.dirty[r.id] = true
 		h.add(r)
 	}
@@ -347,7 +350,7 @@ func (h *runawayHistory) list(keep map[string]bool, limit int) ([]*pb.RunawayRow
 	for _, r := range rows {
 		row := &pb.RunawayRow{Instance: r.key.instance, ResourceGroup: r.key.group, StartUnixMs: r.start,
 			LastUnixMs: r.last, Repeats: r.repeats, MatchType: r.key.match, Action: r.key.action, Rule: r.key.rule,
-			SqlDigest: r.key.digest, SampleSql: r.sample, Account: r.account}
+			SqlDigest: r.key.digest, SampleSql: r.sample, MaskedSql: r.masked, Account: r.account}
 		n := proto.Size(row) + 4
 		if size+n > runawayAnswerBytes {
 			truncated = true
@@ -390,7 +393,7 @@ func (h *runawayHistory) takeOps(n int) []runawayOp {
 		r.persisted = true
 		ops = append(ops, runawayOp{id: id, rec: &runawayRecord{Instance: r.key.instance, Group: r.key.group,
 			Digest: r.key.digest, Match: r.key.match, Action: r.key.action, Rule: r.key.rule, Start: r.start,
-			Last: r.last, Repeats: r.repeats, Sample: r.sample, Account: r.account}})
+			Last: r.last, Repeats: r.repeats, Sample: r.sample, Masked: r.masked, Account: r.account}})
 	}
 	return ops
 }
@@ -475,7 +478,7 @@ func (s *Server) loadRunaways(ctx context.Context, rev int64) error {
 			}
 			rows = append(rows, &runawayRow{id: strings.TrimPrefix(string(kv.Key), keyRunaways),
 				key:   runawayKey{instance: rec.Instance, group: rec.Group, digest: rec.Digest, match: rec.Match, action: rec.Action, rule: rec.Rule},
-				start: rec.Start, last: rec.Last, repeats: rec.Repeats, sample: rec.Sample, account: rec.Account, persisted: true})
+				start: rec.Start, last: rec.Last, repeats: rec.Repeats, sample: rec.Sample, masked: rec.Masked, account: rec.Account, persisted: true})
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			break
