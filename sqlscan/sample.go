@@ -171,3 +171,19 @@ func Decode(text string, cs Charset) string {
 	}
 	return b.String()
 }
+
+// ShownDigest is a digest the scan wrote in character set cs as
+// statements_summary shows it, to every account of its group: decoded to
+// UTF-8; when the statement's text had a '"' escaped inside "..."
+// (Scan.EscapedDoubleQuote), under ANSI_QUOTES its literals might be
+// elsewhere, and only the first keyword and " ..." are shown.
+func ShownDigest(digest []byte, cs Charset, escapedDQ bool) string {
+	d := string(digest)
+	if escapedDQ {
+		if w := FirstWord(d, Mode{}); w != "" {
+			return w + " ..."
+		}
+		return "..."
+	}
+	return Decode(d, cs)
+}

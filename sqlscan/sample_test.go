@@ -178,3 +178,29 @@ func FuzzSampleMask(f *testing.F) {
 		}
 	})
 }
+
+// statements_summary shows a digest in UTF-8, and not at all one whose
+// text ANSI_QUOTES would read otherwise.
+func TestShownDigest(t *testing.T) {
+	for _, tc := range []struct {
+		q    string
+		m    Mode
+		esc  bool
+		want string
+	}{
+		{"SELECT `\x95\x5c`, '\x95\x5c' FROM t", Mode{Charset: SJIS}, false, "SELECT `表`, ? FROM t"},
+		{"SELECT 表 FROM t", Mode{}, false, "SELECT 表 FROM t"},
+		{`SELECT 1 AS "s\", 'z"' AS c, 'secret'`, Mode{}, true, "SELECT ..."},
+		{`SELECT "a\\", "b\n", "c""d"`, Mode{}, false, "SELECT ?, ?, ?"},
+		{`SELECT 1 AS "s\", 'secret'`, Mode{NoBackslashEscapes: true}, false, "SELECT ? AS ?, ?"},
+	} {
+		var sc Scan
+		Query([]byte(tc.q), tc.m, nil, &sc, nil, true)
+		if sc.EscapedDoubleQuote != tc.esc {
+			t.Errorf("%q: EscapedDoubleQuote %v, want %v", tc.q, sc.EscapedDoubleQuote, tc.esc)
+		}
+		if got := ShownDigest(sc.Digest, tc.m.Charset, sc.EscapedDoubleQuote); got != tc.want {
+			t.Errorf("%q: shown %q, want %q", tc.q, got, tc.want)
+		}
+	}
+}

@@ -51,7 +51,10 @@ type Lexer struct {
 	noBackslash bool
 	// ansiQuotes: sql_mode ANSI_QUOTES, "..." is a quoted identifier.
 	ansiQuotes bool
-	prev       Kind // kind of the previous token, for ".5" vs "t.c"
+	// escapedDQ: a backslash escaped a '"' inside "...": see
+	// EscapedDoubleQuote.
+	escapedDQ bool
+	prev      Kind // kind of the previous token, for ".5" vs "t.c"
 	// prevClose is true when the previous token was ")".
 	prevClose bool
 	// sawExec: an executable comment marker was read; open: a comment or
@@ -103,6 +106,11 @@ func (l *Lexer) Comment() (start, end int) { return l.cmtStart, l.cmtEnd }
 
 // SawExec reports whether an executable comment (/*! or /*M!) was read.
 func (l *Lexer) SawExec() bool { return l.sawExec }
+
+// EscapedDoubleQuote reports whether a backslash escaped a '"' inside a
+// "..." string: under ANSI_QUOTES, which no session follows, that quote
+// would end a name, and the text would read differently from there.
+func (l *Lexer) EscapedDoubleQuote() bool { return l.escapedDQ }
 
 // Unterminated reports whether a comment, string or quoted identifier ran
 // to the end of the text without its closing mark.
@@ -282,6 +290,9 @@ func (l *Lexer) skipQuoted(p int, quote byte, escapes bool) int {
 		c := q[p]
 		switch {
 		case escapes && c == '\\':
+			if quote == '"' && p+1 < len(q) && q[p+1] == '"' {
+				l.escapedDQ = true
+			}
 			p += 2
 		case c == quote:
 			if p+1 < len(q) && q[p+1] == quote {
@@ -308,6 +319,9 @@ func (l *Lexer) skipQuotedMB(p int, quote byte, escapes bool) int {
 		case c >= 0x80:
 			p += l.cs.charLen(q, p)
 		case escapes && c == '\\':
+			if quote == '"' && p+1 < len(q) && q[p+1] == '"' {
+				l.escapedDQ = true
+			}
 			p += 2
 		case c == quote:
 			if p+1 < len(q) && q[p+1] == quote {

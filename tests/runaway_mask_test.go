@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"database/sql/driver"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +87,21 @@ func TestRunawaySampleMaskedAsWritten(t *testing.T) {
 			t.Errorf("mask_reader sees %q", r)
 		}
 		delete(wantMasked, r[1])
+	}
+
+	// statements_summary and its cluster view show the group's digests to
+	// every account of the group: in UTF-8, without the literals.
+	for _, view := range []string{"statements_summary", "cluster_statements_summary"} {
+		q := "SELECT DIGEST_TEXT FROM information_schema." + view +
+			" WHERE RESOURCE_GROUP = 'rg_mask' AND (DIGEST_TEXT LIKE 'SELECT SLEEP%' OR DIGEST_TEXT = 'SELECT ...') ORDER BY DIGEST_TEXT"
+		got, err := queryStrings(t, openDB(t, p.Addr, "user=mask_reader", "password=apppw"), q)
+		if err != nil {
+			t.Fatalf("%s as mask_reader: %v", view, err)
+		}
+		t.Logf("mask_reader's %s: %q", view, got)
+		want := "[[SELECT ...] [SELECT SLEEP(?) AS nbe, ? AS a, ? AS b] [SELECT SLEEP(?) AS sjis, ? AS a, ? AS b]]"
+		if fmt.Sprint(got) != want {
+			t.Errorf("%s as mask_reader: %q, want %s", view, got, want)
+		}
 	}
 }
