@@ -288,16 +288,18 @@ func (d *digester) emitVar(text []byte) {
 	d.emit(dVar, lower)
 }
 
-// unquoteIdent returns the name inside a backquoted identifier.
+// unquoteIdent returns the name inside a quoted identifier (`...`, or
+// "..." under ANSI_QUOTES).
 func unquoteIdent(text []byte) []byte {
+	quote := text[0]
 	body := text[1:]
-	if len(body) > 0 && body[len(body)-1] == '`' {
+	if len(body) > 0 && body[len(body)-1] == quote {
 		body = body[:len(body)-1]
 	}
 	name := make([]byte, 0, len(body))
 	for i := 0; i < len(body); i++ {
 		name = append(name, body[i])
-		if body[i] == '`' && i+1 < len(body) && body[i+1] == '`' {
+		if body[i] == quote && i+1 < len(body) && body[i+1] == quote {
 			i++
 		}
 	}

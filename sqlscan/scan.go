@@ -44,6 +44,11 @@ type Scan struct {
 	// Charset is what the text may do to the session's
 	// character_set_client.
 	Charset CharsetEffect
+	// EscapedDoubleQuote: a backslash escaped a '"' inside a "..." string,
+	// so that under ANSI_QUOTES (which no session follows) the text would
+	// read differently: its digest is not shown to another account
+	// (ShownDigest).
+	EscapedDoubleQuote bool
 }
 
 // maxScanWords is how many words a Scan can report in Mentions.
@@ -229,6 +234,7 @@ func Text(q []byte, text string, m sqltext.Mode, words *Words, res *Scan, digest
 	if s.multiCS && parts > 1 && s.res.Charset.Kind == CharsetPrepared {
 		s.res.Charset.Kind = CharsetAsk // the session follows prepared names of single statements only
 	}
+	s.res.EscapedDoubleQuote = s.d.l.EscapedDoubleQuote()
 	if withDigest {
 		s.res.Digest = s.d.out
 		s.res.DigestHash = fnv64(s.d.out)

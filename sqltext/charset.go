@@ -126,3 +126,13 @@ func (c Charset) charLen(q []byte, p int) int {
 }
 
 func gbkTrail(b byte) bool { return b >= 0x40 && b <= 0x7E || b >= 0x80 && b <= 0xFE }
+
+// CharLen returns the length of the character that starts at s[p] as
+// the lexer reads it in cs: 1 for an ASCII byte, for every byte of an
+// ASCIISafe text and for a byte that starts no whole character of cs.
+func CharLen(s string, p int, cs Charset) int {
+	if s[p] < 0x80 || cs == ASCIISafe {
+		return 1
+	}
+	return cs.charLen(bytesOf(s), p)
+}

@@ -15,7 +15,8 @@
 //     run to the end of the line;
 //   - '...' and "..." are strings with doubled quotes and, unless
 //     NO_BACKSLASH_ESCAPES, backslash escapes; `...` is a quoted
-//     identifier with doubled backquotes. ANSI_QUOTES is not modelled;
+//     identifier with doubled backquotes; with Mode.ANSIQuotes "..." is a
+//     quoted identifier too (no session follows ANSI_QUOTES: see Mode);
 //   - in a client character set whose multi-byte characters may hold an
 //     ASCII byte (gbk, big5, sjis, cp932, MySQL's gb18030: Charset), a lead
 //     byte and its trail bytes are one character inside strings, quoted

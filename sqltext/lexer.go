@@ -26,11 +26,16 @@ type Token struct {
 
 // Mode is what, besides the text, decides how a server reads it: the
 // session's character_set_client and whether its sql_mode has
-// NO_BACKSLASH_ESCAPES. The zero Mode is a utf8mb4 (or latin1) session
-// with backslash escapes.
+// NO_BACKSLASH_ESCAPES or ANSI_QUOTES. The zero Mode is a utf8mb4 (or
+// latin1) session with backslash escapes and "..." strings.
 type Mode struct {
 	Charset            Charset
 	NoBackslashEscapes bool
+	// ANSIQuotes: "..." is a quoted identifier (no backslash escapes), as
+	// under sql_mode ANSI_QUOTES. A session does not follow it (no status
+	// flag says it); readers that show text to another account read it
+	// both ways.
+	ANSIQuotes bool
 }
 
 // Lexer splits SQL text into tokens, skipping whitespace and comments and
@@ -44,7 +49,12 @@ type Lexer struct {
 	// noBackslash: sql_mode NO_BACKSLASH_ESCAPES, a backslash in a string
 	// is an ordinary character.
 	noBackslash bool
-	prev        Kind // kind of the previous token, for ".5" vs "t.c"
+	// ansiQuotes: sql_mode ANSI_QUOTES, "..." is a quoted identifier.
+	ansiQuotes bool
+	// escapedDQ: a backslash escaped a '"' inside "...": see
+	// EscapedDoubleQuote.
+	escapedDQ bool
+	prev      Kind // kind of the previous token, for ".5" vs "t.c"
 	// prevClose is true when the previous token was ")".
 	prevClose bool
 	// sawExec: an executable comment marker was read; open: a comment or
@@ -61,7 +71,7 @@ type Lexer struct {
 
 // New returns a Lexer over q read in mode m.
 func New(q []byte, m Mode) Lexer {
-	return Lexer{q: q, cs: m.Charset, noBackslash: m.NoBackslashEscapes}
+	return Lexer{q: q, cs: m.Charset, noBackslash: m.NoBackslashEscapes, ansiQuotes: m.ANSIQuotes}
 }
 
 // NewString returns a Lexer over the bytes of s without copying them; the
@@ -81,7 +91,9 @@ func (l *Lexer) Pos() int { return l.pos }
 func (l *Lexer) Text(t Token) []byte { return l.q[t.Start:t.End] }
 
 // Mode returns the mode the lexer reads in.
-func (l *Lexer) Mode() Mode { return Mode{Charset: l.cs, NoBackslashEscapes: l.noBackslash} }
+func (l *Lexer) Mode() Mode {
+	return Mode{Charset: l.cs, NoBackslashEscapes: l.noBackslash, ANSIQuotes: l.ansiQuotes}
+}
 
 // SetCharset changes the character set for the rest of the text, as a
 // server does after a SET NAMES inside a multi-statement.
@@ -94,6 +106,11 @@ func (l *Lexer) Comment() (start, end int) { return l.cmtStart, l.cmtEnd }
 
 // SawExec reports whether an executable comment (/*! or /*M!) was read.
 func (l *Lexer) SawExec() bool { return l.sawExec }
+
+// EscapedDoubleQuote reports whether a backslash escaped a '"' inside a
+// "..." string: under ANSI_QUOTES, which no session follows, that quote
+// would end a name, and the text would read differently from there.
+func (l *Lexer) EscapedDoubleQuote() bool { return l.escapedDQ }
 
 // Unterminated reports whether a comment, string or quoted identifier ran
 // to the end of the text without its closing mark.
@@ -224,6 +241,9 @@ func (l *Lexer) scan() Token {
 	}
 	c := q[start]
 	switch {
+	case c == '"' && l.ansiQuotes:
+		l.pos = l.skipQuoted(start+1, '"', false)
+		return Token{QuotedIdent, start, l.pos}
 	case c == '\'' || c == '"':
 		l.pos = l.skipQuoted(start+1, c, !l.noBackslash)
 		return Token{String, start, l.pos}
@@ -270,6 +290,9 @@ func (l *Lexer) skipQuoted(p int, quote byte, escapes bool) int {
 		c := q[p]
 		switch {
 		case escapes && c == '\\':
+			if quote == '"' && p+1 < len(q) && q[p+1] == '"' {
+				l.escapedDQ = true
+			}
 			p += 2
 		case c == quote:
 			if p+1 < len(q) && q[p+1] == quote {
@@ -296,6 +319,9 @@ func (l *Lexer) skipQuotedMB(p int, quote byte, escapes bool) int {
 		case c >= 0x80:
 			p += l.cs.charLen(q, p)
 		case escapes && c == '\\':
+			if quote == '"' && p+1 < len(q) && q[p+1] == '"' {
+				l.escapedDQ = true
+			}
 			p += 2
 		case c == quote:
 			if p+1 < len(q) && q[p+1] == quote {

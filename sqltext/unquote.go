@@ -3,7 +3,7 @@ package sqltext
 import "strings"
 
 // Unquote returns the value of a quoted string ('...' or "...") or quoted
-// identifier (`...`) as the server reads it in mode m: doubled quotes
+// identifier (`...`, or "..." under ANSIQuotes) as the server reads it in mode m: doubled quotes
 // stand for one, and in strings (unless NO_BACKSLASH_ESCAPES) \n \t \r \b
 // \0 \Z are control characters, \% and \_ keep their backslash (they are
 // LIKE's), and a backslash before any other byte stands for that byte. A
@@ -18,7 +18,7 @@ func Unquote(text string, m Mode) (value string, ok bool) {
 	if quote != '\'' && quote != '"' && quote != '`' {
 		return "", false
 	}
-	escapes := quote != '`' && !m.NoBackslashEscapes
+	escapes := quote != '`' && !(quote == '"' && m.ANSIQuotes) && !m.NoBackslashEscapes
 	q := bytesOf(text)
 	var b strings.Builder
 	b.Grow(len(text) - 2)

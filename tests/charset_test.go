@@ -35,7 +35,7 @@ var charsetCases = []struct {
 // backend's own lexer: for generated strings and backquoted names full of
 // lead bytes followed by '\' and '`', quotes, escapes and doubled quotes,
 // in gbk, big5, sjis, cp932, latin1 and utf8mb4, with NO_BACKSLASH_ESCAPES
-// off and on, the lexer predicts whether "SELECT HEX('...')" (or "SELECT 1
+// off and on (and "..." names under ANSI_QUOTES), the lexer predicts whether "SELECT HEX('...')" (or "SELECT 1
 // AS `...`") is one string (one name) that ends where the statement
 // does, and its value; the server must agree: the same value (for names,
 // which go through utf8 and back, the same outcome), or an error where the
@@ -112,6 +112,36 @@ func TestLexerAgreesWithServer(t *testing.T) {
 					default:
 						t.Errorf("%s nbe=%v: %q: lexer predicts %q (ok %v); server says %q, %v", cc.name, nbe, q, want, ok, cols, err)
 					}
+				}
+			}
+			// Under ANSI_QUOTES "..." is a name, without escapes
+			// (sqltext's Mode.ANSIQuotes, which the readers of text shown
+			// to another account use).
+			ansiMode := mode
+			ansiMode.ANSIQuotes = true
+			if _, err := conn.ExecContext(ctx, "SET sql_mode = CONCAT("+sqlMode+", ',ANSI_QUOTES')"); err != nil {
+				t.Fatal(err)
+			}
+			dqAlphabet := append([]byte{0x22, 0x22, 0x5C, 0x5C, 0x27, 'a', 'Z'}, cc.identLead...)
+			for range perCase / 2 {
+				name := randomBytes(rng, dqAlphabet, 1+rng.IntN(6))
+				q := `SELECT 1 AS "` + string(name) + `"`
+				want, ok := predictAlias(q, ansiMode)
+				rows, err := conn.QueryContext(ctx, q)
+				var cols []string
+				if err == nil {
+					cols, err = rows.Columns()
+					rows.Close()
+				}
+				switch {
+				case ok && err == nil && len(cols) == 1 && (cols[0] == want || !plainASCII(want)):
+					agreed++
+				case !ok && err != nil:
+					agreed++
+					ends++
+				case ok && isErr(err, 1300, 1166):
+				default:
+					t.Errorf("%s nbe=%v ansi_quotes: %q: lexer predicts %q (ok %v); server says %q, %v", cc.name, nbe, q, want, ok, cols, err)
 				}
 			}
 			conn.Close()

@@ -44,9 +44,12 @@ type RunawayEvent struct {
 	Group string
 	Time  time.Time
 	// Account is "user@host" (or "user" when the host is not known).
-	Account   string
-	Digest    string
-	SampleSQL string
+	Account string
+	Digest  string
+	// SampleSQL is the statement's text in UTF-8 (administrators and its
+	// own account see it); MaskedSQL is its digest text read in its
+	// session's mode (other accounts see it).
+	SampleSQL, MaskedSQL string
 	// MatchType is "IDENTIFY" (it crossed its QUERY_LIMIT) or "WATCH".
 	MatchType string
 	Action    string
@@ -63,8 +66,10 @@ type RunawayRow struct {
 	MatchType       string
 	Action, Rule    string
 	Digest          string
-	SampleSQL       string
-	Account         string
+	// SampleSQL and MaskedSQL are the first event's (MaskedSQL is "" in
+	// a row an older proxy or rgserver recorded).
+	SampleSQL, MaskedSQL string
+	Account              string
 }
 
 // runawaySender is the queue of events to send.
@@ -81,6 +86,7 @@ type runawaySender struct {
 func (c *Client) RecordRunaway(e RunawayEvent) {
 	ev := &tokenpb.RunawayEvent{ResourceGroup: e.Group, TimeUnixMs: e.Time.UnixMilli(),
 		Account: textcut.Valid(e.Account, runawayStringMax), SqlDigest: e.Digest, SampleSql: textcut.Valid(e.SampleSQL, runawaySample),
+		MaskedSql: textcut.Valid(e.MaskedSQL, runawaySample),
 		MatchType: e.MatchType, Action: textcut.Valid(e.Action, runawayStringMax/2), Rule: textcut.Valid(e.Rule, runawayStringMax)}
 	select {
 	case c.runaways.queue <- ev:
@@ -186,7 +192,7 @@ func (c *Client) ListRunaways(ctx context.Context, groups []string) ([]RunawayRo
 		out = append(out, RunawayRow{Instance: r.GetInstance(), Group: r.GetResourceGroup(),
 			Start: time.UnixMilli(r.GetStartUnixMs()), Last: time.UnixMilli(r.GetLastUnixMs()), Repeats: r.GetRepeats(),
 			MatchType: r.GetMatchType(), Action: r.GetAction(), Rule: r.GetRule(), Digest: r.GetSqlDigest(),
-			SampleSQL: r.GetSampleSql(), Account: r.GetAccount()})
+			SampleSQL: r.GetSampleSql(), MaskedSQL: r.GetMaskedSql(), Account: r.GetAccount()})
 	}
 	return out, nil
 }

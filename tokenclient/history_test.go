@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -17,7 +18,7 @@ func TestRecordRunawayNeverBlocks(t *testing.T) {
 	go func() {
 		defer close(done)
 		for range runawayQueueLen + 10 {
-			c.RecordRunaway(RunawayEvent{Group: "g", SampleSQL: strings.Repeat("é", 600), Account: strings.Repeat("u", 300)})
+			c.RecordRunaway(RunawayEvent{Group: "g", SampleSQL: strings.Repeat("é", 600), MaskedSQL: strings.Repeat("a\xff", 1000), Account: strings.Repeat("u", 300)})
 		}
 	}()
 	select {
@@ -29,8 +30,9 @@ func TestRecordRunawayNeverBlocks(t *testing.T) {
 		t.Errorf("dropped %v events, want 10", got)
 	}
 	e := <-c.runaways.queue
-	if len(e.GetSampleSql()) != runawaySample || len(e.GetAccount()) != runawayStringMax {
-		t.Errorf("queued event: sample of %d bytes, account of %d", len(e.GetSampleSql()), len(e.GetAccount()))
+	if len(e.GetSampleSql()) != runawaySample || len(e.GetAccount()) != runawayStringMax ||
+		len(e.GetMaskedSql()) != runawaySample || !utf8.ValidString(e.GetMaskedSql()) {
+		t.Errorf("queued event: sample of %d bytes, masked of %d, account of %d", len(e.GetSampleSql()), len(e.GetMaskedSql()), len(e.GetAccount()))
 	}
 }
 

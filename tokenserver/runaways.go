@@ -86,6 +86,7 @@ type runawayRow struct {
 	last    int64
 	repeats uint64
 	sample  string
+	masked  string // "" in rows an older proxy sent: readers mask sample
 	account string
 	// cred is the credential that recorded the row ("" for rows of an
 	// older version, or with authentication off).
@@ -104,6 +105,7 @@ type runawayRecord struct {
 	Last     int64  `json:"last_unix_ms"`
 	Repeats  uint64 `json:"repeats"`
 	Sample   string `json:"sample,omitempty"`
+	Masked   string `json:"masked,omitempty"`
 	Account  string `json:"account,omitempty"`
 	Cred     string `json:"credential,omitempty"`
 }
@@ -338,6 +340,7 @@ func validEvent(e *pb.RunawayEvent) (*pb.RunawayEvent, error) {
 		Account:       textcut.Valid(e.GetAccount(), maxRunawayAccount),
 		SqlDigest:     e.GetSqlDigest(),
 		SampleSql:     textcut.Valid(e.GetSampleSql(), maxRunawaySample),
+		MaskedSql:     textcut.Valid(e.GetMaskedSql(), maxRunawaySample),
 		MatchType:     e.GetMatchType(),
 		Action:        textcut.Valid(e.GetAction(), maxRunawayAction),
 		Rule:          textcut.Valid(e.GetRule(), maxRunawayRule),
@@ -377,7 +380,7 @@ func (h *runawayHistory) record(instance, cred string, events []*pb.RunawayEvent
 		}
 		h.seq++
 		r := &runawayRow{id: fmt.Sprintf("%s-%016x", h.prefix, h.seq), key: k, start: t, last: t, repeats: 1,
-			sample: e.GetSampleSql(), account: e.GetAccount(), cred: cred}
+			sample: e.GetSampleSql(), masked: e.GetMaskedSql(), account: e.GetAccount(), cred: cred}
 		h.dirty[r.id] = true
 		h.add(r)
 	}
@@ -423,7 +426,7 @@ func (h *runawayHistory) list(keep map[string]bool, limit int) ([]*pb.RunawayRow
 	for _, r := range rows {
 		row := &pb.RunawayRow{Instance: r.key.instance, ResourceGroup: r.key.group, StartUnixMs: r.start,
 			LastUnixMs: r.last, Repeats: r.repeats, MatchType: r.key.match, Action: r.key.action, Rule: r.key.rule,
-			SqlDigest: r.key.digest, SampleSql: r.sample, Account: r.account}
+			SqlDigest: r.key.digest, SampleSql: r.sample, MaskedSql: r.masked, Account: r.account}
 		n := proto.Size(row) + 4
 		if size+n > runawayAnswerBytes {
 			truncated = true
@@ -466,7 +469,7 @@ func (h *runawayHistory) takeOps(n int) []runawayOp {
 		r.persisted = true
 		ops = append(ops, runawayOp{id: id, rec: &runawayRecord{Instance: r.key.instance, Group: r.key.group,
 			Digest: r.key.digest, Match: r.key.match, Action: r.key.action, Rule: r.key.rule, Start: r.start,
-			Last: r.last, Repeats: r.repeats, Sample: r.sample, Account: r.account, Cred: r.cred}})
+			Last: r.last, Repeats: r.repeats, Sample: r.sample, Masked: r.masked, Account: r.account, Cred: r.cred}})
 	}
 	return ops
 }
@@ -551,7 +554,7 @@ func (s *Server) loadRunaways(ctx context.Context, rev int64) error {
 			}
 			rows = append(rows, &runawayRow{id: strings.TrimPrefix(string(kv.Key), keyRunaways),
 				key:   runawayKey{instance: rec.Instance, group: rec.Group, digest: rec.Digest, match: rec.Match, action: rec.Action, rule: rec.Rule},
-				start: rec.Start, last: rec.Last, repeats: rec.Repeats, sample: rec.Sample, account: rec.Account, cred: rec.Cred, persisted: true})
+				start: rec.Start, last: rec.Last, repeats: rec.Repeats, sample: rec.Sample, masked: rec.Masked, account: rec.Account, cred: rec.Cred, persisted: true})
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			break

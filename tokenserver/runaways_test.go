@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -13,7 +14,7 @@ import (
 
 func runawayEvent(group, digest string, at time.Time) *pb.RunawayEvent {
 	return &pb.RunawayEvent{ResourceGroup: group, SqlDigest: digest, TimeUnixMs: at.UnixMilli(),
-		MatchType: "IDENTIFY", Action: "KILL", Rule: `EXEC_ELAPSED='1s'`, SampleSql: "SELECT 1", Account: "u@%"}
+		MatchType: "IDENTIFY", Action: "KILL", Rule: `EXEC_ELAPSED='1s'`, SampleSql: "SELECT 1", MaskedSql: "SELECT ?", Account: "u@%"}
 }
 
 // TestRunawayHistoryCollapse: events of one key within ten minutes of a
@@ -102,11 +103,15 @@ func TestRunawayHistoryBounds(t *testing.T) {
 	}
 	long := runawayEvent("g", "01", now)
 	long.SampleSql = strings.Repeat("é", 1000)
+	long.MaskedSql = strings.Repeat("\xff", 2000)    // not UTF-8
 	long.TimeUnixMs = now.Add(time.Hour).UnixMilli() // skewed: taken as now
 	h.record("a", "", []*pb.RunawayEvent{long}, anyGroup, now)
 	rows, _ = h.list(nil, runawayTotal)
 	if len(rows) != 1 || len(rows[0].GetSampleSql()) != 1024 || rows[0].GetStartUnixMs() != now.UnixMilli() {
 		t.Errorf("a long, skewed event: %d bytes from %d", len(rows[0].GetSampleSql()), rows[0].GetStartUnixMs())
+	}
+	if m := rows[0].GetMaskedSql(); len(m) > 1024 || !utf8.ValidString(m) {
+		t.Errorf("a long masked text of bytes: %d bytes, UTF-8 %v", len(m), utf8.ValidString(m))
 	}
 }
 
@@ -129,6 +134,9 @@ func TestRunawayHistoryOps(t *testing.T) {
 	ops = h.takeOps(10)
 	if len(ops) != 2 || ops[0].rec == nil {
 		t.Fatalf("ops %v, want the 2 puts of the rows kept (row 3 was never written)", ops)
+	}
+	if r := ops[0].rec; r.Sample != "SELECT 1" || r.Masked != "SELECT ?" {
+		t.Errorf("a row kept as sample %q, masked %q", r.Sample, r.Masked)
 	}
 	h.giveBack(ops)
 	if again := h.takeOps(10); len(again) != 2 {

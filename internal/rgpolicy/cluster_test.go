@@ -207,9 +207,9 @@ func TestPolicyInspects(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	for i, lat := range []time.Duration{time.Millisecond, 9 * time.Millisecond, 3 * time.Millisecond} {
 		k := shapeKey{group: "bound", hash: uint64(i + 1)}
-		p.shapes.observe(k, nil, []byte(fmt.Sprintf("SELECT %d", i)), ru.Consumption{RRU: 1}, lat, 0, false, now)
+		p.shapes.observe(k, nil, digestText{b: []byte(fmt.Sprintf("SELECT %d", i))}, ru.Consumption{RRU: 1}, lat, 0, false, now)
 	}
-	p.shapes.observe(shapeKey{group: "other", hash: 9}, nil, []byte("SELECT 9"), ru.Consumption{RRU: 1}, time.Second, 0, false, now)
+	p.shapes.observe(shapeKey{group: "other", hash: 9}, nil, digestText{b: []byte("SELECT 9")}, ru.Consumption{RRU: 1}, time.Second, 0, false, now)
 	var got []string
 	for _, s := range p.InspectStatements(func(g string) bool { return g == "bound" }) {
 		got = append(got, s.DigestText)

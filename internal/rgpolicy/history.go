@@ -84,8 +84,9 @@ func (s *session) recordRunaway(account, group, match, act, switchGroup, rule, q
 	if act == resourcegroup.ActionSwitchGroup.String() {
 		act += "(" + switchGroup + ")"
 	}
+	shown, masked := sqlscan.Sample(query, mode)
 	h.RecordRunaway(tokenclient.RunawayEvent{Group: group, Time: s.p.clk.Now(), Account: account,
-		Digest: fmt.Sprintf("%016x", digest), SampleSQL: sqlscan.Sample(query, mode), MatchType: match, Action: act, Rule: rule})
+		Digest: fmt.Sprintf("%016x", digest), SampleSQL: shown, MaskedSQL: masked, MatchType: match, Action: act, Rule: rule})
 }
 
 // limitRule describes the QUERY_LIMIT a statement crossed.
@@ -107,8 +108,10 @@ func watchRule(w resourcegroup.Watch) string {
 
 // runawayTable builds runaway_queries as the session may see it: with
 // SUPER every row, else the rows of the groups it may read, with
-// SAMPLE_SQL as its digest text (literals replaced by ?) unless the
-// statement was the session's own account's.
+// SAMPLE_SQL as its digest text (literals replaced by ?, as read in the
+// character set and sql_mode of the session that ran it) unless the
+// statement was the session's own account's. The text is UTF-8, decoded
+// from that session's character set.
 func (s *session) runawayTable(ctx context.Context, be mysqlproto.Backend) (*vtable, error) {
 	if s.p.history == nil {
 		return nil, errHistoryOff
@@ -144,7 +147,11 @@ func (s *session) runawayTable(ctx context.Context, be mysqlproto.Backend) (*vta
 		}
 		sample := r.SampleSQL
 		if own != nil && r.Account != me {
-			sample = sqlscan.Mask(sample) // recorded with sqlscan.Sample
+			// Masked as the session that ran it read it; a row without
+			// (an older proxy's) is masked in every mode.
+			if sample = r.MaskedSQL; sample == "" {
+				sample = sqlscan.Mask(r.SampleSQL)
+			}
 		}
 		row := []string{r.Instance, r.Group, ts(r.Start), ts(r.Last),
 			strconv.FormatUint(r.Repeats, 10), r.MatchType, r.Action, r.Rule, r.Digest, sample, r.Account}

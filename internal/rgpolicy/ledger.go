@@ -85,7 +85,7 @@ type settlement struct {
 	// ran: the statement reached the backend; a shaped one teaches its
 	// shape (observe) with its digest, latency and failure.
 	ran     bool
-	digest  []byte
+	digest  digestText
 	latency time.Duration
 	failed  bool
 }

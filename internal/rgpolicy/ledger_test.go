@@ -138,7 +138,7 @@ func TestLedgerConserves(t *testing.T) {
 					chargeTo = tc.switchTo
 				}
 				total := s.led.settle(cur, s.series, &s.shapes, settlement{after: tc.after, chargeTo: chargeTo,
-					class: ru.ClassRead, ran: true, digest: []byte("select ?")})
+					class: ru.ClassRead, ran: true, digest: digestText{b: []byte("select ?")}})
 				to := s.led.lateTargets(cur, s.series, tc.learn)
 				for _, lc := range tc.late {
 					s.led.late(&to, lc.extra, srcBinlog, lc.session)

@@ -646,7 +646,7 @@ func (s *session) After(st *mysqlproto.Statement, out *mysqlproto.Outcome) {
 		s.see(cur.group, cur.start, s.p.metrics.forgets.Load())
 	}
 	s.led.settle(cur, s.series, &s.shapes, settlement{after: after, chargeTo: chargeTo, class: st.Class,
-		errCode: errCode, ran: !out.NotForwarded, digest: st.Scan.Digest, latency: out.BackendTime, failed: out.ErrCode != 0})
+		errCode: errCode, ran: !out.NotForwarded, digest: digestText{b: st.Scan.Digest, cs: st.Charset, escapedDQ: st.Scan.EscapedDoubleQuote}, latency: out.BackendTime, failed: out.ErrCode != 0})
 	s.end() // after settle's observe: the statements its probe wakes find its cost
 }
 

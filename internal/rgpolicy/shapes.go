@@ -9,6 +9,7 @@ import (
 
 	"github.com/rgproxy/rgproxy/internal/topn"
 	"github.com/rgproxy/rgproxy/ru"
+	"github.com/rgproxy/rgproxy/sqlscan"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
@@ -19,6 +20,15 @@ type shapeKey struct {
 	hash  uint64
 }
 
+// digestText is a statement's digest as the scan wrote it, in its
+// session's character set, and whether its text had a "..." string that
+// ANSI_QUOTES would read otherwise (sqlscan.Scan.EscapedDoubleQuote).
+type digestText struct {
+	b         []byte
+	cs        sqlscan.Charset
+	escapedDQ bool
+}
+
 // estimateWeight is the weight of the newest execution in a shape's
 // decaying average: about the last five executions count.
 const estimateWeight = 0.3
@@ -27,7 +37,9 @@ const estimateWeight = 0.3
 // average of its cost, the estimate charged before its next execution,
 // and the cumulative figures statements_summary shows.
 type shape struct {
-	key    shapeKey
+	key shapeKey
+	// digest is the shape's digest text as statements_summary shows it
+	// (sqlscan.ShownDigest).
 	digest string
 	// The estimate: decaying averages per execution.
 	estRRU, estWRU float64
@@ -210,9 +222,9 @@ func (s *shape) estimate() shapeEstimate {
 
 // observe records one execution of a shape: its measured cost, backend
 // time (latency), the time it waited for tokens and admission (queued),
-// and whether it failed. digest is the shape's text, copied only when the
-// shape is new. memo, when not nil, is the caller's.
-func (t *shapes) observe(k shapeKey, memo *shapeMemo, digest []byte, cost ru.Consumption, latency, queued time.Duration, failed bool, now time.Time) {
+// and whether it failed. digest is the shape's text, made the text shown
+// only when the shape is new. memo, when not nil, is the caller's.
+func (t *shapes) observe(k shapeKey, memo *shapeMemo, digest digestText, cost ru.Consumption, latency, queued time.Duration, failed bool, now time.Time) {
 	ref := memo.ref(k)
 	sh := t.shard(k)
 	sh.mu.Lock()
@@ -229,7 +241,7 @@ func (t *shapes) observe(k shapeKey, memo *shapeMemo, digest []byte, cost ru.Con
 		s.estBackend += estimateWeight * (cost.BackendSeconds - s.estBackend)
 		s.fast += estimateWeight * (fast - s.fast)
 	} else {
-		s = sh.add(t, k, string(digest), now)
+		s = sh.add(t, k, sqlscan.ShownDigest(digest.b, digest.cs, digest.escapedDQ), now)
 		s.estRRU, s.estWRU, s.estBackend, s.fast = cost.RRU, cost.WRU, cost.BackendSeconds, fast
 	}
 	if s.short {

@@ -21,18 +21,18 @@ func TestShapesEstimate(t *testing.T) {
 		t.Fatal("a shape never seen has an estimate")
 	}
 	// Cold start: the first execution is the estimate.
-	tab.observe(k, nil, []byte("SELECT ?"), ru.Consumption{RRU: 50, BackendSeconds: 0.15}, 150*time.Millisecond, 0, false, now)
+	tab.observe(k, nil, digestText{b: []byte("SELECT ?")}, ru.Consumption{RRU: 50, BackendSeconds: 0.15}, 150*time.Millisecond, 0, false, now)
 	if got := tab.String(k); got != "rru=50.000 wru=0.000 backend=0.1500s" {
 		t.Fatalf("after one: %s", got)
 	}
 	// Then a decaying average: each execution moves it 30% of the way.
-	tab.observe(k, nil, nil, ru.Consumption{RRU: 100, WRU: 10}, time.Millisecond, 0, false, now)
+	tab.observe(k, nil, digestText{}, ru.Consumption{RRU: 100, WRU: 10}, time.Millisecond, 0, false, now)
 	est, _ := tab.estimate(k, nil)
 	if !near(est.RRU, 65) || !near(est.WRU, 3) {
 		t.Fatalf("after two: %+v, want rru 65 wru 3", est)
 	}
 	for range 30 {
-		tab.observe(k, nil, nil, ru.Consumption{RRU: 10}, time.Millisecond, 0, false, now)
+		tab.observe(k, nil, digestText{}, ru.Consumption{RRU: 10}, time.Millisecond, 0, false, now)
 	}
 	est, _ = tab.estimate(k, nil)
 	if est.RRU > 10.01 || est.WRU > 0.01 {
@@ -77,7 +77,7 @@ func TestShapesShortForgetsASpike(t *testing.T) {
 		{fast, true},
 	}
 	for i, st := range steps {
-		tab.observe(point, nil, []byte("SELECT c FROM t WHERE id = ?"), ru.Consumption{RRU: 0.6, BackendSeconds: st.latency.Seconds()}, st.latency, 0, false, now)
+		tab.observe(point, nil, digestText{b: []byte("SELECT c FROM t WHERE id = ?")}, ru.Consumption{RRU: 0.6, BackendSeconds: st.latency.Seconds()}, st.latency, 0, false, now)
 		if got := short(point); got != st.want {
 			t.Fatalf("after execution %d (%v): short %v, want %v", i+1, st.latency, got, st.want)
 		}
@@ -85,7 +85,7 @@ func TestShapesShortForgetsASpike(t *testing.T) {
 	// SELECT SLEEP(1): 1 s of wall time, little CPU. It is read every time.
 	sleep := shapeKey{group: "rg", hash: 2}
 	for i := range 5 {
-		tab.observe(sleep, nil, []byte("SELECT SLEEP(?)"), ru.Consumption{RRU: 0.7, BackendSeconds: 1}, time.Second, 0, false, now)
+		tab.observe(sleep, nil, digestText{b: []byte("SELECT SLEEP(?)")}, ru.Consumption{RRU: 0.7, BackendSeconds: 1}, time.Second, 0, false, now)
 		if short(sleep) {
 			t.Fatalf("SLEEP(1) counted short after %d executions", i+1)
 		}
@@ -101,8 +101,8 @@ func TestShapesEvictLeastRecentlyUsed(t *testing.T) {
 	if tab.shard(a) != tab.shard(b) {
 		t.Fatal("test keys must share a shard")
 	}
-	tab.observe(a, nil, []byte("A"), ru.Consumption{RRU: 1}, 0, 0, false, now)
-	tab.observe(b, nil, []byte("B"), ru.Consumption{RRU: 2}, 0, 0, false, now)
+	tab.observe(a, nil, digestText{b: []byte("A")}, ru.Consumption{RRU: 1}, 0, 0, false, now)
+	tab.observe(b, nil, digestText{b: []byte("B")}, ru.Consumption{RRU: 2}, 0, 0, false, now)
 	if _, ok := tab.estimate(a, nil); ok {
 		t.Fatal("the least recently used shape was kept past the bound")
 	}
@@ -115,10 +115,10 @@ func TestShapesEvictLeastRecentlyUsed(t *testing.T) {
 	// With room for two, using a shape keeps it: the other one goes.
 	tab = newShapes(2 * shapeShards)
 	c := shapeKey{group: "g", hash: 1 + 2*shapeShards}
-	tab.observe(a, nil, []byte("A"), ru.Consumption{RRU: 1}, 0, 0, false, now)
-	tab.observe(b, nil, []byte("B"), ru.Consumption{RRU: 2}, 0, 0, false, now)
+	tab.observe(a, nil, digestText{b: []byte("A")}, ru.Consumption{RRU: 1}, 0, 0, false, now)
+	tab.observe(b, nil, digestText{b: []byte("B")}, ru.Consumption{RRU: 2}, 0, 0, false, now)
 	tab.estimate(a, nil) // a is now the most recent
-	tab.observe(c, nil, []byte("C"), ru.Consumption{RRU: 3}, 0, 0, false, now)
+	tab.observe(c, nil, digestText{b: []byte("C")}, ru.Consumption{RRU: 3}, 0, 0, false, now)
 	if _, ok := tab.estimate(b, nil); ok {
 		t.Fatal("b should have been evicted")
 	}
@@ -131,9 +131,9 @@ func TestShapesSummary(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	tab := newShapes(100)
 	k := shapeKey{group: "rg", hash: 0xabc}
-	tab.observe(k, nil, []byte("SELECT * FROM t WHERE id = ?"), ru.Consumption{RRU: 2, WRU: 0}, 10*time.Millisecond, 0, false, t0)
-	tab.observe(k, nil, nil, ru.Consumption{RRU: 4, WRU: 1}, 30*time.Millisecond, 20*time.Millisecond, true, t0.Add(time.Second))
-	tab.observe(shapeKey{group: "other", hash: 1}, nil, []byte("SELECT ?"), ru.Consumption{RRU: 1}, 0, 0, false, t0)
+	tab.observe(k, nil, digestText{b: []byte("SELECT * FROM t WHERE id = ?")}, ru.Consumption{RRU: 2, WRU: 0}, 10*time.Millisecond, 0, false, t0)
+	tab.observe(k, nil, digestText{}, ru.Consumption{RRU: 4, WRU: 1}, 30*time.Millisecond, 20*time.Millisecond, true, t0.Add(time.Second))
+	tab.observe(shapeKey{group: "other", hash: 1}, nil, digestText{b: []byte("SELECT ?")}, ru.Consumption{RRU: 1}, 0, 0, false, t0)
 	rows := tab.summary(func(g string) bool { return g == "rg" })
 	if len(rows) != 1 {
 		t.Fatalf("rows %+v", rows)
@@ -161,7 +161,7 @@ func TestShapesKnownShapeAllocatesNothing(t *testing.T) {
 	now := time.Unix(1000, 0)
 	tab := newShapes(100)
 	k := shapeKey{group: "rg", hash: 7}
-	d := []byte("SELECT ?")
+	d := digestText{b: []byte("SELECT ?")}
 	tab.observe(k, nil, d, ru.Consumption{RRU: 1}, 0, 0, false, now)
 	if n := testing.AllocsPerRun(1000, func() {
 		tab.estimate(k, nil)
@@ -179,12 +179,12 @@ func TestShapeMemoSurvivesEviction(t *testing.T) {
 	a := shapeKey{group: "g", hash: 1}
 	b := shapeKey{group: "g", hash: 1 + shapeShards} // a's shard
 	var memo shapeMemo
-	tab.observe(a, &memo, []byte("SELECT ?"), ru.Consumption{RRU: 5}, time.Second, 0, false, now)
+	tab.observe(a, &memo, digestText{b: []byte("SELECT ?")}, ru.Consumption{RRU: 5}, time.Second, 0, false, now)
 	if est, ok := tab.estimate(a, &memo); !ok || est.RRU != 5 {
 		t.Fatalf("a through the memo: %+v %v", est, ok)
 	}
 	evicted := memo.refs[0].s
-	tab.observe(b, nil, []byte("SELECT ?, ?"), ru.Consumption{RRU: 7}, time.Second, 0, false, now)
+	tab.observe(b, nil, digestText{b: []byte("SELECT ?, ?")}, ru.Consumption{RRU: 7}, time.Second, 0, false, now)
 	if memo.refs[0].s != evicted || evicted.key != b {
 		t.Fatal("b did not reuse a's memory: the test proves nothing")
 	}
@@ -206,18 +206,18 @@ func TestShapeMemoEstimatesShortShapes(t *testing.T) {
 	point, scan := shapeKey{group: "g", hash: 1}, shapeKey{group: "g", hash: 2}
 	var mine, other shapeMemo
 	for range 10 {
-		tab.observe(point, &mine, []byte("SELECT c FROM t WHERE id = ?"), ru.Consumption{RRU: 1}, time.Microsecond, 0, false, now)
+		tab.observe(point, &mine, digestText{b: []byte("SELECT c FROM t WHERE id = ?")}, ru.Consumption{RRU: 1}, time.Microsecond, 0, false, now)
 	}
-	tab.observe(point, &other, nil, ru.Consumption{RRU: 11}, time.Microsecond, 0, false, now)
+	tab.observe(point, &other, digestText{}, ru.Consumption{RRU: 11}, time.Microsecond, 0, false, now)
 	if est, _ := tab.estimate(point, &mine); est.RRU != 1 || !est.Short {
 		t.Fatalf("short shape through the memo: %+v, want this session's last 1 RU", est)
 	}
 	if est, _ := tab.estimate(point, nil); est.RRU != 4 {
 		t.Fatalf("short shape from the table: %+v, want 4 RU", est)
 	}
-	tab.observe(scan, &other, []byte("SELECT COUNT(*) FROM t"), ru.Consumption{RRU: 40}, 200*time.Millisecond, 0, false, now)
-	tab.observe(scan, &mine, nil, ru.Consumption{RRU: 40}, 200*time.Millisecond, 0, false, now)
-	tab.observe(scan, &other, nil, ru.Consumption{RRU: 50}, 200*time.Millisecond, 0, false, now)
+	tab.observe(scan, &other, digestText{b: []byte("SELECT COUNT(*) FROM t")}, ru.Consumption{RRU: 40}, 200*time.Millisecond, 0, false, now)
+	tab.observe(scan, &mine, digestText{}, ru.Consumption{RRU: 40}, 200*time.Millisecond, 0, false, now)
+	tab.observe(scan, &other, digestText{}, ru.Consumption{RRU: 50}, 200*time.Millisecond, 0, false, now)
 	if est, _ := tab.estimate(scan, &mine); est.RRU != 43 || est.Short {
 		t.Fatalf("a slow shape: %+v, want the table's 43 RU", est)
 	}
@@ -226,7 +226,7 @@ func TestShapeMemoEstimatesShortShapes(t *testing.T) {
 	}
 	// Eight other shapes later, point is read from the table again.
 	for i := range shapeMemoSize {
-		tab.observe(shapeKey{group: "g", hash: uint64(100 + i)}, &mine, []byte("SELECT ?"), ru.Consumption{RRU: 1}, time.Microsecond, 0, false, now)
+		tab.observe(shapeKey{group: "g", hash: uint64(100 + i)}, &mine, digestText{b: []byte("SELECT ?")}, ru.Consumption{RRU: 1}, time.Microsecond, 0, false, now)
 	}
 	if est, _ := tab.estimate(point, &mine); est.RRU != 4 {
 		t.Fatalf("point after %d other shapes: %+v, want the table's 4 RU", shapeMemoSize, est)
@@ -241,10 +241,10 @@ func TestShapesFloorPerGroup(t *testing.T) {
 	cost := ru.Consumption{RRU: 7}
 	victims := 50
 	for i := range victims {
-		tab.observe(shapeKey{group: "victim", hash: uint64(i) * 0x9e3779b97f4a7c15}, nil, []byte("SELECT ?"), cost, time.Millisecond, 0, false, now)
+		tab.observe(shapeKey{group: "victim", hash: uint64(i) * 0x9e3779b97f4a7c15}, nil, digestText{b: []byte("SELECT ?")}, cost, time.Millisecond, 0, false, now)
 	}
 	for i := range 10050 {
-		tab.observe(shapeKey{group: "flood", hash: uint64(i+1000) * 0xff51afd7ed558ccd}, nil, []byte("SELECT ?"), ru.Consumption{RRU: 1}, time.Millisecond, 0, false, now)
+		tab.observe(shapeKey{group: "flood", hash: uint64(i+1000) * 0xff51afd7ed558ccd}, nil, digestText{b: []byte("SELECT ?")}, ru.Consumption{RRU: 1}, time.Millisecond, 0, false, now)
 	}
 	for i := range victims {
 		k := shapeKey{group: "victim", hash: uint64(i) * 0x9e3779b97f4a7c15}
@@ -263,7 +263,7 @@ func TestShapesFloorPerGroup(t *testing.T) {
 	}
 	// A group over its floor loses its own least recently used shapes.
 	for i := range 100 {
-		tab.observe(shapeKey{group: "victim", hash: uint64(i+1_000_000) * 0x9e3779b97f4a7c15}, nil, []byte("SELECT ?"), cost, time.Millisecond, 0, false, now)
+		tab.observe(shapeKey{group: "victim", hash: uint64(i+1_000_000) * 0x9e3779b97f4a7c15}, nil, digestText{b: []byte("SELECT ?")}, cost, time.Millisecond, 0, false, now)
 	}
 	if n := tab.len(); n > 10000+shapeShards {
 		t.Fatalf("the table holds %d shapes", n)
@@ -277,7 +277,7 @@ func TestShapesHeaviest(t *testing.T) {
 	for i := range 500 {
 		k := shapeKey{group: fmt.Sprintf("g%d", i%7), hash: uint64(i) * 0x9e3779b97f4a7c15}
 		for j := range 1 + i%5 {
-			tab.observe(k, nil, []byte(fmt.Sprintf("SELECT %d", i)), ru.Consumption{RRU: float64((i * 37) % 101), WRU: float64(j)}, 0, 0, false, now)
+			tab.observe(k, nil, digestText{b: []byte(fmt.Sprintf("SELECT %d", i))}, ru.Consumption{RRU: float64((i * 37) % 101), WRU: float64(j)}, 0, 0, false, now)
 		}
 	}
 	all := tab.summary(nil)

@@ -252,7 +252,7 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 		t.cols[0].numeric = true // ID
 		t.keepRows("RESOURCE_GROUP_NAME", readable)
 		if readable != nil {
-			t.maskExactText()
+			t.maskWatchText()
 		}
 		return t, nil
 	case vtStatementsSummary:
@@ -339,17 +339,20 @@ func (t *vtable) keepRows(col string, keep func(string) bool) {
 	t.rows = rows
 }
 
-// maskExactText replaces the WATCH_TEXT of runaway_watches' EXACT rows,
-// a statement's text with its literals, by its digest (literals replaced
-// by ?), as SIMILAR watches keep it.
-func (t *vtable) maskExactText() {
-	w, text := t.col("WATCH"), t.col("WATCH_TEXT")
-	if w < 0 || text < 0 {
+// maskWatchText replaces the WATCH_TEXT of runaway_watches' rows by its
+// digest (literals replaced by ?) read in every mode a session may have
+// written it in (a watch keeps its text as the proxy received it, to
+// match it, without the mode): an EXACT row's is a statement's text with
+// its literals, a SIMILAR row's a digest written in its session's mode,
+// which under ANSI_QUOTES may show one.
+func (t *vtable) maskWatchText() {
+	text := t.col("WATCH_TEXT")
+	if text < 0 {
 		return
 	}
 	for _, r := range t.rows {
-		if r[w] != nil && *r[w] == resourcegroup.WatchExact.String() && r[text] != nil {
-			d := sqlscan.Mask(*r[text]) // stored as the proxy received it, in a mode not kept
+		if r[text] != nil {
+			d := strings.ToValidUTF8(sqlscan.Mask(*r[text]), "\uFFFD")
 			r[text] = &d
 		}
 	}

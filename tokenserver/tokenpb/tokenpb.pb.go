@@ -3356,7 +3356,9 @@ type RunawayEvent struct {
 	Account string `protobuf:"bytes,3,opt,name=account,proto3" json:"account,omitempty"`
 	// The statement's digest, 16 hex digits.
 	SqlDigest string `protobuf:"bytes,4,opt,name=sql_digest,json=sqlDigest,proto3" json:"sql_digest,omitempty"`
-	// The statement's text, cut to 1,024 bytes of UTF-8.
+	// The statement's text, decoded from its session's character set to
+	// UTF-8 and cut to 1,024 bytes: what administrators and the statement's
+	// own account see.
 	SampleSql string `protobuf:"bytes,5,opt,name=sample_sql,json=sampleSql,proto3" json:"sample_sql,omitempty"`
 	// "IDENTIFY" (it crossed its group's QUERY_LIMIT) or "WATCH" (it matched
 	// a runaway watch).
@@ -3365,7 +3367,12 @@ type RunawayEvent struct {
 	Action string `protobuf:"bytes,7,opt,name=action,proto3" json:"action,omitempty"`
 	// The rule: the QUERY_LIMIT that was crossed, or the watch matched; at
 	// most 256 bytes.
-	Rule          string `protobuf:"bytes,8,opt,name=rule,proto3" json:"rule,omitempty"`
+	Rule string `protobuf:"bytes,8,opt,name=rule,proto3" json:"rule,omitempty"`
+	// The statement's digest text (literals replaced by ?), read in its
+	// session's character set and sql_mode, in UTF-8, at most 1,024 bytes:
+	// what other accounts see. Empty from an older proxy: readers then mask
+	// sample_sql in every mode.
+	MaskedSql     string `protobuf:"bytes,9,opt,name=masked_sql,json=maskedSql,proto3" json:"masked_sql,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3452,6 +3459,13 @@ func (x *RunawayEvent) GetAction() string {
 func (x *RunawayEvent) GetRule() string {
 	if x != nil {
 		return x.Rule
+	}
+	return ""
+}
+
+func (x *RunawayEvent) GetMaskedSql() string {
+	if x != nil {
+		return x.MaskedSql
 	}
 	return ""
 }
@@ -3643,8 +3657,10 @@ type RunawayRow struct {
 	Rule          string                 `protobuf:"bytes,8,opt,name=rule,proto3" json:"rule,omitempty"`
 	SqlDigest     string                 `protobuf:"bytes,9,opt,name=sql_digest,json=sqlDigest,proto3" json:"sql_digest,omitempty"`
 	// The first event's text and account.
-	SampleSql     string `protobuf:"bytes,10,opt,name=sample_sql,json=sampleSql,proto3" json:"sample_sql,omitempty"`
-	Account       string `protobuf:"bytes,11,opt,name=account,proto3" json:"account,omitempty"`
+	SampleSql string `protobuf:"bytes,10,opt,name=sample_sql,json=sampleSql,proto3" json:"sample_sql,omitempty"`
+	Account   string `protobuf:"bytes,11,opt,name=account,proto3" json:"account,omitempty"`
+	// The first event's masked text (RunawayEvent.masked_sql).
+	MaskedSql     string `protobuf:"bytes,12,opt,name=masked_sql,json=maskedSql,proto3" json:"masked_sql,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3752,6 +3768,13 @@ func (x *RunawayRow) GetSampleSql() string {
 func (x *RunawayRow) GetAccount() string {
 	if x != nil {
 		return x.Account
+	}
+	return ""
+}
+
+func (x *RunawayRow) GetMaskedSql() string {
+	if x != nil {
+		return x.MaskedSql
 	}
 	return ""
 }
@@ -4053,7 +4076,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"unanswered\x18\x02 \x03(\tR\n" +
 	"unanswered\x12:\n" +
 	"\n" +
-	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\xfa\x01\n" +
+	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\x99\x02\n" +
 	"\fRunawayEvent\x12%\n" +
 	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12 \n" +
 	"\ftime_unix_ms\x18\x02 \x01(\x03R\n" +
@@ -4066,7 +4089,9 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"match_type\x18\x06 \x01(\tR\tmatchType\x12\x16\n" +
 	"\x06action\x18\a \x01(\tR\x06action\x12\x12\n" +
-	"\x04rule\x18\b \x01(\tR\x04rule\"k\n" +
+	"\x04rule\x18\b \x01(\tR\x04rule\x12\x1d\n" +
+	"\n" +
+	"masked_sql\x18\t \x01(\tR\tmaskedSql\"k\n" +
 	"\x15RecordRunawaysRequest\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\tR\binstance\x126\n" +
 	"\x06events\x18\x02 \x03(\v2\x1e.rgproxy.token.v1.RunawayEventR\x06events\"p\n" +
@@ -4078,7 +4103,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"all_groups\x18\x01 \x01(\bR\tallGroups\x12\x16\n" +
 	"\x06groups\x18\x02 \x03(\tR\x06groups\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\rR\x05limit\"\xd2\x02\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"\xf1\x02\n" +
 	"\n" +
 	"RunawayRow\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\tR\binstance\x12%\n" +
@@ -4096,7 +4121,9 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"sample_sql\x18\n" +
 	" \x01(\tR\tsampleSql\x12\x18\n" +
-	"\aaccount\x18\v \x01(\tR\aaccount\"\xa2\x01\n" +
+	"\aaccount\x18\v \x01(\tR\aaccount\x12\x1d\n" +
+	"\n" +
+	"masked_sql\x18\f \x01(\tR\tmaskedSql\"\xa2\x01\n" +
 	"\x14ListRunawaysResponse\x120\n" +
 	"\x04rows\x18\x01 \x03(\v2\x1c.rgproxy.token.v1.RunawayRowR\x04rows\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12:\n" +
