@@ -224,7 +224,11 @@ func (s *session) repayPart(ctx context.Context, i int, share tokenclient.Share,
 		if owed > chunk {
 			part = d.split(chunk)
 		}
-		sh, waited, err := s.led.repay(ctx, part, left)
+		// All of a chunk is required: the fill pays it, the group's bucket
+		// is not put in debt for it.
+		try := part
+		try.required = part.cons.RU()
+		sh, waited, err := s.led.repay(ctx, try, left)
 		s.cur.waited += waited
 		tokens = sh.Tokens
 		switch {
