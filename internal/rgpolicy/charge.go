@@ -23,15 +23,16 @@ import (
 // the wait cannot pay becomes debt.
 //
 // Transactions add no room. Outside a transaction a statement first
-// repays what the session still owes (below), within the same wait.
-// Inside one it waits at most --max-wait-in-txn; then, rather than hold
-// locks longer, it runs on the session's debt — not the group's — as long
-// as the session owes the group less than a second of its share of the
-// rate (txnDebtSeconds), else it is refused. COMMIT and ROLLBACK of an
-// open transaction never wait: their cost is session debt too. A session
-// repays its debt before its next statement outside a transaction, so that
-// running everything inside transactions gains it nothing, and the
-// group's other sessions never pay for it.
+// repays what its user owes its groups (debt.go), within the same wait
+// (rgproxy's own statements repay nothing). Inside one it waits at most
+// --max-wait-in-txn; then, rather than hold locks longer, it runs on the
+// session's debt — not the group's — as long as the session owes the
+// group less than a second of its share of the rate (txnDebtSeconds) and
+// its user's sessions less than three (accountDebtSeconds), else it is
+// refused. COMMIT and ROLLBACK of an open transaction never wait: their
+// cost is session debt too. So running everything inside transactions,
+// in one session or many, gains a user nothing, and the group's other
+// sessions never pay for it.
 func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Settings) *mysqlproto.Reply {
 	cur := &s.cur
 	s.price(st)
@@ -52,8 +53,12 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	maxWait := set.MaxWait
 	if st.InTransaction {
 		maxWait = set.MaxWaitInTxn
-	} else if r := s.repay(ctx, maxWait); r != nil {
-		return r
+	} else if !cur.ownSQL {
+		for i := range cur.nlegs {
+			if r := s.repay(ctx, cur.legs[i].group, maxWait); r != nil {
+				return r
+			}
+		}
 	}
 	for i := range cur.nlegs {
 		if r := s.chargeLeg(ctx, st, i, maxWait); r != nil {
@@ -115,22 +120,26 @@ func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int
 	case ctx.Err() != nil:
 		// The client left while it waited: nothing was charged.
 		return &mysqlproto.Reply{Err: errInterrupted}
-	case errors.Is(err, tokenclient.ErrThrottled) && st.InTransaction && s.debtRoom(l):
-		// Inside a transaction a statement runs on the session's debt
-		// rather than hold locks longer; the session repays it before its
-		// next statement outside a transaction.
-		l.onDebt = true
-		return nil
 	case errors.Is(err, tokenclient.ErrThrottled):
+		why := ""
+		if st.InTransaction {
+			// Inside a transaction a statement runs on the session's debt
+			// rather than hold locks longer, within the debt's bounds; the
+			// debt is repaid before the next statement outside a
+			// transaction.
+			if why = s.runOnDebt(l); why == "" {
+				return nil
+			}
+		}
 		if s.p.logger.Enabled(ctx, slog.LevelDebug) {
 			// Statements are logged only as digests: literals may be secrets.
 			s.p.logger.Debug("statement throttled", "resource_group", l.group,
 				"digest", string(st.Scan.Digest), "waited", cur.waited, "in_transaction", st.InTransaction)
 		}
 		if st.InTransaction {
-			return s.refused(l.group, fmt.Sprintf("inside a transaction, after %s, the session already owes the group %s RU "+
-				"of at most %s (one second of its rate here); it repays them before its next statement outside a transaction",
-				waitDetail(cur.waited, maxWait, true), formatRU(s.debtTo(l.group)), formatRU(l.share.Rate*txnDebtSeconds)))
+			return s.refused(l.group, fmt.Sprintf("inside a transaction, after %s, %s; "+
+				"the debt is repaid before the next statement outside a transaction",
+				waitDetail(cur.waited, maxWait, true), why))
 		}
 		return s.refused(l.group, s.tokensDetail(l.group, cur.before.RU(), cur.prepaid.RU(), share.Tokens, maxWait, false))
 	}

@@ -144,7 +144,7 @@ func TestLedgerConserves(t *testing.T) {
 					s.led.late(&to, lc.extra, srcBinlog, lc.session)
 				}
 				if tc.onDebt {
-					if r := s.repay(ctx, time.Second); r != nil {
+					if r := s.repay(ctx, "bound", time.Second); r != nil {
 						t.Fatal(r.Err)
 					}
 				}
@@ -246,7 +246,7 @@ func TestLedgerExpiredDebtIsCharged(t *testing.T) {
 				p.chargeExpiredDebts()
 			case "session":
 				next := p.Open(mysqlproto.SessionInfo{User: "app"}).(*session)
-				if r := next.repay(context.Background(), time.Second); r != nil {
+				if r := next.repay(context.Background(), "bound", time.Second); r != nil {
 					t.Fatal(r.Err)
 				}
 			}

@@ -346,11 +346,9 @@ type session struct {
 	setGroup    string
 	setGen      uint64
 	setSettings *Settings
-	// debts are what the session owes its groups (debt.go);
-	// ledgerChecked says the debts of the user's ended sessions were
-	// taken on.
-	debts         []debt
-	ledgerChecked bool
+	// debts are what the session owes its groups (debt.go), counted in
+	// the policy's ledger among its user's open sessions' debts.
+	debts []debt
 	// super caches whether the session's user has SUPER (nil = unknown),
 	// asked of the backend the first time it matters.
 	super *bool
@@ -431,6 +429,10 @@ type statement struct {
 	// rgproxy_runaway_total counted; its QUERY_LIMIT firing too does not
 	// count it again.
 	watched bool
+	// ownSQL: one of rgproxy's own statements that the backend evaluates
+	// (SHOW RESOURCE GROUP USAGE LIKE/WHERE): metered, but it repays no
+	// debt, so that an administrator's statement is never refused for one.
+	ownSQL bool
 }
 
 // leg is a statement's part in one of its groups: what it took from the
@@ -440,9 +442,13 @@ type leg struct {
 	// prepaid is what the leg took before forwarding: from the group's
 	// bucket (charged), or, for a statement that ran inside a
 	// transaction without its tokens, as the session's debt (onDebt).
+	// counted: the debt is counted in the ledger already (runOnDebt),
+	// with limit, the user's bound there.
 	prepaid ru.Consumption
 	charged bool
 	onDebt  bool
+	counted bool
+	limit   float64
 	// share is this proxy's share of the group (tokenclient.Share).
 	share  tokenclient.Share
 	gate   *gate
@@ -500,6 +506,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		}
 	}
 	var rewrite string
+	ownSQL := false
 	if refs == nil && (st.Command == mysql.COM_QUERY || st.Command == mysql.COM_STMT_PREPARE) {
 		if st.Scan.Mentions != 0 && resourcegroup.IsAdmin(st.Query, st.Mode()) {
 			v := s.admin(ctx, st, be)
@@ -508,13 +515,13 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 			}
 			// An admin statement that the backend evaluates (SHOW ...
 			// USAGE WHERE): metered and forwarded as a rewrite.
-			rewrite = v.Rewrite
+			rewrite, ownSQL = v.Rewrite, true
 		}
 		if st.Multi && st.Scan.Mentions != 0 && multiHasAdmin(st.Query, st.Mode()) {
 			return errReply(errAdminInMulti)
 		}
 	}
-	s.cur = statement{start: s.p.clk.Now()}
+	s.cur = statement{start: s.p.clk.Now(), ownSQL: ownSQL}
 	if r := s.resolve(ctx, st, be, set); r != nil {
 		return mysqlproto.Verdict{Reply: r}
 	}
@@ -523,6 +530,11 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 	}
 	if f := s.p.metrics.forgets.Load(); s.cur.group != s.seenGroup || s.cur.start.Sub(s.seenAt) > 10*time.Second || f != s.seenForgets {
 		s.see(s.cur.group, s.cur.start, f)
+	}
+	if col, ok := askedGroup(st, refs); ok {
+		// The statement's group, its hint honoured, is rgproxy's to
+		// answer: no tokens, so no debt nor empty bucket refuses it.
+		return resultReply([]string{col}, [][]string{{s.cur.group}})
 	}
 	if refs != nil {
 		var err error
@@ -566,21 +578,32 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 // back themselves, so that a new wait cannot leak a gate slot.
 
 // abort ends a statement refused after charge began: what its legs took
-// from their buckets is refunded and what it holds is released.
+// from their buckets is refunded, what they counted on debt is given
+// back (a refusal never adds to a debt), and what it holds is released.
 func (s *session) abort(r *mysqlproto.Reply) mysqlproto.Verdict {
 	s.end()
 	s.led.refund(&s.cur)
+	for i := range s.cur.nlegs {
+		if l := &s.cur.legs[i]; l.counted {
+			s.p.ledger.release(s.user, l.group, l.prepaid.RU())
+			l.counted = false
+		}
+	}
 	return mysqlproto.Verdict{Reply: r}
 }
 
 // runs commits a statement that Before lets through: what its legs ran
 // on debt (inside a transaction, without their tokens) becomes the
-// session's debt to their groups.
+// session's debt to their groups, counted in the ledger (a COMMIT's, which
+// no bound refuses, from now).
 func (s *session) runs() {
 	cur := &s.cur
 	for i := range cur.nlegs {
 		if l := &cur.legs[i]; l.onDebt {
-			s.addDebt(debt{group: l.group, cons: l.prepaid, required: cur.before.RU()})
+			if !l.counted {
+				s.p.ledger.owe(s.user, l.group, l.prepaid.RU())
+			}
+			s.addDebt(debt{group: l.group, cons: l.prepaid, required: cur.before.RU(), limit: l.limit})
 		}
 	}
 }
@@ -667,7 +690,6 @@ func (s *session) Event(kind mysqlproto.EventKind, info mysqlproto.SessionInfo) 
 			s.leaveDebts()
 		}
 		s.user = info.User
-		s.ledgerChecked = false
 		s.setGroup = ""
 		s.super = nil
 		s.host, s.hostKnown = "", false

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-mysql-org/go-mysql/mysql"
+
 	"github.com/rgproxy/rgproxy/mysqlproto"
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/sqlscan"
@@ -217,14 +219,32 @@ func quoteIdent(s string) string { return "`" + s + "`" }
 // item as the client wrote it, as MySQL does, when that text is only
 // letters, '_', parentheses and spaces; else (a comment inside) as
 // CURRENT_RESOURCE_GROUP(). Nothing is escaped.
-func functionAlias(text string) string {
+func functionAlias(text string) string { return quoteIdent(functionColumn(text)) }
+
+// functionColumn is functionAlias unquoted.
+func functionColumn(text string) string {
 	for i := 0; i < len(text); i++ {
 		c := text[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '(' || c == ')' || c == ' ') {
-			return "`CURRENT_RESOURCE_GROUP()`"
+			return "CURRENT_RESOURCE_GROUP()"
 		}
 	}
-	return "`" + text + "`"
+	return text
+}
+
+// askedGroup reports whether st, whose references to rgproxy's names are
+// refs, is SELECT CURRENT_RESOURCE_GROUP() alone (a hint and comments
+// allowed, no alias), which rgproxy answers itself, and returns the
+// column's name.
+func askedGroup(st *mysqlproto.Statement, refs []virtualRef) (string, bool) {
+	if len(refs) != 1 || refs[0].Table != "" || !refs[0].SelectItem || st.Command != mysql.COM_QUERY || st.Multi {
+		return "", false
+	}
+	stmt, err := resourcegroup.Parse(st.Query, st.Mode())
+	if _, ok := stmt.(*resourcegroup.CurrentGroup); !ok || err != nil {
+		return "", false
+	}
+	return functionColumn(st.Query[refs[0].Start:refs[0].End]), true
 }
 
 // virtualTable builds a virtual table's rows as the session may see them:
