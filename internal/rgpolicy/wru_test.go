@@ -54,9 +54,9 @@ func (f *fakeBinlog) claim(k string, done func(binlog.Result)) {
 // sessionBackend answers the policy's write queries as a MariaDB session
 // would: @@last_gtid, and a table's average row length.
 type sessionBackend struct {
-	gtid    string
-	db      string
-	avg     map[string]string // hex-encoded table name → AVG_ROW_LENGTH
+	gtid string
+	db   string
+	avg  map[string]string // hex-encoded table name → AVG_ROW_LENGTH
 	// varLen is what the user variables a statement reads hold ("" = 0).
 	varLen string
 	// logged is Binlog_bytes_written, one value per query (the last
