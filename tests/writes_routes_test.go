@@ -52,11 +52,12 @@ func writtenBytes(t *testing.T, px *proxy) float64 {
 }
 
 // TestWriteRoutesPayWithBinlog: with a row-based binary log, 4 MiB written
-// by XA (charged at XA PREPARE) and in the first statement of a
-// multi-statement packet cost 0.9–1.1× the same 4 MiB as a literal, for
+// by XA (charged at XA PREPARE), in the first statement of a
+// multi-statement packet and in a transaction that DDL or BEGIN commits
+// cost 0.9–1.1× the same 4 MiB as a literal, for
 // an account without SUPER; a temporary table's 4 MiB, which a row-based
-// log does not hold, pays its CPU. On the code before, XA paid 60 bytes
-// and the multi-statement 75.
+// log does not hold, pays its CPU. On the code before, XA paid 61 bytes,
+// the multi-statement 78, the transaction DDL committed 71.
 func TestWriteRoutesPayWithBinlog(t *testing.T) {
 	m := startPrivateMariaDB(t, "--log-bin", "--binlog-format=ROW", "--server-id=1", "--max-allowed-packet=64M")
 	m.exec(t, "CREATE USER 'rgsvc'@'%' IDENTIFIED BY 'svcpw'", "GRANT REPLICATION SLAVE ON *.* TO 'rgsvc'@'%'",
@@ -91,6 +92,8 @@ func TestWriteRoutesPayWithBinlog(t *testing.T) {
 		{"multi-statement INSERT 4 MiB; INSERT 'x'", []string{repeat + "; INSERT INTO t (b) VALUES ('x')"}},
 		{"multi-statement of a literal", []string{lit + "; INSERT INTO t (b) VALUES ('x')"}},
 		{"multi-statement opening a transaction", []string{repeat + "; BEGIN; INSERT INTO t (b) VALUES ('x')", "COMMIT"}},
+		{"DDL committing an open transaction", []string{"BEGIN", repeat, "CREATE TABLE ddl (a INT)"}},
+		{"BEGIN committing an open transaction", []string{"BEGIN", repeat, "BEGIN", "INSERT INTO t (b) VALUES ('x')", "COMMIT"}},
 	}
 	for _, r := range routes {
 		before := writtenBytes(t, px)

@@ -24,7 +24,8 @@ import (
 //     that wrote them, and an XA ROLLBACK after the prepare gives nothing
 //     back.
 //   - several transactions in one statement (binlog, MariaDB): a
-//     multi-statement packet or a CALL may commit several, and
+//     multi-statement packet, a CALL, or a statement that implicitly
+//     commits an open transaction (DDL, BEGIN, ...) may commit several, and
 //     @@last_gtid names the last only, while MariaDB's log records no
 //     session for DML. The session's Binlog_bytes_written status counter,
 //     read before and after, holds every byte the session's transactions
@@ -79,7 +80,8 @@ func (s *session) routesBefore(ctx context.Context, st *mysqlproto.Statement, be
 		if verb == "XA" && !st.Multi {
 			h.route.xa, h.route.onePhase = sqlscan.ReadXA(st.Query, st.Mode())
 		}
-		if (st.Multi || verb == "CALL") && s.p.writes.binlog.Attribution() == binlog.AttributeGTID {
+		several := st.Multi || verb == "CALL" || (st.InTransaction && !st.Scan.EndsTxn && implicitCommit[verb])
+		if several && s.p.writes.binlog.Attribution() == binlog.AttributeGTID {
 			h.route.logged, h.route.loggedKnown = s.loggedBytes(ctx, be)
 			h.mayWrite = true
 		}
@@ -91,6 +93,18 @@ func (s *session) routesBefore(ctx context.Context, st *mysqlproto.Statement, be
 			h.route.varBytes = s.varBytes(ctx, be, names, all)
 		}
 	}
+}
+
+// implicitCommit are the first words of statements that commit an open
+// transaction before they run (MariaDB's "statements that cause an
+// implicit commit"; SET autocommit = 1 aside, which would put two queries
+// on every SET inside a transaction): the transaction and the statement
+// are then two transactions, and @@last_gtid names the statement's.
+var implicitCommit = map[string]bool{
+	"ALTER": true, "ANALYZE": true, "BEGIN": true, "CREATE": true, "DROP": true,
+	"FLUSH": true, "GRANT": true, "INSTALL": true, "LOCK": true, "OPTIMIZE": true,
+	"RENAME": true, "REPAIR": true, "RESET": true, "REVOKE": true, "START": true, "TRUNCATE": true,
+	"UNINSTALL": true, "UNLOCK": true,
 }
 
 // loggedBytes reads the session's Binlog_bytes_written.

@@ -84,6 +84,9 @@ func TestWritesSeveralTransactions(t *testing.T) {
 		{"annotated", stmt{q: multi, affected: 1}, 100, 100 + mib + int64(pk) + 300, "1", 2 + (mib+300)/1024.0},
 		{"not annotated", stmt{q: multi, affected: 1}, 100, 100 + mib + 300, "0", 2 + (mib+300)/1024.0},
 		{"CALL", stmt{q: "CALL p()", affected: 1}, 0, mib + 300 + 9, "1", 2 + (mib+300)/1024.0},
+		// DDL commits the open transaction first: two transactions.
+		{"implicit commit", stmt{q: "CREATE TABLE x (a INT)", inTxn: true}, 0, mib + 300 + int64(len("CREATE TABLE x (a INT)")+1), "1",
+			2 + (mib+300)/1024.0},
 		{"nothing logged", stmt{q: multi, affected: 1}, 100, 100, "1", 2 + pk/1024},
 	}
 	for _, tc := range tests {
