@@ -62,3 +62,28 @@ func TestUserVars(t *testing.T) {
 		t.Errorf("gbk: %q %v, want [v]", names, all)
 	}
 }
+
+// FuzzWritesReadings: any text, in any mode, is read without panic; the
+// names UserVars returns can be written unquoted.
+func FuzzWritesReadings(f *testing.F) {
+	for _, s := range []string{"XA COMMIT 'a' ONE PHASE", "INSERT INTO t VALUES (@v, @`w`)", "XA START '\x81\\'", "SET @a.b = 1"} {
+		f.Add(s, uint8(0), false)
+		f.Add(s, uint8(GBK), true)
+	}
+	f.Fuzz(func(t *testing.T, q string, cs uint8, nbe bool) {
+		m := Mode{Charset: Charset(cs % uint8(GB18030+1)), NoBackslashEscapes: nbe}
+		ReadXA(q, m)
+		names, all := UserVars(q, m)
+		if all && names != nil {
+			t.Fatalf("%q: all with names %q", q, names)
+		}
+		if len(names) > maxUserVars {
+			t.Fatalf("%q: %d names", q, len(names))
+		}
+		for _, n := range names {
+			if !plainVarName(n) {
+				t.Fatalf("%q: name %q cannot be written unquoted", q, n)
+			}
+		}
+	})
+}
