@@ -188,6 +188,8 @@ type writeState struct {
 	// known; see rowCountRewrite).
 	rowCount    int64
 	rowCountSet bool
+	// xa is the open XA transaction's accounting (wru_routes.go).
+	xa xaState
 }
 
 // maxPrepared bounds a session's remembered PREPARE names.
@@ -202,6 +204,8 @@ type stmtHead struct {
 	mayWrite bool
 	// avg is the target's average row length, when the estimate has it.
 	avg float64
+	// route is what wru_routes.go read of the statement.
+	route routeHead
 }
 
 // writesBefore reads what the write accounting needs of a statement
@@ -239,6 +243,7 @@ func (s *session) writesBefore(ctx context.Context, st *mysqlproto.Statement, be
 			h.avg = s.rowLength(ctx, be, h.Target)
 		}
 	}
+	s.routesBefore(ctx, st, be, &h)
 	w.head = h
 }
 
@@ -295,8 +300,8 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	written := max(s.last.cost.WriteBytes, 0)
 	s.led.wrotePacket(&to, written)
 	src := s.p.writes.inForce()
-	if src == srcEstimate && h.avg > 0 && out.ErrCode == 0 && out.AffectedRows > 0 {
-		est := float64(out.AffectedRows) * h.avg
+	if per := max(h.avg, h.route.varBytes); src == srcEstimate && per > 0 && out.ErrCode == 0 && out.AffectedRows > 0 {
+		est := float64(out.AffectedRows) * per
 		if more := est - written; more > 0 {
 			s.led.late(&to, ru.Consumption{WRU: more * s.p.cost.WriteCostPerByte, WriteBytes: more}, srcEstimate, true)
 			written = est
@@ -307,7 +312,12 @@ func (s *session) FollowUp(ctx context.Context, st *mysqlproto.Statement, out *m
 	// bytes charged so far wait for its end.
 	var charged float64
 	var wrote bool
+	r := s.routesFollowUp(ctx, st, out, be, h, &to, written)
 	switch {
+	case r.handled && !r.claim:
+		return
+	case r.handled:
+		charged, wrote = r.charged, true
 	case out.InTransaction:
 		if !st.InTransaction {
 			w.txnBytes, w.txnWrote = 0, false
