@@ -149,12 +149,14 @@ func TestAllocatorStories(t *testing.T) {
 			},
 		},
 		{
+			// ... and none takes a place of MAX_CONCURRENCY from another:
+			// each counts only itself.
 			name:     "no demand at all: equal shares",
 			settings: Settings{RUPerSec: 90},
 			steps: []step{
 				{at: 0, proxy: "a", report: true, rate: 90, proxies: 1},
-				{at: 0, proxy: "b", report: true, rate: 45, proxies: 2},
-				{at: 0, proxy: "c", report: true, rate: 30, proxies: 3},
+				{at: 0, proxy: "b", report: true, rate: 45, proxies: 1},
+				{at: 0, proxy: "c", report: true, rate: 30, proxies: 1},
 			},
 		},
 		{
@@ -187,7 +189,8 @@ func TestAllocatorStories(t *testing.T) {
 			settings: Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, // capacity 1000
 			steps: []step{
 				{at: 0, proxy: "x", report: true, held: 1e15, rate: 100, proxies: 1},
-				{at: 30, proxy: "b", wanted: 800, demand: 5, tokens: 800, rate: 100, proxies: 2},
+				// x, without demand, takes no place of MAX_CONCURRENCY.
+				{at: 30, proxy: "b", wanted: 800, demand: 5, tokens: 800, rate: 100, proxies: 1},
 			},
 		},
 		{

@@ -51,7 +51,7 @@ func FuzzTokenRequest(f *testing.F) {
 			}
 		}
 		req.Groups = known
-		resp := s.serveTokens(context.Background(), req.GetProxyId(), &req, newLookupBudget())
+		resp := s.serveTokens(context.Background(), "", req.GetProxyId(), &req, newLookupBudget())
 		for i, g := range resp.Grants {
 			asked := req.Groups[i].TokensWanted
 			if !finite(g.Tokens) || g.Tokens < 0 || g.Tokens > asked || !finite(g.FillRate) || g.FillRate < 0 {

@@ -223,7 +223,7 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 		}
 		var resp *pb.TokenResponse
 		if s.IsLeader() {
-			resp = s.serveTokens(stream.Context(), slot, req, budget)
+			resp = s.serveTokens(stream.Context(), p.Name, slot, req, budget)
 		} else {
 			resp = &pb.TokenResponse{RequestId: req.GetRequestId(), NotLeader: &pb.NotLeader{LeaderAddr: s.LeaderAddr()}}
 		}
@@ -265,16 +265,17 @@ func (s *Server) countClamped(c Clamped, consumption bool) {
 }
 
 // serveTokens answers one validated request as the leader; slot keys the
-// proxy's slots, budget bounds the stream's etcd reads for unknown groups.
-// Consumption is counted only for groups that exist.
-func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequest, budget *lookupBudget) *pb.TokenResponse {
+// proxy's slots (cred names its credential, whose slots share one weight),
+// budget bounds the stream's etcd reads for unknown groups. Consumption is
+// counted only for groups that exist.
+func (s *Server) serveTokens(ctx context.Context, cred, slot string, req *pb.TokenRequest, budget *lookupBudget) *pb.TokenResponse {
 	now := s.now()
 	resp := &pb.TokenResponse{RequestId: req.GetRequestId(), Grants: make([]*pb.GroupGrant, len(req.GetGroups()))}
 	var missing []int
 	s.mu.Lock()
 	for i, gr := range req.GetGroups() {
 		name := resourcegroup.NormalizeName(gr.GetGroup())
-		g, err := s.alloc.Acquire(name, allocRequest(slot, gr), now)
+		g, err := s.alloc.Acquire(name, allocRequest(cred, slot, gr), now)
 		if err != nil {
 			missing = append(missing, i)
 			continue
@@ -301,7 +302,7 @@ func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequ
 			s.m.unknownRefused.WithLabelValues(unknownRateLimited).Inc()
 			resp.Grants[i] = &pb.GroupGrant{Group: name, Error: errLookupsLimit, ErrorCode: pb.GrantError_GRANT_ERROR_UNAVAILABLE}
 		default:
-			resp.Grants[i] = s.serveMissing(ctx, slot, gr, now)
+			resp.Grants[i] = s.serveMissing(ctx, cred, slot, gr, now)
 		}
 	}
 	return resp
@@ -312,7 +313,7 @@ func (s *Server) serveTokens(ctx context.Context, slot string, req *pb.TokenRequ
 // cannot say, the error is GRANT_ERROR_UNAVAILABLE, which a proxy must not
 // take for a dropped group (that would lift its limit). A group etcd does
 // not hold is remembered for missTTL.
-func (s *Server) serveMissing(ctx context.Context, slot string, gr *pb.GroupTokenRequest, now time.Time) *pb.GroupGrant {
+func (s *Server) serveMissing(ctx context.Context, cred, slot string, gr *pb.GroupTokenRequest, now time.Time) *pb.GroupGrant {
 	name := resourcegroup.NormalizeName(gr.GetGroup())
 	// Bounded: while etcd is away this read must not hold up the proxy's
 	// whole stream (its other groups' grants wait behind it).
@@ -331,7 +332,7 @@ func (s *Server) serveMissing(ctx context.Context, slot string, gr *pb.GroupToke
 	if s.alloc.Group(name) == nil {
 		s.alloc.SetGroup(name, SettingsOf(g), now)
 	}
-	grant, err := s.alloc.Acquire(name, allocRequest(slot, gr), now)
+	grant, err := s.alloc.Acquire(name, allocRequest(cred, slot, gr), now)
 	if err != nil {
 		// Dropped between the read and now.
 		return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
@@ -375,9 +376,10 @@ func usageOf(c *pb.Consumption) (u ru.Consumption, throttled float64, clamped bo
 	return u, throttled, clamped
 }
 
-func allocRequest(slot string, gr *pb.GroupTokenRequest) Request {
+func allocRequest(cred, slot string, gr *pb.GroupTokenRequest) Request {
 	return Request{
 		ProxyID:    slot,
+		Credential: cred,
 		Wanted:     gr.GetTokensWanted(),
 		Demand:     gr.GetDemandRuPerSec(),
 		ReportOnly: gr.GetReportOnly(),
