@@ -772,6 +772,20 @@ func TestAllocatorCredentialStories(t *testing.T) {
 			},
 		},
 		{
+			// o asks for all one proxy may (500 RU/s on a 10 RU/s group);
+			// x1 and x2 of px each too: px weighs 500, as with one id,
+			// and o keeps half the fill (with the two ids weighing 1000,
+			// a third).
+			name:     "a credential's ids together weigh at most what one proxy may claim",
+			settings: Settings{RUPerSec: 10},
+			steps: []credStep{
+				{at: 0, cred: "o", id: "o", wanted: 5000, demand: 500, rate: 10, proxies: 1, checkShare: true},
+				{at: 0, cred: "px", id: "x1", wanted: 1e9, demand: 1e308, rate: 5, proxies: 2, checkShare: true},
+				{at: 0, cred: "px", id: "x2", wanted: 1e9, demand: 1e308, rate: 2.5, proxies: 2, checkShare: true},
+				{at: 0, cred: "o", id: "o", wanted: 5000, demand: 500, rate: 5, proxies: 2, checkShare: true},
+			},
+		},
+		{
 			// Without authentication each id is a credential of its own.
 			name:     "an id without demand takes no place of MAX_CONCURRENCY",
 			settings: Settings{RUPerSec: 100},
