@@ -242,8 +242,8 @@ type slot struct {
 	// grant replaced (a proxy re-asking every few milliseconds is granted
 	// a whole trickle each time but gets only its rate).
 	credit float64
-	// ranAt is when the proxy last reported statements it ran.
-	ranAt time.Time
+	// ran: the proxy has reported statements it ran.
+	ran bool
 	// reportedAt is when the proxy last sent a message for the group,
 	// rates what it reported per second (overview.go), for the console.
 	reportedAt time.Time
@@ -392,16 +392,12 @@ func (b *Bucket) reweigh(p *party, now time.Time) {
 	p.weight, p.inner = w, inner
 }
 
-// runningWindow: an id counts for MAX_CONCURRENCY beside others of its
-// credential when it reported statements within this long (a proxy that
-// runs statements reports at least every reportPeriod).
-const runningWindow = 2 * reportPeriod
-
 // concurrencyDivisor is what s's proxy divides MAX_CONCURRENCY by: the
 // parties with demand, times the ids of s's party that run statements
 // (one alone in its party runs when it has demand; one beside others,
-// when it also reported statements within runningWindow), s and its
-// party always counted. So an id without demand takes no one's place,
+// when it has also reported statements: not within a recent window, so
+// that proxies whose statements all run longer than it still count each
+// other), s and its party always counted. So an id without demand takes no one's place,
 // and a credential's ids share one party's place, split among those
 // that run statements: an id that only claims demand beside the real
 // proxies of its credential leaves them their place.
@@ -423,7 +419,7 @@ func (b *Bucket) concurrencyDivisor(s *slot, now time.Time) int {
 	ids, self := 0, false
 	if p != nil {
 		for _, o := range p.slots {
-			if o.demand > 0 && (len(p.slots) == 1 || now.Sub(o.ranAt) < runningWindow) {
+			if o.demand > 0 && (len(p.slots) == 1 || o.ran) {
 				ids++
 				self = self || o == s
 			}
@@ -934,7 +930,7 @@ func (a *Allocator) Report(group, slotID string, u ru.Consumption, throttled flo
 	if s := b.slots[slotID]; s != nil {
 		s.report(now, [numRates]float64{u.RU(), u.Statements, throttled})
 		if u.Statements > 0 {
-			s.ranAt = now
+			s.ran = true
 		}
 		if p := b.parties[s.party]; p != nil && len(p.slots) > 1 {
 			b.reweigh(p, now) // what it spends weighs within its credential

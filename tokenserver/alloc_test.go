@@ -809,8 +809,9 @@ func TestAllocatorCredentialStories(t *testing.T) {
 				{at: 0, cred: "px", id: "b", wanted: 100, demand: 50, spent: 10, proxies: 2},
 				{at: 0, cred: "o", id: "o", wanted: 100, demand: 50, spent: 10, proxies: 2},
 				{at: 1, cred: "px", id: "a", wanted: 100, demand: 50, spent: 10, proxies: 4},
-				// 10 s without a statement from b: a has px's place alone.
-				{at: 11, cred: "px", id: "a", wanted: 100, demand: 50, spent: 10, proxies: 2},
+				// b without demand: a has px's place alone.
+				{at: 2, cred: "px", id: "b", report: true, proxies: 4},
+				{at: 2, cred: "px", id: "a", wanted: 100, demand: 50, spent: 10, proxies: 2},
 			},
 		},
 	}
