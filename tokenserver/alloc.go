@@ -211,7 +211,7 @@ type slot struct {
 	// (party.reweigh).
 	inner float64
 	// recent is what this leader delivered to the slot lately, which
-	// bounds what it may claim to hold (heldWindow).
+	// bounds what it may claim to hold (heldWindowSlots).
 	recent deliveries
 	// demand in RU/s, as last reported.
 	demand float64
@@ -262,6 +262,14 @@ func (s *slot) weight(now time.Time) float64 {
 		bound = max(bound, s.askBound)
 	}
 	return min(s.claimed, bound)
+}
+
+// credible is what the slot may claim to hold at now, besides a new draw
+// on the bucket's unbacked pool: what it was delivered (credit, and its
+// draws on the pool), and of that only what came within heldWindowSlots
+// report periods.
+func (s *slot) credible(now time.Time) float64 {
+	return min(s.credit+s.fromPool, s.recent.sum(now))
 }
 
 // String describes the slot at now, for logs and test failures.
@@ -322,10 +330,9 @@ type Bucket struct {
 	// have moved away from what saved predicts).
 	dirty bool
 	// running counts the parties with demand (weight > 0), for
-	// MAX_CONCURRENCY's divisor; counted is zero when it must be
-	// counted again.
-	running int
-	counted time.Time
+	// MAX_CONCURRENCY's divisor, unless runningStale says to count again.
+	running      int
+	runningStale bool
 }
 
 // A credential's proxy ids are one party in each group they use: one
@@ -386,7 +393,7 @@ func (b *Bucket) reweigh(p *party, now time.Time) {
 		w = inner
 	}
 	if (w > 0) != (p.weight > 0) {
-		b.counted = time.Time{}
+		b.runningStale = true
 	}
 	b.demand += w - p.weight
 	p.weight, p.inner = w, inner
@@ -395,21 +402,21 @@ func (b *Bucket) reweigh(p *party, now time.Time) {
 // concurrencyDivisor is what s's proxy divides MAX_CONCURRENCY by: the
 // parties with demand, times the ids of s's party that run statements
 // (one alone in its party runs when it has demand; one beside others,
-// when it has also reported statements: not within a recent window, so
-// that proxies whose statements all run longer than it still count each
-// other), s and its party always counted. So an id without demand takes no one's place,
-// and a credential's ids share one party's place, split among those
-// that run statements: an id that only claims demand beside the real
-// proxies of its credential leaves them their place.
-func (b *Bucket) concurrencyDivisor(s *slot, now time.Time) int {
-	if b.counted.IsZero() {
+// when it has also reported statements — ever, not lately, so that
+// proxies whose statements all outlast any window still count each
+// other), s and its party always counted. So an id without demand takes
+// no one's place, and a credential's ids share one party's place, split
+// among those that run statements: an id that only claims demand beside
+// the real proxies of its credential leaves them their place.
+func (b *Bucket) concurrencyDivisor(s *slot) int {
+	if b.runningStale {
 		b.running = 0
 		for _, p := range b.parties {
 			if p.weight > 0 {
 				b.running++
 			}
 		}
-		b.counted = now
+		b.runningStale = false
 	}
 	p := b.parties[s.party]
 	parties := b.running
@@ -431,8 +438,8 @@ func (b *Bucket) concurrencyDivisor(s *slot, now time.Time) int {
 	return max(parties, 1) * ids
 }
 
-// heldWindow is how long what a slot was delivered backs its
-// held_tokens: an honest proxy gives back what it saved once idle for
+// heldWindowSlots: what a slot was delivered backs its held_tokens for
+// that many report periods: an honest proxy gives back what it saved once idle for
 // releaseAfter (20 s, tokenclient), and reports at least every
 // reportPeriod. Kept as heldWindowSlots sums of one reportPeriod each, so
 // a delivery stops counting between 20 and 25 s after it.
@@ -587,9 +594,7 @@ func (b *Bucket) expire(now time.Time, expiry time.Duration) int {
 	if !b.settings.Unlimited() {
 		// What a silent slot claims to hold ages like a claim renewed.
 		for _, s := range b.slots {
-			if r := s.recent.sum(now) + s.fromPool; s.held > r {
-				s.held = r
-			}
+			s.held = min(s.held, s.credible(now))
 		}
 	}
 	b.recount(now)
@@ -610,7 +615,7 @@ func (b *Bucket) recount(now time.Time) {
 		p.weight = 0
 		b.reweigh(p, now)
 	}
-	b.counted = time.Time{}
+	b.runningStale = true
 }
 
 // removeSlot drops one proxy's slot at now (a credential's proxy id that
@@ -667,7 +672,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		}
 		b.slots[req.ProxyID] = s
 		b.partyOf(s).slots[s.id] = s
-		b.counted = time.Time{}
+		b.runningStale = true
 	}
 	s.lastSeen = now
 	clamped := req.clamp(b.settings, cfg.TargetPeriod)
@@ -691,11 +696,11 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 			h = c
 			clamped |= ClampedHeld
 		}
-		// And only for what was delivered within heldWindow: an honest
+		// And only for what was delivered within heldWindowSlots report periods: an honest
 		// proxy gives back what it saved once idle for releaseAfter, so
 		// an older claim is a proxy keeping the group's burst from the
 		// bucket without spending it.
-		if credible := min(s.credit+s.fromPool, s.recent.sum(now)); h > credible {
+		if credible := s.credible(now); h > credible {
 			take := min(h-credible, b.unbacked)
 			b.unbacked -= take
 			s.fromPool += take
@@ -724,7 +729,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	pt := b.partyOf(s)
 	b.reweigh(pt, now)
 
-	g := Grant{Proxies: b.concurrencyDivisor(s, now), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version, Clamped: clamped}
+	g := Grant{Proxies: b.concurrencyDivisor(s), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version, Clamped: clamped}
 	if b.settings.Unlimited() {
 		g.Unlimited = true
 		g.RUPerSec = 0
