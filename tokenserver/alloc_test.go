@@ -884,7 +884,7 @@ func TestAllocatorSecondIDGrowsByWhatItSpends(t *testing.T) {
 // TestAllocatorHeldClaimsAgeOut: x takes a BURSTABLE group's saved burst
 // at once and claims to hold it every second; the claim keeps the bucket
 // from saving the burst again only as long as an honest proxy would keep
-// it (heldWindow), and a claim left standing by a silent slot ages too.
+// it (heldWindowSlots), and a claim left standing by a silent slot ages too.
 func TestAllocatorHeldClaimsAgeOut(t *testing.T) {
 	for _, silent := range []bool{false, true} {
 		t.Run(fmt.Sprintf("silent=%v", silent), func(t *testing.T) {
