@@ -105,9 +105,9 @@ func TestSecondProxyIDTakesNoConcurrency(t *testing.T) {
 		if err := <-evil; err != nil {
 			t.Fatalf("the %s second id's stream was refused: %v", v.name, err)
 		}
-		t.Logf("8 × SLEEP(1): %v alone, at worst %v beside a %s second id of the credential", alone.Round(time.Millisecond), worst.Round(time.Millisecond), v.name)
+		t.Logf("8 × SLEEP(1): %v alone, at worst %v beside a second id of the credential (%s)", alone.Round(time.Millisecond), worst.Round(time.Millisecond), v.name)
 		if worst > 1600*time.Millisecond {
-			t.Errorf("8 × SLEEP(1) took %v beside a %s second id (alone %v): MAX_CONCURRENCY was split with it", worst, v.name, alone)
+			t.Errorf("8 × SLEEP(1) took %v beside a second id (%s; alone %v): MAX_CONCURRENCY was split with it", worst, v.name, alone)
 		}
 	}
 }
