@@ -154,6 +154,11 @@ const (
 type Request struct {
 	// ProxyID keys the proxy's slot.
 	ProxyID string
+	// Credential names the credential the proxy authenticated with
+	// (Principal.Name): the slots of one credential share one weight
+	// (party). "" = none (authentication off): the slot is a party of
+	// its own.
+	Credential string
 	// Wanted is the number of tokens asked for (RU).
 	Wanted float64
 	// Demand is the proxy's demand in RU/s (EWMA of consumption plus what
@@ -180,7 +185,11 @@ type Grant struct {
 	Immediate float64
 	// FillRate is the proxy's share of the fill rate, in RU/s.
 	FillRate float64
-	// Proxies is the number of live slots of the group.
+	// Proxies divides the group's MAX_CONCURRENCY for this proxy (the
+	// proxy takes ceil(MAX_CONCURRENCY ÷ Proxies)): the credentials
+	// whose proxies have demand, times how many ids of its own
+	// credential share its credential's part (see concurrencyDivisor).
+	// At least 1.
 	Proxies int
 	// Unlimited is set for groups that are never throttled.
 	Unlimited bool
@@ -195,6 +204,15 @@ type Grant struct {
 // slot is one proxy's view of a group.
 type slot struct {
 	id string
+	// party keys the slot's credential's party in the bucket.
+	party string
+	// inner is the slot's weight within its party: its demand, beyond
+	// RU_PER_SEC only as far as what it reports spending backs it
+	// (party.reweigh).
+	inner float64
+	// recent is what this leader delivered to the slot lately, which
+	// bounds what it may claim to hold (heldWindowSlots).
+	recent deliveries
 	// demand in RU/s, as last reported.
 	demand float64
 	// lastSeen is the time of the last request.
@@ -224,6 +242,8 @@ type slot struct {
 	// grant replaced (a proxy re-asking every few milliseconds is granted
 	// a whole trickle each time but gets only its rate).
 	credit float64
+	// ran: the proxy has reported statements it ran.
+	ran bool
 	// reportedAt is when the proxy last sent a message for the group,
 	// rates what it reported per second (overview.go), for the console.
 	reportedAt time.Time
@@ -244,14 +264,22 @@ func (s *slot) weight(now time.Time) float64 {
 	return min(s.claimed, bound)
 }
 
+// credible is what the slot may claim to hold at now, besides a new draw
+// on the bucket's unbacked pool: what it was delivered (credit, and its
+// draws on the pool), and of that only what came within heldWindowSlots
+// report periods.
+func (s *slot) credible(now time.Time) float64 {
+	return min(s.credit+s.fromPool, s.recent.sum(now))
+}
+
 // String describes the slot at now, for logs and test failures.
 func (s *slot) String(now time.Time) string {
 	tr := "no trickle"
 	if s.rate > 0 && s.trickleEnd.After(now) {
 		tr = fmt.Sprintf("trickle %.1f RU/s for %v", s.rate, s.trickleEnd.Sub(now))
 	}
-	return fmt.Sprintf("proxy %s: demand %.1f RU/s, %s, seen %v ago, granted %.1f, holds %.1f",
-		s.id, s.demand, tr, now.Sub(s.lastSeen), s.granted, s.held)
+	return fmt.Sprintf("proxy %s: demand %.1f RU/s (%.1f within its credential), %s, seen %v ago, granted %.1f, holds %.1f, spends %.1f RU/s",
+		s.id, s.demand, s.inner, tr, now.Sub(s.lastSeen), s.granted, s.held, s.reported(now, rateRU))
 }
 
 // Bucket is one group's global token bucket and its proxies' slots. Tokens
@@ -269,10 +297,13 @@ type Bucket struct {
 	tokens   float64
 	last     time.Time
 	slots    map[string]*slot
+	// parties groups the slots by credential (party), each with the
+	// weight its slots share.
+	parties map[string]*party
 	// reserved is the sum of the running trickles' rates.
 	reserved float64
-	// demand is the sum of the slots' demands, kept up to date so a grant
-	// costs O(1) however many proxies share the group.
+	// demand is the sum of the parties' weights, kept up to date so a
+	// grant costs O(1) in the proxies of other credentials.
 	demand float64
 	// held is the sum of the slots' held, kept up to date the same way.
 	held float64
@@ -298,6 +329,158 @@ type Bucket struct {
 	// dirty: the bucket is on the allocator's dirty list (its level may
 	// have moved away from what saved predicts).
 	dirty bool
+	// running counts the parties with demand (weight > 0), for
+	// MAX_CONCURRENCY's divisor, unless runningStale says to count again.
+	running      int
+	runningStale bool
+}
+
+// A credential's proxy ids are one party in each group they use: one
+// weight for the split, so that opening more ids never takes more than
+// the credential's proxies would get with one (issue 29).
+//
+// Across parties, the weight is what one proxy would weigh: each id's
+// weight (slot.weight: its claim, beyond RU_PER_SEC only while its asks
+// back it) summed, but the floor every id gets without asking (RU_PER_SEC,
+// or what it holds) counted once, and the whole at most maxDemand, the
+// most one proxy can claim. A credential's honest proxies that ask for
+// what they claim so weigh what they use together, and made-up ids add
+// nothing.
+//
+// Within a party, its weight is split by each id's demand, beyond
+// RU_PER_SEC only as far as demandRateFactor × what the id reports
+// spending backs it: ids of one credential cannot be told apart by what
+// they claim (they hold the same token), so an id that asks and never
+// spends — one holding a leaked credential beside the real proxies — gets
+// about an idle proxy's part of its credential's share, while a proxy
+// that spends what it gets grows to its demand within a few reports.
+type party struct {
+	slots map[string]*slot
+	// weight is the party's part of the bucket's demand.
+	weight float64
+	// inner is the sum of its slots' inner weights.
+	inner float64
+}
+
+// partyOf returns s's party, made when new.
+func (b *Bucket) partyOf(s *slot) *party {
+	p := b.parties[s.party]
+	if p == nil {
+		p = &party{slots: map[string]*slot{}}
+		b.parties[s.party] = p
+	}
+	return p
+}
+
+// reweigh recomputes p's weight and its slots' inner weights from their
+// demands at now, and the bucket's demand with them. O(ids of the
+// credential), which its max-streams bounds.
+func (b *Bucket) reweigh(p *party, now time.Time) {
+	var floors, floorCap, excess, inner float64
+	for _, s := range p.slots {
+		f := min(s.claimed, s.idleBound)
+		floors += f
+		floorCap = max(floorCap, s.idleBound)
+		excess += max(s.demand-f, 0)
+		s.inner = s.demand
+		if len(p.slots) > 1 && !b.settings.Unlimited() {
+			s.inner = min(s.demand, max(s.idleBound, demandRateFactor*s.reported(now, rateRU)))
+		}
+		inner += s.inner
+	}
+	w := min(min(floors, floorCap)+excess, b.settings.maxDemand())
+	if b.settings.Unlimited() {
+		w = inner
+	}
+	if (w > 0) != (p.weight > 0) {
+		b.runningStale = true
+	}
+	b.demand += w - p.weight
+	p.weight, p.inner = w, inner
+}
+
+// concurrencyDivisor is what s's proxy divides MAX_CONCURRENCY by: the
+// parties with demand, times the ids of s's party that run statements
+// (one alone in its party runs when it has demand; one beside others,
+// when it has also reported statements — ever, not lately, so that
+// proxies whose statements all outlast any window still count each
+// other), s and its party always counted. So an id without demand takes
+// no one's place, and a credential's ids share one party's place, split
+// among those that run statements: an id that only claims demand beside
+// the real proxies of its credential leaves them their place.
+func (b *Bucket) concurrencyDivisor(s *slot) int {
+	if b.runningStale {
+		b.running = 0
+		for _, p := range b.parties {
+			if p.weight > 0 {
+				b.running++
+			}
+		}
+		b.runningStale = false
+	}
+	p := b.parties[s.party]
+	parties := b.running
+	if p == nil || p.weight <= 0 {
+		parties++
+	}
+	ids, self := 0, false
+	if p != nil {
+		for _, o := range p.slots {
+			if o.demand > 0 && (len(p.slots) == 1 || o.ran) {
+				ids++
+				self = self || o == s
+			}
+		}
+	}
+	if !self {
+		ids++
+	}
+	return max(parties, 1) * ids
+}
+
+// heldWindowSlots: what a slot was delivered backs its held_tokens for
+// that many report periods: an honest proxy gives back what it saved once idle for
+// releaseAfter (20 s, tokenclient), and reports at least every
+// reportPeriod. Kept as heldWindowSlots sums of one reportPeriod each, so
+// a delivery stops counting between 20 and 25 s after it.
+const heldWindowSlots = 5
+
+// deliveries sums what a slot was delivered per reportPeriod, over the
+// last heldWindowSlots of them.
+type deliveries struct {
+	epoch int64
+	v     [heldWindowSlots]float64
+}
+
+func (d *deliveries) roll(now time.Time) {
+	e := now.UnixNano() / int64(reportPeriod)
+	switch {
+	case e <= d.epoch:
+		return
+	case e-d.epoch >= heldWindowSlots:
+		clear(d.v[:])
+	default:
+		for k := d.epoch + 1; k <= e; k++ {
+			d.v[k%heldWindowSlots] = 0
+		}
+	}
+	d.epoch = e
+}
+
+// add counts x delivered at now (negative: taken back).
+func (d *deliveries) add(now time.Time, x float64) {
+	d.roll(now)
+	d.v[d.epoch%heldWindowSlots] += x
+}
+
+// sum is what was delivered within the window at now.
+func (d *deliveries) sum(now time.Time) float64 {
+	d.roll(now)
+	t := 0.0
+	for _, x := range d.v {
+		t += x
+	}
+	return max(t, 0)
 }
 
 // String describes the bucket and its slots at now.
@@ -391,7 +574,7 @@ func (b *Bucket) endTrickles(t time.Time) {
 		b.reserved = 0
 	}
 	if reweigh {
-		b.recount()
+		b.recount(t)
 	}
 }
 
@@ -408,18 +591,31 @@ func (b *Bucket) expire(now time.Time, expiry time.Duration) int {
 	if n > 0 {
 		b.endTrickles(now)
 	}
-	b.recount()
+	if !b.settings.Unlimited() {
+		// What a silent slot claims to hold ages like a claim renewed.
+		for _, s := range b.slots {
+			s.held = min(s.held, s.credible(now))
+		}
+	}
+	b.recount(now)
 	return n
 }
 
-// recount sums the slots' demand and held again; recomputed rather than
-// adjusted, so float rounding never accumulates.
-func (b *Bucket) recount() {
+// recount sums the slots' held and the parties' weights again, the
+// parties rebuilt from the slots; recomputed rather than adjusted, so
+// float rounding never accumulates.
+func (b *Bucket) recount(now time.Time) {
 	b.demand, b.held = 0, 0
+	clear(b.parties)
 	for _, s := range b.slots {
-		b.demand += s.demand
 		b.held += s.held
+		b.partyOf(s).slots[s.id] = s
 	}
+	for _, p := range b.parties {
+		p.weight = 0
+		b.reweigh(p, now)
+	}
+	b.runningStale = true
 }
 
 // removeSlot drops one proxy's slot at now (a credential's proxy id that
@@ -437,7 +633,7 @@ func (b *Bucket) removeSlot(id string, now time.Time) bool {
 	}
 	delete(b.slots, id)
 	b.endTrickles(now)
-	b.recount()
+	b.recount(now)
 	return true
 }
 
@@ -470,8 +666,13 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	s := b.slots[req.ProxyID]
 	isNew := s == nil
 	if isNew {
-		s = &slot{id: req.ProxyID}
+		s = &slot{id: req.ProxyID, party: req.Credential}
+		if req.Credential == "" {
+			s.party = "\x00" + req.ProxyID // a party of its own
+		}
 		b.slots[req.ProxyID] = s
+		b.partyOf(s).slots[s.id] = s
+		b.runningStale = true
 	}
 	s.lastSeen = now
 	clamped := req.clamp(b.settings, cfg.TargetPeriod)
@@ -495,10 +696,15 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 			h = c
 			clamped |= ClampedHeld
 		}
-		if credible := s.credit + s.fromPool; h > credible {
+		// And only for what was delivered within heldWindowSlots report periods: an honest
+		// proxy gives back what it saved once idle for releaseAfter, so
+		// an older claim is a proxy keeping the group's burst from the
+		// bucket without spending it.
+		if credible := s.credible(now); h > credible {
 			take := min(h-credible, b.unbacked)
 			b.unbacked -= take
 			s.fromPool += take
+			s.recent.add(now, take)
 			if h > credible+take {
 				h = credible + take
 				clamped |= ClampedHeld
@@ -519,11 +725,11 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 			}
 		}
 	}
-	w := s.weight(now)
-	b.demand += w - s.demand
-	s.demand = w
+	s.demand = s.weight(now)
+	pt := b.partyOf(s)
+	b.reweigh(pt, now)
 
-	g := Grant{Proxies: len(b.slots), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version, Clamped: clamped}
+	g := Grant{Proxies: b.concurrencyDivisor(s), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version, Clamped: clamped}
 	if b.settings.Unlimited() {
 		g.Unlimited = true
 		g.RUPerSec = 0
@@ -538,12 +744,16 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 
 	rate := float64(b.settings.RUPerSec)
 	total := math.Max(b.demand, 0)
-	// The proxy's share of the fill rate is in proportion to its demand,
-	// whether total demand is above RU_PER_SEC or below it (then the spare
-	// is split the same way); with no demand at all, shares are equal.
+	// The proxy's share of the fill rate is its credential's share, in
+	// proportion to the credential's weight, whether total demand is
+	// above RU_PER_SEC or below it (then the spare is split the same
+	// way), times its part of that weight; with no demand at all, shares
+	// are equal.
 	var frac float64
 	if total > 0 {
-		frac = math.Min(s.demand/total, 1)
+		if pt.inner > 0 {
+			frac = math.Min(pt.weight/total*(s.inner/pt.inner), 1)
+		}
 	} else {
 		frac = 1 / float64(len(b.slots))
 	}
@@ -557,7 +767,9 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	// (nextEnd may now be early; advance then just recomputes.)
 	if s.rate > 0 {
 		if s.trickleEnd.After(now) {
-			s.credit -= s.rate * s.trickleEnd.Sub(now).Seconds()
+			rest := s.rate * s.trickleEnd.Sub(now).Seconds()
+			s.credit -= rest
+			s.recent.add(now, -rest)
 		}
 		b.reserved -= s.rate
 		s.rate = 0
@@ -615,6 +827,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	}
 	s.granted += g.Tokens + g.Immediate
 	s.credit += g.Tokens + g.Immediate
+	s.recent.add(now, g.Tokens+g.Immediate)
 	b.granted += g.Tokens + g.Immediate
 	return g
 }
@@ -649,7 +862,7 @@ func (a *Allocator) Config() AllocConfig { return a.cfg }
 func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 	b := a.groups[name]
 	if b == nil {
-		b = &Bucket{name: name, settings: s, last: now, slots: map[string]*slot{}}
+		b = &Bucket{name: name, settings: s, last: now, slots: map[string]*slot{}, parties: map[string]*party{}}
 		if !s.Unlimited() {
 			b.tokens = s.Capacity()
 		}
@@ -721,6 +934,12 @@ func (a *Allocator) Report(group, slotID string, u ru.Consumption, throttled flo
 	b.throttled += throttled
 	if s := b.slots[slotID]; s != nil {
 		s.report(now, [numRates]float64{u.RU(), u.Statements, throttled})
+		if u.Statements > 0 {
+			s.ran = true
+		}
+		if p := b.parties[s.party]; p != nil && len(p.slots) > 1 {
+			b.reweigh(p, now) // what it spends weighs within its credential
+		}
 	}
 	return true
 }

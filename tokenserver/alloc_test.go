@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
+	"github.com/rgproxy/rgproxy/ru"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -149,12 +150,14 @@ func TestAllocatorStories(t *testing.T) {
 			},
 		},
 		{
+			// ... and none takes a place of MAX_CONCURRENCY from another:
+			// each counts only itself.
 			name:     "no demand at all: equal shares",
 			settings: Settings{RUPerSec: 90},
 			steps: []step{
 				{at: 0, proxy: "a", report: true, rate: 90, proxies: 1},
-				{at: 0, proxy: "b", report: true, rate: 45, proxies: 2},
-				{at: 0, proxy: "c", report: true, rate: 30, proxies: 3},
+				{at: 0, proxy: "b", report: true, rate: 45, proxies: 1},
+				{at: 0, proxy: "c", report: true, rate: 30, proxies: 1},
 			},
 		},
 		{
@@ -187,7 +190,8 @@ func TestAllocatorStories(t *testing.T) {
 			settings: Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, // capacity 1000
 			steps: []step{
 				{at: 0, proxy: "x", report: true, held: 1e15, rate: 100, proxies: 1},
-				{at: 30, proxy: "b", wanted: 800, demand: 5, tokens: 800, rate: 100, proxies: 2},
+				// x, without demand, takes no place of MAX_CONCURRENCY.
+				{at: 30, proxy: "b", wanted: 800, demand: 5, tokens: 800, rate: 100, proxies: 1},
 			},
 		},
 		{
@@ -705,5 +709,211 @@ func TestDirtyListBoundedWithoutPersist(t *testing.T) {
 	}
 	if d := a.TakeDirty(); !slices.ContainsFunc(d, func(b *Bucket) bool { return b.Name() == "kept" }) {
 		t.Fatal("the held group's bucket left the dirty list")
+	}
+}
+
+// credStep is one request in a story of credentials told to the
+// allocator: the proxy id of a credential asks or reports, then reports
+// what it spent (as the server does: Acquire, then Report).
+type credStep struct {
+	at         float64 // seconds since t0
+	cred, id   string
+	wanted     float64
+	demand     float64
+	report     bool
+	spent      float64 // RU reported spent with the request (1 statement per RU)
+	rate       float64 // expected FillRate
+	proxies    int     // expected MAX_CONCURRENCY divisor
+	checkShare bool    // compare rate (else only proxies)
+}
+
+// TestAllocatorCredentialStories: a credential's proxy ids share one
+// weight, and one place of MAX_CONCURRENCY split among those that run
+// statements.
+func TestAllocatorCredentialStories(t *testing.T) {
+	tests := []struct {
+		name     string
+		settings Settings
+		steps    []credStep
+	}{
+		{
+			// Three ids of px each claim 1e308 RU/s without asking: each
+			// would weigh RU_PER_SEC alone; together they weigh it once,
+			// so o, asking for its 100 RU/s, gets half the fill, not a
+			// quarter.
+			name:     "a credential's idle ids weigh like one proxy",
+			settings: Settings{RUPerSec: 100},
+			steps: []credStep{
+				{at: 0, cred: "px", id: "a", report: true, demand: 1e308, rate: 100, proxies: 1, checkShare: true},
+				{at: 0, cred: "px", id: "b", report: true, demand: 1e308, rate: 50, proxies: 1, checkShare: true},
+				{at: 0, cred: "px", id: "c", report: true, demand: 1e308, rate: 100.0 / 3, proxies: 1, checkShare: true},
+				// o: 100 of 200; px's credential and o's, one place each.
+				{at: 0, cred: "o", id: "o", wanted: 500, demand: 100, rate: 50, proxies: 2, checkShare: true},
+			},
+		},
+		{
+			// h is a real proxy spending the whole rate; x holds the same
+			// token, claims 1e308 RU/s and asks for all it may, spending
+			// nothing. Within px's share x weighs like an idle proxy
+			// (RU_PER_SEC = 20) against what h's spending backs (50 × its
+			// 4 RU/s reported rate: 200 of its 400).
+			name:     "an id that spends nothing gets an idle proxy's part of its credential's share",
+			settings: Settings{RUPerSec: 20},
+			steps: []credStep{
+				{at: 0, cred: "px", id: "h", wanted: 2200, demand: 400, spent: 20, rate: 20, proxies: 1, checkShare: true},
+				// x: 20 of 220; its place of MAX_CONCURRENCY beside h, who
+				// runs statements, is its own only.
+				{at: 1, cred: "px", id: "x", wanted: 1e9, demand: 1e308, rate: 20 * 20.0 / 220, proxies: 2, checkShare: true},
+				// h: 200 of 220, and the whole of MAX_CONCURRENCY.
+				{at: 1, cred: "px", id: "h", wanted: 2200, demand: 400, spent: 20, rate: 20 * 200.0 / 220, proxies: 1, checkShare: true},
+				// x starts spending what it gets: its part grows with it.
+				{at: 2, cred: "px", id: "x", wanted: 1e9, demand: 1e308, spent: 20, proxies: 2},
+				{at: 3, cred: "px", id: "x", wanted: 1e9, demand: 1e308, spent: 20, proxies: 2},
+			},
+		},
+		{
+			// o asks for all one proxy may (500 RU/s on a 10 RU/s group);
+			// x1 and x2 of px each too: px weighs 500, as with one id,
+			// and o keeps half the fill (with the two ids weighing 1000,
+			// a third).
+			name:     "a credential's ids together weigh at most what one proxy may claim",
+			settings: Settings{RUPerSec: 10},
+			steps: []credStep{
+				{at: 0, cred: "o", id: "o", wanted: 5000, demand: 500, rate: 10, proxies: 1, checkShare: true},
+				{at: 0, cred: "px", id: "x1", wanted: 1e9, demand: 1e308, rate: 5, proxies: 2, checkShare: true},
+				{at: 0, cred: "px", id: "x2", wanted: 1e9, demand: 1e308, rate: 2.5, proxies: 2, checkShare: true},
+				{at: 0, cred: "o", id: "o", wanted: 5000, demand: 500, rate: 5, proxies: 2, checkShare: true},
+			},
+		},
+		{
+			// Without authentication each id is a credential of its own.
+			name:     "an id without demand takes no place of MAX_CONCURRENCY",
+			settings: Settings{RUPerSec: 100},
+			steps: []credStep{
+				{at: 0, id: "a", wanted: 100, demand: 50, proxies: 1},
+				// b, idle, counts itself only, and is not counted by a.
+				{at: 0, id: "b", report: true, proxies: 2},
+				{at: 1, id: "a", wanted: 100, demand: 50, proxies: 1},
+				// Once b has demand, each counts the other.
+				{at: 2, id: "b", wanted: 100, demand: 50, proxies: 2},
+				{at: 2, id: "a", wanted: 100, demand: 50, proxies: 2},
+			},
+		},
+		{
+			// Two real proxies of one credential that both run
+			// statements split its place.
+			name:     "a credential's running ids split its place",
+			settings: Settings{RUPerSec: 100},
+			steps: []credStep{
+				{at: 0, cred: "px", id: "a", wanted: 100, demand: 50, spent: 10, proxies: 1},
+				{at: 0, cred: "px", id: "b", wanted: 100, demand: 50, spent: 10, proxies: 2},
+				{at: 0, cred: "o", id: "o", wanted: 100, demand: 50, spent: 10, proxies: 2},
+				{at: 1, cred: "px", id: "a", wanted: 100, demand: 50, spent: 10, proxies: 4},
+				// b without demand: a has px's place alone.
+				{at: 2, cred: "px", id: "b", report: true, proxies: 4},
+				{at: 2, cred: "px", id: "a", wanted: 100, demand: 50, spent: 10, proxies: 2},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewAllocator(AllocConfig{TricklePeriod: 2 * time.Second})
+			a.SetGroup("g", tc.settings, t0)
+			for i, st := range tc.steps {
+				now := at(st.at)
+				slot := st.id
+				if st.cred != "" {
+					slot = st.cred + "/" + st.id
+				}
+				g, err := a.Acquire("g", Request{ProxyID: slot, Credential: st.cred, Wanted: st.wanted, Demand: st.demand, ReportOnly: st.report}, now)
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				a.Report("g", slot, ru.Consumption{RRU: st.spent, Statements: st.spent}, 0, now)
+				if g.Proxies != st.proxies || (st.checkShare && math.Abs(g.FillRate-st.rate) > 1e-6) {
+					t.Fatalf("step %d (%s at %vs): fill %.3f, divisor %d; want fill %.3f, divisor %d\n%s",
+						i, slot, st.at, g.FillRate, g.Proxies, st.rate, st.proxies, a.Group("g").String(now))
+				}
+			}
+		})
+	}
+}
+
+// TestAllocatorSecondIDGrowsByWhatItSpends: a credential's second real
+// proxy, arriving beside a first that takes the whole rate, reaches an
+// even split within seconds by spending what it gets; one that spends
+// nothing stays at an idle proxy's part.
+func TestAllocatorSecondIDGrowsByWhatItSpends(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		spends bool
+		lo, hi float64 // bounds of the second id's part of the fill after 20 s
+	}{
+		{"spends what it gets", true, 0.4, 0.6},
+		// An idle proxy's part: RU_PER_SEC against a's 800.
+		{"spends nothing", false, 0.1, 0.12},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewAllocator(AllocConfig{TricklePeriod: 2 * time.Second})
+			a.SetGroup("g", Settings{RUPerSec: 100}, t0)
+			var share float64
+			for i := range 200 { // every 100 ms for 20 s
+				now := at(0.1 * float64(i))
+				for _, id := range []string{"a", "b"} {
+					if id == "b" && i < 20 {
+						continue // b arrives after 2 s
+					}
+					g, _ := a.Acquire("g", Request{ProxyID: "px/" + id, Credential: "px", Wanted: 2000, Demand: 2000}, now)
+					if id == "a" || tc.spends {
+						spent := g.FillRate * 0.1
+						a.Report("g", "px/"+id, ru.Consumption{RRU: spent, Statements: 1}, 0, now)
+					}
+					if id == "b" {
+						share = g.FillRate / 100
+					}
+				}
+			}
+			t.Logf("%s: b's part of the fill after 18 s beside a: %.3f\n%s", tc.name, share, a.Group("g").String(at(20)))
+			if share < tc.lo || share > tc.hi {
+				t.Fatalf("b's part %.3f, want %.2f to %.2f", share, tc.lo, tc.hi)
+			}
+		})
+	}
+}
+
+// TestAllocatorHeldClaimsAgeOut: x takes a BURSTABLE group's saved burst
+// at once and claims to hold it every second; the claim keeps the bucket
+// from saving the burst again only as long as an honest proxy would keep
+// it (heldWindowSlots), and a claim left standing by a silent slot ages too.
+func TestAllocatorHeldClaimsAgeOut(t *testing.T) {
+	for _, silent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("silent=%v", silent), func(t *testing.T) {
+			a := NewAllocator(AllocConfig{TricklePeriod: 2 * time.Second})
+			a.SetGroup("g", Settings{RUPerSec: 100, Burst: resourcegroup.BurstModerated}, t0) // capacity 1000
+			g, _ := a.Acquire("g", Request{ProxyID: "px/x", Credential: "px", Wanted: 1e9, Demand: 1e308}, t0)
+			if g.Immediate != 1000 {
+				t.Fatalf("x's first grant took %v at once, want the whole burst", g.Immediate)
+			}
+			b := a.Group("g")
+			for sec := 1; sec <= 40; sec++ {
+				now := at(float64(sec))
+				a.Expire(now)
+				if !silent || sec == 1 {
+					a.Acquire("g", Request{ProxyID: "px/x", Credential: "px", ReportOnly: true, Held: 1e15}, now)
+				}
+				held, level := b.slots["px/x"].held, b.Tokens(now)
+				switch {
+				case sec <= 20 && held < 1000:
+					t.Fatalf("at %ds x may hold only %v of the 1100 delivered within 20 s\n%s", sec, held, b.String(now))
+				case sec <= 20 && level > 100+1e-6:
+					t.Fatalf("at %ds the bucket saved %v beside x's 1000 held\n%s", sec, level, b.String(now))
+				case sec >= 25 && held != 0:
+					t.Fatalf("at %ds x still holds %v delivered 25 s ago\n%s", sec, held, b.String(now))
+				}
+			}
+			if level := b.Tokens(at(40)); level != 1000 {
+				t.Fatalf("at 40 s the bucket saved %v, want its capacity\n%s", level, b.String(at(40)))
+			}
+		})
 	}
 }

@@ -291,7 +291,8 @@ func (s *Server) countClamped(c Clamped, consumption bool) {
 }
 
 // serveTokens answers one validated request as the leader; slot keys the
-// proxy's slots, budget bounds the stream's etcd reads for unknown groups.
+// proxy's slots (p.Name names its credential, whose slots share one
+// weight), budget bounds the stream's etcd reads for unknown groups.
 // Consumption is counted only for groups that exist.
 func (s *Server) serveTokens(ctx context.Context, p Principal, slot string, req *pb.TokenRequest, budget *lookupBudget) *pb.TokenResponse {
 	now := s.now()
@@ -300,7 +301,7 @@ func (s *Server) serveTokens(ctx context.Context, p Principal, slot string, req 
 	s.mu.Lock()
 	for i, gr := range req.GetGroups() {
 		name := resourcegroup.NormalizeName(gr.GetGroup())
-		g, err := s.alloc.Acquire(name, allocRequest(slot, gr), now)
+		g, err := s.alloc.Acquire(name, allocRequest(p.Name, slot, gr), now)
 		if err != nil {
 			missing = append(missing, i)
 			continue
@@ -355,7 +356,7 @@ func (s *Server) serveMissing(ctx context.Context, p Principal, slot string, gr 
 	if s.alloc.Group(name) == nil {
 		s.alloc.SetGroup(name, SettingsOf(g), now)
 	}
-	grant, err := s.alloc.Acquire(name, allocRequest(slot, gr), now)
+	grant, err := s.alloc.Acquire(name, allocRequest(p.Name, slot, gr), now)
 	if err != nil {
 		// Dropped between the read and now.
 		return &pb.GroupGrant{Group: name, Error: err.Error(), ErrorCode: pb.GrantError_GRANT_ERROR_NOT_FOUND}
@@ -411,9 +412,10 @@ func usageOf(c *pb.Consumption) (u ru.Consumption, throttled float64, clamped bo
 	return u, throttled, clamped
 }
 
-func allocRequest(slot string, gr *pb.GroupTokenRequest) Request {
+func allocRequest(cred, slot string, gr *pb.GroupTokenRequest) Request {
 	return Request{
 		ProxyID:    slot,
+		Credential: cred,
 		Wanted:     gr.GetTokensWanted(),
 		Demand:     gr.GetDemandRuPerSec(),
 		ReportOnly: gr.GetReportOnly(),
