@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -285,22 +284,7 @@ func TestFakeProxyIDsDoNotShrinkMaxConcurrency(t *testing.T) {
 		"ALTER USER 'advc'@'%' RESOURCE GROUP adv_mc")
 	db := openDB(t, px.Addr, "user=advc", "password=apppw")
 	db.SetMaxOpenConns(8)
-	batch := func() time.Duration {
-		t.Helper()
-		var wg sync.WaitGroup
-		began := time.Now()
-		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := db.Exec("SELECT SLEEP(1)"); err != nil {
-					t.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
-		return time.Since(began)
-	}
+	batch := func() time.Duration { return concurrently(t, db, 8, "SELECT SLEEP(1)") }
 	// The shape's first statement is its probe (copies wait for it).
 	if _, err := db.Exec("SELECT SLEEP(0)"); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,22 +64,7 @@ func TestSecondProxyIDTakesNoConcurrency(t *testing.T) {
 		"ALTER USER 'credb_mc'@'%' RESOURCE GROUP credb_mc")
 	db := openDB(t, px.Addr, "user=credb_mc", "password=apppw")
 	db.SetMaxOpenConns(8)
-	batch := func() time.Duration {
-		t.Helper()
-		var wg sync.WaitGroup
-		began := time.Now()
-		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if _, err := db.Exec("SELECT SLEEP(1)"); err != nil {
-					t.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
-		return time.Since(began)
-	}
+	batch := func() time.Duration { return concurrently(t, db, 8, "SELECT SLEEP(1)") }
 	// The shape's first statement is its probe (copies wait for it).
 	if _, err := db.Exec("SELECT SLEEP(0)"); err != nil {
 		t.Fatal(err)

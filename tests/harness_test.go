@@ -346,3 +346,22 @@ func num(t testing.TB, s string) float64 {
 	}
 	return v
 }
+
+// concurrently runs query n times at once on db (which should allow n
+// open connections) and returns how long the slowest took from the start.
+func concurrently(t *testing.T, db *sql.DB, n int, query string) time.Duration {
+	t.Helper()
+	var wg sync.WaitGroup
+	began := time.Now()
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := db.Exec(query); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(began)
+}

@@ -547,22 +547,7 @@ func (is inspectService) Inspect(stream grpc.BidiStreamingServer[pb.InspectReply
 	if !s.IsLeader() {
 		return stream.Send(&pb.InspectRequest{NotLeader: &pb.NotLeader{LeaderAddr: s.LeaderAddr()}})
 	}
-	recv := make(chan *pb.InspectReply)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case recv <- r:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	recv, recvErr := recvPump(ctx, stream.Recv)
 	var hello *pb.InspectReply
 	helloTimer := time.NewTimer(inspectHelloWait)
 	select {

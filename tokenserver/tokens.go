@@ -195,22 +195,7 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 	// ends when its context does (a reload revoked its credential) even
 	// while the proxy sends nothing.
 	ctx := stream.Context()
-	recv := make(chan *pb.TokenRequest)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case recv <- r:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	recv, recvErr := recvPump(ctx, stream.Recv)
 	for {
 		var req *pb.TokenRequest
 		select {
