@@ -101,7 +101,7 @@ func TestRgserverRefusedCredentialIsReadable(t *testing.T) {
 			"rgserver at " + s.Addr + " does not let this proxy's credential change resource groups",
 			"set --token-server-token-file to a token of rgserver's --admin-token-file", "the statement was not applied"}},
 		{"unknown admin token", openDB(t, badAdmin.Addr), []string{
-			"rgserver at " + s.Addr + " refused this proxy's credential (rgserver does not know this bearer token)",
+			"rgserver at " + s.Addr + " refused this proxy's credential (rgserver does not know this bearer token (a credential revoked by a reload is no longer known))",
 			"check --token-server-token-file", "the statement was not applied"}},
 	}
 	for _, tc := range cases {

@@ -86,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"resource_group"}),
 		written: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgproxy_written_bytes_total",
-			Help: "Bytes charged to the group as written, by the source that measured them: packet the statements' own payload, binlog what the binary log showed beyond it, estimate what the estimate added beyond it (their sum is what the group paid for).",
+			Help: "Bytes charged to the group as written, by the source that measured them: packet the statements' own payload, binlog what the binary log showed beyond it (for a multi-statement, a CALL or an implicit commit on MariaDB, what the session's Binlog_bytes_written grew by, less the statements' text), estimate what the estimate added beyond it (a table's average row length or the user variables a write reads), and the size of the tables copying DDL rewrote (their sum is what the group paid for).",
 		}, []string{"resource_group", "source"}),
 		seen: map[string]*groupSeries{},
 	}
