@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -67,15 +68,22 @@ var handedOut = struct {
 }{ports: map[string]bool{}}
 
 // freeAddr returns a loopback address with a port nobody listens on now
-// and that no earlier call returned.
+// and that no earlier call returned. The port lies below the kernel's
+// ephemeral range: a port from that range can be taken, between this
+// call and the child's listen, as the local port of any outgoing
+// connection on the machine (an etcd member dialling its peers did, and
+// the member that was to listen there exited with "address already in
+// use").
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	low := ephemeralLow()
+	for range 10000 {
+		port := 10000 + rand.IntN(low-10000)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		addr := ln.Addr().String()
 		ln.Close()
 		handedOut.Lock()
 		dup := handedOut.ports[addr]
@@ -85,6 +93,27 @@ func freeAddr(t testing.TB) string {
 			return addr
 		}
 	}
+	t.Fatalf("no free loopback port between 10000 and %d", low)
+	return ""
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range
+// (ip_local_port_range), 32768 where it cannot be read or leaves too
+// little room below it.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low < 20000 {
+		return 32768
+	}
+	return low
 }
 
 // syncBuffer is a goroutine-safe log sink for a child process.
