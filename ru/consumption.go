@@ -45,6 +45,13 @@ func (c *Consumption) Sub(o Consumption) {
 	c.Statements -= o.Statements
 }
 
+// Scale returns c with every field multiplied by f, e.g. the part f of a
+// debt split off to be paid now.
+func (c Consumption) Scale(f float64) Consumption {
+	return Consumption{RRU: c.RRU * f, WRU: c.WRU * f, ReadBytes: c.ReadBytes * f, WriteBytes: c.WriteBytes * f,
+		BackendSeconds: c.BackendSeconds * f, Statements: c.Statements * f}
+}
+
 // RU is the total Request Units: RRU + WRU.
 func (c Consumption) RU() float64 { return c.RRU + c.WRU }
 

@@ -26,6 +26,9 @@ func TestConsumptionAddSub(t *testing.T) {
 	if a.IsZero() {
 		t.Fatalf("%s reported as zero", a)
 	}
+	if got, want := a.Scale(0.5), (Consumption{RRU: 0.75, WRU: 1, ReadBytes: 50, WriteBytes: 25, BackendSeconds: 0.125, Statements: 0.5}); got != want {
+		t.Fatalf("a×0.5 = %s, want %s", got, want)
+	}
 }
 
 func TestConsumptionString(t *testing.T) {

@@ -105,8 +105,7 @@ func (d *debt) merge(o debt) {
 func (d *debt) split(n float64) debt {
 	f := n / d.cons.RU()
 	part := *d
-	part.cons = ru.Consumption{RRU: d.cons.RRU * f, WRU: d.cons.WRU * f, ReadBytes: d.cons.ReadBytes * f,
-		WriteBytes: d.cons.WriteBytes * f, BackendSeconds: d.cons.BackendSeconds * f, Statements: d.cons.Statements * f}
+	part.cons = d.cons.Scale(f)
 	part.required = d.required * f
 	d.cons.Sub(part.cons)
 	d.required -= part.required
