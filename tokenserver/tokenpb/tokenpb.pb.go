@@ -386,7 +386,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{29, 0}
+	return file_tokenpb_proto_rawDescGZIP(), []int{31, 0}
 }
 
 // QueryLimit is a group's runaway-query rule; exactly one of exec_elapsed_ms
@@ -501,8 +501,10 @@ type ResourceGroup struct {
 	Mode uint32 `protobuf:"varint,8,opt,name=mode,proto3" json:"mode,omitempty"`
 	// MAX_CONCURRENCY across all proxies; 0 = no cap.
 	MaxConcurrency uint64 `protobuf:"varint,9,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// BUDGET clauses: at most one per period (docs/budgets.md).
+	Budgets       []*Budget `protobuf:"bytes,10,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResourceGroup) Reset() {
@@ -598,6 +600,145 @@ func (x *ResourceGroup) GetMaxConcurrency() uint64 {
 	return 0
 }
 
+func (x *ResourceGroup) GetBudgets() []*Budget {
+	if x != nil {
+		return x.Budgets
+	}
+	return nil
+}
+
+// Budget is the RU a group may spend in each calendar window of a period
+// (an hour, a day, a week from Monday, a month), the windows aligned to
+// rgserver's --budget-time-zone, with what happens as it is spent.
+type Budget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// RU per window, > 0.
+	Ru uint64 `protobuf:"varint,1,opt,name=ru,proto3" json:"ru,omitempty"`
+	// HOUR, DAY, WEEK or MONTH; it also names the budget.
+	Period string `protobuf:"bytes,2,opt,name=period,proto3" json:"period,omitempty"`
+	// At most 4, in increasing percent.
+	Triggers      []*BudgetTrigger `protobuf:"bytes,3,rep,name=triggers,proto3" json:"triggers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Budget) Reset() {
+	*x = Budget{}
+	mi := &file_tokenpb_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Budget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Budget) ProtoMessage() {}
+
+func (x *Budget) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Budget.ProtoReflect.Descriptor instead.
+func (*Budget) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Budget) GetRu() uint64 {
+	if x != nil {
+		return x.Ru
+	}
+	return 0
+}
+
+func (x *Budget) GetPeriod() string {
+	if x != nil {
+		return x.Period
+	}
+	return ""
+}
+
+func (x *Budget) GetTriggers() []*BudgetTrigger {
+	if x != nil {
+		return x.Triggers
+	}
+	return nil
+}
+
+// BudgetTrigger is what happens once a window's spending reaches percent
+// of its budget, until the window rolls over.
+type BudgetTrigger struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 1,000.
+	Percent uint32 `protobuf:"varint,1,opt,name=percent,proto3" json:"percent,omitempty"`
+	// NOTIFY (metrics and the budgets table only), THROTTLE (the group runs
+	// at throttle_ru_per_sec) or REFUSE (its statements get an error).
+	Action string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	// THROTTLE's rate, >= 1; 0 for the other actions.
+	ThrottleRuPerSec uint64 `protobuf:"varint,3,opt,name=throttle_ru_per_sec,json=throttleRuPerSec,proto3" json:"throttle_ru_per_sec,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *BudgetTrigger) Reset() {
+	*x = BudgetTrigger{}
+	mi := &file_tokenpb_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetTrigger) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetTrigger) ProtoMessage() {}
+
+func (x *BudgetTrigger) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetTrigger.ProtoReflect.Descriptor instead.
+func (*BudgetTrigger) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BudgetTrigger) GetPercent() uint32 {
+	if x != nil {
+		return x.Percent
+	}
+	return 0
+}
+
+func (x *BudgetTrigger) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *BudgetTrigger) GetThrottleRuPerSec() uint64 {
+	if x != nil {
+		return x.ThrottleRuPerSec
+	}
+	return 0
+}
+
 // Binding ties an account (user, host) or a SQLCommenter tag (tag_key,
 // tag_value; user and host empty) to a group.
 type Binding struct {
@@ -616,7 +757,7 @@ type Binding struct {
 
 func (x *Binding) Reset() {
 	*x = Binding{}
-	mi := &file_tokenpb_proto_msgTypes[2]
+	mi := &file_tokenpb_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +769,7 @@ func (x *Binding) String() string {
 func (*Binding) ProtoMessage() {}
 
 func (x *Binding) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[2]
+	mi := &file_tokenpb_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +782,7 @@ func (x *Binding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Binding.ProtoReflect.Descriptor instead.
 func (*Binding) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{2}
+	return file_tokenpb_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Binding) GetUser() string {
@@ -688,7 +829,7 @@ type CreateGroupRequest struct {
 
 func (x *CreateGroupRequest) Reset() {
 	*x = CreateGroupRequest{}
-	mi := &file_tokenpb_proto_msgTypes[3]
+	mi := &file_tokenpb_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +841,7 @@ func (x *CreateGroupRequest) String() string {
 func (*CreateGroupRequest) ProtoMessage() {}
 
 func (x *CreateGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[3]
+	mi := &file_tokenpb_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +854,7 @@ func (x *CreateGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGroupRequest.ProtoReflect.Descriptor instead.
 func (*CreateGroupRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{3}
+	return file_tokenpb_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateGroupRequest) GetGroup() *ResourceGroup {
@@ -732,7 +873,7 @@ type CreateGroupResponse struct {
 
 func (x *CreateGroupResponse) Reset() {
 	*x = CreateGroupResponse{}
-	mi := &file_tokenpb_proto_msgTypes[4]
+	mi := &file_tokenpb_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -744,7 +885,7 @@ func (x *CreateGroupResponse) String() string {
 func (*CreateGroupResponse) ProtoMessage() {}
 
 func (x *CreateGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[4]
+	mi := &file_tokenpb_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -757,7 +898,7 @@ func (x *CreateGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGroupResponse.ProtoReflect.Descriptor instead.
 func (*CreateGroupResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{4}
+	return file_tokenpb_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateGroupResponse) GetGroup() *ResourceGroup {
@@ -776,7 +917,7 @@ type AlterGroupRequest struct {
 
 func (x *AlterGroupRequest) Reset() {
 	*x = AlterGroupRequest{}
-	mi := &file_tokenpb_proto_msgTypes[5]
+	mi := &file_tokenpb_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +929,7 @@ func (x *AlterGroupRequest) String() string {
 func (*AlterGroupRequest) ProtoMessage() {}
 
 func (x *AlterGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[5]
+	mi := &file_tokenpb_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +942,7 @@ func (x *AlterGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterGroupRequest.ProtoReflect.Descriptor instead.
 func (*AlterGroupRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{5}
+	return file_tokenpb_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AlterGroupRequest) GetGroup() *ResourceGroup {
@@ -820,7 +961,7 @@ type AlterGroupResponse struct {
 
 func (x *AlterGroupResponse) Reset() {
 	*x = AlterGroupResponse{}
-	mi := &file_tokenpb_proto_msgTypes[6]
+	mi := &file_tokenpb_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -832,7 +973,7 @@ func (x *AlterGroupResponse) String() string {
 func (*AlterGroupResponse) ProtoMessage() {}
 
 func (x *AlterGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[6]
+	mi := &file_tokenpb_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -845,7 +986,7 @@ func (x *AlterGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlterGroupResponse.ProtoReflect.Descriptor instead.
 func (*AlterGroupResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{6}
+	return file_tokenpb_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AlterGroupResponse) GetGroup() *ResourceGroup {
@@ -864,7 +1005,7 @@ type DropGroupRequest struct {
 
 func (x *DropGroupRequest) Reset() {
 	*x = DropGroupRequest{}
-	mi := &file_tokenpb_proto_msgTypes[7]
+	mi := &file_tokenpb_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1017,7 @@ func (x *DropGroupRequest) String() string {
 func (*DropGroupRequest) ProtoMessage() {}
 
 func (x *DropGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[7]
+	mi := &file_tokenpb_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1030,7 @@ func (x *DropGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropGroupRequest.ProtoReflect.Descriptor instead.
 func (*DropGroupRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{7}
+	return file_tokenpb_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DropGroupRequest) GetName() string {
@@ -907,7 +1048,7 @@ type DropGroupResponse struct {
 
 func (x *DropGroupResponse) Reset() {
 	*x = DropGroupResponse{}
-	mi := &file_tokenpb_proto_msgTypes[8]
+	mi := &file_tokenpb_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1060,7 @@ func (x *DropGroupResponse) String() string {
 func (*DropGroupResponse) ProtoMessage() {}
 
 func (x *DropGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[8]
+	mi := &file_tokenpb_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1073,7 @@ func (x *DropGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropGroupResponse.ProtoReflect.Descriptor instead.
 func (*DropGroupResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{8}
+	return file_tokenpb_proto_rawDescGZIP(), []int{10}
 }
 
 type GetGroupRequest struct {
@@ -944,7 +1085,7 @@ type GetGroupRequest struct {
 
 func (x *GetGroupRequest) Reset() {
 	*x = GetGroupRequest{}
-	mi := &file_tokenpb_proto_msgTypes[9]
+	mi := &file_tokenpb_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1097,7 @@ func (x *GetGroupRequest) String() string {
 func (*GetGroupRequest) ProtoMessage() {}
 
 func (x *GetGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[9]
+	mi := &file_tokenpb_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1110,7 @@ func (x *GetGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGroupRequest.ProtoReflect.Descriptor instead.
 func (*GetGroupRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{9}
+	return file_tokenpb_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetGroupRequest) GetName() string {
@@ -988,7 +1129,7 @@ type GetGroupResponse struct {
 
 func (x *GetGroupResponse) Reset() {
 	*x = GetGroupResponse{}
-	mi := &file_tokenpb_proto_msgTypes[10]
+	mi := &file_tokenpb_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1141,7 @@ func (x *GetGroupResponse) String() string {
 func (*GetGroupResponse) ProtoMessage() {}
 
 func (x *GetGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[10]
+	mi := &file_tokenpb_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1154,7 @@ func (x *GetGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetGroupResponse.ProtoReflect.Descriptor instead.
 func (*GetGroupResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{10}
+	return file_tokenpb_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetGroupResponse) GetGroup() *ResourceGroup {
@@ -1031,7 +1172,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_tokenpb_proto_msgTypes[11]
+	mi := &file_tokenpb_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1184,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[11]
+	mi := &file_tokenpb_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1197,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{11}
+	return file_tokenpb_proto_rawDescGZIP(), []int{13}
 }
 
 type ListGroupsResponse struct {
@@ -1070,7 +1211,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_tokenpb_proto_msgTypes[12]
+	mi := &file_tokenpb_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1223,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[12]
+	mi := &file_tokenpb_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1236,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{12}
+	return file_tokenpb_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*ResourceGroup {
@@ -1121,7 +1262,7 @@ type BindUserRequest struct {
 
 func (x *BindUserRequest) Reset() {
 	*x = BindUserRequest{}
-	mi := &file_tokenpb_proto_msgTypes[13]
+	mi := &file_tokenpb_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1274,7 @@ func (x *BindUserRequest) String() string {
 func (*BindUserRequest) ProtoMessage() {}
 
 func (x *BindUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[13]
+	mi := &file_tokenpb_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1287,7 @@ func (x *BindUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindUserRequest.ProtoReflect.Descriptor instead.
 func (*BindUserRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{13}
+	return file_tokenpb_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BindUserRequest) GetBinding() *Binding {
@@ -1164,7 +1305,7 @@ type BindUserResponse struct {
 
 func (x *BindUserResponse) Reset() {
 	*x = BindUserResponse{}
-	mi := &file_tokenpb_proto_msgTypes[14]
+	mi := &file_tokenpb_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1317,7 @@ func (x *BindUserResponse) String() string {
 func (*BindUserResponse) ProtoMessage() {}
 
 func (x *BindUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[14]
+	mi := &file_tokenpb_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1330,7 @@ func (x *BindUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindUserResponse.ProtoReflect.Descriptor instead.
 func (*BindUserResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{14}
+	return file_tokenpb_proto_rawDescGZIP(), []int{16}
 }
 
 type UnbindUserRequest struct {
@@ -1203,7 +1344,7 @@ type UnbindUserRequest struct {
 
 func (x *UnbindUserRequest) Reset() {
 	*x = UnbindUserRequest{}
-	mi := &file_tokenpb_proto_msgTypes[15]
+	mi := &file_tokenpb_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1356,7 @@ func (x *UnbindUserRequest) String() string {
 func (*UnbindUserRequest) ProtoMessage() {}
 
 func (x *UnbindUserRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[15]
+	mi := &file_tokenpb_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1369,7 @@ func (x *UnbindUserRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnbindUserRequest.ProtoReflect.Descriptor instead.
 func (*UnbindUserRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{15}
+	return file_tokenpb_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UnbindUserRequest) GetUser() string {
@@ -1253,7 +1394,7 @@ type UnbindUserResponse struct {
 
 func (x *UnbindUserResponse) Reset() {
 	*x = UnbindUserResponse{}
-	mi := &file_tokenpb_proto_msgTypes[16]
+	mi := &file_tokenpb_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1406,7 @@ func (x *UnbindUserResponse) String() string {
 func (*UnbindUserResponse) ProtoMessage() {}
 
 func (x *UnbindUserResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[16]
+	mi := &file_tokenpb_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1419,7 @@ func (x *UnbindUserResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnbindUserResponse.ProtoReflect.Descriptor instead.
 func (*UnbindUserResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{16}
+	return file_tokenpb_proto_rawDescGZIP(), []int{18}
 }
 
 type GetBindingRequest struct {
@@ -1292,7 +1433,7 @@ type GetBindingRequest struct {
 
 func (x *GetBindingRequest) Reset() {
 	*x = GetBindingRequest{}
-	mi := &file_tokenpb_proto_msgTypes[17]
+	mi := &file_tokenpb_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1445,7 @@ func (x *GetBindingRequest) String() string {
 func (*GetBindingRequest) ProtoMessage() {}
 
 func (x *GetBindingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[17]
+	mi := &file_tokenpb_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1458,7 @@ func (x *GetBindingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBindingRequest.ProtoReflect.Descriptor instead.
 func (*GetBindingRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{17}
+	return file_tokenpb_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetBindingRequest) GetUser() string {
@@ -1343,7 +1484,7 @@ type GetBindingResponse struct {
 
 func (x *GetBindingResponse) Reset() {
 	*x = GetBindingResponse{}
-	mi := &file_tokenpb_proto_msgTypes[18]
+	mi := &file_tokenpb_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1496,7 @@ func (x *GetBindingResponse) String() string {
 func (*GetBindingResponse) ProtoMessage() {}
 
 func (x *GetBindingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[18]
+	mi := &file_tokenpb_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1509,7 @@ func (x *GetBindingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBindingResponse.ProtoReflect.Descriptor instead.
 func (*GetBindingResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{18}
+	return file_tokenpb_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetBindingResponse) GetBinding() *Binding {
@@ -1386,7 +1527,7 @@ type ListBindingsRequest struct {
 
 func (x *ListBindingsRequest) Reset() {
 	*x = ListBindingsRequest{}
-	mi := &file_tokenpb_proto_msgTypes[19]
+	mi := &file_tokenpb_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1539,7 @@ func (x *ListBindingsRequest) String() string {
 func (*ListBindingsRequest) ProtoMessage() {}
 
 func (x *ListBindingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[19]
+	mi := &file_tokenpb_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1552,7 @@ func (x *ListBindingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBindingsRequest.ProtoReflect.Descriptor instead.
 func (*ListBindingsRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{19}
+	return file_tokenpb_proto_rawDescGZIP(), []int{21}
 }
 
 type ListBindingsResponse struct {
@@ -1424,7 +1565,7 @@ type ListBindingsResponse struct {
 
 func (x *ListBindingsResponse) Reset() {
 	*x = ListBindingsResponse{}
-	mi := &file_tokenpb_proto_msgTypes[20]
+	mi := &file_tokenpb_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1577,7 @@ func (x *ListBindingsResponse) String() string {
 func (*ListBindingsResponse) ProtoMessage() {}
 
 func (x *ListBindingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[20]
+	mi := &file_tokenpb_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1590,7 @@ func (x *ListBindingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBindingsResponse.ProtoReflect.Descriptor instead.
 func (*ListBindingsResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{20}
+	return file_tokenpb_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListBindingsResponse) GetBindings() []*Binding {
@@ -1494,7 +1635,7 @@ type RunawayWatch struct {
 
 func (x *RunawayWatch) Reset() {
 	*x = RunawayWatch{}
-	mi := &file_tokenpb_proto_msgTypes[21]
+	mi := &file_tokenpb_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1647,7 @@ func (x *RunawayWatch) String() string {
 func (*RunawayWatch) ProtoMessage() {}
 
 func (x *RunawayWatch) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[21]
+	mi := &file_tokenpb_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1660,7 @@ func (x *RunawayWatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayWatch.ProtoReflect.Descriptor instead.
 func (*RunawayWatch) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{21}
+	return file_tokenpb_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RunawayWatch) GetId() uint64 {
@@ -1594,7 +1735,7 @@ type AddWatchRequest struct {
 
 func (x *AddWatchRequest) Reset() {
 	*x = AddWatchRequest{}
-	mi := &file_tokenpb_proto_msgTypes[22]
+	mi := &file_tokenpb_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1747,7 @@ func (x *AddWatchRequest) String() string {
 func (*AddWatchRequest) ProtoMessage() {}
 
 func (x *AddWatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[22]
+	mi := &file_tokenpb_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1760,7 @@ func (x *AddWatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddWatchRequest.ProtoReflect.Descriptor instead.
 func (*AddWatchRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{22}
+	return file_tokenpb_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AddWatchRequest) GetWatch() *RunawayWatch {
@@ -1642,7 +1783,7 @@ type AddWatchResponse struct {
 
 func (x *AddWatchResponse) Reset() {
 	*x = AddWatchResponse{}
-	mi := &file_tokenpb_proto_msgTypes[23]
+	mi := &file_tokenpb_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +1795,7 @@ func (x *AddWatchResponse) String() string {
 func (*AddWatchResponse) ProtoMessage() {}
 
 func (x *AddWatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[23]
+	mi := &file_tokenpb_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +1808,7 @@ func (x *AddWatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddWatchResponse.ProtoReflect.Descriptor instead.
 func (*AddWatchResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{23}
+	return file_tokenpb_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AddWatchResponse) GetWatch() *RunawayWatch {
@@ -1693,7 +1834,7 @@ type RemoveWatchRequest struct {
 
 func (x *RemoveWatchRequest) Reset() {
 	*x = RemoveWatchRequest{}
-	mi := &file_tokenpb_proto_msgTypes[24]
+	mi := &file_tokenpb_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1846,7 @@ func (x *RemoveWatchRequest) String() string {
 func (*RemoveWatchRequest) ProtoMessage() {}
 
 func (x *RemoveWatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[24]
+	mi := &file_tokenpb_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1859,7 @@ func (x *RemoveWatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatchRequest.ProtoReflect.Descriptor instead.
 func (*RemoveWatchRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{24}
+	return file_tokenpb_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveWatchRequest) GetId() uint64 {
@@ -1736,7 +1877,7 @@ type RemoveWatchResponse struct {
 
 func (x *RemoveWatchResponse) Reset() {
 	*x = RemoveWatchResponse{}
-	mi := &file_tokenpb_proto_msgTypes[25]
+	mi := &file_tokenpb_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1889,7 @@ func (x *RemoveWatchResponse) String() string {
 func (*RemoveWatchResponse) ProtoMessage() {}
 
 func (x *RemoveWatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[25]
+	mi := &file_tokenpb_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1902,7 @@ func (x *RemoveWatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveWatchResponse.ProtoReflect.Descriptor instead.
 func (*RemoveWatchResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{25}
+	return file_tokenpb_proto_rawDescGZIP(), []int{27}
 }
 
 type ListWatchesRequest struct {
@@ -1772,7 +1913,7 @@ type ListWatchesRequest struct {
 
 func (x *ListWatchesRequest) Reset() {
 	*x = ListWatchesRequest{}
-	mi := &file_tokenpb_proto_msgTypes[26]
+	mi := &file_tokenpb_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +1925,7 @@ func (x *ListWatchesRequest) String() string {
 func (*ListWatchesRequest) ProtoMessage() {}
 
 func (x *ListWatchesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[26]
+	mi := &file_tokenpb_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +1938,7 @@ func (x *ListWatchesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWatchesRequest.ProtoReflect.Descriptor instead.
 func (*ListWatchesRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{26}
+	return file_tokenpb_proto_rawDescGZIP(), []int{28}
 }
 
 type ListWatchesResponse struct {
@@ -1811,7 +1952,7 @@ type ListWatchesResponse struct {
 
 func (x *ListWatchesResponse) Reset() {
 	*x = ListWatchesResponse{}
-	mi := &file_tokenpb_proto_msgTypes[27]
+	mi := &file_tokenpb_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1823,7 +1964,7 @@ func (x *ListWatchesResponse) String() string {
 func (*ListWatchesResponse) ProtoMessage() {}
 
 func (x *ListWatchesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[27]
+	mi := &file_tokenpb_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1836,7 +1977,7 @@ func (x *ListWatchesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWatchesResponse.ProtoReflect.Descriptor instead.
 func (*ListWatchesResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{27}
+	return file_tokenpb_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListWatchesResponse) GetWatches() []*RunawayWatch {
@@ -1872,7 +2013,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_tokenpb_proto_msgTypes[28]
+	mi := &file_tokenpb_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +2025,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[28]
+	mi := &file_tokenpb_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2038,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{28}
+	return file_tokenpb_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchRequest) GetAfterRevision() int64 {
@@ -1929,7 +2070,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_tokenpb_proto_msgTypes[29]
+	mi := &file_tokenpb_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2082,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[29]
+	mi := &file_tokenpb_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2095,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{29}
+	return file_tokenpb_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -2004,7 +2145,7 @@ type WatchResponse struct {
 
 func (x *WatchResponse) Reset() {
 	*x = WatchResponse{}
-	mi := &file_tokenpb_proto_msgTypes[30]
+	mi := &file_tokenpb_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2157,7 @@ func (x *WatchResponse) String() string {
 func (*WatchResponse) ProtoMessage() {}
 
 func (x *WatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[30]
+	mi := &file_tokenpb_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2170,7 @@ func (x *WatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
 func (*WatchResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{30}
+	return file_tokenpb_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WatchResponse) GetRevision() int64 {
@@ -2074,14 +2215,30 @@ type Consumption struct {
 	// Statements of the group refused with 8252 since the last report
 	// (rgproxy_throttled_total's increase); rgserver sums them per group
 	// (rgserver_throttled_total). 0 from a proxy that does not say.
-	Throttled     uint64 `protobuf:"varint,7,opt,name=throttled,proto3" json:"throttled,omitempty"`
+	Throttled uint64 `protobuf:"varint,7,opt,name=throttled,proto3" json:"throttled,omitempty"`
+	// Statements of the group refused before they ran other than by 8252
+	// (a budget's REFUSE) since the last report. 0 from a proxy that does
+	// not say.
+	Refused uint64 `protobuf:"varint,8,opt,name=refused,proto3" json:"refused,omitempty"`
+	// The RU (their estimates) of the statements that had to wait for
+	// tokens before they ran, since the last report: the demand that
+	// waited. 0 from a proxy that does not say.
+	WaitedRu float64 `protobuf:"fixed64,9,opt,name=waited_ru,json=waitedRu,proto3" json:"waited_ru,omitempty"`
+	// The RU (their estimates) of the statements throttled or refused, that
+	// never ran, since the last report: the demand not served.
+	DeniedRu float64 `protobuf:"fixed64,10,opt,name=denied_ru,json=deniedRu,proto3" json:"denied_ru,omitempty"`
+	// The time the report covers, in ms: since the proxy's previous report
+	// of the group, at most 60,000 (rgserver spreads the figures over it in
+	// the usage history). 0 from a proxy that does not say: the time since
+	// the stream's previous report of the group.
+	IntervalMs    uint32 `protobuf:"varint,11,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Consumption) Reset() {
 	*x = Consumption{}
-	mi := &file_tokenpb_proto_msgTypes[31]
+	mi := &file_tokenpb_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2250,7 @@ func (x *Consumption) String() string {
 func (*Consumption) ProtoMessage() {}
 
 func (x *Consumption) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[31]
+	mi := &file_tokenpb_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2263,7 @@ func (x *Consumption) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Consumption.ProtoReflect.Descriptor instead.
 func (*Consumption) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{31}
+	return file_tokenpb_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Consumption) GetRru() float64 {
@@ -2158,6 +2315,34 @@ func (x *Consumption) GetThrottled() uint64 {
 	return 0
 }
 
+func (x *Consumption) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *Consumption) GetWaitedRu() float64 {
+	if x != nil {
+		return x.WaitedRu
+	}
+	return 0
+}
+
+func (x *Consumption) GetDeniedRu() float64 {
+	if x != nil {
+		return x.DeniedRu
+	}
+	return 0
+}
+
+func (x *Consumption) GetIntervalMs() uint32 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
 type GroupTokenRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
@@ -2190,7 +2375,7 @@ type GroupTokenRequest struct {
 
 func (x *GroupTokenRequest) Reset() {
 	*x = GroupTokenRequest{}
-	mi := &file_tokenpb_proto_msgTypes[32]
+	mi := &file_tokenpb_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2387,7 @@ func (x *GroupTokenRequest) String() string {
 func (*GroupTokenRequest) ProtoMessage() {}
 
 func (x *GroupTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[32]
+	mi := &file_tokenpb_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2400,7 @@ func (x *GroupTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupTokenRequest.ProtoReflect.Descriptor instead.
 func (*GroupTokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{32}
+	return file_tokenpb_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GroupTokenRequest) GetGroup() string {
@@ -2286,7 +2471,7 @@ type TokenRequest struct {
 
 func (x *TokenRequest) Reset() {
 	*x = TokenRequest{}
-	mi := &file_tokenpb_proto_msgTypes[33]
+	mi := &file_tokenpb_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2483,7 @@ func (x *TokenRequest) String() string {
 func (*TokenRequest) ProtoMessage() {}
 
 func (x *TokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[33]
+	mi := &file_tokenpb_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2496,7 @@ func (x *TokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRequest.ProtoReflect.Descriptor instead.
 func (*TokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{33}
+	return file_tokenpb_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TokenRequest) GetProxyId() string {
@@ -2358,7 +2543,7 @@ type ProxyCapabilities struct {
 
 func (x *ProxyCapabilities) Reset() {
 	*x = ProxyCapabilities{}
-	mi := &file_tokenpb_proto_msgTypes[34]
+	mi := &file_tokenpb_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2555,7 @@ func (x *ProxyCapabilities) String() string {
 func (*ProxyCapabilities) ProtoMessage() {}
 
 func (x *ProxyCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[34]
+	mi := &file_tokenpb_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2568,7 @@ func (x *ProxyCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyCapabilities.ProtoReflect.Descriptor instead.
 func (*ProxyCapabilities) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{34}
+	return file_tokenpb_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ProxyCapabilities) GetCanKill() bool {
@@ -2447,7 +2632,7 @@ type GroupGrant struct {
 
 func (x *GroupGrant) Reset() {
 	*x = GroupGrant{}
-	mi := &file_tokenpb_proto_msgTypes[35]
+	mi := &file_tokenpb_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2459,7 +2644,7 @@ func (x *GroupGrant) String() string {
 func (*GroupGrant) ProtoMessage() {}
 
 func (x *GroupGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[35]
+	mi := &file_tokenpb_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2472,7 +2657,7 @@ func (x *GroupGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupGrant.ProtoReflect.Descriptor instead.
 func (*GroupGrant) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{35}
+	return file_tokenpb_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GroupGrant) GetGroup() string {
@@ -2563,7 +2748,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_tokenpb_proto_msgTypes[36]
+	mi := &file_tokenpb_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2575,7 +2760,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[36]
+	mi := &file_tokenpb_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2588,7 +2773,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{36}
+	return file_tokenpb_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NotLeader) GetLeaderAddr() string {
@@ -2612,7 +2797,7 @@ type TokenResponse struct {
 
 func (x *TokenResponse) Reset() {
 	*x = TokenResponse{}
-	mi := &file_tokenpb_proto_msgTypes[37]
+	mi := &file_tokenpb_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2624,7 +2809,7 @@ func (x *TokenResponse) String() string {
 func (*TokenResponse) ProtoMessage() {}
 
 func (x *TokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[37]
+	mi := &file_tokenpb_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2637,7 +2822,7 @@ func (x *TokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenResponse.ProtoReflect.Descriptor instead.
 func (*TokenResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{37}
+	return file_tokenpb_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TokenResponse) GetRequestId() uint64 {
@@ -2691,7 +2876,7 @@ type StatementSummaryRow struct {
 
 func (x *StatementSummaryRow) Reset() {
 	*x = StatementSummaryRow{}
-	mi := &file_tokenpb_proto_msgTypes[38]
+	mi := &file_tokenpb_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +2888,7 @@ func (x *StatementSummaryRow) String() string {
 func (*StatementSummaryRow) ProtoMessage() {}
 
 func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[38]
+	mi := &file_tokenpb_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +2901,7 @@ func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatementSummaryRow.ProtoReflect.Descriptor instead.
 func (*StatementSummaryRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{38}
+	return file_tokenpb_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *StatementSummaryRow) GetResourceGroup() string {
@@ -2851,7 +3036,7 @@ type GroupUsageRow struct {
 
 func (x *GroupUsageRow) Reset() {
 	*x = GroupUsageRow{}
-	mi := &file_tokenpb_proto_msgTypes[39]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +3048,7 @@ func (x *GroupUsageRow) String() string {
 func (*GroupUsageRow) ProtoMessage() {}
 
 func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[39]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3061,7 @@ func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsageRow.ProtoReflect.Descriptor instead.
 func (*GroupUsageRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{39}
+	return file_tokenpb_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GroupUsageRow) GetResourceGroup() string {
@@ -2943,7 +3128,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2955,7 +3140,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2968,7 +3153,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{40}
+	return file_tokenpb_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *InspectRequest) GetRequestId() uint64 {
@@ -3028,7 +3213,7 @@ type InspectHello struct {
 
 func (x *InspectHello) Reset() {
 	*x = InspectHello{}
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3040,7 +3225,7 @@ func (x *InspectHello) String() string {
 func (*InspectHello) ProtoMessage() {}
 
 func (x *InspectHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3053,7 +3238,7 @@ func (x *InspectHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectHello.ProtoReflect.Descriptor instead.
 func (*InspectHello) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{41}
+	return file_tokenpb_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *InspectHello) GetProxyId() string {
@@ -3086,7 +3271,7 @@ type InspectReply struct {
 
 func (x *InspectReply) Reset() {
 	*x = InspectReply{}
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3098,7 +3283,7 @@ func (x *InspectReply) String() string {
 func (*InspectReply) ProtoMessage() {}
 
 func (x *InspectReply) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3111,7 +3296,7 @@ func (x *InspectReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectReply.ProtoReflect.Descriptor instead.
 func (*InspectReply) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{42}
+	return file_tokenpb_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *InspectReply) GetHello() *InspectHello {
@@ -3161,7 +3346,7 @@ type ClusterInspectRequest struct {
 
 func (x *ClusterInspectRequest) Reset() {
 	*x = ClusterInspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3173,7 +3358,7 @@ func (x *ClusterInspectRequest) String() string {
 func (*ClusterInspectRequest) ProtoMessage() {}
 
 func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3186,7 +3371,7 @@ func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectRequest.ProtoReflect.Descriptor instead.
 func (*ClusterInspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{43}
+	return file_tokenpb_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ClusterInspectRequest) GetKind() InspectKind {
@@ -3224,7 +3409,7 @@ type InstanceRows struct {
 
 func (x *InstanceRows) Reset() {
 	*x = InstanceRows{}
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3421,7 @@ func (x *InstanceRows) String() string {
 func (*InstanceRows) ProtoMessage() {}
 
 func (x *InstanceRows) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3434,7 @@ func (x *InstanceRows) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceRows.ProtoReflect.Descriptor instead.
 func (*InstanceRows) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{44}
+	return file_tokenpb_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *InstanceRows) GetInstance() string {
@@ -3294,7 +3479,7 @@ type ClusterInspectResponse struct {
 
 func (x *ClusterInspectResponse) Reset() {
 	*x = ClusterInspectResponse{}
-	mi := &file_tokenpb_proto_msgTypes[45]
+	mi := &file_tokenpb_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3306,7 +3491,7 @@ func (x *ClusterInspectResponse) String() string {
 func (*ClusterInspectResponse) ProtoMessage() {}
 
 func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[45]
+	mi := &file_tokenpb_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3319,7 +3504,7 @@ func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectResponse.ProtoReflect.Descriptor instead.
 func (*ClusterInspectResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{45}
+	return file_tokenpb_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ClusterInspectResponse) GetInstances() []*InstanceRows {
@@ -3379,7 +3564,7 @@ type RunawayEvent struct {
 
 func (x *RunawayEvent) Reset() {
 	*x = RunawayEvent{}
-	mi := &file_tokenpb_proto_msgTypes[46]
+	mi := &file_tokenpb_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3391,7 +3576,7 @@ func (x *RunawayEvent) String() string {
 func (*RunawayEvent) ProtoMessage() {}
 
 func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[46]
+	mi := &file_tokenpb_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3404,7 +3589,7 @@ func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayEvent.ProtoReflect.Descriptor instead.
 func (*RunawayEvent) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{46}
+	return file_tokenpb_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RunawayEvent) GetResourceGroup() string {
@@ -3483,7 +3668,7 @@ type RecordRunawaysRequest struct {
 
 func (x *RecordRunawaysRequest) Reset() {
 	*x = RecordRunawaysRequest{}
-	mi := &file_tokenpb_proto_msgTypes[47]
+	mi := &file_tokenpb_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3495,7 +3680,7 @@ func (x *RecordRunawaysRequest) String() string {
 func (*RecordRunawaysRequest) ProtoMessage() {}
 
 func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[47]
+	mi := &file_tokenpb_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3508,7 +3693,7 @@ func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRunawaysRequest.ProtoReflect.Descriptor instead.
 func (*RecordRunawaysRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{47}
+	return file_tokenpb_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RecordRunawaysRequest) GetInstance() string {
@@ -3537,7 +3722,7 @@ type RecordRunawaysResponse struct {
 
 func (x *RecordRunawaysResponse) Reset() {
 	*x = RecordRunawaysResponse{}
-	mi := &file_tokenpb_proto_msgTypes[48]
+	mi := &file_tokenpb_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3549,7 +3734,7 @@ func (x *RecordRunawaysResponse) String() string {
 func (*RecordRunawaysResponse) ProtoMessage() {}
 
 func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[48]
+	mi := &file_tokenpb_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3562,7 +3747,7 @@ func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRunawaysResponse.ProtoReflect.Descriptor instead.
 func (*RecordRunawaysResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{48}
+	return file_tokenpb_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RecordRunawaysResponse) GetAccepted() uint32 {
@@ -3593,7 +3778,7 @@ type ListRunawaysRequest struct {
 
 func (x *ListRunawaysRequest) Reset() {
 	*x = ListRunawaysRequest{}
-	mi := &file_tokenpb_proto_msgTypes[49]
+	mi := &file_tokenpb_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3605,7 +3790,7 @@ func (x *ListRunawaysRequest) String() string {
 func (*ListRunawaysRequest) ProtoMessage() {}
 
 func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[49]
+	mi := &file_tokenpb_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3618,7 +3803,7 @@ func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunawaysRequest.ProtoReflect.Descriptor instead.
 func (*ListRunawaysRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{49}
+	return file_tokenpb_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListRunawaysRequest) GetAllGroups() bool {
@@ -3667,7 +3852,7 @@ type RunawayRow struct {
 
 func (x *RunawayRow) Reset() {
 	*x = RunawayRow{}
-	mi := &file_tokenpb_proto_msgTypes[50]
+	mi := &file_tokenpb_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3679,7 +3864,7 @@ func (x *RunawayRow) String() string {
 func (*RunawayRow) ProtoMessage() {}
 
 func (x *RunawayRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[50]
+	mi := &file_tokenpb_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3692,7 +3877,7 @@ func (x *RunawayRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayRow.ProtoReflect.Descriptor instead.
 func (*RunawayRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{50}
+	return file_tokenpb_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RunawayRow) GetInstance() string {
@@ -3793,7 +3978,7 @@ type ListRunawaysResponse struct {
 
 func (x *ListRunawaysResponse) Reset() {
 	*x = ListRunawaysResponse{}
-	mi := &file_tokenpb_proto_msgTypes[51]
+	mi := &file_tokenpb_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3805,7 +3990,7 @@ func (x *ListRunawaysResponse) String() string {
 func (*ListRunawaysResponse) ProtoMessage() {}
 
 func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[51]
+	mi := &file_tokenpb_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3818,7 +4003,7 @@ func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunawaysResponse.ProtoReflect.Descriptor instead.
 func (*ListRunawaysResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{51}
+	return file_tokenpb_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListRunawaysResponse) GetRows() []*RunawayRow {
@@ -3842,6 +4027,279 @@ func (x *ListRunawaysResponse) GetNotLeader() *NotLeader {
 	return nil
 }
 
+type UsageHistoryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every group's rows; else only those of groups (at most 1,000 names).
+	AllGroups bool     `protobuf:"varint,1,opt,name=all_groups,json=allGroups,proto3" json:"all_groups,omitempty"`
+	Groups    []string `protobuf:"bytes,2,rep,name=groups,proto3" json:"groups,omitempty"`
+	// Rows whose interval starts in [from_unix_ms, to_unix_ms); 0 to = now.
+	FromUnixMs int64 `protobuf:"varint,3,opt,name=from_unix_ms,json=fromUnixMs,proto3" json:"from_unix_ms,omitempty"`
+	ToUnixMs   int64 `protobuf:"varint,4,opt,name=to_unix_ms,json=toUnixMs,proto3" json:"to_unix_ms,omitempty"`
+	// 1, 60 or 3600 seconds; 0 = the finest granularity kept for all of the
+	// range.
+	GranularityS uint32 `protobuf:"varint,5,opt,name=granularity_s,json=granularityS,proto3" json:"granularity_s,omitempty"`
+	// At most this many rows, the newest first; 0 or more than 100,000 =
+	// 100,000.
+	Limit         uint32 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageHistoryRequest) Reset() {
+	*x = UsageHistoryRequest{}
+	mi := &file_tokenpb_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageHistoryRequest) ProtoMessage() {}
+
+func (x *UsageHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageHistoryRequest.ProtoReflect.Descriptor instead.
+func (*UsageHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *UsageHistoryRequest) GetAllGroups() bool {
+	if x != nil {
+		return x.AllGroups
+	}
+	return false
+}
+
+func (x *UsageHistoryRequest) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *UsageHistoryRequest) GetFromUnixMs() int64 {
+	if x != nil {
+		return x.FromUnixMs
+	}
+	return 0
+}
+
+func (x *UsageHistoryRequest) GetToUnixMs() int64 {
+	if x != nil {
+		return x.ToUnixMs
+	}
+	return 0
+}
+
+func (x *UsageHistoryRequest) GetGranularityS() uint32 {
+	if x != nil {
+		return x.GranularityS
+	}
+	return 0
+}
+
+func (x *UsageHistoryRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// UsageHistoryRow is what one group spent in one interval of the usage
+// history (information_schema.resource_group_usage_history). Intervals in
+// which the group did nothing have no row.
+type UsageHistoryRow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ResourceGroup string                 `protobuf:"bytes,1,opt,name=resource_group,json=resourceGroup,proto3" json:"resource_group,omitempty"`
+	StartUnixMs   int64                  `protobuf:"varint,2,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
+	// 1, 60 or 3600.
+	GranularityS  uint32  `protobuf:"varint,3,opt,name=granularity_s,json=granularityS,proto3" json:"granularity_s,omitempty"`
+	Rru           float64 `protobuf:"fixed64,4,opt,name=rru,proto3" json:"rru,omitempty"`
+	Wru           float64 `protobuf:"fixed64,5,opt,name=wru,proto3" json:"wru,omitempty"`
+	Statements    uint64  `protobuf:"varint,6,opt,name=statements,proto3" json:"statements,omitempty"`
+	Throttled     uint64  `protobuf:"varint,7,opt,name=throttled,proto3" json:"throttled,omitempty"`
+	Refused       uint64  `protobuf:"varint,8,opt,name=refused,proto3" json:"refused,omitempty"`
+	WaitedRu      float64 `protobuf:"fixed64,9,opt,name=waited_ru,json=waitedRu,proto3" json:"waited_ru,omitempty"`
+	DeniedRu      float64 `protobuf:"fixed64,10,opt,name=denied_ru,json=deniedRu,proto3" json:"denied_ru,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageHistoryRow) Reset() {
+	*x = UsageHistoryRow{}
+	mi := &file_tokenpb_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageHistoryRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageHistoryRow) ProtoMessage() {}
+
+func (x *UsageHistoryRow) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageHistoryRow.ProtoReflect.Descriptor instead.
+func (*UsageHistoryRow) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *UsageHistoryRow) GetResourceGroup() string {
+	if x != nil {
+		return x.ResourceGroup
+	}
+	return ""
+}
+
+func (x *UsageHistoryRow) GetStartUnixMs() int64 {
+	if x != nil {
+		return x.StartUnixMs
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetGranularityS() uint32 {
+	if x != nil {
+		return x.GranularityS
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetRru() float64 {
+	if x != nil {
+		return x.Rru
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetWru() float64 {
+	if x != nil {
+		return x.Wru
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetStatements() uint64 {
+	if x != nil {
+		return x.Statements
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetThrottled() uint64 {
+	if x != nil {
+		return x.Throttled
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetWaitedRu() float64 {
+	if x != nil {
+		return x.WaitedRu
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetDeniedRu() float64 {
+	if x != nil {
+		return x.DeniedRu
+	}
+	return 0
+}
+
+type UsageHistoryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest first, then by group.
+	Rows []*UsageHistoryRow `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	// Rows were left out (limit, or the answer's size bound).
+	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// Set when this replica is not the leader: ask leader_addr.
+	NotLeader     *NotLeader `protobuf:"bytes,3,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageHistoryResponse) Reset() {
+	*x = UsageHistoryResponse{}
+	mi := &file_tokenpb_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageHistoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageHistoryResponse) ProtoMessage() {}
+
+func (x *UsageHistoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageHistoryResponse.ProtoReflect.Descriptor instead.
+func (*UsageHistoryResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *UsageHistoryResponse) GetRows() []*UsageHistoryRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *UsageHistoryResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *UsageHistoryResponse) GetNotLeader() *NotLeader {
+	if x != nil {
+		return x.NotLeader
+	}
+	return nil
+}
+
 var File_tokenpb_proto protoreflect.FileDescriptor
 
 const file_tokenpb_proto_rawDesc = "" +
@@ -3854,7 +4312,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x06action\x18\x03 \x01(\x0e2\x18.rgproxy.token.v1.ActionR\x06action\x12!\n" +
 	"\fswitch_group\x18\x04 \x01(\tR\vswitchGroup\x121\n" +
 	"\x05watch\x18\x05 \x01(\x0e2\x1b.rgproxy.token.v1.WatchTypeR\x05watch\x12*\n" +
-	"\x11watch_duration_ms\x18\x06 \x01(\x03R\x0fwatchDurationMs\"\xe0\x02\n" +
+	"\x11watch_duration_ms\x18\x06 \x01(\x03R\x0fwatchDurationMs\"\x94\x03\n" +
 	"\rResourceGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\n" +
@@ -3866,7 +4324,17 @@ const file_tokenpb_proto_rawDesc = "" +
 	"queryLimit\x12\x18\n" +
 	"\aversion\x18\a \x01(\x03R\aversion\x12\x12\n" +
 	"\x04mode\x18\b \x01(\rR\x04mode\x12'\n" +
-	"\x0fmax_concurrency\x18\t \x01(\x04R\x0emaxConcurrency\"}\n" +
+	"\x0fmax_concurrency\x18\t \x01(\x04R\x0emaxConcurrency\x122\n" +
+	"\abudgets\x18\n" +
+	" \x03(\v2\x18.rgproxy.token.v1.BudgetR\abudgets\"m\n" +
+	"\x06Budget\x12\x0e\n" +
+	"\x02ru\x18\x01 \x01(\x04R\x02ru\x12\x16\n" +
+	"\x06period\x18\x02 \x01(\tR\x06period\x12;\n" +
+	"\btriggers\x18\x03 \x03(\v2\x1f.rgproxy.token.v1.BudgetTriggerR\btriggers\"p\n" +
+	"\rBudgetTrigger\x12\x18\n" +
+	"\apercent\x18\x01 \x01(\rR\apercent\x12\x16\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\x12-\n" +
+	"\x13throttle_ru_per_sec\x18\x03 \x01(\x04R\x10throttleRuPerSec\"}\n" +
 	"\aBinding\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x14\n" +
@@ -3947,7 +4415,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x124\n" +
 	"\x06events\x18\x03 \x03(\v2\x1c.rgproxy.token.v1.WatchEventR\x06events\x12\x12\n" +
-	"\x04more\x18\x04 \x01(\bR\x04more\"\xd8\x01\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xcd\x02\n" +
 	"\vConsumption\x12\x10\n" +
 	"\x03rru\x18\x01 \x01(\x01R\x03rru\x12\x10\n" +
 	"\x03wru\x18\x02 \x01(\x01R\x03wru\x12\x1d\n" +
@@ -3959,7 +4427,13 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"statements\x18\x06 \x01(\x04R\n" +
 	"statements\x12\x1c\n" +
-	"\tthrottled\x18\a \x01(\x04R\tthrottled\"\xa3\x02\n" +
+	"\tthrottled\x18\a \x01(\x04R\tthrottled\x12\x18\n" +
+	"\arefused\x18\b \x01(\x04R\arefused\x12\x1b\n" +
+	"\twaited_ru\x18\t \x01(\x01R\bwaitedRu\x12\x1b\n" +
+	"\tdenied_ru\x18\n" +
+	" \x01(\x01R\bdeniedRu\x12\x1f\n" +
+	"\vinterval_ms\x18\v \x01(\rR\n" +
+	"intervalMs\"\xa3\x02\n" +
 	"\x11GroupTokenRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12#\n" +
 	"\rtokens_wanted\x18\x02 \x01(\x01R\ftokensWanted\x12)\n" +
@@ -4128,6 +4602,35 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x04rows\x18\x01 \x03(\v2\x1c.rgproxy.token.v1.RunawayRowR\x04rows\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12:\n" +
 	"\n" +
+	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\xc7\x01\n" +
+	"\x13UsageHistoryRequest\x12\x1d\n" +
+	"\n" +
+	"all_groups\x18\x01 \x01(\bR\tallGroups\x12\x16\n" +
+	"\x06groups\x18\x02 \x03(\tR\x06groups\x12 \n" +
+	"\ffrom_unix_ms\x18\x03 \x01(\x03R\n" +
+	"fromUnixMs\x12\x1c\n" +
+	"\n" +
+	"to_unix_ms\x18\x04 \x01(\x03R\btoUnixMs\x12#\n" +
+	"\rgranularity_s\x18\x05 \x01(\rR\fgranularityS\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\rR\x05limit\"\xb7\x02\n" +
+	"\x0fUsageHistoryRow\x12%\n" +
+	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12\"\n" +
+	"\rstart_unix_ms\x18\x02 \x01(\x03R\vstartUnixMs\x12#\n" +
+	"\rgranularity_s\x18\x03 \x01(\rR\fgranularityS\x12\x10\n" +
+	"\x03rru\x18\x04 \x01(\x01R\x03rru\x12\x10\n" +
+	"\x03wru\x18\x05 \x01(\x01R\x03wru\x12\x1e\n" +
+	"\n" +
+	"statements\x18\x06 \x01(\x04R\n" +
+	"statements\x12\x1c\n" +
+	"\tthrottled\x18\a \x01(\x04R\tthrottled\x12\x18\n" +
+	"\arefused\x18\b \x01(\x04R\arefused\x12\x1b\n" +
+	"\twaited_ru\x18\t \x01(\x01R\bwaitedRu\x12\x1b\n" +
+	"\tdenied_ru\x18\n" +
+	" \x01(\x01R\bdeniedRu\"\xa7\x01\n" +
+	"\x14UsageHistoryResponse\x125\n" +
+	"\x04rows\x18\x01 \x03(\v2!.rgproxy.token.v1.UsageHistoryRowR\x04rows\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12:\n" +
+	"\n" +
 	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader*D\n" +
 	"\bPriority\x12\x13\n" +
 	"\x0fPRIORITY_MEDIUM\x10\x00\x12\x10\n" +
@@ -4182,7 +4685,9 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x0eClusterInspect\x12'.rgproxy.token.v1.ClusterInspectRequest\x1a(.rgproxy.token.v1.ClusterInspectResponse2\xd4\x01\n" +
 	"\x0eRunawayService\x12c\n" +
 	"\x0eRecordRunaways\x12'.rgproxy.token.v1.RecordRunawaysRequest\x1a(.rgproxy.token.v1.RecordRunawaysResponse\x12]\n" +
-	"\fListRunaways\x12%.rgproxy.token.v1.ListRunawaysRequest\x1a&.rgproxy.token.v1.ListRunawaysResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
+	"\fListRunaways\x12%.rgproxy.token.v1.ListRunawaysRequest\x1a&.rgproxy.token.v1.ListRunawaysResponse2m\n" +
+	"\fUsageService\x12]\n" +
+	"\fUsageHistory\x12%.rgproxy.token.v1.UsageHistoryRequest\x1a&.rgproxy.token.v1.UsageHistoryResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
 
 var (
 	file_tokenpb_proto_rawDescOnce sync.Once
@@ -4197,7 +4702,7 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_tokenpb_proto_goTypes = []any{
 	(Priority)(0),                  // 0: rgproxy.token.v1.Priority
 	(BurstMode)(0),                 // 1: rgproxy.token.v1.BurstMode
@@ -4208,56 +4713,61 @@ var file_tokenpb_proto_goTypes = []any{
 	(WatchEvent_Type)(0),           // 6: rgproxy.token.v1.WatchEvent.Type
 	(*QueryLimit)(nil),             // 7: rgproxy.token.v1.QueryLimit
 	(*ResourceGroup)(nil),          // 8: rgproxy.token.v1.ResourceGroup
-	(*Binding)(nil),                // 9: rgproxy.token.v1.Binding
-	(*CreateGroupRequest)(nil),     // 10: rgproxy.token.v1.CreateGroupRequest
-	(*CreateGroupResponse)(nil),    // 11: rgproxy.token.v1.CreateGroupResponse
-	(*AlterGroupRequest)(nil),      // 12: rgproxy.token.v1.AlterGroupRequest
-	(*AlterGroupResponse)(nil),     // 13: rgproxy.token.v1.AlterGroupResponse
-	(*DropGroupRequest)(nil),       // 14: rgproxy.token.v1.DropGroupRequest
-	(*DropGroupResponse)(nil),      // 15: rgproxy.token.v1.DropGroupResponse
-	(*GetGroupRequest)(nil),        // 16: rgproxy.token.v1.GetGroupRequest
-	(*GetGroupResponse)(nil),       // 17: rgproxy.token.v1.GetGroupResponse
-	(*ListGroupsRequest)(nil),      // 18: rgproxy.token.v1.ListGroupsRequest
-	(*ListGroupsResponse)(nil),     // 19: rgproxy.token.v1.ListGroupsResponse
-	(*BindUserRequest)(nil),        // 20: rgproxy.token.v1.BindUserRequest
-	(*BindUserResponse)(nil),       // 21: rgproxy.token.v1.BindUserResponse
-	(*UnbindUserRequest)(nil),      // 22: rgproxy.token.v1.UnbindUserRequest
-	(*UnbindUserResponse)(nil),     // 23: rgproxy.token.v1.UnbindUserResponse
-	(*GetBindingRequest)(nil),      // 24: rgproxy.token.v1.GetBindingRequest
-	(*GetBindingResponse)(nil),     // 25: rgproxy.token.v1.GetBindingResponse
-	(*ListBindingsRequest)(nil),    // 26: rgproxy.token.v1.ListBindingsRequest
-	(*ListBindingsResponse)(nil),   // 27: rgproxy.token.v1.ListBindingsResponse
-	(*RunawayWatch)(nil),           // 28: rgproxy.token.v1.RunawayWatch
-	(*AddWatchRequest)(nil),        // 29: rgproxy.token.v1.AddWatchRequest
-	(*AddWatchResponse)(nil),       // 30: rgproxy.token.v1.AddWatchResponse
-	(*RemoveWatchRequest)(nil),     // 31: rgproxy.token.v1.RemoveWatchRequest
-	(*RemoveWatchResponse)(nil),    // 32: rgproxy.token.v1.RemoveWatchResponse
-	(*ListWatchesRequest)(nil),     // 33: rgproxy.token.v1.ListWatchesRequest
-	(*ListWatchesResponse)(nil),    // 34: rgproxy.token.v1.ListWatchesResponse
-	(*WatchRequest)(nil),           // 35: rgproxy.token.v1.WatchRequest
-	(*WatchEvent)(nil),             // 36: rgproxy.token.v1.WatchEvent
-	(*WatchResponse)(nil),          // 37: rgproxy.token.v1.WatchResponse
-	(*Consumption)(nil),            // 38: rgproxy.token.v1.Consumption
-	(*GroupTokenRequest)(nil),      // 39: rgproxy.token.v1.GroupTokenRequest
-	(*TokenRequest)(nil),           // 40: rgproxy.token.v1.TokenRequest
-	(*ProxyCapabilities)(nil),      // 41: rgproxy.token.v1.ProxyCapabilities
-	(*GroupGrant)(nil),             // 42: rgproxy.token.v1.GroupGrant
-	(*NotLeader)(nil),              // 43: rgproxy.token.v1.NotLeader
-	(*TokenResponse)(nil),          // 44: rgproxy.token.v1.TokenResponse
-	(*StatementSummaryRow)(nil),    // 45: rgproxy.token.v1.StatementSummaryRow
-	(*GroupUsageRow)(nil),          // 46: rgproxy.token.v1.GroupUsageRow
-	(*InspectRequest)(nil),         // 47: rgproxy.token.v1.InspectRequest
-	(*InspectHello)(nil),           // 48: rgproxy.token.v1.InspectHello
-	(*InspectReply)(nil),           // 49: rgproxy.token.v1.InspectReply
-	(*ClusterInspectRequest)(nil),  // 50: rgproxy.token.v1.ClusterInspectRequest
-	(*InstanceRows)(nil),           // 51: rgproxy.token.v1.InstanceRows
-	(*ClusterInspectResponse)(nil), // 52: rgproxy.token.v1.ClusterInspectResponse
-	(*RunawayEvent)(nil),           // 53: rgproxy.token.v1.RunawayEvent
-	(*RecordRunawaysRequest)(nil),  // 54: rgproxy.token.v1.RecordRunawaysRequest
-	(*RecordRunawaysResponse)(nil), // 55: rgproxy.token.v1.RecordRunawaysResponse
-	(*ListRunawaysRequest)(nil),    // 56: rgproxy.token.v1.ListRunawaysRequest
-	(*RunawayRow)(nil),             // 57: rgproxy.token.v1.RunawayRow
-	(*ListRunawaysResponse)(nil),   // 58: rgproxy.token.v1.ListRunawaysResponse
+	(*Budget)(nil),                 // 9: rgproxy.token.v1.Budget
+	(*BudgetTrigger)(nil),          // 10: rgproxy.token.v1.BudgetTrigger
+	(*Binding)(nil),                // 11: rgproxy.token.v1.Binding
+	(*CreateGroupRequest)(nil),     // 12: rgproxy.token.v1.CreateGroupRequest
+	(*CreateGroupResponse)(nil),    // 13: rgproxy.token.v1.CreateGroupResponse
+	(*AlterGroupRequest)(nil),      // 14: rgproxy.token.v1.AlterGroupRequest
+	(*AlterGroupResponse)(nil),     // 15: rgproxy.token.v1.AlterGroupResponse
+	(*DropGroupRequest)(nil),       // 16: rgproxy.token.v1.DropGroupRequest
+	(*DropGroupResponse)(nil),      // 17: rgproxy.token.v1.DropGroupResponse
+	(*GetGroupRequest)(nil),        // 18: rgproxy.token.v1.GetGroupRequest
+	(*GetGroupResponse)(nil),       // 19: rgproxy.token.v1.GetGroupResponse
+	(*ListGroupsRequest)(nil),      // 20: rgproxy.token.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),     // 21: rgproxy.token.v1.ListGroupsResponse
+	(*BindUserRequest)(nil),        // 22: rgproxy.token.v1.BindUserRequest
+	(*BindUserResponse)(nil),       // 23: rgproxy.token.v1.BindUserResponse
+	(*UnbindUserRequest)(nil),      // 24: rgproxy.token.v1.UnbindUserRequest
+	(*UnbindUserResponse)(nil),     // 25: rgproxy.token.v1.UnbindUserResponse
+	(*GetBindingRequest)(nil),      // 26: rgproxy.token.v1.GetBindingRequest
+	(*GetBindingResponse)(nil),     // 27: rgproxy.token.v1.GetBindingResponse
+	(*ListBindingsRequest)(nil),    // 28: rgproxy.token.v1.ListBindingsRequest
+	(*ListBindingsResponse)(nil),   // 29: rgproxy.token.v1.ListBindingsResponse
+	(*RunawayWatch)(nil),           // 30: rgproxy.token.v1.RunawayWatch
+	(*AddWatchRequest)(nil),        // 31: rgproxy.token.v1.AddWatchRequest
+	(*AddWatchResponse)(nil),       // 32: rgproxy.token.v1.AddWatchResponse
+	(*RemoveWatchRequest)(nil),     // 33: rgproxy.token.v1.RemoveWatchRequest
+	(*RemoveWatchResponse)(nil),    // 34: rgproxy.token.v1.RemoveWatchResponse
+	(*ListWatchesRequest)(nil),     // 35: rgproxy.token.v1.ListWatchesRequest
+	(*ListWatchesResponse)(nil),    // 36: rgproxy.token.v1.ListWatchesResponse
+	(*WatchRequest)(nil),           // 37: rgproxy.token.v1.WatchRequest
+	(*WatchEvent)(nil),             // 38: rgproxy.token.v1.WatchEvent
+	(*WatchResponse)(nil),          // 39: rgproxy.token.v1.WatchResponse
+	(*Consumption)(nil),            // 40: rgproxy.token.v1.Consumption
+	(*GroupTokenRequest)(nil),      // 41: rgproxy.token.v1.GroupTokenRequest
+	(*TokenRequest)(nil),           // 42: rgproxy.token.v1.TokenRequest
+	(*ProxyCapabilities)(nil),      // 43: rgproxy.token.v1.ProxyCapabilities
+	(*GroupGrant)(nil),             // 44: rgproxy.token.v1.GroupGrant
+	(*NotLeader)(nil),              // 45: rgproxy.token.v1.NotLeader
+	(*TokenResponse)(nil),          // 46: rgproxy.token.v1.TokenResponse
+	(*StatementSummaryRow)(nil),    // 47: rgproxy.token.v1.StatementSummaryRow
+	(*GroupUsageRow)(nil),          // 48: rgproxy.token.v1.GroupUsageRow
+	(*InspectRequest)(nil),         // 49: rgproxy.token.v1.InspectRequest
+	(*InspectHello)(nil),           // 50: rgproxy.token.v1.InspectHello
+	(*InspectReply)(nil),           // 51: rgproxy.token.v1.InspectReply
+	(*ClusterInspectRequest)(nil),  // 52: rgproxy.token.v1.ClusterInspectRequest
+	(*InstanceRows)(nil),           // 53: rgproxy.token.v1.InstanceRows
+	(*ClusterInspectResponse)(nil), // 54: rgproxy.token.v1.ClusterInspectResponse
+	(*RunawayEvent)(nil),           // 55: rgproxy.token.v1.RunawayEvent
+	(*RecordRunawaysRequest)(nil),  // 56: rgproxy.token.v1.RecordRunawaysRequest
+	(*RecordRunawaysResponse)(nil), // 57: rgproxy.token.v1.RecordRunawaysResponse
+	(*ListRunawaysRequest)(nil),    // 58: rgproxy.token.v1.ListRunawaysRequest
+	(*RunawayRow)(nil),             // 59: rgproxy.token.v1.RunawayRow
+	(*ListRunawaysResponse)(nil),   // 60: rgproxy.token.v1.ListRunawaysResponse
+	(*UsageHistoryRequest)(nil),    // 61: rgproxy.token.v1.UsageHistoryRequest
+	(*UsageHistoryRow)(nil),        // 62: rgproxy.token.v1.UsageHistoryRow
+	(*UsageHistoryResponse)(nil),   // 63: rgproxy.token.v1.UsageHistoryResponse
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
@@ -4265,86 +4775,92 @@ var file_tokenpb_proto_depIdxs = []int32{
 	0,  // 2: rgproxy.token.v1.ResourceGroup.priority:type_name -> rgproxy.token.v1.Priority
 	1,  // 3: rgproxy.token.v1.ResourceGroup.burst:type_name -> rgproxy.token.v1.BurstMode
 	7,  // 4: rgproxy.token.v1.ResourceGroup.query_limit:type_name -> rgproxy.token.v1.QueryLimit
-	8,  // 5: rgproxy.token.v1.CreateGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
-	8,  // 6: rgproxy.token.v1.CreateGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	8,  // 7: rgproxy.token.v1.AlterGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
-	8,  // 8: rgproxy.token.v1.AlterGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	8,  // 9: rgproxy.token.v1.GetGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
-	8,  // 10: rgproxy.token.v1.ListGroupsResponse.groups:type_name -> rgproxy.token.v1.ResourceGroup
-	9,  // 11: rgproxy.token.v1.BindUserRequest.binding:type_name -> rgproxy.token.v1.Binding
-	9,  // 12: rgproxy.token.v1.GetBindingResponse.binding:type_name -> rgproxy.token.v1.Binding
-	9,  // 13: rgproxy.token.v1.ListBindingsResponse.bindings:type_name -> rgproxy.token.v1.Binding
-	2,  // 14: rgproxy.token.v1.RunawayWatch.action:type_name -> rgproxy.token.v1.Action
-	3,  // 15: rgproxy.token.v1.RunawayWatch.match:type_name -> rgproxy.token.v1.WatchType
-	28, // 16: rgproxy.token.v1.AddWatchRequest.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	28, // 17: rgproxy.token.v1.AddWatchResponse.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	28, // 18: rgproxy.token.v1.ListWatchesResponse.watches:type_name -> rgproxy.token.v1.RunawayWatch
-	6,  // 19: rgproxy.token.v1.WatchEvent.type:type_name -> rgproxy.token.v1.WatchEvent.Type
-	8,  // 20: rgproxy.token.v1.WatchEvent.group:type_name -> rgproxy.token.v1.ResourceGroup
-	9,  // 21: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
-	28, // 22: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
-	36, // 23: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
-	38, // 24: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
-	39, // 25: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
-	41, // 26: rgproxy.token.v1.TokenRequest.capabilities:type_name -> rgproxy.token.v1.ProxyCapabilities
-	4,  // 27: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
-	42, // 28: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
-	43, // 29: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	5,  // 30: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	43, // 31: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	48, // 32: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
-	45, // 33: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	46, // 34: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	5,  // 35: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	45, // 36: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	46, // 37: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	51, // 38: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
-	43, // 39: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	53, // 40: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
-	43, // 41: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	57, // 42: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
-	43, // 43: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	10, // 44: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	12, // 45: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	14, // 46: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	16, // 47: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	18, // 48: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	20, // 49: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	22, // 50: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	24, // 51: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	26, // 52: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	29, // 53: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
-	31, // 54: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
-	33, // 55: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
-	35, // 56: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	40, // 57: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	49, // 58: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
-	50, // 59: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
-	54, // 60: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
-	56, // 61: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
-	11, // 62: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	13, // 63: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	15, // 64: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	17, // 65: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	19, // 66: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	21, // 67: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	23, // 68: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	25, // 69: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	27, // 70: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	30, // 71: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	32, // 72: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	34, // 73: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	37, // 74: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	44, // 75: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	47, // 76: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
-	52, // 77: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
-	55, // 78: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
-	58, // 79: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
-	62, // [62:80] is the sub-list for method output_type
-	44, // [44:62] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	9,  // 5: rgproxy.token.v1.ResourceGroup.budgets:type_name -> rgproxy.token.v1.Budget
+	10, // 6: rgproxy.token.v1.Budget.triggers:type_name -> rgproxy.token.v1.BudgetTrigger
+	8,  // 7: rgproxy.token.v1.CreateGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 8: rgproxy.token.v1.CreateGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 9: rgproxy.token.v1.AlterGroupRequest.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 10: rgproxy.token.v1.AlterGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 11: rgproxy.token.v1.GetGroupResponse.group:type_name -> rgproxy.token.v1.ResourceGroup
+	8,  // 12: rgproxy.token.v1.ListGroupsResponse.groups:type_name -> rgproxy.token.v1.ResourceGroup
+	11, // 13: rgproxy.token.v1.BindUserRequest.binding:type_name -> rgproxy.token.v1.Binding
+	11, // 14: rgproxy.token.v1.GetBindingResponse.binding:type_name -> rgproxy.token.v1.Binding
+	11, // 15: rgproxy.token.v1.ListBindingsResponse.bindings:type_name -> rgproxy.token.v1.Binding
+	2,  // 16: rgproxy.token.v1.RunawayWatch.action:type_name -> rgproxy.token.v1.Action
+	3,  // 17: rgproxy.token.v1.RunawayWatch.match:type_name -> rgproxy.token.v1.WatchType
+	30, // 18: rgproxy.token.v1.AddWatchRequest.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	30, // 19: rgproxy.token.v1.AddWatchResponse.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	30, // 20: rgproxy.token.v1.ListWatchesResponse.watches:type_name -> rgproxy.token.v1.RunawayWatch
+	6,  // 21: rgproxy.token.v1.WatchEvent.type:type_name -> rgproxy.token.v1.WatchEvent.Type
+	8,  // 22: rgproxy.token.v1.WatchEvent.group:type_name -> rgproxy.token.v1.ResourceGroup
+	11, // 23: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
+	30, // 24: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
+	38, // 25: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
+	40, // 26: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
+	41, // 27: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
+	43, // 28: rgproxy.token.v1.TokenRequest.capabilities:type_name -> rgproxy.token.v1.ProxyCapabilities
+	4,  // 29: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
+	44, // 30: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
+	45, // 31: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	5,  // 32: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	45, // 33: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	50, // 34: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
+	47, // 35: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	48, // 36: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	5,  // 37: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	47, // 38: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	48, // 39: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	53, // 40: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
+	45, // 41: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	55, // 42: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
+	45, // 43: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	59, // 44: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
+	45, // 45: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	62, // 46: rgproxy.token.v1.UsageHistoryResponse.rows:type_name -> rgproxy.token.v1.UsageHistoryRow
+	45, // 47: rgproxy.token.v1.UsageHistoryResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	12, // 48: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	14, // 49: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	16, // 50: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	18, // 51: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	20, // 52: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	22, // 53: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	24, // 54: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	26, // 55: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	28, // 56: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	31, // 57: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	33, // 58: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	35, // 59: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	37, // 60: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	42, // 61: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	51, // 62: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
+	52, // 63: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
+	56, // 64: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
+	58, // 65: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
+	61, // 66: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
+	13, // 67: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	15, // 68: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	17, // 69: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	19, // 70: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	21, // 71: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	23, // 72: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	25, // 73: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	27, // 74: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	29, // 75: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	32, // 76: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	34, // 77: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	36, // 78: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	39, // 79: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	46, // 80: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	49, // 81: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
+	54, // 82: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
+	57, // 83: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
+	60, // 84: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
+	63, // 85: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
+	67, // [67:86] is the sub-list for method output_type
+	48, // [48:67] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -4358,9 +4874,9 @@ func file_tokenpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   52,
+			NumMessages:   57,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_tokenpb_proto_goTypes,
 		DependencyIndexes: file_tokenpb_proto_depIdxs,

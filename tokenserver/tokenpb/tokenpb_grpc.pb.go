@@ -1022,3 +1022,113 @@ var RunawayService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "tokenpb.proto",
 }
+
+const (
+	UsageService_UsageHistory_FullMethodName = "/rgproxy.token.v1.UsageService/UsageHistory"
+)
+
+// UsageServiceClient is the client API for UsageService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// UsageService reads the usage history the leader keeps from the
+// proxies' consumption reports (docs/design.md §7.10). Open to proxy and
+// administrator credentials.
+type UsageServiceClient interface {
+	UsageHistory(ctx context.Context, in *UsageHistoryRequest, opts ...grpc.CallOption) (*UsageHistoryResponse, error)
+}
+
+type usageServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewUsageServiceClient(cc grpc.ClientConnInterface) UsageServiceClient {
+	return &usageServiceClient{cc}
+}
+
+func (c *usageServiceClient) UsageHistory(ctx context.Context, in *UsageHistoryRequest, opts ...grpc.CallOption) (*UsageHistoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsageHistoryResponse)
+	err := c.cc.Invoke(ctx, UsageService_UsageHistory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// UsageServiceServer is the server API for UsageService service.
+// All implementations must embed UnimplementedUsageServiceServer
+// for forward compatibility.
+//
+// UsageService reads the usage history the leader keeps from the
+// proxies' consumption reports (docs/design.md §7.10). Open to proxy and
+// administrator credentials.
+type UsageServiceServer interface {
+	UsageHistory(context.Context, *UsageHistoryRequest) (*UsageHistoryResponse, error)
+	mustEmbedUnimplementedUsageServiceServer()
+}
+
+// UnimplementedUsageServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedUsageServiceServer struct{}
+
+func (UnimplementedUsageServiceServer) UsageHistory(context.Context, *UsageHistoryRequest) (*UsageHistoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UsageHistory not implemented")
+}
+func (UnimplementedUsageServiceServer) mustEmbedUnimplementedUsageServiceServer() {}
+func (UnimplementedUsageServiceServer) testEmbeddedByValue()                      {}
+
+// UnsafeUsageServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to UsageServiceServer will
+// result in compilation errors.
+type UnsafeUsageServiceServer interface {
+	mustEmbedUnimplementedUsageServiceServer()
+}
+
+func RegisterUsageServiceServer(s grpc.ServiceRegistrar, srv UsageServiceServer) {
+	// If the following call pancis, it indicates UnimplementedUsageServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&UsageService_ServiceDesc, srv)
+}
+
+func _UsageService_UsageHistory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UsageHistoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(UsageServiceServer).UsageHistory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: UsageService_UsageHistory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(UsageServiceServer).UsageHistory(ctx, req.(*UsageHistoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// UsageService_ServiceDesc is the grpc.ServiceDesc for UsageService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var UsageService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "rgproxy.token.v1.UsageService",
+	HandlerType: (*UsageServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "UsageHistory",
+			Handler:    _UsageService_UsageHistory_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "tokenpb.proto",
+}
