@@ -132,6 +132,8 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			Instance:        instanceNameOf(cfg.Listen),
 			Settings:        policySettings(cfg),
 			Shapes:          cfg.MaxStatementShapes,
+			SummaryWindow:   cfg.StmtSummaryRefreshInterval,
+			SummaryWindows:  cfg.StmtSummaryHistorySize,
 			IdleGroupExpiry: cfg.GroupIdleExpiry,
 			CPU:             cpu,
 			BackendAddr:     cfg.Backend,

@@ -142,6 +142,13 @@ type Config struct {
 	// proxy remembers for cost estimates and statements_summary, least
 	// recently used evicted. Default 10,000.
 	Shapes int
+	// SummaryWindow is the length of statements_summary_history's windows,
+	// aligned to multiples of it since the Unix epoch. Default 30 min;
+	// negative keeps no history.
+	SummaryWindow time.Duration
+	// SummaryWindows is how many closed windows the history keeps besides
+	// the current one. Default 24.
+	SummaryWindows int
 	// CPU chooses where a statement's CPU time comes from; see CPUSource.
 	// Default CPUAuto.
 	CPU CPUSource
@@ -226,6 +233,12 @@ func New(cfg Config) (*Policy, error) {
 	if cfg.IdleGroupExpiry <= 0 {
 		cfg.IdleGroupExpiry = time.Hour
 	}
+	if cfg.SummaryWindow == 0 {
+		cfg.SummaryWindow = defaultSummaryWindow
+	}
+	if cfg.SummaryWindows <= 0 {
+		cfg.SummaryWindows = defaultSummaryWindows
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("rgpolicy: metrics: %w", err)
@@ -258,11 +271,13 @@ func New(cfg Config) (*Policy, error) {
 	onCPU := m.cpuSource
 	p.cpu.onChange.Store(&onCPU)
 	m.seeGroup(resourcegroup.DefaultGroup, cfg.Clock.Now())
+	p.shapes.startWindows(cfg.Clock.Now(), cfg.SummaryWindow, cfg.SummaryWindows)
 	return p, nil
 }
 
 // Run forgets, until they are used again, the series of the groups idle on
-// this proxy for IdleGroupExpiry, and, without a Killer, keeps track of
+// this proxy for IdleGroupExpiry, closes statements_summary_history's
+// windows, and, without a Killer, keeps track of
 // the KILL rules this proxy cannot carry out, and adds the watches that
 // runaway statements ask for. It returns when ctx ends, once the
 // goroutines it started have stopped.
@@ -273,6 +288,7 @@ func (p *Policy) Run(ctx context.Context) {
 		wg.Go(func() { p.followEnforcement(ctx) })
 	}
 	wg.Go(func() { p.addWatches(ctx) })
+	wg.Go(func() { p.rollSummaries(ctx) })
 	every := min(p.idle/4, time.Minute)
 	for {
 		t := p.clk.NewTimer(every)
@@ -318,7 +334,7 @@ func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
 		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
-		"event", "prepare", "immediate"}
+		"event", "prepare", "immediate", "statements_summary_history"}
 }
 
 // Open implements mysqlproto.Policy.
