@@ -64,7 +64,7 @@ func TestStatementsSummaryHistory(t *testing.T) {
 
 	// The account sees its group's windows, not root's.
 	for q, want := range map[string]string{
-		"SELECT COUNT(*) FROM information_schema.statements_summary_history WHERE RESOURCE_GROUP <> 'sh_app'": "0",
+		"SELECT COUNT(*) FROM information_schema.statements_summary_history WHERE RESOURCE_GROUP <> 'sh_app'":             "0",
 		"SELECT SUM(EXEC_COUNT) FROM information_schema.statements_summary_history WHERE DIGEST_TEXT LIKE '%sh\\_probe%'": "8",
 	} {
 		rows, err := queryStrings(t, app, q)
