@@ -182,6 +182,8 @@ func (p *parser) statement() (Statement, error) {
 		return p.selectStmt()
 	case p.isWord("QUERY"):
 		return p.queryWatch()
+	case p.isWord("EXPLAIN"):
+		return p.explain()
 	}
 	return nil, p.fail()
 }
