@@ -2,11 +2,14 @@ package tokenclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
@@ -26,6 +29,10 @@ const (
 	usageGroupsMax = 1000
 )
 
+// ErrNoUsageHistory: rgserver does not serve the usage history (it is
+// older than this proxy).
+var ErrNoUsageHistory = errors.New("tokenclient: rgserver does not keep a usage history")
+
 // UsageRowHistory is what one group spent in one interval of the usage
 // history.
 type UsageRowHistory struct {
@@ -44,7 +51,8 @@ type UsageRowHistory struct {
 // and whether rgserver left rows out. Rows of a group req did not ask
 // for, of a granularity other than 1 s, 1 min or 1 h, or beyond req's
 // limit are dropped; figures that are not finite and non-negative are 0.
-// An unreachable rgserver gives an error wrapping ErrUnavailable.
+// An unreachable rgserver gives an error wrapping ErrUnavailable, one
+// older than the usage history ErrNoUsageHistory.
 func (c *Client) UsageHistory(ctx context.Context, req *tokenpb.UsageHistoryRequest) ([]UsageRowHistory, bool, error) {
 	if !req.GetAllGroups() && len(req.GetGroups()) > usageGroupsMax {
 		return nil, false, fmt.Errorf("tokenclient: usage history of %d groups: at most %d", len(req.GetGroups()), usageGroupsMax)
@@ -61,6 +69,9 @@ func (c *Client) UsageHistory(ctx context.Context, req *tokenpb.UsageHistoryRequ
 		resp = r
 		return r.GetNotLeader(), err
 	})
+	if st, ok := status.FromError(errors.Unwrap(err)); ok && st.Code() == codes.Unimplemented {
+		return nil, false, fmt.Errorf("%w: %w", ErrNoUsageHistory, err)
+	}
 	if err != nil {
 		return nil, false, err
 	}

@@ -114,7 +114,8 @@ func TestUsageHistoryFollowsLeader(t *testing.T) {
 }
 
 // TestUsageHistoryErrors: an unreachable rgserver, or a leader that names
-// nobody, is ErrUnavailable; another error carries rgserver's message.
+// nobody, is ErrUnavailable; one without the service ErrNoUsageHistory;
+// another error carries rgserver's message.
 func TestUsageHistoryErrors(t *testing.T) {
 	lost := &usageDouble{notLeader: deadAddr(t)}
 	c, _ := newTestClient(t, func(cfg *Config) { cfg.Servers = []string{startUsageServer(t, lost)} })
@@ -129,5 +130,11 @@ func TestUsageHistoryErrors(t *testing.T) {
 	if _, _, err := c2.UsageHistory(ctx, &tokenpb.UsageHistoryRequest{AllGroups: true}); err == nil || errors.Is(err, ErrUnavailable) ||
 		status.Code(errors.Unwrap(err)) != codes.InvalidArgument {
 		t.Fatalf("refused: %v", err)
+	}
+	old := &usageDouble{fail: status.Error(codes.Unimplemented, "unknown service rgproxy.token.v1.UsageService")}
+	c3, _ := newTestClient(t, func(cfg *Config) { cfg.Servers = []string{startUsageServer(t, old)} })
+	defer c3.Close()
+	if _, _, err := c3.UsageHistory(ctx, &tokenpb.UsageHistoryRequest{AllGroups: true}); !errors.Is(err, ErrNoUsageHistory) {
+		t.Fatalf("an older rgserver: %v, want ErrNoUsageHistory", err)
 	}
 }

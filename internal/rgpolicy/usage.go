@@ -38,6 +38,7 @@ var (
 	errUsageUnavailable = rgproxyError("rgproxy: information_schema.resource_group_usage_history is kept by rgserver, which could not be reached (or named no leader) within 3 s; " +
 		"rgproxy_ru_consumed_total on each proxy's /metrics still counts every group's RU")
 	errUsageOff = rgproxyError("rgproxy: information_schema.resource_group_usage_history needs rgserver; this proxy has no token client")
+	errUsageOld = rgproxyError("rgproxy: information_schema.resource_group_usage_history is kept by rgserver, and this rgserver keeps none: it is older than this proxy")
 )
 
 // usageHistoryColumns are resource_group_usage_history's columns.
@@ -146,6 +147,8 @@ func usageError(err error) error {
 	case errors.Is(err, tokenclient.ErrUnavailable),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return errUsageUnavailable
+	case errors.Is(err, tokenclient.ErrNoUsageHistory):
+		return errUsageOld
 	}
 	return rgproxyError("rgproxy: usage history: " + err.Error())
 }

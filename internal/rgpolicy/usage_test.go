@@ -153,6 +153,7 @@ func TestUsageHistoryErrors(t *testing.T) {
 		{&fakeUsage{err: fmt.Errorf("%w: rgserver 127.0.0.1:1: connection error: desc = \"transport: dial\"", tokenclient.ErrUnavailable)}, "could not be reached"},
 		{&fakeUsage{err: context.DeadlineExceeded}, "could not be reached"},
 		{&fakeUsage{err: errors.New("tokenclient: rgserver 127.0.0.1:1: unknown service")}, "rgproxy: usage history: tokenclient: rgserver"},
+		{&fakeUsage{err: fmt.Errorf("%w: rpc error: code = Unimplemented desc = unknown service", tokenclient.ErrNoUsageHistory)}, "older than this proxy"},
 		{nil, "no token client"},
 	}
 	for _, tc := range tests {
