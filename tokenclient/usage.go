@@ -48,9 +48,10 @@ type UsageRowHistory struct {
 
 // UsageHistory asks rgserver's leader for the usage history req names
 // (following NOT_LEADER, within 3 s) and returns its rows, newest first,
-// and whether rgserver left rows out. Rows of a group req did not ask
-// for, of a granularity other than 1 s, 1 min or 1 h, or beyond req's
-// limit are dropped; figures that are not finite and non-negative are 0.
+// and whether rgserver left rows out. Rows of a group, a granularity or
+// a time req did not ask for (or of a granularity other than 1 s, 1 min
+// or 1 h), or beyond req's limit, are dropped; figures that are not
+// finite and non-negative are 0.
 // An unreachable rgserver gives an error wrapping ErrUnavailable, one
 // older than the usage history ErrNoUsageHistory.
 func (c *Client) UsageHistory(ctx context.Context, req *tokenpb.UsageHistoryRequest) ([]UsageRowHistory, bool, error) {
@@ -91,7 +92,10 @@ func (c *Client) UsageHistory(ctx context.Context, req *tokenpb.UsageHistoryRequ
 			continue
 		}
 		gran := r.GetGranularityS()
-		if gran != 1 && gran != 60 && gran != 3600 {
+		if (gran != 1 && gran != 60 && gran != 3600) || (req.GetGranularityS() != 0 && gran != req.GetGranularityS()) {
+			continue
+		}
+		if at := r.GetStartUnixMs(); at < req.GetFromUnixMs() || (req.GetToUnixMs() > 0 && at >= req.GetToUnixMs()) {
 			continue
 		}
 		if len(out) == limit {

@@ -72,6 +72,7 @@ func TestUsageHistoryFollowsLeader(t *testing.T) {
 			Throttled: 4, Refused: 5, WaitedRu: 6, DeniedRu: 7},
 		{ResourceGroup: "other", StartUnixMs: start.UnixMilli(), GranularityS: 1, Rru: 1}, // not asked
 		{ResourceGroup: "g1", StartUnixMs: start.UnixMilli(), GranularityS: 7, Rru: 1},    // no such granularity
+		{ResourceGroup: "g1", StartUnixMs: 4, GranularityS: 1, Rru: 1},                    // before the range asked
 		{ResourceGroup: "g1", StartUnixMs: start.Add(-time.Minute).UnixMilli(), GranularityS: 60, Rru: math.NaN(), Wru: math.Inf(1), DeniedRu: -1},
 		{ResourceGroup: "g1", StartUnixMs: start.Add(-time.Hour).UnixMilli(), GranularityS: 3600, Rru: 1},
 	}}
@@ -81,7 +82,7 @@ func TestUsageHistoryFollowsLeader(t *testing.T) {
 	c, _ := newTestClient(t, func(cfg *Config) { cfg.Servers = []string{followerAddr} })
 	defer c.Close()
 
-	req := &tokenpb.UsageHistoryRequest{Groups: []string{"g1"}, FromUnixMs: 5, GranularityS: 60, Limit: 2}
+	req := &tokenpb.UsageHistoryRequest{Groups: []string{"g1"}, FromUnixMs: 5, Limit: 2}
 	rows, truncated, err := c.UsageHistory(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +104,11 @@ func TestUsageHistoryFollowsLeader(t *testing.T) {
 		}
 	}
 
+	// A granularity asked for: the others' rows are dropped.
+	rows, _, err = c.UsageHistory(context.Background(), &tokenpb.UsageHistoryRequest{AllGroups: true, GranularityS: 3600})
+	if err != nil || len(rows) != 1 || rows[0].Granularity != time.Hour {
+		t.Fatalf("hourly rows: %+v, %v", rows, err)
+	}
 	// rgserver's own truncation is passed on.
 	leader.truncated = true
 	if _, truncated, err := c.UsageHistory(context.Background(), &tokenpb.UsageHistoryRequest{AllGroups: true}); err != nil || !truncated {
