@@ -115,7 +115,8 @@ func TestUsageHistory(t *testing.T) {
 	}
 
 	// The history, read through the proxy as root, until rgserver has
-	// every report (rgproxy reports within 5 s) or a minute has passed.
+	// every report (rgproxy reports within 5 s) and the minute of the load
+	// is complete, or 90 s have passed.
 	root, err := openDB(t, px.Addr).Conn(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +148,7 @@ func TestUsageHistory(t *testing.T) {
 		return true
 	}
 	var h map[string]row
-	for deadline := time.Now().Add(60 * time.Second); ; {
+	for deadline := time.Now().Add(90 * time.Second); ; {
 		h, err = read()
 		if (err == nil && complete(h)) || time.Now().After(deadline) {
 			break
