@@ -101,8 +101,8 @@ func TestUsageHistory(t *testing.T) {
 			// cost nothing: no report carries them.
 			statements: metricSum(t, px.StatusAddr, "rgproxy_group_statements_total", `resource_group="`+g+`"`) -
 				metricSum(t, px.StatusAddr, "rgproxy_group_statements_total", `resource_group="`+g+`"`, `class="free"`),
-			throttled:  metricSum(t, px.StatusAddr, "rgproxy_throttled_total", `resource_group="`+g+`"`),
-			ru:         metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+g+`"`),
+			throttled: metricSum(t, px.StatusAddr, "rgproxy_throttled_total", `resource_group="`+g+`"`),
+			ru:        metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+g+`"`),
 		}
 		proxy[g] = f
 		t.Logf("%-10s rgproxy: %v statements not free (the client ran %d), %v throttled, %.3f RU", g, f.statements, ran[g], f.throttled, f.ru)
