@@ -128,6 +128,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			Killer:          killer,
 			Cluster:         tc,
 			Runaways:        tc,
+			Usage:           tc,
 			Roles:           roles,
 			Instance:        instanceNameOf(cfg.Listen),
 			Settings:        policySettings(cfg),

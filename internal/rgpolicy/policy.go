@@ -55,7 +55,14 @@ type Tokens interface {
 	// ends.
 	ChargePurse(p *tokenclient.Purse, group string, cons ru.Consumption)
 	ReturnPurse(p *tokenclient.Purse)
-	CountThrottled(group string)
+	// CountThrottled counts a statement refused with 8252, CountRefused
+	// one refused otherwise before it ran, each with the RU it would have
+	// cost; CountWaited the estimate of one that waited for its tokens
+	// before it ran. They ride with the group's next consumption report
+	// (the usage history).
+	CountThrottled(group string, estimate float64)
+	CountRefused(group string, estimate float64)
+	CountWaited(group string, estimate float64)
 	// HoldDemand holds a refused statement's RU as its group's waiting
 	// demand in h, for a couple of seconds at most; ReleaseDemand ends it.
 	HoldDemand(h *tokenclient.DemandHold, group string, ru float64)
@@ -132,6 +139,9 @@ type Config struct {
 	// (tokenclient.Client); nil = runaway_queries answers an error
 	// (history.go).
 	Runaways RunawayHistory
+	// Usage reads the usage history rgserver keeps (tokenclient.Client);
+	// nil = resource_group_usage_history answers an error (usage.go).
+	Usage UsageHistory
 	// Instance names this proxy as the source of the watches it adds:
 	// its INSTANCE (the MySQL address clients reach it at), the name the
 	// runaway history and the cluster-wide views give it.
@@ -183,6 +193,7 @@ type Policy struct {
 	killer   Killer
 	cluster  ClusterInspector
 	history  RunawayHistory
+	usage    UsageHistory
 	roles    RoleChecker
 	instance string
 	settings atomic.Pointer[Settings]
@@ -249,6 +260,7 @@ func New(cfg Config) (*Policy, error) {
 		killer:     cfg.Killer,
 		cluster:    cfg.Cluster,
 		history:    cfg.Runaways,
+		usage:      cfg.Usage,
 		roles:      cfg.Roles,
 		instance:   cfg.Instance,
 		cooldown:   make(chan struct{}, 1),
@@ -334,7 +346,7 @@ func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
 		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
-		"event", "prepare", "immediate", "statements_summary_history"}
+		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history"}
 }
 
 // Open implements mysqlproto.Policy.
@@ -465,6 +477,9 @@ type leg struct {
 	onDebt  bool
 	counted bool
 	limit   float64
+	// waited: the leg waited for its tokens (the usage history's
+	// waited RU, counted when the statement settles).
+	waited bool
 	// share is this proxy's share of the group (tokenclient.Share).
 	share  tokenclient.Share
 	gate   *gate
@@ -742,7 +757,7 @@ func throttledError(group, detail string) *mysqlproto.Error {
 // demand of the group for a while: a client refused and retrying still
 // wants its statement.
 func (s *session) refused(group, detail string) *mysqlproto.Reply {
-	s.p.tokens.CountThrottled(group)
+	s.led.denied(group, &s.cur, true)
 	s.led.recordRefused(&s.cur, resourcegroup.CodeThrottled)
 	if n := s.cur.prepaid.RU(); n > 0 {
 		s.p.tokens.HoldDemand(&s.hold, group, n)

@@ -46,7 +46,7 @@ const (
 func isVirtualTable(name string) bool {
 	switch strings.ToLower(name) {
 	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings, vtClusterSummary, vtClusterUsage,
-		vtRunawayQueries, vtSummaryHistory:
+		vtRunawayQueries, vtSummaryHistory, vtUsageHistory:
 		return true
 	}
 	return false
@@ -285,6 +285,8 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 		return s.clusterTable(ctx, be, name)
 	case vtRunawayQueries:
 		return s.runawayTable(ctx, be)
+	case vtUsageHistory:
+		return s.usageHistoryTable(ctx, be)
 	}
 	return nil, resourcegroup.NewUnsupported("information_schema." + name)
 }
@@ -460,7 +462,7 @@ var virtualMentions = func() uint64 {
 	for i, w := range ScanWords() {
 		switch w {
 		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings,
-			vtClusterSummary, vtClusterUsage, vtRunawayQueries, vtSummaryHistory:
+			vtClusterSummary, vtClusterUsage, vtRunawayQueries, vtSummaryHistory, vtUsageHistory:
 			m |= 1 << i
 		}
 	}
