@@ -243,14 +243,26 @@ func (b *Budget) validate(rate uint64) error {
 	return nil
 }
 
-// cloneBudgets copies bs deeply; nil stays nil.
+// cloneBudgets copies bs deeply; nil stays nil. The triggers share one
+// new array (each budget's slice capped at its length, so an append
+// cannot reach the next budget's): two allocations, however many
+// budgets, for Group.Clone, which the settings cache's lookups call.
 func cloneBudgets(bs []Budget) []Budget {
 	if bs == nil {
 		return nil
 	}
 	out := make([]Budget, len(bs))
+	n := 0
+	for _, b := range bs {
+		n += len(b.Triggers)
+	}
+	ts := make([]BudgetTrigger, 0, n)
 	for i, b := range bs {
-		b.Triggers = append([]BudgetTrigger(nil), b.Triggers...)
+		from := len(ts)
+		ts = append(ts, b.Triggers...)
+		if b.Triggers != nil {
+			b.Triggers = ts[from:len(ts):len(ts)]
+		}
 		out[i] = b
 	}
 	return out

@@ -264,3 +264,28 @@ func TestBudgetNames(t *testing.T) {
 		t.Error("ParseBudgetAction(KILL) accepted")
 	}
 }
+
+// Clone copies budgets deeply, in two allocations, and an append to one
+// budget's triggers does not reach another's.
+func TestCloneBudgets(t *testing.T) {
+	g := Group{Name: "b", RUPerSec: 10, Budgets: []Budget{
+		{Period: PeriodHour, RU: 1, Triggers: []BudgetTrigger{notify(50), refuse(100)}},
+		{Period: PeriodDay, RU: 2, Triggers: []BudgetTrigger{throttle(100, 5)}},
+		{Period: PeriodWeek, RU: 3},
+	}}
+	c := g.Clone()
+	if !reflect.DeepEqual(c, g) {
+		t.Fatalf("clone %+v of %+v", c, g)
+	}
+	c.Budgets[0].Triggers[0].Percent = 7
+	c.Budgets[0].Triggers = append(c.Budgets[0].Triggers, refuse(200))
+	if g.Budgets[0].Triggers[0].Percent != 50 || c.Budgets[1].Triggers[0] != throttle(100, 5) {
+		t.Errorf("clone shares triggers: %+v / %+v", g.Budgets, c.Budgets)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = g.Clone() }); n > 2 {
+		t.Errorf("Clone of 3 budgets: %v allocations, want 2", n)
+	}
+	if (Group{}).Clone().Budgets != nil {
+		t.Error("Clone of no budgets is not nil")
+	}
+}
