@@ -358,7 +358,8 @@ func wall(lt time.Time) time.Time {
 func boundary(w time.Time, loc *time.Location) time.Time {
 	b := time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), w.Nanosecond(), loc)
 	zs, ze := b.ZoneBounds()
-	offsets := make([]int, 0, 3)
+	var buf [3]int
+	offsets := buf[:0]
 	_, off := b.Zone()
 	offsets = append(offsets, off)
 	if !zs.IsZero() {

@@ -147,3 +147,25 @@ func TestBudgetWindowTiles(t *testing.T) {
 		}
 	}
 }
+
+// BudgetWindow allocates nothing: enforcement will ask it often.
+func TestBudgetWindowAllocs(t *testing.T) {
+	loc := mustZone(t, "America/New_York")
+	at := utc("2026-11-01 06:30:00")
+	if n := testing.AllocsPerRun(100, func() { BudgetWindow(PeriodHour, at, loc) }); n != 0 {
+		t.Errorf("BudgetWindow: %v allocations", n)
+	}
+}
+
+func BenchmarkBudgetWindow(b *testing.B) {
+	loc, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		b.Fatal(err)
+	}
+	at := utc("2026-11-28 06:31:57")
+	for b.Loop() {
+		for p := PeriodHour; p <= PeriodMonth; p++ {
+			BudgetWindow(p, at, loc)
+		}
+	}
+}
