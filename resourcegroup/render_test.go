@@ -132,7 +132,38 @@ func randomGroup(r *rand.Rand) Group {
 		}
 		g.QueryLimit = q
 	}
+	g.Budgets = randomBudgets(r, g.RUPerSec)
 	return g
+}
+
+// randomBudgets builds valid budgets for a group of RU_PER_SEC rate: any
+// subset of the periods, 1 to 4 triggers each in increasing percent, a
+// THROTTLE below the rate (a group of rate 1 has none).
+func randomBudgets(r *rand.Rand, rate uint64) []Budget {
+	var bs []Budget
+	for p := PeriodHour; p <= PeriodMonth; p++ {
+		if r.IntN(3) != 0 {
+			continue
+		}
+		b := Budget{Period: p, RU: 1 + r.Uint64N(MaxRU)}
+		percent := uint32(0)
+		for n := 1 + r.IntN(MaxBudgetTriggers); n > 0; n-- {
+			left := MaxBudgetPercent - percent - uint32(n) + 1 // room for the ones after
+			percent += 1 + uint32(r.IntN(int(min(left, 300))))
+			tr := BudgetTrigger{Percent: percent, Action: BudgetAction(1 + r.IntN(3))}
+			if tr.Action == BudgetThrottle {
+				max := min(rate-1, MaxRU)
+				if max == 0 {
+					tr.Action = BudgetRefuse
+				} else {
+					tr.ThrottleRUPerSec = 1 + r.Uint64N(max)
+				}
+			}
+			b.Triggers = append(b.Triggers, tr)
+		}
+		bs = append(bs, b)
+	}
+	return bs
 }
 
 // TestRoundTrip is the property Parse(g.SQL(), sqltext.Mode{}) == g over random valid groups.
