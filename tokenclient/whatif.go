@@ -62,9 +62,10 @@ type WhatIf struct {
 	// statement would have waited or been refused.
 	OverSeconds float64
 	// WaitedRU is the RU of statements that would have waited before
-	// running; RefusedRU of those refused; Refused counts them.
+	// running, Waited counts them; RefusedRU of those refused, Refused
+	// counts them.
 	WaitedRU, RefusedRU float64
-	Refused             uint64
+	Waited, Refused     uint64
 	// WorstDelay is the longest any statement would have waited.
 	WorstDelay time.Duration
 	// PeakRUPerSec is the highest demand rate of one interval.
@@ -73,8 +74,8 @@ type WhatIf struct {
 
 // String shows a what-if's answer on one line.
 func (w WhatIf) String() string {
-	return fmt.Sprintf("intervals=%d demand=%.1fRU over=%.0fs waited=%.1fRU refused=%.1fRU(%d) worst=%s peak=%.1fRU/s",
-		w.Intervals, w.DemandRU, w.OverSeconds, w.WaitedRU, w.RefusedRU, w.Refused, w.WorstDelay, w.PeakRUPerSec)
+	return fmt.Sprintf("intervals=%d demand=%.1fRU over=%.0fs waited=%.1fRU(%d) refused=%.1fRU(%d) worst=%s peak=%.1fRU/s",
+		w.Intervals, w.DemandRU, w.OverSeconds, w.WaitedRU, w.Waited, w.RefusedRU, w.Refused, w.WorstDelay, w.PeakRUPerSec)
 }
 
 // ErrWhatIfTooLong is returned for a replay of more than
@@ -94,7 +95,8 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 	rate := float64(p.RUPerSec)
 	var b Bucket
 	var last time.Time
-	refused := 0.0 // statements, a chunk standing for its share of its interval's
+	// Statements, a chunk standing for its share of its interval's.
+	waited, refused := 0.0, 0.0
 	for i, d := range demand {
 		if d.Length <= 0 || math.IsNaN(d.RU) || math.IsInf(d.RU, 0) || d.RU < 0 {
 			return WhatIf{}, fmt.Errorf("tokenclient: what-if interval %d (%s): length %s, %v RU", i, d.Start.UTC().Format(time.RFC3339), d.Length, d.RU)
@@ -117,6 +119,7 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 		n := int(min(max(d.Statements, 1), whatIfMaxArrivals))
 		each := d.RU / float64(n)
 		step := d.Length / time.Duration(n)
+		per := float64(max(d.Statements, 1)) / float64(n)
 		over := false
 		for k := range n {
 			at := d.Start.Add(time.Duration(k) * step)
@@ -125,10 +128,11 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 			case !ok:
 				over = true
 				w.RefusedRU += each
-				refused += float64(max(d.Statements, 1)) / float64(n)
+				refused += per
 			case wait > 0:
 				over = true
 				w.WaitedRU += each
+				waited += per
 				w.WorstDelay = max(w.WorstDelay, wait)
 			}
 		}
@@ -136,6 +140,6 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 			w.OverSeconds += d.Length.Seconds()
 		}
 	}
-	w.Refused = uint64(math.Round(refused))
+	w.Waited, w.Refused = uint64(math.Round(waited)), uint64(math.Round(refused))
 	return w, nil
 }

@@ -32,7 +32,7 @@ func TestReplayDemandStories(t *testing.T) {
 			name:   "demand under the rate: nothing waits",
 			demand: seconds(t0, 60, 50, 50),
 			p:      WhatIfProposal{RUPerSec: 100, Burst: resourcegroup.BurstOff, MaxWait: wait},
-			want:   "intervals=60 demand=3000.0RU over=0s waited=0.0RU refused=0.0RU(0) worst=0s peak=50.0RU/s",
+			want:   "intervals=60 demand=3000.0RU over=0s waited=0.0RU(0) refused=0.0RU(0) worst=0s peak=50.0RU/s",
 		},
 		{
 			// 200 RU/s into 100 RU/s: 100 RU in the full bucket and 6,000
@@ -41,7 +41,7 @@ func TestReplayDemandStories(t *testing.T) {
 			name:   "twice the rate for a minute, burst off",
 			demand: seconds(t0, 60, 200, 100),
 			p:      WhatIfProposal{RUPerSec: 100, Burst: resourcegroup.BurstOff, MaxWait: wait},
-			want:   "intervals=60 demand=12000.0RU over=60s waited=6900.0RU refused=4903.1RU(2452) worst=10s peak=200.0RU/s",
+			want:   "intervals=60 demand=12000.0RU over=60s waited=6900.0RU(3450) refused=4903.1RU(2452) worst=10s peak=200.0RU/s",
 		},
 		{
 			// An 8-second burst of 2x fits in a MODERATED bucket's ten
@@ -49,13 +49,13 @@ func TestReplayDemandStories(t *testing.T) {
 			name:   "a short burst into a moderated bucket",
 			demand: append(seconds(t0, 8, 200, 100), seconds(t0.Add(8*time.Second), 52, 1400.0/52, 10)...),
 			p:      WhatIfProposal{RUPerSec: 100, Burst: resourcegroup.BurstModerated, MaxWait: wait},
-			want:   "intervals=60 demand=3000.0RU over=0s waited=0.0RU refused=0.0RU(0) worst=0s peak=200.0RU/s",
+			want:   "intervals=60 demand=3000.0RU over=0s waited=0.0RU(0) refused=0.0RU(0) worst=0s peak=200.0RU/s",
 		},
 		{
 			name:   "burstable unlimited never waits",
 			demand: seconds(t0, 5, 1e6, 10),
 			p:      WhatIfProposal{RUPerSec: 1, Burst: resourcegroup.BurstUnlimited, MaxWait: wait},
-			want:   "intervals=5 demand=5000000.0RU over=0s waited=0.0RU refused=0.0RU(0) worst=0s peak=1000000.0RU/s",
+			want:   "intervals=5 demand=5000000.0RU over=0s waited=0.0RU(0) refused=0.0RU(0) worst=0s peak=1000000.0RU/s",
 		},
 		{
 			// 5 statements of 50 RU, 200 ms apart, into a full 100 RU
@@ -65,7 +65,7 @@ func TestReplayDemandStories(t *testing.T) {
 			name:   "idle intervals cost nothing and a gap refills the bucket",
 			demand: append(seconds(t0, 1, 250, 5), seconds(t0.Add(time.Hour), 1, 250, 5)...),
 			p:      WhatIfProposal{RUPerSec: 100, Burst: resourcegroup.BurstOff, MaxWait: wait},
-			want:   "intervals=2 demand=500.0RU over=2s waited=300.0RU refused=0.0RU(0) worst=700ms peak=250.0RU/s",
+			want:   "intervals=2 demand=500.0RU over=2s waited=300.0RU(6) refused=0.0RU(0) worst=700ms peak=250.0RU/s",
 		},
 	}
 	for _, tc := range cases {

@@ -23,7 +23,7 @@ import (
 
 // whatIfColumns are the answer's columns.
 var whatIfColumns = []string{"SCENARIO", "RU_PER_SEC", "BURSTABLE", "WINDOW_START", "WINDOW_END", "GRANULARITY",
-	"DEMAND_RU", "PEAK_RU_PER_SEC", "OVER_LIMIT_SECONDS", "WAITED_RU", "REFUSED_RU", "REFUSED_STATEMENTS", "WORST_DELAY_SECONDS", "BASIS"}
+	"DEMAND_RU", "PEAK_RU_PER_SEC", "OVER_LIMIT_SECONDS", "WAITED_RU", "WAITED_STATEMENTS", "REFUSED_RU", "REFUSED_STATEMENTS", "WORST_DELAY_SECONDS", "BASIS"}
 
 // whatIfRows bounds the history one what-if reads: 400 days of hours
 // (9,600) and two days of minutes (2,880) fit, as does an hour of seconds.
@@ -116,6 +116,6 @@ func whatIfRow(scenario string, p tokenclient.WhatIfProposal, from, to time.Time
 	}
 	ts := func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
 	return []string{scenario, rate, p.Burst.String(), ts(from), ts(to), strconv.Itoa(int(gran / time.Second)),
-		f(w.DemandRU), f(w.PeakRUPerSec), f(w.OverSeconds), f(w.WaitedRU), f(w.RefusedRU),
+		f(w.DemandRU), f(w.PeakRUPerSec), f(w.OverSeconds), f(w.WaitedRU), strconv.FormatUint(w.Waited, 10), f(w.RefusedRU),
 		strconv.FormatUint(w.Refused, 10), f(w.WorstDelay.Seconds()), basis}
 }

@@ -48,7 +48,7 @@ func TestExplainGroup(t *testing.T) {
 	var got []string
 	for _, row := range r.Rows {
 		var cells []string
-		for _, c := range row[:13] {
+		for _, c := range row[:14] {
 			cells = append(cells, cell(c))
 		}
 		got = append(got, strings.Join(cells, " "))
@@ -59,13 +59,13 @@ func TestExplainGroup(t *testing.T) {
 	// --max-wait (30 s), and refuses 2,903 RU (1,452 statements); 400 RU/s
 	// serves it all at once.
 	want := []string{
-		"current 100 OFF 2023-11-14 21:13:20 2023-11-14 22:13:20 1 12000.000 200.000 60.000 8900.000 2903.125 1452 30.000",
-		"proposed 400 OFF 2023-11-14 21:13:20 2023-11-14 22:13:20 1 12000.000 200.000 0.000 0.000 0.000 0 0.000",
+		"current 100 OFF 2023-11-14 21:13:20 2023-11-14 22:13:20 1 12000.000 200.000 60.000 8900.000 4450 2903.125 1452 30.000",
+		"proposed 400 OFF 2023-11-14 21:13:20 2023-11-14 22:13:20 1 12000.000 200.000 0.000 0.000 0 0.000 0 0.000",
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("answer\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if basis := cell(r.Rows[0][13]); !strings.Contains(basis, "recorded at 1 s") || !strings.Contains(basis, "was limited meanwhile") {
+	if basis := cell(r.Rows[0][14]); !strings.Contains(basis, "recorded at 1 s") || !strings.Contains(basis, "was limited meanwhile") {
 		t.Errorf("basis %q", basis)
 	}
 	if !strings.Contains(fu.asked[0], "groups=[bound]") || !strings.Contains(fu.asked[0], " g=1 ") {
