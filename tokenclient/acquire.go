@@ -310,7 +310,9 @@ func (c *Client) count(group string, f func(*groupTable, *groupState)) {
 	if !c.groups.servesLocked(group) {
 		return
 	}
-	f(c.groups, c.groups.useLocked(group, now))
+	gs := c.groups.useLocked(group, now)
+	gs.startReport(now)
+	f(c.groups, gs)
 }
 
 // validRU is an estimate as a report may carry it: negative, NaN and

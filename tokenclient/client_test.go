@@ -688,14 +688,16 @@ func TestReportCountsAndInterval(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Advance(2 * time.Second)
-	c.Charge("g", rruOf(1))
+	c.Charge("g", rruOf(1)) // after an idle spell the report covers the time from its first figure
+	clk.Advance(500 * time.Millisecond)
 	req = build(c, false)
-	check(req, 0, 0, 0, 0, 2000)
+	check(req, 0, 0, 0, 0, 500)
 	if err := c.applyResponse(grantAll(req, 10)); err != nil {
 		t.Fatal(err)
 	}
 	clk.Advance(10 * time.Minute)
 	c.CountRefused("g", 1) // a refusal alone is something to report
+	clk.Advance(10 * time.Minute)
 	req = build(c, false)
 	check(req, 0, 1, 0, 1, maxIntervalMs)
 }

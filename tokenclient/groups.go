@@ -135,7 +135,8 @@ type groupState struct {
 	counts reportCounts
 	// lastReport is the last message for the group; reportFrom the start
 	// of the time the next report covers (Consumption.interval_ms): the
-	// last report rgserver took.
+	// last report rgserver took or, when nothing was pending since, the
+	// first figure that came in after it (startReport).
 	lastReport time.Time
 	reportFrom time.Time
 	// heldSent is the held_tokens of the last message for the group.
