@@ -14,14 +14,23 @@ import (
 type ExplainGroup struct {
 	Name string
 	// With holds the proposed options; Fields says which were given
-	// (RU_PER_SEC and BURSTABLE).
-	With   Group
-	Fields Field
+	// (RU_PER_SEC, BURSTABLE and BUDGET); Budgets what the BUDGET clauses
+	// do, as in ALTER RESOURCE GROUP.
+	With    Group
+	Fields  Field
+	Budgets BudgetChange
 	// Last is how far back the replay goes: 1 h unless FOR LAST says.
 	Last time.Duration
 }
 
 func (*ExplainGroup) statement() {}
+
+// Proposed is g with the what-if's options applied (as ALTER RESOURCE
+// GROUP would apply them).
+func (e *ExplainGroup) Proposed(g Group) Group {
+	a := AlterGroup{Name: g.Name, Fields: e.Fields, Options: e.With, Budgets: e.Budgets}
+	return a.Apply(g)
+}
 
 const (
 	// explainDefaultLast is the window EXPLAIN RESOURCE GROUP replays
@@ -31,7 +40,7 @@ const (
 	// days of hours.
 	explainMaxLast = 400 * 24 * time.Hour
 	// explainOptions are the options a what-if may propose.
-	explainOptions = FieldRUPerSec | FieldBurst
+	explainOptions = FieldRUPerSec | FieldBurst | FieldBudget
 )
 
 // explainUnits are FOR LAST's units, singular and plural.
@@ -64,11 +73,12 @@ func (p *parser) explain() (Statement, error) {
 		if err != nil {
 			return nil, err
 		}
+		st.Budgets = p.budgets
 		if st.Fields == 0 {
-			return nil, p.failWhy("expected a proposed RU_PER_SEC or BURSTABLE, not %s")
+			return nil, p.failWhy("expected a proposed RU_PER_SEC, BURSTABLE or BUDGET, not %s")
 		}
 		if st.Fields&^explainOptions != 0 {
-			return nil, NewSyntaxWhy(p.lex.src, start.pos, "EXPLAIN RESOURCE GROUP ... WITH proposes RU_PER_SEC and BURSTABLE only")
+			return nil, NewSyntaxWhy(p.lex.src, start.pos, "EXPLAIN RESOURCE GROUP ... WITH proposes RU_PER_SEC, BURSTABLE and BUDGET only")
 		}
 		if err := p.expectPunct(")"); err != nil {
 			return nil, err

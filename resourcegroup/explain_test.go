@@ -55,8 +55,8 @@ func TestParseExplainErrors(t *testing.T) {
 	}{
 		{"EXPLAIN RESOURCE GROUP", 1064, "expected a resource group name"},
 		{"EXPLAIN RESOURCE rg", 1064, "expected GROUP"},
-		{"EXPLAIN RESOURCE GROUP rg WITH ()", 1064, "expected a proposed RU_PER_SEC or BURSTABLE"},
-		{"EXPLAIN RESOURCE GROUP rg WITH (PRIORITY = HIGH)", 1064, "proposes RU_PER_SEC and BURSTABLE only"},
+		{"EXPLAIN RESOURCE GROUP rg WITH ()", 1064, "expected a proposed RU_PER_SEC, BURSTABLE or BUDGET"},
+		{"EXPLAIN RESOURCE GROUP rg WITH (PRIORITY = HIGH)", 1064, "proposes RU_PER_SEC, BURSTABLE and BUDGET only"},
 		{"EXPLAIN RESOURCE GROUP rg WITH (RU_PER_SEC = 0)", 1105, "RU_PER_SEC = 0 is out of range"},
 		{"EXPLAIN RESOURCE GROUP rg WITH (RU_PER_SEC = 5", 1064, "expected ')'"},
 		{"EXPLAIN RESOURCE GROUP rg FOR 7 DAYS", 1064, "expected LAST"},

@@ -50,6 +50,11 @@ type WhatIfProposal struct {
 	// MaxWait is rgproxy's --max-wait: a statement that would wait longer
 	// is refused (8252).
 	MaxWait time.Duration
+	// Budgets are replayed too: their windows start with the replay (what
+	// was spent before it is not known), in Loc (nil: UTC); a THROTTLE
+	// lowers the bucket's rate until its window ends, a REFUSE refuses.
+	Budgets []resourcegroup.Budget
+	Loc     *time.Location
 }
 
 // WhatIf is what a proposal would have done to the replayed demand.
@@ -70,7 +75,16 @@ type WhatIf struct {
 	WorstDelay time.Duration
 	// PeakRUPerSec is the highest demand rate of one interval.
 	PeakRUPerSec float64
+	// BudgetRefusedRU is the part of RefusedRU a budget's REFUSE refused;
+	// BudgetEvents the budgets' actions as they would have changed ("DAY
+	// 100% THROTTLE(50) at 2026-11-28T14:02:00Z"), the first
+	// whatIfMaxEvents.
+	BudgetRefusedRU float64
+	BudgetEvents    []string
 }
+
+// whatIfMaxEvents bounds WhatIf.BudgetEvents.
+const whatIfMaxEvents = 8
 
 // String shows a what-if's answer on one line.
 func (w WhatIf) String() string {
@@ -94,6 +108,9 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 	unlimited := p.RUPerSec == resourcegroup.Unlimited || p.Burst == resourcegroup.BurstUnlimited
 	rate := float64(p.RUPerSec)
 	var b Bucket
+	var budgets *resourcegroup.BudgetState
+	var verdict resourcegroup.BudgetVerdict
+	capacity := p.Burst.CapacitySeconds()
 	var last time.Time
 	// Statements, a chunk standing for its share of its interval's.
 	waited, refused := 0.0, 0.0
@@ -105,9 +122,12 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 			return WhatIf{}, fmt.Errorf("tokenclient: what-if interval %d starts at %s, before the end of the one before it", i, d.Start.UTC().Format(time.RFC3339))
 		}
 		if i == 0 {
-			burst := rate * p.Burst.CapacitySeconds()
+			burst := rate * capacity
 			b.Reconfigure(d.Start, burst, rate, burst, 0)
 			b.SetUnlimited(unlimited)
+			if len(p.Budgets) > 0 {
+				budgets = resourcegroup.NewBudgetState(p.Budgets, p.Loc, d.Start, nil)
+			}
 		}
 		last = d.Start.Add(d.Length)
 		if d.RU == 0 {
@@ -123,7 +143,31 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 		over := false
 		for k := range n {
 			at := d.Start.Add(time.Duration(k) * step)
+			if budgets != nil {
+				if v := budgets.Verdict(at); !sameAction(v, verdict) {
+					w.budgetEvent(v, verdict, at)
+					// THROTTLE holds the bucket at its rate; lifted, the
+					// proposal's rate is back.
+					r := rate
+					if v.Action == resourcegroup.BudgetThrottle {
+						r = min(rate, float64(v.ThrottleRUPerSec))
+					}
+					b.Reconfigure(at, 0, r, r*capacity, 0)
+					b.SetUnlimited(unlimited && v.Action != resourcegroup.BudgetThrottle)
+					verdict = v
+				}
+				if verdict.Action == resourcegroup.BudgetRefuse {
+					over = true
+					w.RefusedRU += each
+					w.BudgetRefusedRU += each
+					refused += per
+					continue
+				}
+			}
 			wait, ok := b.Reserve(at, each, p.MaxWait)
+			if ok && budgets != nil {
+				budgets.Spend(each, at)
+			}
 			switch {
 			case !ok:
 				over = true
@@ -142,4 +186,23 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 	}
 	w.Waited, w.Refused = uint64(math.Round(waited)), uint64(math.Round(refused))
 	return w, nil
+}
+
+// budgetEvent notes the budgets' verdict changing from was to v at at.
+func (w *WhatIf) budgetEvent(v, was resourcegroup.BudgetVerdict, at time.Time) {
+	if len(w.BudgetEvents) >= whatIfMaxEvents {
+		return
+	}
+	what := v.String()
+	if v.Action == 0 {
+		what = was.Period.String() + " window over: lifted"
+	}
+	w.BudgetEvents = append(w.BudgetEvents, what+" at "+at.UTC().Format(time.RFC3339))
+}
+
+// sameAction reports whether two verdicts do the same (what they spent
+// aside).
+func sameAction(a, b resourcegroup.BudgetVerdict) bool {
+	return a.Action == b.Action && a.ThrottleRUPerSec == b.ThrottleRUPerSec && a.Period == b.Period &&
+		a.Percent == b.Percent && a.End.Equal(b.End)
 }

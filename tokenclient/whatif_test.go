@@ -2,6 +2,7 @@ package tokenclient
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -98,5 +99,39 @@ func TestReplayDemandRejectsBadIntervals(t *testing.T) {
 	}
 	if _, err := ReplayDemand(make([]DemandInterval, whatIfMaxIntervals+1), p); !errors.Is(err, ErrWhatIfTooLong) {
 		t.Errorf("too long: %v", err)
+	}
+}
+
+// A daily budget replayed: 100 RU/s of demand for two hours into a group
+// of 1,000 RU/s with BUDGET = (RU = 360000 PER DAY, ON 50 PERCENT NOTIFY,
+// ON 100 PERCENT THROTTLE (RU_PER_SEC = 20)). The first hour spends
+// 360,000 RU: NOTIFY at half an hour, THROTTLE at the hour, after which
+// 20 RU/s run and the rest waits and is refused.
+func TestReplayDemandBudget(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
+	p := WhatIfProposal{RUPerSec: 1000, Burst: resourcegroup.BurstOff, MaxWait: 10 * time.Second,
+		Budgets: []resourcegroup.Budget{{Period: resourcegroup.PeriodDay, RU: 360000, Triggers: []resourcegroup.BudgetTrigger{
+			{Percent: 50, Action: resourcegroup.BudgetNotify},
+			{Percent: 100, Action: resourcegroup.BudgetThrottle, ThrottleRUPerSec: 20},
+		}}}}
+	w, err := ReplayDemand(seconds(t0, 7200, 100, 10), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"DAY 50% NOTIFY at 2026-11-28T10:30:00Z", "DAY 100% THROTTLE(20) at 2026-11-28T11:00:00Z"}
+	if fmt.Sprint(w.BudgetEvents) != fmt.Sprint(want) {
+		t.Errorf("events %q, want %q", w.BudgetEvents, want)
+	}
+	// The second hour asks 360,000 RU: at 20 RU/s 72,000 run, with the
+	// 1,000 the bucket held when the throttle came (and up to 10 s of
+	// --max-wait owed at the end); the rest, about 287,000, is refused.
+	if w.RefusedRU < 286500 || w.RefusedRU > 288000 || w.BudgetRefusedRU != 0 || w.OverSeconds < 3580 {
+		t.Errorf("throttled hour: %s", w)
+	}
+	// A REFUSE at 100% instead: the second hour is refused whole, by the budget.
+	p.Budgets[0].Triggers[1] = resourcegroup.BudgetTrigger{Percent: 100, Action: resourcegroup.BudgetRefuse}
+	w, _ = ReplayDemand(seconds(t0, 7200, 100, 10), p)
+	if w.BudgetRefusedRU != 360000 || w.RefusedRU != w.BudgetRefusedRU || w.Refused != 36000 {
+		t.Errorf("refusing hour: %s, by the budget %.1f", w, w.BudgetRefusedRU)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
@@ -15,15 +16,15 @@ import (
 // EXPLAIN RESOURCE GROUP g [WITH (RU_PER_SEC = n, BURSTABLE = m)] [FOR
 // LAST n unit]: the what-if. The group's recorded demand over the window —
 // from the usage history, at the finest granularity it keeps for all of
-// it — is replayed through the bucket its definition gives it and through
-// the one the proposal gives it (tokenclient.ReplayDemand), and the
-// answer is one row for each: how long it would have been over its limit,
-// the RU that would have waited and been refused, the worst delay and
-// the peak.
+// it — is replayed through the bucket and budgets its definition gives it
+// and through those the proposal gives it (tokenclient.ReplayDemand), and
+// the answer is one row for each: how long it would have been over its
+// limit, the RU that would have waited and been refused, the worst delay,
+// the peak and what its budgets would have done.
 
 // whatIfColumns are the answer's columns.
 var whatIfColumns = []string{"SCENARIO", "RU_PER_SEC", "BURSTABLE", "WINDOW_START", "WINDOW_END", "GRANULARITY",
-	"DEMAND_RU", "PEAK_RU_PER_SEC", "OVER_LIMIT_SECONDS", "WAITED_RU", "WAITED_STATEMENTS", "REFUSED_RU", "REFUSED_STATEMENTS", "WORST_DELAY_SECONDS", "BASIS"}
+	"DEMAND_RU", "PEAK_RU_PER_SEC", "OVER_LIMIT_SECONDS", "WAITED_RU", "WAITED_STATEMENTS", "REFUSED_RU", "REFUSED_STATEMENTS", "WORST_DELAY_SECONDS", "BUDGET_EVENTS", "BASIS"}
 
 // whatIfRows bounds the history one what-if reads: 400 days of hours
 // (9,600) and two days of minutes (2,880) fit, as does an hour of seconds.
@@ -57,15 +58,13 @@ func (s *session) explainGroup(ctx context.Context, a *resourcegroup.ExplainGrou
 	if s.p.usage == nil {
 		return errReply(errUsageOff)
 	}
+	pg := a.Proposed(g)
+	if err := pg.Validate(); err != nil {
+		return errReply(err)
+	}
 	maxWait := s.p.settings.Load().MaxWait
-	current := tokenclient.WhatIfProposal{RUPerSec: g.RUPerSec, Burst: g.Burst, MaxWait: maxWait}
-	proposed := current
-	if a.Fields&resourcegroup.FieldRUPerSec != 0 {
-		proposed.RUPerSec = a.With.RUPerSec
-	}
-	if a.Fields&resourcegroup.FieldBurst != 0 {
-		proposed.Burst = a.With.Burst
-	}
+	current := tokenclient.WhatIfProposal{RUPerSec: g.RUPerSec, Burst: g.Burst, MaxWait: maxWait, Budgets: g.Budgets}
+	proposed := tokenclient.WhatIfProposal{RUPerSec: pg.RUPerSec, Burst: pg.Burst, MaxWait: maxWait, Budgets: pg.Budgets}
 	now := s.p.clk.Now()
 	gran := whatIfGranularity(a.Last)
 	from := now.Add(-a.Last).Truncate(gran)
@@ -93,6 +92,9 @@ func (s *session) explainGroup(ctx context.Context, a *resourcegroup.ExplainGrou
 	if truncated {
 		basis += "; the history was cut to its newest rows"
 	}
+	if len(g.Budgets) > 0 || len(pg.Budgets) > 0 {
+		basis += "; budget windows start with the window replayed (nothing spent before it counts) and follow UTC"
+	}
 	out := make([][]string, 0, 2)
 	for _, sc := range []struct {
 		name string
@@ -117,5 +119,5 @@ func whatIfRow(scenario string, p tokenclient.WhatIfProposal, from, to time.Time
 	ts := func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
 	return []string{scenario, rate, p.Burst.String(), ts(from), ts(to), strconv.Itoa(int(gran / time.Second)),
 		f(w.DemandRU), f(w.PeakRUPerSec), f(w.OverSeconds), f(w.WaitedRU), strconv.FormatUint(w.Waited, 10), f(w.RefusedRU),
-		strconv.FormatUint(w.Refused, 10), f(w.WorstDelay.Seconds()), basis}
+		strconv.FormatUint(w.Refused, 10), f(w.WorstDelay.Seconds()), strings.Join(w.BudgetEvents, "; "), basis}
 }

@@ -65,11 +65,27 @@ func TestExplainGroup(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("answer\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if basis := cell(r.Rows[0][14]); !strings.Contains(basis, "recorded at 1 s") || !strings.Contains(basis, "was limited meanwhile") {
+	if basis := cell(r.Rows[0][15]); !strings.Contains(basis, "recorded at 1 s") || !strings.Contains(basis, "was limited meanwhile") {
 		t.Errorf("basis %q", basis)
 	}
 	if !strings.Contains(fu.asked[0], "groups=[bound]") || !strings.Contains(fu.asked[0], " g=1 ") {
 		t.Errorf("asked %v", fu.asked)
+	}
+	// A proposed budget: the day's 3,000 RU are spent 15 s into the
+	// minute at the proposed 400 RU/s (200 RU/s of demand), then refused.
+	r = explain("EXPLAIN RESOURCE GROUP bound WITH (RU_PER_SEC = 400, BUDGET = (RU = 3000 PER DAY, ON 100 PERCENT REFUSE))")
+	if r.Err != nil || len(r.Rows) != 2 {
+		t.Fatalf("with a budget: %+v", r)
+	}
+	if ev := cell(r.Rows[1][14]); !strings.HasPrefix(ev, "DAY 100% REFUSE at ") || cell(r.Rows[0][14]) != "" {
+		t.Errorf("budget events: current %q, proposed %q", cell(r.Rows[0][14]), ev)
+	}
+	if refused := cell(r.Rows[1][11]); refused != "9000.000" {
+		t.Errorf("the budget refused %s RU, want the 9,000 after its 3,000", refused)
+	}
+	// A proposal that is not a valid group is refused as ALTER would be.
+	if r := explain("EXPLAIN RESOURCE GROUP bound WITH (BUDGET = (RU = 10 PER DAY, ON 100 PERCENT THROTTLE (RU_PER_SEC = 500)))"); r.Err == nil || r.Err.Code != 1105 {
+		t.Errorf("an invalid proposal: %+v", r.Err)
 	}
 	// Seven days: hours.
 	fu.asked = nil
