@@ -360,7 +360,9 @@ func (s *Server) report(p Principal, name, slot string, g Grant, c *pb.Consumpti
 		gb = boundOf(b.settings)
 	}
 	u, thr = s.creds.settle(p, name, g.Tokens+g.Immediate, gb, u, thr, now)
+	prev := s.alloc.lastReport(name, slot)
 	s.alloc.Report(name, slot, u, thr, now)
+	s.reportUsage(name, u, thr, c, prev, now)
 	s.countClamped(g.Clamped, uc)
 }
 
