@@ -79,7 +79,7 @@ func usageTierKeep(k int) int64    { return [...]int64{3600, 2880, 9600}[k] }
 // usageTierHot: the open seconds (usageSettle + 1) and those awaiting the
 // persist tick's freeze (5 s), with room; a minute or an hour is hot
 // while open and until the next freeze.
-func usageTierHot(k int) int { return [...]int{12, 3, 3}[k] }
+func usageTierHot(k int) int { return [...]int{12, 2, 2}[k] }
 
 // usageTierName names a tier in keys and metric labels.
 func usageTierName(k int) string { return [...]string{"1s", "1m", "1h"}[k] }
@@ -339,8 +339,9 @@ func (h *usageHistory) addHot(s *usageSeries, k int, idx int64, f *usageFigures)
 func (h *usageHistory) freezePoint(t *usageTier, k int, p usagePoint) {
 	n := len(t.chunks)
 	if n == 0 || len(t.chunks[n-1].data) >= usageChunkBytes {
-		t.chunks = append(t.chunks, usageChunk{first: p.idx, last: p.idx, data: make([]byte, 0, usageChunkBytes+64)})
-		h.bytes += usageChunkHeader + usageChunkBytes + 64
+		// Small at first: a group that moved once costs a few bytes.
+		t.chunks = append(t.chunks, usageChunk{first: p.idx, last: p.idx, data: make([]byte, 0, 16)})
+		h.bytes += usageChunkHeader + 16
 		n++
 	}
 	c := &t.chunks[n-1]
@@ -422,6 +423,16 @@ func (h *usageHistory) expire(now time.Time) {
 	}
 }
 
+// empty: s holds no point.
+func (s *usageSeries) empty() bool {
+	for k := range s.tiers {
+		if len(s.tiers[k].chunks) > 0 || len(s.tiers[k].hot) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // dropChunks drops the n oldest chunks of t.
 func (h *usageHistory) dropChunks(t *usageTier, k, n int) {
 	for _, c := range t.chunks[:n] {
@@ -482,6 +493,11 @@ func (h *usageHistory) evict(exists func(string) bool) int {
 		before := t.points
 		h.dropChunks(t, c.k, 1)
 		dropped += before - t.points
+		if c.s.empty() {
+			delete(h.series, c.s.group)
+			delete(h.active, c.s)
+			h.bytes -= usageSeriesBytes + int64(len(c.s.group))
+		}
 	}
 	h.evicted.Add(float64(dropped))
 	return dropped

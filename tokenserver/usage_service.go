@@ -125,11 +125,10 @@ func validateUsageRequest(req *pb.UsageHistoryRequest, now time.Time) (usageRequ
 	if !req.GetAllGroups() {
 		r.keep = make(map[string]bool, len(req.GetGroups()))
 		for i, g := range req.GetGroups() {
-			name := resourcegroup.NormalizeName(g)
-			if err := resourcegroup.ValidateName(name); err != nil {
+			if err := resourcegroup.ValidateName(g); err != nil {
 				return r, fmt.Errorf("groups[%d]: %w", i, err)
 			}
-			r.keep[name] = true
+			r.keep[resourcegroup.NormalizeName(g)] = true
 		}
 	}
 	nowMs := now.UnixMilli()
@@ -142,9 +141,10 @@ func validateUsageRequest(req *pb.UsageHistoryRequest, now time.Time) (usageRequ
 		return r, fmt.Errorf("range [%d, %d): want 0 ≤ from < to", from, to)
 	case to > nowMs+usageFutureSlack.Milliseconds():
 		return r, fmt.Errorf("range ends at %d, more than %v after the leader's now (%d)", to, usageFutureSlack, nowMs)
-	case to-from > usageMaxRange.Milliseconds():
-		return r, fmt.Errorf("range of %v, at most %v", time.Duration(to-from)*time.Millisecond, usageMaxRange)
 	}
+	// Nothing older than the hours' retention is kept: a longer range
+	// (from 0: "since the start") is cut to it.
+	from = max(from, to-usageMaxRange.Milliseconds())
 	switch req.GetGranularityS() {
 	case 0:
 		// The finest tier that keeps all of the range.

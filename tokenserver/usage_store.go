@@ -295,7 +295,7 @@ func appendLoaded(t *usageTier, p usagePoint) bool {
 	}
 	n := len(t.chunks)
 	if n == 0 || len(t.chunks[n-1].data) >= usageChunkBytes {
-		t.chunks = append(t.chunks, usageChunk{first: p.idx, last: p.idx, data: make([]byte, 0, usageChunkBytes+64)})
+		t.chunks = append(t.chunks, usageChunk{first: p.idx, last: p.idx, data: make([]byte, 0, 16)})
 		n++
 	}
 	c := &t.chunks[n-1]
