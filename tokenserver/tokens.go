@@ -161,6 +161,8 @@ func checkNumbers(g *pb.GroupTokenRequest) error {
 		{"consumption.rru", g.GetConsumption().GetRru()},
 		{"consumption.wru", g.GetConsumption().GetWru()},
 		{"consumption.backend_seconds", g.GetConsumption().GetBackendSeconds()},
+		{"consumption.waited_ru", g.GetConsumption().GetWaitedRu()},
+		{"consumption.denied_ru", g.GetConsumption().GetDeniedRu()},
 	}
 	for _, n := range nums {
 		if math.IsNaN(n.v) || math.IsInf(n.v, 0) || n.v < 0 {

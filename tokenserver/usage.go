@@ -41,9 +41,9 @@ import (
 
 // Tiers of the history, and why these sizes.
 const (
-	usageSec = iota // 1 s × 3,600: the last hour, for what just happened
-	usageMin        // 60 s × 2,880: two days, yesterday against today
-	usageHour       // 3,600 s × 9,600: 400 days, a year against the last
+	usageSec  = iota // 1 s × 3,600: the last hour, for what just happened
+	usageMin         // 60 s × 2,880: two days, yesterday against today
+	usageHour        // 3,600 s × 9,600: 400 days, a year against the last
 	numUsageTiers
 )
 

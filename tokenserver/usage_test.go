@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
@@ -366,5 +370,85 @@ func TestUsageHistoryPersistsAcrossLeaders(t *testing.T) {
 	a.clock.Advance(10 * time.Second)
 	if err := a.srv.persistUsage(ctx, false); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("deposed leader's write: %v", err)
+	}
+}
+
+// TestUsageFedByReports: the consumption of AcquireTokens messages, after
+// the credential book, reaches the history with its new fields, spread
+// over the interval the message says (or the time since the proxy's
+// previous message of the group); a NaN in the new fields is malformed.
+func TestUsageFedByReports(t *testing.T) {
+	cli := startEtcd(t)
+	ts := startServer(t, cli, "")
+	waitFor(t, "leader", ts.srv.IsLeader)
+	waitFor(t, "load", func() bool { ts.srv.usage.mu.Lock(); defer ts.srv.usage.mu.Unlock(); return ts.srv.usage.loaded })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := pb.NewResourceGroupServiceClient(ts.conn).CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: "g", RuPerSec: 1000, Burst: pb.BurstMode_BURST_MODERATED}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the group", func() bool { ts.srv.mu.Lock(); defer ts.srv.mu.Unlock(); return ts.srv.alloc.Group("g") != nil })
+	st, err := pb.NewTokenServiceClient(ts.conn).AcquireTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(id uint64, c *pb.Consumption) {
+		t.Helper()
+		acquire(t, st, &pb.TokenRequest{ProxyId: "p", RequestId: id, Groups: []*pb.GroupTokenRequest{{Group: "g", TokensWanted: 100, Consumption: c}}})
+	}
+	send(1, nil)
+	ts.clock.Advance(2 * time.Second)
+	send(2, &pb.Consumption{Rru: 20, Wru: 4, Statements: 4, Throttled: 2, Refused: 2, WaitedRu: 6, DeniedRu: 8, IntervalMs: 2000})
+	ts.clock.Advance(4 * time.Second)
+	// No interval: the 4 s since the previous message.
+	send(3, &pb.Consumption{Rru: 40, Statements: 4})
+	resp, err := pb.NewUsageServiceClient(ts.conn).UsageHistory(ctx, &pb.UsageHistoryRequest{Groups: []string{"G"}, FromUnixMs: t0.UnixMilli(), GranularityS: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range resp.GetRows() {
+		got = append(got, fmt.Sprintf("%d:%g/%g/%d/%d/%d/%g/%g", (r.GetStartUnixMs()-t0.UnixMilli())/1000, r.GetRru(), r.GetWru(),
+			r.GetStatements(), r.GetThrottled(), r.GetRefused(), r.GetWaitedRu(), r.GetDeniedRu()))
+	}
+	want := "[5:10/0/1/0/0/0/0 4:10/0/1/0/0/0/0 3:10/0/1/0/0/0/0 2:10/0/1/0/0/0/0 1:10/2/2/1/1/3/4 0:10/2/2/1/1/3/4]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("rows:\n got %v\nwant %s", got, want)
+	}
+	c := &pb.Consumption{WaitedRu: math.NaN()}
+	_, err = func() (*pb.TokenResponse, error) {
+		if err := st.Send(&pb.TokenRequest{ProxyId: "p", RequestId: 4, Groups: []*pb.GroupTokenRequest{{Group: "g", Consumption: c}}}); err != nil {
+			return nil, err
+		}
+		return st.Recv()
+	}()
+	if codeOf(err) != codes.InvalidArgument {
+		t.Errorf("a NaN waited_ru: %v", err)
+	}
+}
+
+// TestUsageMetricsHelpIsDocumented: the history's metrics have rows in
+// docs/metrics.md with their HELP text.
+func TestUsageMetricsHelpIsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if err := newUsageHistory().register(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) != 5 {
+		t.Fatalf("%d metrics", len(mfs))
+	}
+	for _, mf := range mfs {
+		row := regexp.MustCompile("(?m)^\\| `" + mf.GetName() + "` \\| " + strings.ToLower(mf.GetType().String()) + " \\|[^|]*\\| (.+) \\|$").FindSubmatch(b)
+		if row == nil || string(row[1]) != mf.GetHelp() {
+			t.Errorf("%s: docs/metrics.md's row %q, HELP %q", mf.GetName(), row, mf.GetHelp())
+		}
 	}
 }
