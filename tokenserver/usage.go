@@ -304,7 +304,7 @@ func (h *usageHistory) addSecond(s *usageSeries, sec int64, f usageFigures) {
 func (h *usageHistory) addHot(s *usageSeries, k int, idx int64, f *usageFigures) {
 	t := &s.tiers[k]
 	idx = max(idx, t.frozen+1)
-	i, found := slices.BinarySearchFunc(t.hot, idx, func(p usagePoint, idx int64) int { return cmp.Compare(p.idx, idx) })
+	i, found := hotIndex(t.hot, idx)
 	if !found {
 		if t.hot == nil {
 			t.hot = make([]usagePoint, 0, usageTierHot(k))
@@ -320,7 +320,7 @@ func (h *usageHistory) addHot(s *usageSeries, k int, idx int64, f *usageFigures)
 			}
 			if idx <= t.frozen {
 				idx = t.frozen + 1
-				i, found = slices.BinarySearchFunc(t.hot, idx, func(p usagePoint, idx int64) int { return cmp.Compare(p.idx, idx) })
+				i, found = hotIndex(t.hot, idx)
 			}
 		}
 		if !found {
@@ -335,10 +335,32 @@ func (h *usageHistory) addHot(s *usageSeries, k int, idx int64, f *usageFigures)
 	}
 }
 
+// hotIndex is where idx is (found) or goes in hot; from the newest, where
+// reports land.
+func hotIndex(hot []usagePoint, idx int64) (int, bool) {
+	i := len(hot)
+	for i > 0 && hot[i-1].idx > idx {
+		i--
+	}
+	if i > 0 && hot[i-1].idx == idx {
+		return i - 1, true
+	}
+	return i, false
+}
+
+// maxUsagePointBytes is the most one encoded point takes.
+const maxUsagePointBytes = 1 + binary.MaxVarintLen64*(numFigs+1)
+
+// fullChunk: the next point may not fit c without growing it past
+// usageChunkBytes.
+func fullChunk(c *usageChunk) bool {
+	return cap(c.data) >= usageChunkBytes && cap(c.data)-len(c.data) < maxUsagePointBytes
+}
+
 // freezePoint appends p to t's chunks.
 func (h *usageHistory) freezePoint(t *usageTier, k int, p usagePoint) {
 	n := len(t.chunks)
-	if n == 0 || len(t.chunks[n-1].data) >= usageChunkBytes {
+	if n == 0 || fullChunk(&t.chunks[n-1]) {
 		// Small at first: a group that moved once costs a few bytes.
 		t.chunks = append(t.chunks, usageChunk{first: p.idx, last: p.idx, data: make([]byte, 0, 16)})
 		h.bytes += usageChunkHeader + 16

@@ -105,4 +105,38 @@ func TestUsageMeasure(t *testing.T) {
 	s.usage.mu.Unlock()
 	t.Logf("%d s, 1,000 busy of 100,000 groups: %d keys, %d bytes of values in etcd %v, etcd db %d bytes; history %d bytes (estimate), points %v; heap +%d bytes; %.0f ns per report",
 		seconds, len(resp.Kvs), live, perTier, db, hb, pts, int64(heap1)-int64(heap0), float64(addTime.Nanoseconds())/float64(seconds*1000))
+	// A leader change: the next term loads it all back.
+	b := startServer(t, cli, "")
+	b.clock.Advance(ts.clock.Now().Sub(b.clock.Now()))
+	ts.stop()
+	start := time.Now()
+	waitFor(t, "b leads", b.srv.IsLeader)
+	waitFor(t, "b's load", func() bool { b.srv.usage.mu.Lock(); defer b.srv.usage.mu.Unlock(); return b.srv.usage.loaded })
+	b.srv.usage.mu.Lock()
+	t.Logf("the next leader loaded it in %v: history %d bytes (estimate), points %v", time.Since(start).Round(time.Millisecond), b.srv.usage.bytes, b.srv.usage.points)
+	b.srv.usage.mu.Unlock()
+}
+
+// BenchmarkUsageAdd: one report of a busy group covering 1 s (of 1,000
+// groups, frozen every 5 s as the persist tick does).
+func BenchmarkUsageAdd(b *testing.B) {
+	h := loadedHistory(t0)
+	names := make([]string, 1000)
+	for i := range names {
+		names[i] = fmt.Sprintf("g%06d", i)
+	}
+	now := t0
+	f := usageFigs(123.4, 5.6, 42)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if i%1000 == 0 {
+			now = now.Add(time.Second)
+			if i%5000 == 0 {
+				h.mu.Lock()
+				h.freeze(now)
+				h.mu.Unlock()
+			}
+		}
+		h.add(names[i%1000], f, time.Second, now)
+	}
 }

@@ -294,7 +294,7 @@ func appendLoaded(t *usageTier, p usagePoint) bool {
 		return false
 	}
 	n := len(t.chunks)
-	if n == 0 || len(t.chunks[n-1].data) >= usageChunkBytes {
+	if n == 0 || fullChunk(&t.chunks[n-1]) {
 		t.chunks = append(t.chunks, usageChunk{first: p.idx, last: p.idx, data: make([]byte, 0, 16)})
 		n++
 	}

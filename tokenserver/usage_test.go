@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
@@ -131,7 +132,7 @@ func TestUsageTiersAndRetention(t *testing.T) {
 	// Seconds: the last hour, and the rest of the oldest chunk (whole
 	// chunks roll off); minutes: 180, one open; hours: 2 and the open one.
 	// "once" keeps its minute and hour.
-	if got, want := h.String(now), "open@-5 points 3622/181/4 busy:3617+5/179+1/2+1 once:0+0/1+0/1+0"; got != want {
+	if got, want := h.String(now), "open@-5 points 3608/181/4 busy:3603+5/179+1/2+1 once:0+0/1+0/1+0"; got != want {
 		t.Errorf("after 3 h:\n got %s\nwant %s", got, want)
 	}
 	rows, _ := h.query(map[string]bool{"busy": true}, usageMin, start.Unix()/60, now.Unix()/60, maxUsageRows)
@@ -450,5 +451,45 @@ func TestUsageMetricsHelpIsDocumented(t *testing.T) {
 		if row == nil || string(row[1]) != mf.GetHelp() {
 			t.Errorf("%s: docs/metrics.md's row %q, HELP %q", mf.GetName(), row, mf.GetHelp())
 		}
+	}
+}
+
+// TestUsageHistoryRPC: open to proxy and administrator credentials, not
+// to strangers; a malformed request is InvalidArgument; during the term's
+// load the answer is Unavailable with its progress.
+func TestUsageHistoryRPC(t *testing.T) {
+	cli := startEtcd(t)
+	ts := startServer(t, cli, "admin-secret")
+	waitFor(t, "leader", ts.srv.IsLeader)
+	waitFor(t, "load", func() bool { ts.srv.usage.mu.Lock(); defer ts.srv.usage.mu.Unlock(); return ts.srv.usage.loaded })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl := pb.NewUsageServiceClient(ts.conn)
+	as := func(tok string) context.Context {
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	}
+	ok := &pb.UsageHistoryRequest{AllGroups: true}
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		req  *pb.UsageHistoryRequest
+		want codes.Code
+	}{
+		{"administrator", as("admin-secret"), ok, codes.OK},
+		{"proxy", as(testProxyToken), ok, codes.OK},
+		{"stranger", as("nobody"), ok, codes.Unauthenticated},
+		{"no credential", ctx, ok, codes.Unauthenticated},
+		{"bad granularity", as(testProxyToken), &pb.UsageHistoryRequest{AllGroups: true, GranularityS: 2}, codes.InvalidArgument},
+		{"future", as(testProxyToken), &pb.UsageHistoryRequest{AllGroups: true, ToUnixMs: ts.clock.Now().Add(time.Hour).UnixMilli()}, codes.InvalidArgument},
+	} {
+		if _, err := cl.UsageHistory(tc.ctx, tc.req); codeOf(err) != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	ts.srv.usage.mu.Lock()
+	ts.srv.usage.loaded, ts.srv.usage.read, ts.srv.usage.total = false, 1, 4
+	ts.srv.usage.mu.Unlock()
+	if _, err := cl.UsageHistory(as(testProxyToken), ok); codeOf(err) != codes.Unavailable || !strings.Contains(err.Error(), "25% read") {
+		t.Errorf("while loading: %v", err)
 	}
 }
