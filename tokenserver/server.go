@@ -549,6 +549,10 @@ func (s *Server) stepDown() {
 	s.mu.Lock()
 	s.leaderKey, s.leaderRev = "", 0
 	s.mu.Unlock()
+	// A follower keeps no usage history: the next term loads it from etcd.
+	s.usage.mu.Lock()
+	s.usage.newTerm(s.now())
+	s.usage.mu.Unlock()
 }
 
 // lead runs the leader's chores until leadership or ctx ends.

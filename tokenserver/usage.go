@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -375,74 +376,110 @@ func (h *usageHistory) freezePoint(t *usageTier, k int, p usagePoint) {
 }
 
 // freeze moves every closed hot point at now into the chunks, and frees
-// the hot slices of series that went quiet.
+// the hot slices of series that went quiet. Called with mu held (tests;
+// persistence walks in chunks: pending).
 func (h *usageHistory) freeze(now time.Time) {
-	h.freezeBefore(h.closedBefore(now))
-}
-
-// freezeBefore freezes the seconds before sec and the minutes and hours
-// that end by it. Called with mu held.
-func (h *usageHistory) freezeBefore(sec int64) {
+	sec := h.closedBefore(now)
 	for s := range h.active {
-		quiet := true
-		for k := range s.tiers {
-			t := &s.tiers[k]
-			closed := sec / usageTierSeconds(k)
-			n := 0
-			for n < len(t.hot) && t.hot[n].idx < closed {
-				h.freezePoint(t, k, t.hot[n])
-				n++
-			}
-			if n > 0 {
-				t.hot = append(t.hot[:0], t.hot[n:]...)
-			}
-			if len(t.hot) == 0 && t.hot != nil {
-				t.hot = nil
-				h.bytes -= int64(usageTierHot(k)) * usagePointBytes
-			}
-			if len(t.hot) > 0 {
-				quiet = false
-			}
-		}
-		if quiet {
-			delete(h.active, s)
-		}
+		h.freezeSeries(s, sec)
 	}
 }
 
-// handOver closes every second up to now (rounded up): what follows is
-// the next term's. Called with mu held.
-func (h *usageHistory) closeAll(now time.Time) {
-	h.horizon = max(h.horizon, ceilSec(now))
-	h.freezeBefore(h.horizon)
+// freezeSeries freezes the seconds of s before sec and the minutes and
+// hours that end by it. Called with mu held.
+func (h *usageHistory) freezeSeries(s *usageSeries, sec int64) {
+	quiet := true
+	for k := range s.tiers {
+		t := &s.tiers[k]
+		closed := sec / usageTierSeconds(k)
+		n := 0
+		for n < len(t.hot) && t.hot[n].idx < closed {
+			h.freezePoint(t, k, t.hot[n])
+			n++
+		}
+		if n > 0 {
+			t.hot = append(t.hot[:0], t.hot[n:]...)
+		}
+		if len(t.hot) == 0 && t.hot != nil {
+			t.hot = nil
+			h.bytes -= int64(usageTierHot(k)) * usagePointBytes
+		}
+		if len(t.hot) > 0 {
+			quiet = false
+		}
+	}
+	if quiet {
+		delete(h.active, s)
+	}
 }
 
 // expire drops the chunks whose every point is older than its tier's
-// retention, and series left empty.
+// retention, and series left empty. Called with mu held (tests).
 func (h *usageHistory) expire(now time.Time) {
-	nowSec := now.Unix()
-	for g, s := range h.series {
-		empty := true
-		for k := range s.tiers {
-			t := &s.tiers[k]
-			cutoff := nowSec/usageTierSeconds(k) - usageTierKeep(k)
-			n := 0
-			for n < len(t.chunks) && t.chunks[n].last < cutoff {
-				n++
-			}
-			if n > 0 {
-				h.dropChunks(t, k, n)
-			}
-			if len(t.chunks) > 0 || len(t.hot) > 0 {
-				empty = false
-			}
+	for _, s := range h.series {
+		h.expireSeries(s, now.Unix())
+	}
+}
+
+// expireSeries is expire for one series. Called with mu held.
+func (h *usageHistory) expireSeries(s *usageSeries, nowSec int64) {
+	for k := range s.tiers {
+		t := &s.tiers[k]
+		cutoff := nowSec/usageTierSeconds(k) - usageTierKeep(k)
+		n := 0
+		for n < len(t.chunks) && t.chunks[n].last < cutoff {
+			n++
 		}
-		if empty {
-			delete(h.series, g)
-			delete(h.active, s)
-			h.bytes -= usageSeriesBytes + int64(len(g))
+		if n > 0 {
+			h.dropChunks(t, k, n)
 		}
 	}
+	h.dropIfEmpty(s)
+}
+
+// dropIfEmpty forgets s when it holds no point. Called with mu held.
+func (h *usageHistory) dropIfEmpty(s *usageSeries) {
+	if s.empty() && h.series[s.group] == s {
+		delete(h.series, s.group)
+		delete(h.active, s)
+		h.bytes -= usageSeriesBytes + int64(len(s.group))
+	}
+}
+
+// seriesList is every series (active: those with hot points), read
+// under mu.
+func (h *usageHistory) seriesList(active bool) []*usageSeries {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*usageSeries
+	if active {
+		out = make([]*usageSeries, 0, len(h.active))
+		for s := range h.active {
+			out = append(out, s)
+		}
+		return out
+	}
+	out = make([]*usageSeries, 0, len(h.series))
+	for _, s := range h.series {
+		out = append(out, s)
+	}
+	return out
+}
+
+// walk calls fn for each series of list with mu held, releasing it every
+// walkChunk series, so that reports (which wait for mu holding the
+// grant lock) never wait for a walk over every group.
+func (h *usageHistory) walk(list []*usageSeries, fn func(*usageSeries)) {
+	h.mu.Lock()
+	for i, s := range list {
+		fn(s)
+		if (i+1)%walkChunk == 0 {
+			h.mu.Unlock()
+			runtime.Gosched()
+			h.mu.Lock()
+		}
+	}
+	h.mu.Unlock()
 }
 
 // empty: s holds no point.
@@ -515,11 +552,7 @@ func (h *usageHistory) evict(exists func(string) bool) int {
 		before := t.points
 		h.dropChunks(t, c.k, 1)
 		dropped += before - t.points
-		if c.s.empty() {
-			delete(h.series, c.s.group)
-			delete(h.active, c.s)
-			h.bytes -= usageSeriesBytes + int64(len(c.s.group))
-		}
+		h.dropIfEmpty(c.s)
 	}
 	h.evicted.Add(float64(dropped))
 	return dropped
@@ -651,25 +684,24 @@ func (h *usageHistory) query(keep map[string]bool, k int, from, to int64, limit 
 	}
 	keeper := topn.New(limit, newer)
 	matched := 0
-	h.mu.Lock()
-	visit := func(s *usageSeries) {
+	var list []*usageSeries
+	if keep == nil {
+		list = h.seriesList(false)
+	} else {
+		h.mu.Lock()
+		for g := range keep {
+			if s := h.series[g]; s != nil {
+				list = append(list, s)
+			}
+		}
+		h.mu.Unlock()
+	}
+	h.walk(list, func(s *usageSeries) {
 		s.tiers[k].eachPoint(from, to, func(p usagePoint) {
 			matched++
 			keeper.Offer(usageRow{group: s.group, p: p})
 		})
-	}
-	if keep == nil {
-		for _, s := range h.series {
-			visit(s)
-		}
-	} else {
-		for g := range keep {
-			if s := h.series[g]; s != nil {
-				visit(s)
-			}
-		}
-	}
-	h.mu.Unlock()
+	})
 	return keeper.Sorted(), matched > limit
 }
 

@@ -80,12 +80,12 @@ type usageSegment struct {
 	parts      [][]byte
 }
 
-// segmentLocked encodes the points of tier k in [from, to) of every
-// group, by group name, in parts. Called with mu held.
-func (h *usageHistory) segmentLocked(k int, from, to int64) (usageSegment, error) {
+// segment encodes the points of tier k in [from, to) of the series of
+// list, by group name, in parts.
+func (h *usageHistory) segment(list []*usageSeries, k int, from, to int64) (usageSegment, error) {
 	seg := usageSegment{k: k, start: from, end: to}
 	var series []*pb.UsageSeriesPoints
-	for _, s := range h.series {
+	h.walk(list, func(s *usageSeries) {
 		var b []byte
 		prev := from
 		s.tiers[k].eachPoint(from, to, func(p usagePoint) {
@@ -95,7 +95,7 @@ func (h *usageHistory) segmentLocked(k int, from, to int64) (usageSegment, error
 		if len(b) > 0 {
 			series = append(series, &pb.UsageSeriesPoints{ResourceGroup: s.group, Points: b})
 		}
-	}
+	})
 	slices.SortFunc(series, func(a, b *pb.UsageSeriesPoints) int { return strings.Compare(a.ResourceGroup, b.ResourceGroup) })
 	part := &pb.UsageSegmentPart{GranularityS: uint32(usageTierSeconds(k)), StartIdx: from, EndIdx: to}
 	size := 0
@@ -127,32 +127,38 @@ func (h *usageHistory) segmentLocked(k int, from, to int64) (usageSegment, error
 	return seg, nil
 }
 
-// pendingLocked freezes what closed at now (or everything, at a
-// hand-over), drops what expired and returns the segments to write, at
-// most usagePersistParts parts. Called with mu held.
-func (h *usageHistory) pendingLocked(now time.Time, handOver bool) ([]usageSegment, error) {
+// pending freezes what closed at now (or everything, at a hand-over),
+// drops what expired and returns the segments to write, at most
+// usagePersistParts parts. It walks the groups in chunks.
+func (h *usageHistory) pending(now time.Time, handOver bool) ([]usageSegment, error) {
+	h.mu.Lock()
 	if handOver {
-		h.closeAll(now)
-	} else {
-		h.freeze(now)
+		h.horizon = max(h.horizon, ceilSec(now))
 	}
-	h.expire(now)
 	closed := h.closedBefore(now)
 	if handOver {
 		closed = h.horizon
 	}
+	h.mu.Unlock()
+	h.walk(h.seriesList(true), func(s *usageSeries) { h.freezeSeries(s, closed) })
+	h.walk(h.seriesList(false), func(s *usageSeries) { h.expireSeries(s, now.Unix()) })
+	all := h.seriesList(false)
 	var segs []usageSegment
 	parts := 0
 	for k := range numUsageTiers {
-		if h.wm[k] < 0 {
+		h.mu.Lock()
+		g := usageTierSeconds(k)
+		if h.wm[k] >= 0 {
+			h.wm[k] = max(h.wm[k], now.Unix()/g-usageTierKeep(k))
+		}
+		from := h.wm[k]
+		h.mu.Unlock()
+		if from < 0 {
 			continue // the load has not said where the stored ones end
 		}
-		g := usageTierSeconds(k)
-		end := closed / g
-		h.wm[k] = max(h.wm[k], now.Unix()/g-usageTierKeep(k))
-		for from := h.wm[k]; from < end && parts < usagePersistParts; {
+		for end := closed / g; from < end && parts < usagePersistParts; {
 			to := min(end, from+usageSegmentSpan(k))
-			seg, err := h.segmentLocked(k, from, to)
+			seg, err := h.segment(all, k, from, to)
 			if err != nil {
 				return segs, err
 			}
@@ -177,9 +183,7 @@ func (s *Server) persistUsage(ctx context.Context, handOver bool) error {
 	h := s.usage
 	now := s.now()
 	s.evictUsage()
-	h.mu.Lock()
-	segs, err := h.pendingLocked(now, handOver)
-	h.mu.Unlock()
+	segs, err := h.pending(now, handOver)
 	if err != nil {
 		return err
 	}
