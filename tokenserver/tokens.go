@@ -364,7 +364,8 @@ func (s *Server) report(p Principal, name, slot string, g Grant, c *pb.Consumpti
 	u, thr = s.creds.settle(p, name, g.Tokens+g.Immediate, gb, u, thr, now)
 	prev := s.alloc.lastReport(name, slot)
 	s.alloc.Report(name, slot, u, thr, now)
-	s.reportUsage(name, u, thr, c, prev, now)
+	refused := s.creds.refusedCount(p, min(float64(c.GetRefused()), maxReportRU), now)
+	s.reportUsage(name, u, thr, refused, c, prev, now)
 	s.countClamped(g.Clamped, uc)
 }
 

@@ -71,15 +71,16 @@ func (c *usagePointsCollector) Collect(ch chan<- prometheus.Metric) {
 	c.desc.Collect(ch)
 }
 
-// reportUsage adds one bounded report of group to the history: u and
-// throttled as the credential book let them count, the rest bounded per
-// message. prev is when the slot last reported the group (zero if never):
+// reportUsage adds one bounded report of group to the history: u,
+// throttled and refused as the credential book let them count, the RU
+// that waited and was denied bounded per message (demand not served: no
+// grant bounds it). prev is when the slot last reported the group (zero if never):
 // the interval the report covers when it does not say. Called with s.mu
 // held; the history's own lock is taken inside.
-func (s *Server) reportUsage(name string, u ru.Consumption, throttled float64, c *pb.Consumption, prev, now time.Time) {
+func (s *Server) reportUsage(name string, u ru.Consumption, throttled, refused float64, c *pb.Consumption, prev, now time.Time) {
 	var f usageFigures
 	f[figRRU], f[figWRU], f[figStatements], f[figThrottled] = u.RRU, u.WRU, u.Statements, throttled
-	f[figRefused] = float64(c.GetRefused())
+	f[figRefused] = refused
 	f[figWaited], f[figDenied] = c.GetWaitedRu(), c.GetDeniedRu()
 	for i := range f {
 		switch {
