@@ -493,3 +493,37 @@ func TestUsageHistoryRPC(t *testing.T) {
 		t.Errorf("while loading: %v", err)
 	}
 }
+
+// TestUsageHostileProxyBounded: a proxy credential's report reaches the
+// history only as far as the credential book lets it (RU by its grants
+// and allowance, refused by its count bucket), the rest per message, and
+// its interval capped at a minute.
+func TestUsageHostileProxyBounded(t *testing.T) {
+	now := t0.Add(time.Hour)
+	s, err := New(nil, Config{Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.usage.newTerm(t0)
+	s.usage.loaded = true
+	proxy := Principal{Name: "px", Role: RoleProxy, MaxStreams: 1}
+	s.creds.streamOpened(proxy, now)
+	s.mu.Lock()
+	s.alloc.SetGroup("g", Settings{RUPerSec: 100}, now)
+	s.report(proxy, "g", "px/p", Grant{}, &pb.Consumption{Rru: 1e12, Statements: 1e12, Refused: math.MaxUint64,
+		WaitedRu: 1e300, DeniedRu: 5, IntervalMs: math.MaxUint32}, now)
+	s.mu.Unlock()
+	rows, _ := s.usage.query(nil, usageHour, 0, math.MaxInt32, 10)
+	if len(rows) != 1 {
+		t.Fatalf("rows %v", rows)
+	}
+	v := rows[0].p.v
+	first := 100*awayWindow.Seconds() + float64(s.alloc.Group("g").settings.Capacity()) + debtWindow*100
+	burst := countRate * awayWindow.Seconds()
+	if v[figRRU] > first+1e-3 || v[figStatements] > burst || v[figRefused] > burst || v[figWaited] > maxReportRU || v[figDenied] != 5 {
+		t.Errorf("kept %v; want RU ≤ %g, counts ≤ %g, waited ≤ %g", v, first, burst, float64(maxReportRU))
+	}
+	if got := s.usage.String(now); !strings.Contains(got, "g:5+0/1+0/1+0") && !strings.Contains(got, "g:0+5/0+1/0+1") {
+		t.Errorf("a minute's interval squeezed into the 5 open seconds: %s", got)
+	}
+}
