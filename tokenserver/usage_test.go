@@ -527,3 +527,67 @@ func TestUsageHostileProxyBounded(t *testing.T) {
 		t.Errorf("a minute's interval squeezed into the 5 open seconds: %s", got)
 	}
 }
+
+// TestUsageRestoreAfterCrashAndExpiry: a term that ends without a
+// hand-over loses only its unwritten seconds; the next load rebuilds the
+// minutes and hours not yet stored from the stored seconds, so that every
+// tier holds the same totals; expired segments leave etcd.
+func TestUsageRestoreAfterCrashAndExpiry(t *testing.T) {
+	cli := startEtcd(t)
+	a := startServer(t, cli, "")
+	waitFor(t, "a leads", a.srv.IsLeader)
+	waitFor(t, "a's load", func() bool { a.srv.usage.mu.Lock(); defer a.srv.usage.mu.Unlock(); return a.srv.usage.loaded })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// 150 s of one statement a second, from 30 s into a minute.
+	a.clock.Advance(30 * time.Second)
+	for i := range 150 {
+		a.clock.Advance(time.Second)
+		a.srv.mu.Lock()
+		a.srv.usage.add("g", usageFigs(1, 0, 1), time.Second, a.clock.Now())
+		a.srv.mu.Unlock()
+		if i%5 == 4 {
+			if err := a.srv.persistUsage(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A crash: nothing more is written. The next term loads.
+	b, err := New(cli, Config{Now: a.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.usage.newTerm(a.clock.Now())
+	if err := b.loadUsage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sum := func(k int) (n float64) {
+		rows, _ := b.usage.query(nil, k, 0, math.MaxInt32, maxUsageRows)
+		for _, r := range rows {
+			n += r.p.v[figStatements]
+		}
+		return n
+	}
+	sec, mins, hours := sum(usageSec), sum(usageMin), sum(usageHour)
+	if sec < 150-2*usageSettle || sec > 150 || mins != sec || hours != sec {
+		t.Fatalf("statements after the load: seconds %g, minutes %g, hours %g; want the same, about 150", sec, mins, hours)
+	}
+	// Two hours later the seconds' segments are deleted; the minutes'
+	// and hours' stay.
+	a.clock.Advance(2 * time.Hour)
+	if err := a.srv.persistUsage(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tier string
+		some bool
+	}{{"1s", false}, {"1m", true}, {"1h", true}} {
+		resp, err := cli.Get(ctx, keyUsage+tc.tier+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (resp.Count > 0) != tc.some {
+			t.Errorf("%s: %d segments in etcd two hours later", tc.tier, resp.Count)
+		}
+	}
+}
