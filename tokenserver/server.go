@@ -681,6 +681,12 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 			if n := s.runaways.expire(now); n > 0 {
 				s.log.Debug("expired runaway history rows", "n", n)
 			}
+			if s.orphan.Load() || s.etcdDown() {
+				// No persistence rounds: the usage history's memory
+				// follows its retention and bound here.
+				s.usage.tidy(now, false)
+				s.evictUsage()
+			}
 		}
 		if !s.leader.Load() {
 			return // resumeOrLose stepped down

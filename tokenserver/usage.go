@@ -155,9 +155,10 @@ type usageHistory struct {
 	// in etcd (or were never this term's to write); -1 until the load
 	// says (minutes and hours).
 	wm [numUsageTiers]int64
-	// oldest is the oldest segment start known in etcd per tier (unix
-	// seconds; -1 none): expired segments are deleted when it is.
-	oldest [numUsageTiers]int64
+	// stored are the starts (unix seconds, ascending) of the segments
+	// known in etcd per tier: expired ones are deleted when there are
+	// some, so that an idle history writes nothing.
+	stored [numUsageTiers][]int64
 	// loaded: the term's load from etcd finished; read and total its
 	// progress, in keys.
 	loaded      bool
@@ -201,7 +202,7 @@ func (h *usageHistory) newTerm(now time.Time) {
 	h.points = [numUsageTiers]int64{}
 	h.horizon = ceilSec(now)
 	h.wm = [numUsageTiers]int64{h.horizon, -1, -1}
-	h.oldest = [numUsageTiers]int64{-1, -1, -1}
+	h.stored = [numUsageTiers][]int64{}
 	h.loaded, h.read, h.total = false, 0, 0
 	h.term++
 }

@@ -127,10 +127,11 @@ func (h *usageHistory) segment(list []*usageSeries, k int, from, to int64) (usag
 	return seg, nil
 }
 
-// pending freezes what closed at now (or everything, at a hand-over),
-// drops what expired and returns the segments to write, at most
-// usagePersistParts parts. It walks the groups in chunks.
-func (h *usageHistory) pending(now time.Time, handOver bool) ([]usageSegment, error) {
+// tidy freezes what closed at now (or everything, at a hand-over) and
+// drops what expired, walking the groups in chunks; it returns the first
+// open second. Persistence does it, and the expiry tick while etcd is
+// away, so that memory follows the retention either way.
+func (h *usageHistory) tidy(now time.Time, handOver bool) int64 {
 	h.mu.Lock()
 	if handOver {
 		h.horizon = max(h.horizon, ceilSec(now))
@@ -142,6 +143,14 @@ func (h *usageHistory) pending(now time.Time, handOver bool) ([]usageSegment, er
 	h.mu.Unlock()
 	h.walk(h.seriesList(true), func(s *usageSeries) { h.freezeSeries(s, closed) })
 	h.walk(h.seriesList(false), func(s *usageSeries) { h.expireSeries(s, now.Unix()) })
+	return closed
+}
+
+// pending freezes what closed at now (or everything, at a hand-over),
+// drops what expired and returns the segments to write, at most
+// usagePersistParts parts. It walks the groups in chunks.
+func (h *usageHistory) pending(now time.Time, handOver bool) ([]usageSegment, error) {
+	closed := h.tidy(now, handOver)
 	all := h.seriesList(false)
 	var segs []usageSegment
 	parts := 0
@@ -205,15 +214,14 @@ func (s *Server) persistUsage(ctx context.Context, handOver bool) error {
 		}
 		h.wrote(seg, true)
 	}
-	// Expired segments: one range delete per tier whose oldest known
-	// segment started before the tier's retention.
+	// Expired segments: one range delete per tier that has some.
 	for k := range numUsageTiers {
 		g := usageTierSeconds(k)
 		cutoff := (now.Unix()/g - usageTierKeep(k)) * g
 		h.mu.Lock()
-		old := h.oldest[k]
+		expired := len(h.stored[k]) > 0 && h.stored[k][0] < cutoff
 		h.mu.Unlock()
-		if old < 0 || old >= cutoff {
+		if !expired {
 			continue
 		}
 		from := keyUsage + usageTierName(k) + "/"
@@ -226,7 +234,11 @@ func (s *Server) persistUsage(ctx context.Context, handOver bool) error {
 			return ErrNotLeader
 		}
 		h.mu.Lock()
-		h.oldest[k] = cutoff
+		n := 0
+		for n < len(h.stored[k]) && h.stored[k][n] < cutoff {
+			n++
+		}
+		h.stored[k] = slices.Delete(h.stored[k], 0, n)
 		h.mu.Unlock()
 	}
 	return nil
@@ -239,8 +251,8 @@ func (h *usageHistory) wrote(seg usageSegment, stored bool) {
 	if h.wm[seg.k] >= 0 {
 		h.wm[seg.k] = max(h.wm[seg.k], seg.end)
 	}
-	if start := seg.start * usageTierSeconds(seg.k); stored && (h.oldest[seg.k] < 0 || start < h.oldest[seg.k]) {
-		h.oldest[seg.k] = start
+	if start := seg.start * usageTierSeconds(seg.k); stored {
+		h.stored[seg.k] = append(h.stored[seg.k], start)
 	}
 }
 
@@ -280,8 +292,9 @@ func (s *Server) evictUsage() {
 type usageLoad struct {
 	series map[string]*usageSeries
 	// ends are the newest segment end per tier (-1: none); starts the
-	// oldest segment start (unix seconds, -1: none).
-	ends, starts [numUsageTiers]int64
+	// segments' starts (unix seconds, ascending, as the keys).
+	ends   [numUsageTiers]int64
+	starts [numUsageTiers][]int64
 	// extra are points that came out of order (segments of two terms
 	// overlapping): added one by one.
 	extra map[string][]usageLoadPoint
@@ -351,7 +364,7 @@ func (s *Server) loadUsage(ctx context.Context) error {
 	}
 	h.progress(term, 0, int(cnt.Count))
 	ld := &usageLoad{series: map[string]*usageSeries{}, extra: map[string][]usageLoadPoint{},
-		ends: [numUsageTiers]int64{-1, -1, -1}, starts: [numUsageTiers]int64{-1, -1, -1}}
+		ends: [numUsageTiers]int64{-1, -1, -1}}
 	from, end := keyUsage, clientv3.GetPrefixRangeEnd(keyUsage)
 	read := 0
 	for {
@@ -401,8 +414,8 @@ func (ld *usageLoad) add(key string, val []byte, horizon int64, now time.Time) e
 		return fmt.Errorf("%w: the part does not match its key", errUsageEncoding)
 	}
 	ld.ends[k] = max(ld.ends[k], end)
-	if st := start * usageTierSeconds(k); ld.starts[k] < 0 || st < ld.starts[k] {
-		ld.starts[k] = st
+	if st := start * usageTierSeconds(k); len(ld.starts[k]) == 0 || ld.starts[k][len(ld.starts[k])-1] != st {
+		ld.starts[k] = append(ld.starts[k], st)
 	}
 	cutoff := now.Unix()/usageTierSeconds(k) - usageTierKeep(k)
 	for _, sp := range part.GetSeries() {
@@ -527,9 +540,8 @@ func (h *usageHistory) merge(term uint64, ld *usageLoad, wm [numUsageTiers]int64
 		h.wm[k] = wm[k]
 	}
 	for k := range numUsageTiers {
-		if ld.starts[k] >= 0 && (h.oldest[k] < 0 || ld.starts[k] < h.oldest[k]) {
-			h.oldest[k] = ld.starts[k]
-		}
+		h.stored[k] = append(ld.starts[k], h.stored[k]...)
+		slices.Sort(h.stored[k])
 	}
 	h.loaded = true
 	return nil

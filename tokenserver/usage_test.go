@@ -590,4 +590,15 @@ func TestUsageRestoreAfterCrashAndExpiry(t *testing.T) {
 			t.Errorf("%s: %d segments in etcd two hours later", tc.tier, resp.Count)
 		}
 	}
+	// An idle history writes nothing, however long.
+	rev, _ := etcdStatus(t, cli)
+	for range 3 {
+		a.clock.Advance(10 * time.Minute)
+		if err := a.srv.persistUsage(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after, _ := etcdStatus(t, cli); after != rev {
+		t.Errorf("etcd's revision moved from %d to %d while the history was idle", rev, after)
+	}
 }
