@@ -155,10 +155,14 @@ type usageHistory struct {
 	// in etcd (or were never this term's to write); -1 until the load
 	// says (minutes and hours).
 	wm [numUsageTiers]int64
-	// stored are the starts (unix seconds, ascending) of the segments
-	// known in etcd per tier: expired ones are deleted when there are
-	// some, so that an idle history writes nothing.
-	stored [numUsageTiers][]int64
+	// stored are the segments known in etcd per tier, oldest first, and
+	// storedBytes their bytes: expired ones, and the oldest beyond the
+	// tier's bytes, are deleted when there are some, so that an idle
+	// history writes nothing.
+	stored      [numUsageTiers][]usageStored
+	storedBytes [numUsageTiers]int64
+	// storeMax is usageStoreBytes (tests make it smaller).
+	storeMax [numUsageTiers]int64
 	// loaded: the term's load from etcd finished; read and total its
 	// progress, in keys.
 	loaded      bool
@@ -187,6 +191,9 @@ func newUsageHistory() *usageHistory {
 			Help: "Rounds writing the usage history to etcd that failed (etcd refused or did not answer); what they did not write is written at the next round.",
 		}),
 	}
+	for k := range h.storeMax {
+		h.storeMax[k] = usageStoreBytes(k)
+	}
 	h.newTerm(time.Unix(0, 0))
 	h.loaded = true
 	return h
@@ -202,7 +209,8 @@ func (h *usageHistory) newTerm(now time.Time) {
 	h.points = [numUsageTiers]int64{}
 	h.horizon = ceilSec(now)
 	h.wm = [numUsageTiers]int64{h.horizon, -1, -1}
-	h.stored = [numUsageTiers][]int64{}
+	h.stored = [numUsageTiers][]usageStored{}
+	h.storedBytes = [numUsageTiers]int64{}
 	h.loaded, h.read, h.total = false, 0, 0
 	h.term++
 }

@@ -590,6 +590,36 @@ func TestUsageRestoreAfterCrashAndExpiry(t *testing.T) {
 			t.Errorf("%s: %d segments in etcd two hours later", tc.tier, resp.Count)
 		}
 	}
+	// Beyond a tier's bytes in etcd, its oldest segments go.
+	a.srv.usage.mu.Lock()
+	a.srv.usage.storeMax[usageSec] = 1000
+	a.srv.usage.mu.Unlock()
+	for range 60 {
+		a.clock.Advance(time.Second)
+		a.srv.mu.Lock()
+		for g := range 20 {
+			a.srv.usage.add(fmt.Sprintf("g%d", g), usageFigs(1, 0, 1), time.Second, a.clock.Now())
+		}
+		a.srv.mu.Unlock()
+		if err := a.srv.persistUsage(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := cli.Get(ctx, keyUsage+"1s/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bytes int
+	for _, kv := range resp.Kvs {
+		bytes += len(kv.Value)
+	}
+	if bytes == 0 || bytes > 1000+1000 {
+		t.Errorf("%d bytes of seconds in etcd, bounded at 1,000 (and a segment)", bytes)
+	}
+	a.clock.Advance(time.Hour)
+	if err := a.srv.persistUsage(ctx, false); err != nil {
+		t.Fatal(err)
+	}
 	// An idle history writes nothing, however long.
 	rev, _ := etcdStatus(t, cli)
 	for range 3 {
