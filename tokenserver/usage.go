@@ -518,9 +518,12 @@ func (h *usageHistory) dropChunks(t *usageTier, k, n int) {
 // evict drops the oldest chunks until the history is within its bytes:
 // first of groups exists says no longer exist, then of any group, the
 // oldest (by its first interval's time) first. It returns the points
-// dropped.
+// dropped. Called without mu: it walks and drops in chunks.
 func (h *usageHistory) evict(exists func(string) bool) int {
-	if h.bytes <= h.maxBytes {
+	h.mu.Lock()
+	over := h.bytes > h.maxBytes
+	h.mu.Unlock()
+	if !over {
 		return 0
 	}
 	type cand struct {
@@ -528,16 +531,17 @@ func (h *usageHistory) evict(exists func(string) bool) int {
 		k       int
 		gone    bool
 		startAt int64
+		first   int64
 	}
 	var cands []cand
-	for g, s := range h.series {
-		gone := !exists(g)
+	h.walk(h.seriesList(false), func(s *usageSeries) {
+		gone := !exists(s.group)
 		for k := range s.tiers {
 			for _, c := range s.tiers[k].chunks {
-				cands = append(cands, cand{s: s, k: k, gone: gone, startAt: c.first * usageTierSeconds(k)})
+				cands = append(cands, cand{s: s, k: k, gone: gone, startAt: c.first * usageTierSeconds(k), first: c.first})
 			}
 		}
-	}
+	})
 	slices.SortFunc(cands, func(a, b cand) int {
 		if a.gone != b.gone {
 			if a.gone {
@@ -549,13 +553,19 @@ func (h *usageHistory) evict(exists func(string) bool) int {
 	})
 	target := h.maxBytes - h.maxBytes/16
 	dropped := 0
-	for _, c := range cands {
+	h.mu.Lock()
+	for i, c := range cands {
 		if h.bytes <= target {
 			break
 		}
+		if (i+1)%walkChunk == 0 {
+			h.mu.Unlock()
+			runtime.Gosched() // let waiting reports in
+			h.mu.Lock()
+		}
 		t := &c.s.tiers[c.k]
-		if len(t.chunks) == 0 {
-			continue
+		if len(t.chunks) == 0 || t.chunks[0].first > c.first {
+			continue // expired meanwhile
 		}
 		// The candidates of one tier come oldest first: drop its oldest.
 		before := t.points
@@ -563,6 +573,7 @@ func (h *usageHistory) evict(exists func(string) bool) int {
 		dropped += before - t.points
 		h.dropIfEmpty(c.s)
 	}
+	h.mu.Unlock()
 	h.evicted.Add(float64(dropped))
 	return dropped
 }

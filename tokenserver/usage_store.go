@@ -308,9 +308,7 @@ func (s *Server) evictUsage() {
 		}
 		s.mu.Unlock()
 	}
-	h.mu.Lock()
 	n := h.evict(func(g string) bool { return exists[g] })
-	h.mu.Unlock()
 	if n > 0 {
 		s.log.Warn("usage history over its memory bound: oldest points dropped", "points", n, "bound_bytes", h.maxBytes)
 	}

@@ -183,8 +183,8 @@ func TestUsageHostileReports(t *testing.T) {
 		if i%1000 == 999 {
 			h.mu.Lock()
 			h.freeze(now.Add(2 * time.Hour)) // hot points are not evicted: close them
-			h.evict(func(g string) bool { return g >= "g050000" })
 			h.mu.Unlock()
+			h.evict(func(g string) bool { return g >= "g050000" })
 		}
 	}
 	if h.bytes > h.maxBytes {
