@@ -632,3 +632,63 @@ func TestUsageRestoreAfterCrashAndExpiry(t *testing.T) {
 		t.Errorf("etcd's revision moved from %d to %d while the history was idle", rev, after)
 	}
 }
+
+// TestUsageLoadMergesWithTheNewTerm: what an earlier term stored (its
+// seconds; its minutes up to the last closed one) and what the new term
+// recorded while loading add up in every tier, the open minute and hour
+// rebuilt from the stored seconds and summed with the new term's.
+func TestUsageLoadMergesWithTheNewTerm(t *testing.T) {
+	start := t0.Add(10 * time.Minute)
+	old := loadedHistory(start)
+	now := start
+	for range 150 { // 2.5 min: two minutes close, the third is open
+		now = now.Add(time.Second)
+		old.add("g", usageFigs(1, 0, 1), time.Second, now)
+	}
+	old.tidy(now, true) // a hand-over
+	ld := &usageLoad{series: map[string]*usageSeries{}, extra: map[string][]usageLoadPoint{}, ends: [numUsageTiers]int64{-1, -1, -1}}
+	all := old.seriesList(false)
+	for k := range usageHour { // seconds and the closed minutes, as written
+		g := usageTierSeconds(k)
+		seg, err := old.segment(all, k, start.Unix()/g, old.horizon/g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range seg.parts {
+			if err := ld.add(usageKey(k, seg.start, seg.end, i), p, old.horizon, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The new term records 100 s while the load runs, then merges.
+	h := loadedHistory(now)
+	h.loaded, h.wm = false, [numUsageTiers]int64{h.horizon, -1, -1}
+	for range 100 {
+		now = now.Add(time.Second)
+		h.add("g", usageFigs(1, 0, 1), time.Second, now)
+		if now.Unix()%5 == 0 {
+			h.mu.Lock()
+			h.freeze(now)
+			h.mu.Unlock()
+		}
+	}
+	if err := h.merge(h.term, ld, ld.rebuild(h.horizon)); err != nil {
+		t.Fatal(err)
+	}
+	for k := range numUsageTiers {
+		rows, _ := h.query(nil, k, 0, math.MaxInt32, maxUsageRows)
+		var n float64
+		for i, r := range rows {
+			n += r.p.v[figStatements]
+			if i > 0 && r.p.idx >= rows[i-1].p.idx {
+				t.Fatalf("tier %d: rows out of order: %v", k, rows)
+			}
+		}
+		if n != 250 {
+			t.Errorf("tier %d: %g statements, want 250 (150 stored, 100 new)", k, n)
+		}
+	}
+	if h.wm[usageMin] != (start.Unix()+120)/60 || !h.loaded {
+		t.Errorf("minutes' watermark %d, want the end of the stored ones %d", h.wm[usageMin], (start.Unix()+120)/60)
+	}
+}
