@@ -692,3 +692,39 @@ func TestUsageLoadMergesWithTheNewTerm(t *testing.T) {
 		t.Errorf("minutes' watermark %d, want the end of the stored ones %d", h.wm[usageMin], (start.Unix()+120)/60)
 	}
 }
+
+// FuzzUsageSegment feeds arbitrary stored values to a load: bad ones are
+// refused, never a panic, and what is taken is finite, within its tier's
+// segment and bounded.
+func FuzzUsageSegment(f *testing.F) {
+	h := loadedHistory(t0)
+	h.add("g", usageFigs(1.5, 2, 3), 5*time.Second, t0.Add(time.Minute))
+	h.mu.Lock()
+	h.freeze(t0.Add(2 * time.Minute))
+	h.mu.Unlock()
+	seg, err := h.segment(h.seriesList(false), usageSec, t0.Unix(), t0.Unix()+120)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seg.parts[0])
+	f.Add([]byte{0x08, 0x01, 0x22, 0x05, 0x0a, 0x01, 'g', 0x12, 0x00})
+	f.Fuzz(func(t *testing.T, val []byte) {
+		ld := &usageLoad{series: map[string]*usageSeries{}, extra: map[string][]usageLoadPoint{}, ends: [numUsageTiers]int64{-1, -1, -1}}
+		if ld.add(usageKey(usageSec, t0.Unix(), t0.Unix()+120, 0), val, t0.Unix()+3600, t0.Add(time.Minute)) != nil {
+			return
+		}
+		for _, s := range ld.series {
+			s.tiers[usageSec].eachPoint(0, math.MaxInt64, func(p usagePoint) {
+				if p.idx < t0.Unix() || p.idx >= t0.Unix()+120 {
+					t.Fatalf("point %d outside its segment", p.idx)
+				}
+				for _, v := range p.v {
+					if math.IsNaN(v) || v < 0 || v > usageFigureMax {
+						t.Fatalf("figure %v", v)
+					}
+				}
+			})
+		}
+		ld.rebuild(t0.Unix() + 3600)
+	})
+}
