@@ -759,3 +759,31 @@ func (h *usageHistory) String(now time.Time) string {
 	}
 	return out
 }
+
+// spentRU is what group spent (RRU + WRU) in [from, to): whole hours from
+// the hours, the parts of hours at either end from the minutes (as far as
+// they are kept), for a budget's window (a new term's seed). ok is false
+// while the term's load has not finished: the sum would lack the earlier
+// terms'.
+func (h *usageHistory) spentRU(group string, from, to time.Time) (ru float64, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.loaded {
+		return 0, false
+	}
+	s := h.series[group]
+	if s == nil || !from.Before(to) {
+		return 0, true
+	}
+	a, b := from.Unix(), to.Unix()
+	ha, hb := (a+3599)/3600, b/3600 // whole hours: [ha, hb)
+	add := func(p usagePoint) { ru += p.v[figRRU] + p.v[figWRU] }
+	if ha >= hb {
+		s.tiers[usageMin].eachPoint((a+59)/60, b/60, add)
+		return ru, true
+	}
+	s.tiers[usageHour].eachPoint(ha, hb, add)
+	s.tiers[usageMin].eachPoint((a+59)/60, ha*60, add)
+	s.tiers[usageMin].eachPoint(hb*60, b/60, add)
+	return ru, true
+}

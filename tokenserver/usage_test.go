@@ -728,3 +728,33 @@ func FuzzUsageSegment(f *testing.F) {
 		ld.rebuild(t0.Unix() + 3600)
 	})
 }
+
+// TestUsageSpentRU: a budget window's spending from the history: whole
+// hours from the hours, the ends from the minutes.
+func TestUsageSpentRU(t *testing.T) {
+	h := loadedHistory(t0)
+	now := t0
+	for range 3 * 3600 { // 3 h at 1 RRU + 0.5 WRU a second
+		now = now.Add(time.Second)
+		h.add("g", usageFigs(1, 0.5, 1), time.Second, now)
+	}
+	for _, tc := range []struct {
+		name     string
+		from, to time.Duration // after t0
+		want     float64
+	}{
+		{"whole hours", 0, 2 * time.Hour, 2 * 3600 * 1.5},
+		{"from half past", 30 * time.Minute, 2 * time.Hour, 1.5 * 3600 * 1.5},
+		{"within an hour", 90 * time.Minute, 100 * time.Minute, 600 * 1.5},
+		{"an empty window", time.Hour, time.Hour, 0},
+	} {
+		got, ok := h.spentRU("g", t0.Add(tc.from), t0.Add(tc.to))
+		if !ok || math.Abs(got-tc.want) > 1e-6 {
+			t.Errorf("%s: %v (%v), want %v", tc.name, got, ok, tc.want)
+		}
+	}
+	h.loaded = false
+	if _, ok := h.spentRU("g", t0, now); ok {
+		t.Error("a sum while loading")
+	}
+}
