@@ -12,6 +12,10 @@ var fuzzSeeds = []string{
 	"CREATE RESOURCE GROUP IF NOT EXISTS rg1 RU_PER_SEC = 500 PRIORITY = HIGH BURSTABLE QUERY_LIMIT = (EXEC_ELAPSED = '60s', ACTION = SWITCH_GROUP(rg2), WATCH = SIMILAR DURATION = '10m');",
 	"create resource group `a``b` ru_per_sec=unlimited burstable=unlimited query_limit=(ru=5 action=kill watch=exact duration=unlimited)",
 	"ALTER RESOURCE GROUP rg1 RU_PER_SEC = 800 QUERY_LIMIT=NULL",
+	"CREATE RESOURCE GROUP b RU_PER_SEC = 500 BUDGET = (RU = 2000000 PER DAY, ON 80 PERCENT NOTIFY, ON 100 PERCENT THROTTLE (RU_PER_SEC = 50)) BUDGET = (RU = 50000000 PER MONTH, ON 100 PERCENT REFUSE)",
+	"create resource group b ru_per_sec=unlimited budget (ru 1 per hour on 1 percent notify on 2 percent refuse) budget=(ru=9 per week)",
+	"ALTER RESOURCE GROUP b BUDGET = (RU = 7 PER HOUR), BUDGET PER MONTH = NULL",
+	"ALTER RESOURCE GROUP b BUDGET = NULL",
 	"DROP RESOURCE GROUP IF EXISTS rg1",
 	"ALTER USER 'app'@'%' RESOURCE GROUP rg1",
 	"ALTER USER app IDENTIFIED BY 'RESOURCE GROUP'",
@@ -25,6 +29,7 @@ var fuzzSeeds = []string{
 	"SHOW RESOURCE GROUP USAGE",
 	"SHOW CLUSTER RESOURCE GROUP USAGE WHERE THROTTLED > 0",
 	"SHOW LAST STATEMENT RU",
+	"EXPLAIN RESOURCE GROUP rg1 WITH (RU_PER_SEC = 200, BURSTABLE = OFF) FOR LAST 7 DAYS",
 	"/* c */ -- x\n# y\nSELECT /*+ RESOURCE_GROUP(rg1) */ 1",
 	"/*!40101 SET NAMES utf8 */",
 	"select 'a\\'b' from t",
@@ -32,7 +37,8 @@ var fuzzSeeds = []string{
 }
 
 // FuzzParse: Parse never panics; IsAdmin accepts whatever Parse accepts;
-// any CREATE that parses renders to text that parses back to the same group.
+// any CREATE that parses, and any ALTER applied to a group with budgets
+// that validates, renders to text that parses back to the same group.
 func FuzzParse(f *testing.F) {
 	for _, s := range fuzzSeeds {
 		f.Add(s)
@@ -48,22 +54,42 @@ func FuzzParse(f *testing.F) {
 		if !IsAdmin(sql, sqltext.Mode{}) {
 			t.Fatalf("Parse(%q) succeeded but IsAdmin is false", sql)
 		}
-		c, ok := st.(*CreateGroup)
-		if !ok {
+		var g Group
+		switch s := st.(type) {
+		case *CreateGroup:
+			g = s.Group
+			if err := g.Validate(); err != nil {
+				t.Fatalf("Parse(%q) returned an invalid group: %v", sql, err)
+			}
+		case *AlterGroup:
+			g = s.Apply(fuzzAlterBase(s.Name))
+			if g.Validate() != nil {
+				return // e.g. a THROTTLE not below the base's RU_PER_SEC: Execute refuses it
+			}
+		default:
 			return
 		}
-		if err := c.Group.Validate(); err != nil {
-			t.Fatalf("Parse(%q) returned an invalid group: %v", sql, err)
-		}
-		text := c.Group.SQL()
+		text := g.SQL()
 		st2, err := Parse(text, sqltext.Mode{})
 		if err != nil {
 			t.Fatalf("reparse of %q (from %q): %v", text, sql, err)
 		}
-		if c2, ok := st2.(*CreateGroup); !ok || !reflect.DeepEqual(c2.Group, c.Group) {
-			t.Fatalf("round trip of %q: %#v != %#v", sql, st2, c.Group)
+		g.Version = 0
+		if c2, ok := st2.(*CreateGroup); !ok || !reflect.DeepEqual(c2.Group, g) {
+			t.Fatalf("round trip of %q: %#v != %#v", sql, st2, g)
 		}
 	})
+}
+
+// fuzzAlterBase is the group FuzzParse's ALTERs change: every kind of
+// option set, and budgets to replace, keep and remove.
+func fuzzAlterBase(name string) Group {
+	return Group{Name: name, RUPerSec: 1000, Priority: PriorityHigh, Burst: BurstModerated, Mode: ModeWarn, MaxConcurrency: 3,
+		QueryLimit: &QueryLimit{RU: 5, Action: ActionKill},
+		Budgets: []Budget{
+			{Period: PeriodDay, RU: 100, Triggers: []BudgetTrigger{{Percent: 50, Action: BudgetNotify}, {Percent: 90, Action: BudgetThrottle, ThrottleRUPerSec: 10}}},
+			{Period: PeriodMonth, RU: 1000, Triggers: []BudgetTrigger{{Percent: 100, Action: BudgetRefuse}}},
+		}}
 }
 
 // FuzzIsAdmin: IsAdmin never panics and agrees with Parse.

@@ -1,5 +1,6 @@
 // Package resourcegroup owns what a resource group is: its definition
-// (name, RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT), its validation, user
+// (name, RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE,
+// MAX_CONCURRENCY, BUDGET and the budgets' windows), its validation, user
 // bindings, and the SQL statements that manage groups (parse, render, execute
 // against a Store). It knows nothing of gRPC or sockets.
 package resourcegroup
@@ -132,6 +133,9 @@ type Group struct {
 	// at once across all proxies (each proxy lets ceil(n ÷ proxies) run);
 	// 0 = no cap.
 	MaxConcurrency uint64
+	// Budgets are the group's BUDGET clauses (budget.go): at most one per
+	// period, in period order (HOUR first); nil = none.
+	Budgets []Budget
 	// Version is the store's revision of this definition (etcd ModRevision);
 	// 0 when not stored yet. It is not part of the definition's identity.
 	Version int64

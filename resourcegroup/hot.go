@@ -125,6 +125,8 @@ func IsAdmin(query string, m sqltext.Mode) bool {
 		return false
 	case first.isKw("QUERY"):
 		return sc.next().isKw("WATCH")
+	case first.isKw("EXPLAIN"):
+		return sc.next().isKw("RESOURCE")
 	case first.isKw("SELECT"):
 		// Most SELECTs name neither table nor function: a byte scan rules
 		// them out before tokenizing.

@@ -19,7 +19,7 @@ import (
 // infoSchemaColumns are the columns of information_schema.resource_groups,
 // in TiDB's order.
 var infoSchemaColumns = [...]string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND",
-	"MODE", "MAX_CONCURRENCY"} // the last two are rgproxy's
+	"MODE", "MAX_CONCURRENCY", "BUDGETS"} // the last three are rgproxy's
 
 // InfoSchemaColumns returns the columns of information_schema.resource_groups.
 func InfoSchemaColumns() []string {
@@ -28,7 +28,7 @@ func InfoSchemaColumns() []string {
 }
 
 // selectShape is the message of 1235 for an unsupported query shape.
-const selectShape = "this query on information_schema.resource_groups; use SELECT * | NAME, RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, BACKGROUND FROM information_schema.resource_groups [WHERE NAME = '...']"
+const selectShape = "this query on information_schema.resource_groups; use SELECT * | NAME, RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, BACKGROUND, MODE, MAX_CONCURRENCY, BUDGETS FROM information_schema.resource_groups [WHERE NAME = '...']"
 
 // watchesShape is the message of 1235 for other queries on runaway_watches.
 const watchesShape = "this query on information_schema.runaway_watches; use SELECT * FROM information_schema.runaway_watches"
@@ -37,6 +37,9 @@ const watchesShape = "this query on information_schema.runaway_watches; use SELE
 type parser struct {
 	lex lexer
 	tok token
+	// budgets is what the BUDGET clauses of the options being read
+	// remove (options resets it); the budgets set go in the Group.
+	budgets BudgetChange
 }
 
 // Parse parses one admin statement. Errors are *Error: 1064 with the
@@ -105,7 +108,7 @@ func (p *parser) atEnd() bool { return p.tok.kind == tkEOF || p.isPunct(";") }
 
 // groupOptions names the options of CREATE/ALTER RESOURCE GROUP, for
 // syntax errors.
-const groupOptions = "RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY"
+const groupOptions = "RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET"
 
 // limitOptions names the options inside QUERY_LIMIT = (...).
 const limitOptions = "EXEC_ELAPSED, RU, ACTION, WATCH, DURATION"
@@ -182,6 +185,8 @@ func (p *parser) statement() (Statement, error) {
 		return p.selectStmt()
 	case p.isWord("QUERY"):
 		return p.queryWatch()
+	case p.isWord("EXPLAIN"):
+		return p.explain()
 	}
 	return nil, p.fail()
 }
@@ -283,6 +288,7 @@ func (p *parser) alterGroup() (Statement, error) {
 		return nil, p.failOption()
 	}
 	st.Options.Name = st.Name
+	st.Budgets = p.budgets
 	if q := st.Options.QueryLimit; q != nil {
 		if err := q.validate(st.Name); err != nil {
 			return nil, err
@@ -640,6 +646,7 @@ func infoColumn(t token) (string, bool) {
 func (p *parser) options() (Group, Field, error) {
 	var g Group
 	var fields Field
+	p.budgets = BudgetChange{}
 	for {
 		var f Field
 		start := p.tok
@@ -753,6 +760,13 @@ func (p *parser) options() (Group, Field, error) {
 			if err := p.advance(); err != nil {
 				return g, 0, err
 			}
+		case p.isWord("BUDGET"):
+			// Repeatable: one clause per period (budgetClause refuses
+			// a period given twice).
+			f = FieldBudget
+			if err := p.budgetClause(&g, start); err != nil {
+				return g, 0, err
+			}
 		case p.isWord("BACKGROUND"):
 			return g, 0, NewUnsupported("BACKGROUND")
 		case p.isWord("CPU"), p.isWord("IO_READ_BANDWIDTH"), p.isWord("IO_WRITE_BANDWIDTH"):
@@ -760,7 +774,7 @@ func (p *parser) options() (Group, Field, error) {
 		default:
 			return g, fields, nil
 		}
-		if fields&f != 0 {
+		if fields&f != 0 && f != FieldBudget {
 			return g, 0, NewSyntaxWhy(p.lex.src, start.pos, strings.ToUpper(start.text)+" is given twice")
 		}
 		fields |= f
@@ -1002,4 +1016,225 @@ func (p *parser) action(q *QueryLimit) error {
 		return p.failWhy("ACTION is DRYRUN, COOLDOWN, KILL or SWITCH_GROUP(group), not %s")
 	}
 	return p.advance()
+}
+
+// budgetSyntax is the BUDGET clause's grammar, for syntax errors.
+const budgetSyntax = "BUDGET = (RU = n PER HOUR|DAY|WEEK|MONTH [, ON p PERCENT NOTIFY|THROTTLE(RU_PER_SEC = r)|REFUSE]...), " +
+	"BUDGET PER HOUR|DAY|WEEK|MONTH = NULL or BUDGET = NULL"
+
+// budgetClause parses one BUDGET clause, from the word BUDGET (start):
+//
+//	BUDGET [=] (RU [=] n PER period [[,] ON p PERCENT action]...)  -- sets period's budget
+//	BUDGET PER period = NULL                                      -- removes it
+//	BUDGET [=] NULL                                               -- removes every budget
+//
+// A budget set goes into g.Budgets in period order, a removal into
+// p.budgets. A period named twice, or BUDGET = NULL beside another BUDGET
+// clause, is a syntax error; a budget without a trigger gets ON 100
+// PERCENT NOTIFY. Each budget is validated on its own here; against the
+// group's RU_PER_SEC by Group.Validate.
+func (p *parser) budgetClause(g *Group, start token) error {
+	if err := p.advance(); err != nil {
+		return err
+	}
+	if p.budgets.Clear {
+		return NewSyntaxWhy(p.lex.src, start.pos, "BUDGET = NULL removes every budget; it cannot go with another BUDGET clause")
+	}
+	if p.isWord("PER") {
+		period, err := p.budgetPeriod()
+		if err != nil {
+			return err
+		}
+		if err := p.expectPunct("="); err != nil {
+			return err
+		}
+		if !p.isWord("NULL") {
+			return p.failWhy("BUDGET PER " + period.String() + " = NULL removes the group's " + period.String() +
+				" budget; to set one write BUDGET = (RU = n PER " + period.String() + " ...), not BUDGET PER " + period.String() + " = %s")
+		}
+		if p.budgetGiven(g, period) {
+			return NewSyntaxWhy(p.lex.src, start.pos, "BUDGET PER "+period.String()+" is given twice")
+		}
+		p.budgets.Drop = append(p.budgets.Drop, period)
+		return p.advance()
+	}
+	if err := p.optionalEq(); err != nil {
+		return err
+	}
+	if p.isWord("NULL") {
+		if len(g.Budgets) > 0 || len(p.budgets.Drop) > 0 {
+			return NewSyntaxWhy(p.lex.src, start.pos, "BUDGET = NULL removes every budget; it cannot go with another BUDGET clause")
+		}
+		p.budgets.Clear = true
+		return p.advance()
+	}
+	if !p.isPunct("(") {
+		return p.failWhy("expected " + budgetSyntax + ", not %s")
+	}
+	if err := p.advance(); err != nil {
+		return err
+	}
+	if !p.isWord("RU") {
+		return p.failWhy("a BUDGET begins with RU = n PER HOUR|DAY|WEEK|MONTH, not %s")
+	}
+	if err := p.advance(); err != nil {
+		return err
+	}
+	if err := p.optionalEq(); err != nil {
+		return err
+	}
+	ru, err := p.ruValue("BUDGET RU", false)
+	if err != nil {
+		return err
+	}
+	if !p.isWord("PER") {
+		return p.failWhy("expected PER HOUR|DAY|WEEK|MONTH after BUDGET's RU = " + strconv.FormatUint(ru, 10) + ", not %s")
+	}
+	period, err := p.budgetPeriod()
+	if err != nil {
+		return err
+	}
+	b := Budget{Period: period, RU: ru}
+	name := "BUDGET PER " + period.String()
+	for {
+		comma, err := p.acceptPunct(",")
+		if err != nil {
+			return err
+		}
+		if !comma && p.isPunct(")") {
+			break
+		}
+		if !p.isWord("ON") {
+			if p.atEnd() {
+				return p.failWhy(name + "'s ( is not closed")
+			}
+			return p.failWhy("expected ON p PERCENT NOTIFY|THROTTLE(RU_PER_SEC = r)|REFUSE in " + name + ", not %s")
+		}
+		if len(b.Triggers) == MaxBudgetTriggers {
+			return NewInvalid(fmt.Sprintf("%s: %s has more than %d triggers; a budget has at most %d",
+				msgInvalidSetting, name, MaxBudgetTriggers, MaxBudgetTriggers))
+		}
+		t, err := p.budgetTrigger(name)
+		if err != nil {
+			return err
+		}
+		b.Triggers = append(b.Triggers, t)
+	}
+	if err := p.advance(); err != nil {
+		return err
+	}
+	if len(b.Triggers) == 0 {
+		b.Triggers = []BudgetTrigger{{Percent: DefaultBudgetPercent, Action: BudgetNotify}}
+	}
+	if p.budgetGiven(g, period) {
+		return NewSyntaxWhy(p.lex.src, start.pos, name+" is given twice")
+	}
+	if err := b.validate(Unlimited); err != nil {
+		return err
+	}
+	i := 0
+	for i < len(g.Budgets) && g.Budgets[i].Period < period {
+		i++
+	}
+	g.Budgets = append(g.Budgets, Budget{})
+	copy(g.Budgets[i+1:], g.Budgets[i:])
+	g.Budgets[i] = b
+	return nil
+}
+
+// budgetGiven reports whether a BUDGET clause of the statement already
+// named period.
+func (p *parser) budgetGiven(g *Group, period BudgetPeriod) bool {
+	if _, ok := g.BudgetFor(period); ok {
+		return true
+	}
+	for _, d := range p.budgets.Drop {
+		if d == period {
+			return true
+		}
+	}
+	return false
+}
+
+// budgetPeriod reads PER HOUR|DAY|WEEK|MONTH.
+func (p *parser) budgetPeriod() (BudgetPeriod, error) {
+	if err := p.expectWords("PER"); err != nil {
+		return 0, err
+	}
+	period, ok := BudgetPeriod(0), false
+	if p.tok.kind == tkWord {
+		period, ok = ParseBudgetPeriod(p.tok.text)
+	}
+	if !ok {
+		return 0, p.failWhy("a budget's period is PER HOUR, DAY, WEEK or MONTH, not %s")
+	}
+	return period, p.advance()
+}
+
+// budgetTrigger reads ON p PERCENT NOTIFY | THROTTLE(RU_PER_SEC = r) |
+// REFUSE of the budget name.
+func (p *parser) budgetTrigger(name string) (BudgetTrigger, error) {
+	var t BudgetTrigger
+	if err := p.expectWords("ON"); err != nil {
+		return t, err
+	}
+	outOfRange := func(typed string) error {
+		return NewInvalid(fmt.Sprintf("%s: %s: ON %s PERCENT is out of range; a trigger's percent is 1 to %d",
+			msgInvalidSetting, name, typed, MaxBudgetPercent))
+	}
+	switch {
+	case p.tok.kind == tkNumber:
+		v, err := strconv.ParseUint(p.tok.text, 10, 32)
+		if err != nil || v == 0 || v > MaxBudgetPercent {
+			return t, outOfRange(p.tok.text)
+		}
+		t.Percent = uint32(v)
+	case p.isPunct("-"):
+		save := *p
+		if err := p.advance(); err == nil && p.tok.kind == tkNumber {
+			return t, outOfRange("-" + p.tok.text)
+		}
+		*p = save
+		fallthrough
+	default:
+		return t, p.failWhy("a trigger's percent is a whole number from 1 to 1000 (ON 80 PERCENT), not %s")
+	}
+	if err := p.advance(); err != nil {
+		return t, err
+	}
+	if err := p.expectWords("PERCENT"); err != nil {
+		return t, err
+	}
+	action, ok := BudgetAction(0), false
+	if p.tok.kind == tkWord {
+		action, ok = ParseBudgetAction(p.tok.text)
+	}
+	if !ok {
+		return t, p.failWhy("a trigger's action is NOTIFY, THROTTLE(RU_PER_SEC = r) or REFUSE, not %s")
+	}
+	t.Action = action
+	if err := p.advance(); err != nil {
+		return t, err
+	}
+	if action != BudgetThrottle {
+		return t, nil
+	}
+	if !p.isPunct("(") {
+		return t, p.failWhy("THROTTLE takes its rate: THROTTLE(RU_PER_SEC = r), not THROTTLE %s")
+	}
+	if err := p.advance(); err != nil {
+		return t, err
+	}
+	if err := p.expectWords("RU_PER_SEC"); err != nil {
+		return t, err
+	}
+	if err := p.optionalEq(); err != nil {
+		return t, err
+	}
+	r, err := p.ruValue("THROTTLE RU_PER_SEC", false)
+	if err != nil {
+		return t, err
+	}
+	t.ThrottleRUPerSec = r
+	return t, p.expectPunct(")")
 }

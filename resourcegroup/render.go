@@ -91,7 +91,7 @@ func ruText(v uint64) string {
 
 // SQL renders the SHOW CREATE RESOURCE GROUP text, e.g.
 //
-//	CREATE RESOURCE GROUP `rg1` RU_PER_SEC=500 PRIORITY=HIGH BURSTABLE=MODERATED QUERY_LIMIT=(EXEC_ELAPSED='1m0s', ACTION=KILL, WATCH=SIMILAR DURATION='10m0s')
+//	CREATE RESOURCE GROUP `rg1` RU_PER_SEC=500 PRIORITY=HIGH BURSTABLE=MODERATED QUERY_LIMIT=(EXEC_ELAPSED='1m0s', ACTION=KILL, WATCH=SIMILAR DURATION='10m0s') BUDGET=(RU=2000000 PER DAY, ON 80 PERCENT NOTIFY, ON 100 PERCENT THROTTLE(RU_PER_SEC=50))
 //
 // BURSTABLE is left out when OFF, as TiDB does. Parse(g.SQL()) yields g.
 func (g Group) SQL() string {
@@ -118,6 +118,10 @@ func (g Group) SQL() string {
 	}
 	if g.MaxConcurrency > 0 {
 		b.WriteString(" MAX_CONCURRENCY=" + strconv.FormatUint(g.MaxConcurrency, 10))
+	}
+	if len(g.Budgets) > 0 {
+		b.WriteString(" ")
+		b.WriteString(BudgetsSQL(g.Budgets))
 	}
 	return b.String()
 }
@@ -178,7 +182,9 @@ func actionText(q *QueryLimit) string {
 
 // InfoSchemaRow renders g as a row of information_schema.resource_groups,
 // in InfoSchemaColumns' order; nil is SQL NULL. QUERY_LIMIT is
-// QueryLimit.SQL, as in SHOW CREATE RESOURCE GROUP.
+// QueryLimit.SQL, as in SHOW CREATE RESOURCE GROUP; BUDGETS is BudgetsSQL,
+// the group's BUDGET clauses as SHOW CREATE writes them (NULL for none,
+// as QUERY_LIMIT).
 func InfoSchemaRow(g Group) []*string {
 	str := func(s string) *string { return &s }
 	row := []*string{
@@ -190,6 +196,10 @@ func InfoSchemaRow(g Group) []*string {
 		nil, // BACKGROUND: rgproxy has no background tasks.
 		str(g.Mode.String()),
 		nil, // MAX_CONCURRENCY: NULL when there is no cap
+		nil, // BUDGETS: NULL when there is none
+	}
+	if len(g.Budgets) > 0 {
+		row[8] = str(BudgetsSQL(g.Budgets))
 	}
 	if g.MaxConcurrency > 0 {
 		row[7] = str(strconv.FormatUint(g.MaxConcurrency, 10))

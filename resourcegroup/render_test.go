@@ -46,15 +46,15 @@ func TestInfoSchemaRow(t *testing.T) {
 		g    Group
 		want []*string
 	}{
-		{DefaultGroupDefinition(), []*string{strp("default"), strp("UNLIMITED"), strp("MEDIUM"), strp("UNLIMITED"), nil, nil, strp("ENFORCE"), nil}},
+		{DefaultGroupDefinition(), []*string{strp("default"), strp("UNLIMITED"), strp("MEDIUM"), strp("UNLIMITED"), nil, nil, strp("ENFORCE"), nil, nil}},
 		{Group{Name: "x", RUPerSec: 2000, Priority: PriorityLow, Burst: BurstOff, QueryLimit: &QueryLimit{ExecElapsed: 15 * time.Second, Action: ActionKill}},
-			[]*string{strp("x"), strp("2000"), strp("LOW"), strp("OFF"), strp("EXEC_ELAPSED='15s', ACTION=KILL"), nil, strp("ENFORCE"), nil}},
+			[]*string{strp("x"), strp("2000"), strp("LOW"), strp("OFF"), strp("EXEC_ELAPSED='15s', ACTION=KILL"), nil, strp("ENFORCE"), nil, nil}},
 		{Group{Name: "y", RUPerSec: 1, Burst: BurstModerated, QueryLimit: &QueryLimit{ExecElapsed: time.Second, Action: ActionCooldown, Watch: WatchExact, WatchDuration: time.Hour}},
-			[]*string{strp("y"), strp("1"), strp("MEDIUM"), strp("MODERATED"), strp("EXEC_ELAPSED='1s', ACTION=COOLDOWN, WATCH=EXACT DURATION='1h0m0s'"), nil, strp("ENFORCE"), nil}},
+			[]*string{strp("y"), strp("1"), strp("MEDIUM"), strp("MODERATED"), strp("EXEC_ELAPSED='1s', ACTION=COOLDOWN, WATCH=EXACT DURATION='1h0m0s'"), nil, strp("ENFORCE"), nil, nil}},
 		{Group{Name: "z", RUPerSec: 1, QueryLimit: &QueryLimit{RU: 9, Action: ActionSwitchGroup, SwitchGroup: "q", Watch: WatchSimilar}},
-			[]*string{strp("z"), strp("1"), strp("MEDIUM"), strp("OFF"), strp("RU=9, ACTION=SWITCH_GROUP(q), WATCH=SIMILAR DURATION=UNLIMITED"), nil, strp("ENFORCE"), nil}},
+			[]*string{strp("z"), strp("1"), strp("MEDIUM"), strp("OFF"), strp("RU=9, ACTION=SWITCH_GROUP(q), WATCH=SIMILAR DURATION=UNLIMITED"), nil, strp("ENFORCE"), nil, nil}},
 		{Group{Name: "w", RUPerSec: 10, Mode: ModeWarn, MaxConcurrency: 4},
-			[]*string{strp("w"), strp("10"), strp("MEDIUM"), strp("OFF"), nil, nil, strp("WARN"), strp("4")}},
+			[]*string{strp("w"), strp("10"), strp("MEDIUM"), strp("OFF"), nil, nil, strp("WARN"), strp("4"), nil}},
 	}
 	for _, tt := range tests {
 		if got := InfoSchemaRow(tt.g); !reflect.DeepEqual(got, tt.want) {
@@ -132,7 +132,38 @@ func randomGroup(r *rand.Rand) Group {
 		}
 		g.QueryLimit = q
 	}
+	g.Budgets = randomBudgets(r, g.RUPerSec)
 	return g
+}
+
+// randomBudgets builds valid budgets for a group of RU_PER_SEC rate: any
+// subset of the periods, 1 to 4 triggers each in increasing percent, a
+// THROTTLE below the rate (a group of rate 1 has none).
+func randomBudgets(r *rand.Rand, rate uint64) []Budget {
+	var bs []Budget
+	for p := PeriodHour; p <= PeriodMonth; p++ {
+		if r.IntN(3) != 0 {
+			continue
+		}
+		b := Budget{Period: p, RU: 1 + r.Uint64N(MaxRU)}
+		percent := uint32(0)
+		for n := 1 + r.IntN(MaxBudgetTriggers); n > 0; n-- {
+			left := MaxBudgetPercent - percent - uint32(n) + 1 // room for the ones after
+			percent += 1 + uint32(r.IntN(int(min(left, 300))))
+			tr := BudgetTrigger{Percent: percent, Action: BudgetAction(1 + r.IntN(3))}
+			if tr.Action == BudgetThrottle {
+				max := min(rate-1, MaxRU)
+				if max == 0 {
+					tr.Action = BudgetRefuse
+				} else {
+					tr.ThrottleRUPerSec = 1 + r.Uint64N(max)
+				}
+			}
+			b.Triggers = append(b.Triggers, tr)
+		}
+		bs = append(bs, b)
+	}
+	return bs
 }
 
 // TestRoundTrip is the property Parse(g.SQL(), sqltext.Mode{}) == g over random valid groups.

@@ -15,6 +15,9 @@ const (
 	FieldQueryLimit
 	FieldMode
 	FieldMaxConcurrency
+	// FieldBudget: one or more BUDGET clauses (AlterGroup.Budgets says
+	// what they do).
+	FieldBudget
 )
 
 // CreateGroup is CREATE RESOURCE GROUP [IF NOT EXISTS] name options.
@@ -28,11 +31,26 @@ type CreateGroup struct {
 // AlterGroup is ALTER RESOURCE GROUP [IF EXISTS] name options: an
 // incremental change of the fields in Fields, with values from Options.
 // FieldQueryLimit with a nil Options.QueryLimit is QUERY_LIMIT = NULL.
+// With FieldBudget, Budgets says which budgets change; Options.Budgets
+// holds the ones set.
 type AlterGroup struct {
 	IfExists bool
 	Name     string
 	Fields   Field
 	Options  Group
+	Budgets  BudgetChange
+}
+
+// BudgetChange is what an ALTER's BUDGET clauses do besides setting the
+// budgets in Options.Budgets, each of which replaces the group's budget
+// of its period and keeps the others.
+type BudgetChange struct {
+	// Clear: BUDGET = NULL removes every budget (and is the statement's
+	// only BUDGET clause).
+	Clear bool
+	// Drop are the periods of BUDGET PER <period> = NULL, whose budgets
+	// are removed.
+	Drop []BudgetPeriod
 }
 
 // Apply returns g with the change applied; g itself is not modified.
@@ -60,7 +78,42 @@ func (a *AlterGroup) Apply(g Group) Group {
 			g.QueryLimit = &q
 		}
 	}
+	if a.Fields&FieldBudget != 0 {
+		g.Budgets = a.applyBudgets(g.Budgets)
+	}
 	return g
+}
+
+// applyBudgets returns old (the group's budgets, already a copy) with the
+// statement's BUDGET clauses applied, in period order; nil when none is
+// left.
+func (a *AlterGroup) applyBudgets(old []Budget) []Budget {
+	var by [NumBudgetPeriods + 1]*Budget
+	if !a.Budgets.Clear {
+		for i := range old {
+			if p := old[i].Period; p >= PeriodHour && p <= PeriodMonth {
+				by[p] = &old[i]
+			}
+		}
+	}
+	for _, p := range a.Budgets.Drop {
+		if p >= PeriodHour && p <= PeriodMonth {
+			by[p] = nil
+		}
+	}
+	set := cloneBudgets(a.Options.Budgets)
+	for i := range set {
+		if p := set[i].Period; p >= PeriodHour && p <= PeriodMonth {
+			by[p] = &set[i]
+		}
+	}
+	var out []Budget
+	for _, b := range by {
+		if b != nil {
+			out = append(out, *b)
+		}
+	}
+	return out
 }
 
 // DropGroup is DROP RESOURCE GROUP [IF EXISTS] name.

@@ -254,13 +254,14 @@ func (s *MemStore) ListBindings(ctx context.Context) ([]Binding, error) {
 	return out, nil
 }
 
-// cloneGroup copies g deeply, so callers never share a *QueryLimit with
-// the store.
+// cloneGroup copies g deeply, so callers never share a *QueryLimit or a
+// budget's triggers with the store.
 func cloneGroup(g Group) Group {
 	if g.QueryLimit != nil {
 		q := *g.QueryLimit
 		g.QueryLimit = &q
 	}
+	g.Budgets = cloneBudgets(g.Budgets)
 	return g
 }
 

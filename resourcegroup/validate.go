@@ -174,9 +174,11 @@ func (g *Group) Validate() error {
 		return errMaxConcurrency(strconv.FormatUint(g.MaxConcurrency, 10))
 	}
 	if g.QueryLimit != nil {
-		return g.QueryLimit.validate(g.Name)
+		if err := g.QueryLimit.validate(g.Name); err != nil {
+			return err
+		}
 	}
-	return nil
+	return validateBudgets(g.Budgets, g.RUPerSec)
 }
 
 // errRU is 1105 for an RU amount out of its range.

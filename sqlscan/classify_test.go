@@ -354,6 +354,16 @@ func FuzzClassifyQuery(f *testing.F) {
 	f.Fuzz(func(t *testing.T, q []byte) {
 		for _, nbe := range []bool{false, true} {
 			checkClassifyInvariants(t, q, nbe)
+			// FirstStatementLen cuts where SplitStatements' first part ends.
+			m := sqltext.Mode{NoBackslashEscapes: nbe}
+			n := FirstStatementLen(q, m)
+			if n < 0 || n > len(q) {
+				t.Fatalf("FirstStatementLen(%q) = %d", q, n)
+			}
+			all, first := SplitStatements(q, m), SplitStatements(q[:n], m)
+			if len(all) > 0 && (len(first) != 1 || !bytes.Equal(first[0], all[0])) {
+				t.Fatalf("FirstStatementLen(%q) = %d: %q, the first statement is %q", q, n, first, all[0])
+			}
 		}
 	})
 }

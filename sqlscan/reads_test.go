@@ -189,3 +189,21 @@ func FuzzTableRefs(f *testing.F) {
 		}
 	})
 }
+
+func TestFirstStatementLen(t *testing.T) {
+	for _, tc := range []struct {
+		q    string
+		want string
+	}{
+		{"SELECT 1; SELECT 2", "SELECT 1;"},
+		{"SELECT ';'; SELECT 2", "SELECT ';';"},
+		{"SELECT 1 /* ; */ ; SELECT 2", "SELECT 1 /* ; */ ;"},
+		{" ; ;SELECT 1;SELECT 2", " ; ;SELECT 1;"},
+		{"SELECT 1", "SELECT 1"},
+		{"SELECT 'a\\';' ; SELECT 2", "SELECT 'a\\';' ;"}, // the string is a';
+	} {
+		if got := tc.q[:FirstStatementLen([]byte(tc.q), Mode{})]; got != tc.want {
+			t.Errorf("%q: %q, want %q", tc.q, got, tc.want)
+		}
+	}
+}

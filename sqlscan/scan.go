@@ -489,6 +489,20 @@ func SplitStatements(q []byte, m sqltext.Mode) [][]byte {
 	}
 }
 
+// FirstStatementLen is the length of a multi-statement text's first
+// non-empty statement with what precedes it and its terminating ";" (all
+// of q when it has one statement), by the same rules as SplitStatements.
+// Like it, it is for the rare multi-statement.
+func FirstStatementLen(q []byte, m sqltext.Mode) int {
+	s := scanner{d: digester{l: sqltext.New(q, m)}}
+	for {
+		_, empty, more, _ := s.classifyNext(false)
+		if !empty || !more {
+			return s.d.l.Pos()
+		}
+	}
+}
+
 // fnv64 is the 64-bit FNV-1a hash of b.
 func fnv64[T string | []byte](b T) uint64 {
 	const (

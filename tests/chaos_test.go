@@ -377,7 +377,8 @@ func TestChaosStalledClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows.Next()
-	time.Sleep(10 * time.Second) // the client stops reading
+	const stall = 10 * time.Second
+	time.Sleep(stall) // the client stops reading
 	var total int
 	var seq int
 	var v sql.RawBytes
@@ -400,8 +401,11 @@ func TestChaosStalledClient(t *testing.T) {
 	if errs.Load() != 0 {
 		t.Fatalf("other sessions failed %d times", errs.Load())
 	}
-	if worst.Load() > int64(time.Second/time.Microsecond) {
-		t.Fatalf("another session waited %v during the stall", time.Duration(worst.Load())*time.Microsecond)
+	// A session held up by the stalled one would wait the whole stall; on
+	// a machine with both cores busy a SELECT 1 now and then takes over a
+	// second (1.3 s seen) without any wait for the stall.
+	if worst := time.Duration(worst.Load()) * time.Microsecond; worst > stall/3 {
+		t.Fatalf("another session waited %v during the %v stall", worst, stall)
 	}
 	if backendMS >= 5000 {
 		t.Fatalf("the stalled statement was charged %.0f ms of backend time: the 10 s stall was not excluded", backendMS)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -226,11 +225,7 @@ func TestClusterViews(t *testing.T) {
 
 	// A stalled proxy: named after the deadline, with NULLs, not waited for.
 	stalled := pxs[2]
-	if err := stalled.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	cont := func() { _ = stalled.cmd.Process.Signal(syscall.SIGCONT) }
-	t.Cleanup(cont)
+	stalled.pause(t)
 	rows, took = timedQuery(t, root, "SELECT INSTANCE, EXEC_COUNT FROM information_schema.cluster_statements_summary "+
 		"WHERE DIGEST_TEXT LIKE '%cv\\_probe%' OR RESOURCE_GROUP IS NULL ORDER BY INSTANCE")
 	t.Logf("with %s stopped: %v in %v", stalled.Addr, rows, took)
@@ -244,7 +239,7 @@ func TestClusterViews(t *testing.T) {
 	if got[pxs[0].Addr] != "3" || got[pxs[1].Addr] != "5" || got[stalled.Addr] != "NULL" || len(got) != 3 {
 		t.Errorf("with %s stopped: %v, want the others' counts and a NULL row for it", stalled.Addr, rows)
 	}
-	cont()
+	stalled.resume()
 	// Back: it answers again (its late reply to the stalled view is dropped).
 	deadline = time.Now().Add(10 * time.Second)
 	for {
@@ -497,10 +492,8 @@ func BenchmarkClusterViews(b *testing.B) {
 	})
 	b.Run("stalled", func(b *testing.B) {
 		stalled := pxs[proxies-1]
-		if err := stalled.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-			b.Fatal(err)
-		}
-		defer stalled.cmd.Process.Signal(syscall.SIGCONT)
+		stalled.pause(b)
+		defer stalled.resume()
 		run(b, summary)
 	})
 }

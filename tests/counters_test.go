@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 	"unicode"
@@ -893,10 +892,7 @@ func TestCountersMetered(t *testing.T) {
 	if s, ok := waitMetric(t, ts.StatusAddr, 5*time.Second, func(s scrape) bool { return s.v("rgserver_inspect_streams") == 2 }); !ok {
 		t.Fatalf("rgserver_inspect_streams = %v with two proxies, want 2", s.v("rgserver_inspect_streams"))
 	}
-	if err := px2.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px2.cmd.Process.Signal(syscall.SIGCONT) })
+	px2.pause(t)
 	sb = scrapeMetrics(t, ts.StatusAddr)
 	if _, err := root.Exec("SELECT * FROM information_schema.cluster_resource_group_usage"); err != nil {
 		t.Fatal(err)
@@ -907,7 +903,7 @@ func TestCountersMetered(t *testing.T) {
 		_, sum0 := sb.hist("rgserver_cluster_inspect_duration_seconds")
 		wantNear(t, "rgserver_cluster_inspect_duration_seconds sum delta with a proxy stopped", sum-sum0, 0.5, 0.1)
 	}
-	_ = px2.cmd.Process.Signal(syscall.SIGCONT)
+	px2.resume()
 
 	// rgserver gone: the proxy refills locally after --degraded-after.
 	ts.stop(10 * time.Second)

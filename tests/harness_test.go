@@ -177,6 +177,41 @@ func (p *process) stop(grace time.Duration) error {
 	return p.err
 }
 
+// pause stops the process (SIGSTOP) and returns once every one of its
+// threads is stopped: the signal only asks, and on a loaded machine a
+// thread already running goes on for a while, long enough to answer a
+// request sent "after" the stop.
+func (p *process) pause(t testing.TB) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.resume)
+	task := fmt.Sprintf("/proc/%d/task", p.cmd.Process.Pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ents, err := os.ReadDir(task)
+		stopped := err == nil && len(ents) > 0
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join(task, e.Name(), "stat"))
+			// The state follows the parenthesised command name.
+			if i := bytes.LastIndexByte(b, ')'); err != nil || i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+				stopped = false
+			}
+		}
+		if stopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d not stopped 10 s after SIGSTOP", p.cmd.Process.Pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// resume continues a paused process.
+func (p *process) resume() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
+
 // proxy is a running rgproxy.
 type proxy struct {
 	*process

@@ -247,7 +247,10 @@ func TestRefusedSessionsShareFairly(t *testing.T) {
 	pxs := []*proxy{startMeteredProxy(t, ts, args...), startMeteredProxy(t, ts, args...), startMeteredProxy(t, ts, args...)}
 	appUser(t, "fairu")
 	adminExec(t, pxs[0].Addr, "DROP RESOURCE GROUP IF EXISTS rg_fair",
-		"CREATE RESOURCE GROUP rg_fair RU_PER_SEC = 20", "ALTER USER 'fairu'@'%' RESOURCE GROUP rg_fair")
+		// 60 RU/s: about 170 statements in 30 s, so that a proxy's share is
+		// not a handful of statements (at 20 RU/s, 52 in all: one proxy's
+		// 2 sessions ran 21 of them once, 1.6× the mean, on a loaded machine).
+		"CREATE RESOURCE GROUP rg_fair RU_PER_SEC = 60", "ALTER USER 'fairu'@'%' RESOURCE GROUP rg_fair")
 	time.Sleep(300 * time.Millisecond)
 	sessions := []int{2, 3, 3}
 	var counts []*atomic.Int64

@@ -3,6 +3,7 @@ package tokenclient
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -270,11 +271,38 @@ func (c *Client) ChargePurse(p *Purse, group string, cons ru.Consumption) {
 }
 
 // CountThrottled counts a statement of group that the caller refused
-// (8252) as throttled: rgproxy_throttled_total and USAGE's THROTTLED.
-// AcquireShare does not count its ErrThrottled answers itself: a caller
-// may still run the statement (inside a transaction, on its session's
-// debt), and only a refusal is throttled.
-func (c *Client) CountThrottled(group string) {
+// (8252) as throttled: rgproxy_throttled_total, USAGE's THROTTLED and the
+// next report's throttled; estimate, the RU it would have cost, goes in
+// the report's denied_ru. AcquireShare does not count its ErrThrottled
+// answers itself: a caller may still run the statement (inside a
+// transaction, on its session's debt), and only a refusal is throttled.
+func (c *Client) CountThrottled(group string, estimate float64) {
+	c.count(group, func(t *groupTable, gs *groupState) {
+		t.throttledLocked(gs)
+		gs.counts.deniedRU += validRU(estimate)
+	})
+}
+
+// CountRefused counts a statement of group refused before it ran other
+// than by 8252 (a budget's REFUSE): the next report's refused, and its
+// estimate in denied_ru.
+func (c *Client) CountRefused(group string, estimate float64) {
+	c.count(group, func(_ *groupTable, gs *groupState) {
+		gs.counts.refused++
+		gs.counts.deniedRU += validRU(estimate)
+	})
+}
+
+// CountWaited adds the estimate of a statement of group that had to wait
+// for its tokens before it ran to the next report's waited_ru (the demand
+// that waited). Only a statement that waited calls it: it sleeps anyway.
+func (c *Client) CountWaited(group string, estimate float64) {
+	c.count(group, func(_ *groupTable, gs *groupState) { gs.counts.waitedRU += validRU(estimate) })
+}
+
+// count runs f on group's state under the groups' lock, unless the group
+// was dropped lately.
+func (c *Client) count(group string, f func(*groupTable, *groupState)) {
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
 	c.groups.mu.Lock()
@@ -282,12 +310,23 @@ func (c *Client) CountThrottled(group string) {
 	if !c.groups.servesLocked(group) {
 		return
 	}
-	c.groups.throttledLocked(c.groups.useLocked(group, now))
+	gs := c.groups.useLocked(group, now)
+	gs.startReport(now)
+	f(c.groups, gs)
+}
+
+// validRU is an estimate as a report may carry it: negative, NaN and
+// infinite ones count as 0.
+func validRU(v float64) float64 {
+	if !(v > 0) || math.IsInf(v, 1) {
+		return 0
+	}
+	return v
 }
 
 func (t *groupTable) throttledLocked(gs *groupState) {
 	gs.throttled++
-	gs.pendingThrottled++
+	gs.counts.throttled++
 	t.met.throttled.WithLabelValues(gs.name).Inc()
 }
 

@@ -614,8 +614,8 @@ func TestNotLeaderRestoresConsumption(t *testing.T) {
 func TestThrottledReported(t *testing.T) {
 	c, clk := newTestClient(t, func(cfg *Config) { cfg.ReportPeriod = 2 * time.Second })
 	setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 10})
-	c.CountThrottled("g")
-	c.CountThrottled("g")
+	c.CountThrottled("g", 0)
+	c.CountThrottled("g", 0)
 	if req := build(c, false); req != nil {
 		t.Fatalf("report before the period: %v", req)
 	}
@@ -628,7 +628,7 @@ func TestThrottledReported(t *testing.T) {
 		NotLeader: &tokenpb.NotLeader{LeaderAddr: "10.0.0.1:3379"}}); err == nil {
 		t.Fatal("NOT_LEADER answered without an error")
 	}
-	c.CountThrottled("g")
+	c.CountThrottled("g", 0)
 	clk.Advance(2 * time.Second)
 	req = build(c, false)
 	if g := groupEntry(req, "g"); g == nil || g.GetConsumption().GetThrottled() != 3 {
@@ -643,6 +643,77 @@ func TestThrottledReported(t *testing.T) {
 	}
 	if u := c.Usage(clk.Now()); len(u) != 1 || u[0].Group != "g" || u[0].Throttled != 3 {
 		t.Fatalf("usage %+v: THROTTLED counts every refusal since start", u)
+	}
+}
+
+// The counts that ride with a group's consumption — refusals (throttled,
+// refused), the estimates that waited or were denied — and the report's
+// interval: each is sent once, a NOT_LEADER answer puts the counts and
+// the interval's start back, and the interval is the time since the last
+// report rgserver took, at most a minute.
+func TestReportCountsAndInterval(t *testing.T) {
+	c, clk := newTestClient(t, func(cfg *Config) { cfg.ReportPeriod = 2 * time.Second })
+	setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 1000})
+	c.Charge("g", rruOf(3)) // the group's state starts now
+	c.CountWaited("g", 2)
+	c.CountThrottled("g", 5)
+	c.CountRefused("g", 4)
+	c.CountThrottled("g", math.NaN()) // counted, its estimate as 0
+	c.CountWaited("g", -1)
+	clk.Advance(2 * time.Second)
+	req := build(c, false)
+	check := func(req *tokenpb.TokenRequest, throttled, refused uint64, waited, denied float64, interval uint32) {
+		t.Helper()
+		g := groupEntry(req, "g")
+		if g == nil {
+			t.Fatalf("no report of g: %v", req)
+		}
+		cons := g.GetConsumption()
+		if cons.GetThrottled() != throttled || cons.GetRefused() != refused || !near(cons.GetWaitedRu(), waited) ||
+			!near(cons.GetDeniedRu(), denied) || cons.GetIntervalMs() != interval {
+			t.Fatalf("report %v, want throttled %d refused %d waited %v denied %v interval %d ms",
+				cons, throttled, refused, waited, denied, interval)
+		}
+	}
+	check(req, 2, 1, 2, 9, 2000)
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(),
+		NotLeader: &tokenpb.NotLeader{LeaderAddr: "10.0.0.1:3379"}}); err == nil {
+		t.Fatal("NOT_LEADER answered without an error")
+	}
+	c.CountWaited("g", 1)
+	clk.Advance(2 * time.Second)
+	req = build(c, false)
+	check(req, 2, 1, 3, 9, 4000) // since the last report rgserver took: none yet
+	if err := c.applyResponse(grantAll(req, 10)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Second)
+	c.Charge("g", rruOf(1)) // after an idle spell the report covers the time from its first figure
+	clk.Advance(500 * time.Millisecond)
+	req = build(c, false)
+	check(req, 0, 0, 0, 0, 500)
+	if err := c.applyResponse(grantAll(req, 10)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(10 * time.Minute)
+	c.CountRefused("g", 1) // a refusal alone is something to report
+	clk.Advance(10 * time.Minute)
+	req = build(c, false)
+	check(req, 0, 1, 0, 1, maxIntervalMs)
+}
+
+// Counting a statement's refusal or wait allocates nothing once its
+// group's state exists.
+func TestCountsAllocateNothing(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	run := func() {
+		c.CountThrottled(resourcegroup.DefaultGroup, 1)
+		c.CountRefused(resourcegroup.DefaultGroup, 1)
+		c.CountWaited(resourcegroup.DefaultGroup, 1)
+	}
+	run()
+	if n := testing.AllocsPerRun(1000, run); n != 0 {
+		t.Fatalf("%v allocations per count, want 0", n)
 	}
 }
 
@@ -1090,7 +1161,7 @@ func TestOverview(t *testing.T) {
 		c.Charge("light", rruOf(1))
 		clk.Advance(time.Second)
 	}
-	c.CountThrottled("busy")
+	c.CountThrottled("busy", 0)
 	c.Charge("gone", rruOf(1)) // used here, unknown to the cache
 
 	o := c.Overview(clk.Now(), 6)

@@ -203,8 +203,19 @@ func (gs *groupState) resetWaiting(now time.Time) {
 	gs.waitArea, gs.waitSince = 0, now
 }
 
+// startReport starts the time the next report covers at now when nothing
+// is pending: after an idle spell a report covers the time its figures
+// came in, not the idle time before them, so that the usage history
+// spreads them where they happened.
+func (gs *groupState) startReport(now time.Time) {
+	if !gs.hasReport() {
+		gs.reportFrom = now
+	}
+}
+
 // record adds cons to what is reported and to the demand and usage figures.
 func (gs *groupState) record(now time.Time, cons ru.Consumption) {
+	gs.startReport(now)
 	gs.pending.Add(cons)
 	gs.ewmaAcc += cons.RU()
 	gs.usage.add(now, cons.RU(), cons.Statements)

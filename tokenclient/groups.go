@@ -129,10 +129,16 @@ type groupState struct {
 
 	// Reporting.
 	pending ru.Consumption
-	// pendingThrottled counts the statements refused since the last
-	// report (Consumption.throttled).
-	pendingThrottled uint64
-	lastReport       time.Time
+	// counts are the refusals and the demand that waited or was denied
+	// since the last report (Consumption's throttled, refused, waited_ru,
+	// denied_ru).
+	counts reportCounts
+	// lastReport is the last message for the group; reportFrom the start
+	// of the time the next report covers (Consumption.interval_ms): the
+	// last report rgserver took or, when nothing was pending since, the
+	// first figure that came in after it (startReport).
+	lastReport time.Time
+	reportFrom time.Time
 	// heldSent is the held_tokens of the last message for the group.
 	heldSent float64
 
@@ -156,7 +162,7 @@ func (t *groupTable) stateLocked(group string, now time.Time) *groupState {
 	if gs, ok := t.byName[group]; ok {
 		return gs
 	}
-	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now, lastUsed: now}
+	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now, reportFrom: now, lastUsed: now}
 	if g, ok := t.cache.definition(group); ok && isUnlimited(g) {
 		gs.bucket.SetUnlimited(true)
 	}

@@ -432,7 +432,7 @@ func (s *rgServer) deleteWatchLocked(id uint64) bool {
 func acquireAll(ctx context.Context, c *Client, group string, cons ru.Consumption, maxWait time.Duration) (time.Duration, error) {
 	_, waited, err := c.AcquireShare(ctx, nil, group, cons, cons.RU(), maxWait)
 	if errors.Is(err, ErrThrottled) {
-		c.CountThrottled(group)
+		c.CountThrottled(group, cons.RU())
 	}
 	return waited, err
 }

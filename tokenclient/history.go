@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -202,6 +203,14 @@ func (c *Client) ListRunaways(ctx context.Context, groups []string) ([]RunawayRo
 // hops). Unavailable, deadline and cancel errors wrap ErrUnavailable;
 // others wrap the gRPC status.
 func (c *Client) atLeader(ctx context.Context, fn func(context.Context, tokenpb.RunawayServiceClient) (*tokenpb.NotLeader, error)) error {
+	return c.atLeaderConn(ctx, func(ctx context.Context, cc grpc.ClientConnInterface) (*tokenpb.NotLeader, error) {
+		return fn(ctx, tokenpb.NewRunawayServiceClient(cc))
+	})
+}
+
+// atLeaderConn is atLeader for any of rgserver's services: fn makes its
+// client on the connection it is given.
+func (c *Client) atLeaderConn(ctx context.Context, fn func(context.Context, grpc.ClientConnInterface) (*tokenpb.NotLeader, error)) error {
 	addrs := c.cfg.Servers
 	if l := c.insp.leader(); l != "" {
 		addrs = append([]string{l}, addrs...)
@@ -214,7 +223,7 @@ func (c *Client) atLeader(ctx context.Context, fn func(context.Context, tokenpb.
 				lastErr = err
 				break
 			}
-			nl, err := fn(ctx, tokenpb.NewRunawayServiceClient(cc))
+			nl, err := fn(ctx, cc)
 			if err != nil {
 				st := status.Convert(err)
 				switch st.Code() {

@@ -169,7 +169,7 @@ func TestDroppedGroupForgotten(t *testing.T) {
 	var hold DemandHold
 	c.HoldDemand(&hold, "gone", 5)
 	c.ReleaseDemand(&hold)
-	c.CountThrottled("gone")
+	c.CountThrottled("gone", 0)
 	if hasState(c, "gone") || len(seriesOf(t, reg, "gone")) != 0 {
 		t.Fatalf("a late settlement revived the dropped group: state %v, series %v", hasState(c, "gone"), seriesOf(t, reg, "gone"))
 	}
@@ -304,7 +304,7 @@ func TestIdleExpiry(t *testing.T) {
 	}
 
 	// Used again: back at 0.
-	c.CountThrottled("quiet")
+	c.CountThrottled("quiet", 0)
 	if got := seriesOf(t, reg, "quiet"); got["rgproxy_throttled_total"] != 1 || got["rgproxy_tokens_granted_total"] != 0 {
 		t.Fatalf("quiet used again: %v", got)
 	}

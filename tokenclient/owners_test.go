@@ -43,7 +43,7 @@ func TestOwnersLocksApart(t *testing.T) {
 			t.Error(err)
 		}
 		c.Charge(resourcegroup.DefaultGroup, rruOf(1))
-		c.CountThrottled(resourcegroup.DefaultGroup)
+		c.CountThrottled(resourcegroup.DefaultGroup, 1)
 	})
 	within(t, "the scrape, the console and Degraded, with the stream's lock held", func() {
 		clk.Advance(time.Minute) // silent for DegradedAfter: degraded on the next look

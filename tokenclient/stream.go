@@ -518,7 +518,7 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 		}
 	}
 	req := &tokenpb.TokenRequest{ProxyId: t.cfg.ProxyID}
-	sent := &sentRequest{at: now, reports: map[string]ru.Consumption{}, asked: map[string]bool{}}
+	sent := &sentRequest{at: now, reports: map[string]ru.Consumption{}, extras: map[string]sentExtras{}, asked: map[string]bool{}}
 	add := func(gs *groupState, ask bool) {
 		cons := gs.takeReport()
 		gr := &tokenpb.GroupTokenRequest{
@@ -529,14 +529,11 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 			ReportOnly:     !ask,
 			HeldTokens:     gs.held(now),
 		}
-		if n := gs.pendingThrottled; n > 0 {
-			gr.Consumption.Throttled = n
-			if sent.throttled == nil {
-				sent.throttled = map[string]uint64{}
-			}
-			sent.throttled[gs.name] = n
-			gs.pendingThrottled = 0
-		}
+		gs.counts.fill(gr.Consumption)
+		gr.Consumption.IntervalMs = intervalMs(now.Sub(gs.reportFrom))
+		sent.extras[gs.name] = sentExtras{counts: gs.counts, from: gs.reportFrom}
+		gs.counts = reportCounts{}
+		gs.reportFrom = now
 		gs.heldSent = gr.HeldTokens
 		if ask {
 			gr.TokensWanted = gs.wanted(now, t.cfg.TargetPeriod)
@@ -597,12 +594,12 @@ func (gs *groupState) held(now time.Time) float64 {
 	return max(gs.bucket.Tokens(now), 0)
 }
 
-// hasReport: some consumption (positive; see takeReport) or refusals can
-// be reported.
+// hasReport: some consumption (positive; see takeReport), refusals or
+// demand that waited can be reported.
 func (gs *groupState) hasReport() bool {
 	p := gs.pending
 	return p.RRU > 0 || p.WRU > 0 || p.ReadBytes >= 1 || p.WriteBytes >= 1 || p.BackendSeconds > 0 || p.Statements >= 1 ||
-		gs.pendingThrottled > 0
+		gs.counts != (reportCounts{})
 }
 
 // takeReport returns the consumption to report and keeps what cannot be
@@ -660,7 +657,7 @@ func (t *groupTable) apply(now time.Time, resp *tokenpb.TokenResponse, sent *sen
 			for name, cons := range sent.reports {
 				if gs, ok := t.byName[name]; ok {
 					gs.pending.Add(cons)
-					gs.pendingThrottled += sent.throttled[name]
+					gs.restoreExtras(sent.extras[name])
 					gs.inFlight = false
 				}
 			}
@@ -798,8 +795,52 @@ func grantUnavailable(g *tokenpb.GroupGrant) bool {
 
 // sentRequest is a TokenRequest awaiting its answer.
 type sentRequest struct {
-	at        time.Time
-	reports   map[string]ru.Consumption // consumption sent per group
-	throttled map[string]uint64         // refusals sent per group (nil: none)
-	asked     map[string]bool           // group → tokens were asked (not report-only)
+	at      time.Time
+	reports map[string]ru.Consumption // consumption sent per group
+	extras  map[string]sentExtras     // counts and interval sent per group
+	asked   map[string]bool           // group → tokens were asked (not report-only)
+}
+
+// reportCounts are what a group's report carries besides its consumption:
+// the statements refused (throttled with 8252, or refused otherwise) and
+// the RU (their estimates) of the statements that waited for tokens or
+// never ran. Counted under the groups' lock with the consumption.
+type reportCounts struct {
+	throttled, refused uint64
+	waitedRU, deniedRU float64
+}
+
+// fill sets c's fields of the report pb.
+func (c reportCounts) fill(pb *tokenpb.Consumption) {
+	pb.Throttled, pb.Refused, pb.WaitedRu, pb.DeniedRu = c.throttled, c.refused, c.waitedRU, c.deniedRU
+}
+
+// sentExtras is what a request carried of a group besides its
+// consumption: its counts and the start of the interval it covered.
+type sentExtras struct {
+	counts reportCounts
+	from   time.Time
+}
+
+// restoreExtras puts back what a request rgserver did not take carried:
+// its counts, and the start of its interval, so that the next report
+// covers the time since the last report rgserver took.
+func (gs *groupState) restoreExtras(e sentExtras) {
+	gs.counts.throttled += e.counts.throttled
+	gs.counts.refused += e.counts.refused
+	gs.counts.waitedRU += e.counts.waitedRU
+	gs.counts.deniedRU += e.counts.deniedRU
+	if !e.from.IsZero() && e.from.Before(gs.reportFrom) {
+		gs.reportFrom = e.from
+	}
+}
+
+// maxIntervalMs caps Consumption.interval_ms (rgserver takes at most a
+// minute).
+const maxIntervalMs = 60_000
+
+// intervalMs is d as a report's interval_ms: at least 1 (0 would say the
+// proxy does not tell), at most maxIntervalMs.
+func intervalMs(d time.Duration) uint32 {
+	return uint32(min(max(d.Milliseconds(), 1), maxIntervalMs))
 }

@@ -121,6 +121,7 @@ func FuzzDecodeGroup(f *testing.F) {
 	for _, g := range []resourcegroup.Group{
 		resourcegroup.DefaultGroupDefinition(),
 		{Name: "g", RUPerSec: 5, Priority: resourcegroup.PriorityLow, QueryLimit: &resourcegroup.QueryLimit{RU: 9, Action: resourcegroup.ActionDryRun}},
+		budgetGroup("g"),
 	} {
 		b, err := encodeGroup(g)
 		if err != nil {

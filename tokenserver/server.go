@@ -108,6 +108,10 @@ type Config struct {
 	// Interceptors. nil = authentication off (every caller an anonymous
 	// administrator).
 	Auth *Authenticator
+	// BudgetLocation is the time zone budgets' windows align to
+	// (resourcegroup.BudgetWindow; rgserver's --budget-time-zone); nil =
+	// UTC. Every replica must be given the same one.
+	BudgetLocation *time.Location
 }
 
 // Server implements tokenpb's ResourceGroupService and TokenService over etcd.
@@ -183,6 +187,9 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.BudgetLocation == nil {
+		cfg.BudgetLocation = time.UTC
+	}
 	if cfg.Auth == nil {
 		a, err := NewAuthenticator(AuthConfig{})
 		if err != nil {
@@ -233,6 +240,10 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 // Insecure reports whether authentication is off: every caller is an
 // administrator.
 func (s *Server) Insecure() bool { return s.auth.Open() }
+
+// BudgetLocation returns the time zone budgets' windows align to
+// (Config.BudgetLocation).
+func (s *Server) BudgetLocation() *time.Location { return s.cfg.BudgetLocation }
 
 // Store returns the server's etcd-backed resourcegroup.Store.
 func (s *Server) Store() *EtcdStore { return s.store }

@@ -49,6 +49,22 @@ type groupRecord struct {
 	// rgproxy's extensions (zero: ENFORCE, no cap).
 	Mode           uint8  `json:"mode,omitempty"`
 	MaxConcurrency uint64 `json:"max_concurrency,omitempty"`
+	// Budgets in period order; absent = none (docs/budgets.md).
+	Budgets []budgetRecord `json:"budgets,omitempty"`
+}
+
+// budgetRecord is a resourcegroup.Budget; period and actions by name, as
+// on the wire, so that the record reads without the enum's numbering.
+type budgetRecord struct {
+	RU       uint64          `json:"ru"`
+	Period   string          `json:"period"`
+	Triggers []triggerRecord `json:"triggers"`
+}
+
+type triggerRecord struct {
+	Percent          uint32 `json:"percent"`
+	Action           string `json:"action"`
+	ThrottleRUPerSec uint64 `json:"throttle_ru_per_sec,omitempty"`
 }
 
 type limitRecord struct {
@@ -77,6 +93,13 @@ func encodeGroup(g resourcegroup.Group) ([]byte, error) {
 			SwitchGroup: q.SwitchGroup, Watch: uint8(q.Watch), WatchDurationMs: q.WatchDuration.Milliseconds(),
 		}
 	}
+	for _, b := range g.Budgets {
+		br := budgetRecord{RU: b.RU, Period: b.Period.String(), Triggers: make([]triggerRecord, len(b.Triggers))}
+		for i, t := range b.Triggers {
+			br.Triggers[i] = triggerRecord{Percent: t.Percent, Action: t.Action.String(), ThrottleRUPerSec: t.ThrottleRUPerSec}
+		}
+		r.Budgets = append(r.Budgets, br)
+	}
 	return json.Marshal(r)
 }
 
@@ -97,6 +120,18 @@ func decodeGroup(name string, data []byte, version int64) (resourcegroup.Group, 
 			Action: resourcegroup.Action(q.Action), SwitchGroup: q.SwitchGroup,
 			Watch: resourcegroup.WatchType(q.Watch), WatchDuration: time.Duration(q.WatchDurationMs) * time.Millisecond,
 		}
+	}
+	for _, br := range r.Budgets {
+		// A name this version does not know reads as the zero value:
+		// the group still loads, and the next ALTER's validation says
+		// what is wrong with it.
+		period, _ := resourcegroup.ParseBudgetPeriod(br.Period)
+		b := resourcegroup.Budget{Period: period, RU: br.RU}
+		for _, t := range br.Triggers {
+			action, _ := resourcegroup.ParseBudgetAction(t.Action)
+			b.Triggers = append(b.Triggers, resourcegroup.BudgetTrigger{Percent: t.Percent, Action: action, ThrottleRUPerSec: t.ThrottleRUPerSec})
+		}
+		g.Budgets = append(g.Budgets, b)
 	}
 	return g, nil
 }

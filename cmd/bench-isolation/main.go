@@ -130,6 +130,10 @@ type Result struct {
 	AggressorRU    float64 `json:"aggressor_ru"`
 	AggressorLimit float64 `json:"aggressor_limit"`
 	AggressorOver  float64 `json:"aggressor_over"`
+	// AggressorWaited is the time its statements waited for tokens in
+	// all, in seconds: near 0 when the machine could not run it as fast
+	// as its limit, and then AggressorOver says nothing of the limit.
+	AggressorWaited float64 `json:"aggressor_waited_s"`
 	// One heavy statement's RU alone and beside copies running directly
 	// (each round's figure the median of oneRuns runs; these the medians
 	// over rounds, and of the rounds' ratios), and the same for its wall
@@ -274,11 +278,20 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
+		waitBefore, err := sys.groupWait("rg_aggressor")
+		if err != nil {
+			return nil, err
+		}
 		v, a := besideAggressor(ctx, cfg, sys.proxy, sys.proxy, q, cfg.Throttled, 0, cfg.Aggressors, 0)
 		after, err := sys.groupRU("rg_aggressor")
 		if err != nil {
 			return nil, err
 		}
+		waitAfter, err := sys.groupWait("rg_aggressor")
+		if err != nil {
+			return nil, err
+		}
+		r.AggressorWaited = waitAfter - waitBefore
 		r.ThrottledP99, r.ProxyBesideWindowP99 = v.p99(), v.windowP99(cfg.Phase)
 		logf("%s: victim p99 by second of the continuous phase (ms): %.2f", kind, v.windows(time.Second, 100))
 		r.VictimErrors += v.errors.Load()
@@ -789,6 +802,17 @@ func (s *system) cpuSource() (string, error) {
 
 // groupRU is what the proxy charged group so far (rgproxy_ru_consumed_total).
 func (s *system) groupRU(group string) (float64, error) {
+	return s.groupMetric("rgproxy_ru_consumed_total", group)
+}
+
+// groupWait is how long group's statements waited for tokens so far, in
+// seconds (rgproxy_throttle_wait_seconds' sum).
+func (s *system) groupWait(group string) (float64, error) {
+	return s.groupMetric("rgproxy_throttle_wait_seconds_sum", group)
+}
+
+// groupMetric sums the proxy's samples of metric for group.
+func (s *system) groupMetric(metric, group string) (float64, error) {
 	resp, err := http.Get("http://" + s.proxyStatus + "/metrics")
 	if err != nil {
 		return 0, err
@@ -799,7 +823,7 @@ func (s *system) groupRU(group string) (float64, error) {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "rgproxy_ru_consumed_total{") || !strings.Contains(line, `resource_group="`+group+`"`) {
+		if !strings.HasPrefix(line, metric+"{") || !strings.Contains(line, `resource_group="`+group+`"`) {
 			continue
 		}
 		f := strings.Fields(line)

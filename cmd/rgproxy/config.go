@@ -140,6 +140,13 @@ type config struct {
 	// group) the proxy remembers for cost estimates and
 	// information_schema.statements_summary. Default 10000.
 	MaxStatementShapes int
+	// StmtSummaryRefreshInterval is the length of
+	// information_schema.statements_summary_history's windows (TiDB's
+	// tidb_stmt_summary_refresh_interval). Default 30m.
+	StmtSummaryRefreshInterval time.Duration
+	// StmtSummaryHistorySize is how many closed windows it keeps (TiDB's
+	// tidb_stmt_summary_history_size). Default 24.
+	StmtSummaryHistorySize int
 	// GroupIdleExpiry: the per-group series of a group with no statement on
 	// this proxy for this long are deleted until it is used again. Default 1h.
 	GroupIdleExpiry time.Duration
@@ -201,6 +208,8 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.WriteSource, "write-source", "auto", "where the bytes a statement wrote come from: auto (the backend's row-based binary log, read as --admin-user, while rgproxy follows it; else the estimate), binlog, estimate (affected rows × the table's average row length) or packet (the statement's own bytes only)")
 	fs.DurationVar(&cfg.GroupIdleExpiry, "group-idle-expiry", time.Hour, "a group with no statement here this long loses its per-group metric series until it is used again")
 	fs.IntVar(&cfg.MaxStatementShapes, "max-statement-shapes", 10000, "statement shapes (digest within a group) remembered for cost estimates and statements_summary; least recently used evicted")
+	fs.DurationVar(&cfg.StmtSummaryRefreshInterval, "stmt-summary-refresh-interval", 30*time.Minute, "length of information_schema.statements_summary_history's windows, aligned to multiples of it since the Unix epoch (TiDB's tidb_stmt_summary_refresh_interval)")
+	fs.IntVar(&cfg.StmtSummaryHistorySize, "stmt-summary-history-size", 24, "closed windows information_schema.statements_summary_history keeps besides the current one (TiDB's tidb_stmt_summary_history_size)")
 	return fs
 }
 
@@ -339,6 +348,12 @@ func (c *config) validate() error {
 	}
 	if c.MaxStatementShapes <= 0 {
 		errs = append(errs, errors.New("--max-statement-shapes must be > 0"))
+	}
+	if c.StmtSummaryRefreshInterval < time.Second || c.StmtSummaryRefreshInterval > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("--stmt-summary-refresh-interval must be between 1s and 24h, not %s", c.StmtSummaryRefreshInterval))
+	}
+	if c.StmtSummaryHistorySize < 1 || c.StmtSummaryHistorySize > 255 {
+		errs = append(errs, fmt.Errorf("--stmt-summary-history-size must be between 1 and 255, not %d", c.StmtSummaryHistorySize))
 	}
 	if c.MaxBackendConcurrency < 0 {
 		errs = append(errs, errors.New("--max-backend-concurrency must be >= 0"))

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	_ "time/tzdata" // --budget-time-zone's names, whatever the host has
 
 	"github.com/BurntSushi/toml"
 
@@ -86,6 +87,12 @@ type config struct {
 	Insecure bool `toml:"insecure"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `toml:"log-level"`
+	// BudgetTimeZone is the IANA time zone budgets' windows align to
+	// (docs/budgets.md). Default UTC. Every replica needs the same one;
+	// a change needs a restart.
+	BudgetTimeZone string `toml:"budget-time-zone"`
+	// budgetLoc is BudgetTimeZone loaded, by check.
+	budgetLoc *time.Location
 
 	// ConfigFile is --config, read at start and on SIGHUP (not a key).
 	ConfigFile string `toml:"-"`
@@ -101,6 +108,7 @@ func defaultConfig() config {
 		ClientExpiry: 60 * time.Second,
 		LogLevel:     "info",
 
+		BudgetTimeZone:     "UTC",
 		TLSProxyMaxStreams: 1,
 
 		PersistInterval:         tokenserver.DefaultPersistInterval,
@@ -137,6 +145,7 @@ func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
 	fs.IntVar(&c.TLSProxyMaxStreams, "tls-proxy-max-streams", c.TLSProxyMaxStreams, "proxies one proxy certificate identity may be at once")
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "accept every caller without authentication, even beyond loopback (anyone who reaches --addr may change groups)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+	fs.StringVar(&c.BudgetTimeZone, "budget-time-zone", c.BudgetTimeZone, "IANA time zone (e.g. Europe/Berlin) that budgets' hours, days, weeks and months follow; the same on every replica")
 }
 
 // parseArgs reads the command line and, with --config, the file under it.
@@ -228,6 +237,11 @@ func (c *config) check() error {
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return fmt.Errorf("%w: --log-level: %w", errUsage, err)
 	}
+	loc, err := loadBudgetZone(c.BudgetTimeZone)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	c.budgetLoc = loc
 	if c.EtcdPeerAddr != "" && !strings.Contains(c.EtcdPeerAddr, "://") {
 		c.EtcdPeerAddr = "http://" + c.EtcdPeerAddr
 	}
@@ -248,4 +262,20 @@ func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	err := l.UnmarshalText([]byte(s))
 	return l, err
+}
+
+// loadBudgetZone reads --budget-time-zone: an IANA name from the zone
+// database built into the binary (so the host's need not have it). Local
+// and the empty name are refused: they would follow each host's own
+// setting, and every replica must count the same windows.
+func loadBudgetZone(name string) (*time.Location, error) {
+	const want = "an IANA time zone name such as UTC, Europe/Berlin or America/New_York"
+	if name == "" || strings.EqualFold(name, "Local") {
+		return nil, fmt.Errorf("--budget-time-zone %q: give %s; the host's local zone is not accepted, as every replica must count the same windows", name, want)
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("--budget-time-zone %q is not %s (names are case-sensitive): %w", name, want, err)
+	}
+	return loc, nil
 }

@@ -79,6 +79,14 @@ insecure = true
 		{"insecure with a token", []string{"--insecure", "--admin-token-file", "a"}, nil, errUsage},
 		{"admin names without ca", []string{"--tls-admin-names", "ops"}, nil, errUsage},
 		{"no proxy streams", []string{"--tls-proxy-max-streams", "0"}, nil, errUsage},
+		{"budget time zone defaults to UTC", nil, func(c config) bool { return c.BudgetTimeZone == "UTC" && c.budgetLoc == time.UTC }, nil},
+		{"budget time zone", []string{"--budget-time-zone", "Europe/Berlin"}, func(c config) bool {
+			return c.budgetLoc != nil && c.budgetLoc.String() == "Europe/Berlin"
+		}, nil},
+		{"unknown budget time zone", []string{"--budget-time-zone", "Mars/Olympus"}, nil, errUsage},
+		{"budget time zone in the wrong case", []string{"--budget-time-zone", "europe/berlin"}, nil, errUsage},
+		{"local budget time zone", []string{"--budget-time-zone", "Local"}, nil, errUsage},
+		{"empty budget time zone", []string{"--budget-time-zone", ""}, nil, errUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,7 +113,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	usage(&out)
 	for _, f := range []string{"addr", "status-addr", "data-dir", "etcd-endpoints", "etcd-peer-addr", "etcd-initial-cluster",
 		"name", "advertise-addr", "election-ttl", "client-expiry", "tls-cert", "tls-key", "tls-ca", "admin-token-file",
-		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version"} {
+		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version", "budget-time-zone"} {
 		if !strings.Contains(out.String(), "-"+f+" ") && !strings.Contains(out.String(), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
 		}

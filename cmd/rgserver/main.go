@@ -132,6 +132,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		ElectionTTL:      cfg.ElectionTTL,
 		PersistInterval:  cfg.PersistInterval,
 		RunawayRetention: cfg.RunawayHistoryRetention,
+		BudgetLocation:   cfg.budgetLoc,
 		Logger:           log,
 		Registerer:       reg,
 		Auth:             auth,
@@ -191,7 +192,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	log.Info("rgserver started", "version", versionString(), "addr", lis.Addr().String(),
 		"status_addr", statusLis.Addr().String(), "advertise", cfg.AdvertiseAddr, "tls", cfg.TLSCert != "", "mtls", cfg.TLSCA != "",
-		"auth", !auth.Open())
+		"auth", !auth.Open(), "budget_time_zone", cfg.budgetLoc.String())
 
 	// Every part runs under one group: the first to fail stops the others
 	// (as SIGTERM does), and run returns once all of them have stopped.

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rgproxy/rgproxy/internal/reload/reloadtest"
 )
@@ -105,5 +106,41 @@ func TestReloadLogLevelAndCertificate(t *testing.T) {
 	out = reload("log-level = \"info\"\n")
 	if !strings.Contains(out, `refused="tls-cert, tls-key"`) || !strings.Contains(out, "log-level: debug → info") {
 		t.Errorf("turning TLS off:\n%s", out)
+	}
+}
+
+// --budget-time-zone needs a restart: moving the windows under a running
+// leader would change which spending counts in which window. A zone that
+// does not load fails the reload as a whole.
+func TestReloadRefusesBudgetTimeZone(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rgserver.toml")
+	write := func(body string) {
+		if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("budget-time-zone = \"UTC\"\n")
+	args := []string{"--config", file}
+	cfg, _, err := parseArgs(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	rl := &reloader{args: args, cur: cfg, level: new(slog.LevelVar)}
+	rl.log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: rl.level}))
+	write("budget-time-zone = \"Europe/Berlin\"\n")
+	rl.reload()
+	if out := logs.String(); !strings.Contains(out, "these settings need a restart and were not changed") ||
+		!strings.Contains(out, "budget-time-zone: UTC → Europe/Berlin") {
+		t.Errorf("a changed zone was not refused:\n%s", out)
+	}
+	if rl.cur.BudgetTimeZone != "UTC" || rl.cur.budgetLoc != time.UTC {
+		t.Errorf("zone in force %q %v", rl.cur.BudgetTimeZone, rl.cur.budgetLoc)
+	}
+	logs.Reset()
+	write("budget-time-zone = \"Nowhere/Atlantis\"\n")
+	rl.reload()
+	if out := logs.String(); !strings.Contains(out, "Nowhere/Atlantis") || !strings.Contains(out, "not an IANA time zone name") {
+		t.Errorf("an unknown zone did not fail the reload:\n%s", out)
 	}
 }

@@ -107,7 +107,7 @@ func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int
 		share, more, err = s.led.take(ctx, l.group, i == 0, cur.prepaid, cur.before.RU(), left)
 		waited += more
 	}
-	l.prepaid, l.share = cur.prepaid, share
+	l.prepaid, l.share, l.waited = cur.prepaid, share, waited > 0
 	cur.waited += waited
 	if share.Mode == resourcegroup.ModeWarn && (err == nil || errors.Is(err, tokenclient.ErrThrottled)) {
 		// A group in MODE WARN is unlimited: its tokens came at once.

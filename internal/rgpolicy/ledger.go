@@ -15,6 +15,9 @@ import (
 //   - take: each leg's prepaid cost from its group's bucket (charge);
 //   - refund: what the legs took, when the statement is refused after
 //     charge began (abort);
+//   - denied and waited: the estimate of a statement refused before it
+//     ran, or that waited for its tokens, for its groups' reports (the
+//     usage history);
 //   - settle: the measured cost against what the legs took (After);
 //   - late: written bytes found after the statement — the estimate
 //     (FollowUp, on the session's goroutine) or the binary log (a claim,
@@ -73,6 +76,17 @@ func (lg *stmtLedger) recordRefused(cur *statement, errCode uint16) {
 		errCode: errCode, estimate: cur.prepaid}
 }
 
+// denied counts a statement refused before it ran in group — throttled
+// (8252), or refused otherwise (a budget's REFUSE) — with its prepaid
+// cost, the RU it would have cost: the usage history's demand not served.
+func (lg *stmtLedger) denied(group string, cur *statement, throttled bool) {
+	if throttled {
+		lg.p.tokens.CountThrottled(group, cur.prepaid.RU())
+		return
+	}
+	lg.p.tokens.CountRefused(group, cur.prepaid.RU())
+}
+
 // settlement is what After measured of a statement, for settle.
 type settlement struct {
 	// after is the cost measured after the statement (ru.AfterCost);
@@ -105,6 +119,11 @@ func (lg *stmtLedger) settle(cur *statement, own *groupSeries, memo *shapeMemo, 
 	switched := st.chargeTo != cur.group
 	for i := range cur.nlegs {
 		l := &cur.legs[i]
+		if l.waited {
+			// The demand that waited: only a statement that slept for its
+			// tokens adds to the group's next report.
+			tok.CountWaited(l.group, l.prepaid.RU())
+		}
 		if i == 0 && switched {
 			extra := l.prepaid
 			extra.Sub(cur.before)

@@ -55,7 +55,14 @@ type Tokens interface {
 	// ends.
 	ChargePurse(p *tokenclient.Purse, group string, cons ru.Consumption)
 	ReturnPurse(p *tokenclient.Purse)
-	CountThrottled(group string)
+	// CountThrottled counts a statement refused with 8252, CountRefused
+	// one refused otherwise before it ran, each with the RU it would have
+	// cost; CountWaited the estimate of one that waited for its tokens
+	// before it ran. They ride with the group's next consumption report
+	// (the usage history).
+	CountThrottled(group string, estimate float64)
+	CountRefused(group string, estimate float64)
+	CountWaited(group string, estimate float64)
 	// HoldDemand holds a refused statement's RU as its group's waiting
 	// demand in h, for a couple of seconds at most; ReleaseDemand ends it.
 	HoldDemand(h *tokenclient.DemandHold, group string, ru float64)
@@ -132,6 +139,9 @@ type Config struct {
 	// (tokenclient.Client); nil = runaway_queries answers an error
 	// (history.go).
 	Runaways RunawayHistory
+	// Usage reads the usage history rgserver keeps (tokenclient.Client);
+	// nil = resource_group_usage_history answers an error (usage.go).
+	Usage UsageHistory
 	// Instance names this proxy as the source of the watches it adds:
 	// its INSTANCE (the MySQL address clients reach it at), the name the
 	// runaway history and the cluster-wide views give it.
@@ -142,6 +152,13 @@ type Config struct {
 	// proxy remembers for cost estimates and statements_summary, least
 	// recently used evicted. Default 10,000.
 	Shapes int
+	// SummaryWindow is the length of statements_summary_history's windows,
+	// aligned to multiples of it since the Unix epoch. Default 30 min;
+	// negative keeps no history.
+	SummaryWindow time.Duration
+	// SummaryWindows is how many closed windows the history keeps besides
+	// the current one. Default 24.
+	SummaryWindows int
 	// CPU chooses where a statement's CPU time comes from; see CPUSource.
 	// Default CPUAuto.
 	CPU CPUSource
@@ -176,6 +193,7 @@ type Policy struct {
 	killer   Killer
 	cluster  ClusterInspector
 	history  RunawayHistory
+	usage    UsageHistory
 	roles    RoleChecker
 	instance string
 	settings atomic.Pointer[Settings]
@@ -226,6 +244,12 @@ func New(cfg Config) (*Policy, error) {
 	if cfg.IdleGroupExpiry <= 0 {
 		cfg.IdleGroupExpiry = time.Hour
 	}
+	if cfg.SummaryWindow == 0 {
+		cfg.SummaryWindow = defaultSummaryWindow
+	}
+	if cfg.SummaryWindows <= 0 {
+		cfg.SummaryWindows = defaultSummaryWindows
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("rgpolicy: metrics: %w", err)
@@ -236,6 +260,7 @@ func New(cfg Config) (*Policy, error) {
 		killer:     cfg.Killer,
 		cluster:    cfg.Cluster,
 		history:    cfg.Runaways,
+		usage:      cfg.Usage,
 		roles:      cfg.Roles,
 		instance:   cfg.Instance,
 		cooldown:   make(chan struct{}, 1),
@@ -258,11 +283,13 @@ func New(cfg Config) (*Policy, error) {
 	onCPU := m.cpuSource
 	p.cpu.onChange.Store(&onCPU)
 	m.seeGroup(resourcegroup.DefaultGroup, cfg.Clock.Now())
+	p.shapes.startWindows(cfg.Clock.Now(), cfg.SummaryWindow, cfg.SummaryWindows)
 	return p, nil
 }
 
 // Run forgets, until they are used again, the series of the groups idle on
-// this proxy for IdleGroupExpiry, and, without a Killer, keeps track of
+// this proxy for IdleGroupExpiry, closes statements_summary_history's
+// windows, and, without a Killer, keeps track of
 // the KILL rules this proxy cannot carry out, and adds the watches that
 // runaway statements ask for. It returns when ctx ends, once the
 // goroutines it started have stopped.
@@ -273,6 +300,7 @@ func (p *Policy) Run(ctx context.Context) {
 		wg.Go(func() { p.followEnforcement(ctx) })
 	}
 	wg.Go(func() { p.addWatches(ctx) })
+	wg.Go(func() { p.rollSummaries(ctx) })
 	every := min(p.idle/4, time.Minute)
 	for {
 		t := p.clk.NewTimer(every)
@@ -318,7 +346,7 @@ func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
 		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
-		"event", "prepare", "immediate"}
+		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history"}
 }
 
 // Open implements mysqlproto.Policy.
@@ -449,6 +477,9 @@ type leg struct {
 	onDebt  bool
 	counted bool
 	limit   float64
+	// waited: the leg waited for its tokens (the usage history's
+	// waited RU, counted when the statement settles).
+	waited bool
 	// share is this proxy's share of the group (tokenclient.Share).
 	share  tokenclient.Share
 	gate   *gate
@@ -726,7 +757,7 @@ func throttledError(group, detail string) *mysqlproto.Error {
 // demand of the group for a while: a client refused and retrying still
 // wants its statement.
 func (s *session) refused(group, detail string) *mysqlproto.Reply {
-	s.p.tokens.CountThrottled(group)
+	s.led.denied(group, &s.cur, true)
 	s.led.recordRefused(&s.cur, resourcegroup.CodeThrottled)
 	if n := s.cur.prepaid.RU(); n > 0 {
 		s.p.tokens.HoldDemand(&s.hold, group, n)

@@ -33,7 +33,9 @@ type recordingTokens struct {
 	// wait cannot be paid in time), not after the whole wait.
 	failFast bool
 	// level is the bucket every Share reports (negative: owed).
-	level    float64
+	level float64
+	// wait is how long every AcquireShare that succeeds says it waited.
+	wait     time.Duration
 	watches  []resourcegroup.Watch
 	acquired []string // group:maxWait
 	charged  []string // group
@@ -47,6 +49,11 @@ type recordingTokens struct {
 	wouldRefuse bool
 	throttled   []string
 	ru          float64
+	// The usage history's counts: refusals other than 8252, the groups
+	// of statements that waited, and the estimates denied and waited.
+	refusedOther     []string
+	waitedIn         []string
+	denied, waitedRU float64
 	// tags are the tag bindings by resourcegroup.TagBindingKey;
 	// tagLookups counts TagGroup calls.
 	tags       map[string]string
@@ -77,10 +84,23 @@ func (r *recordingTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse
 		return r.share(group), maxWait, tokenclient.ErrThrottled
 	}
 	r.ru += c.RU()
-	return r.share(group), 0, nil
+	return r.share(group), r.wait, nil
 }
 
-func (r *recordingTokens) CountThrottled(group string) { r.throttled = append(r.throttled, group) }
+func (r *recordingTokens) CountThrottled(group string, estimate float64) {
+	r.throttled = append(r.throttled, group)
+	r.denied += estimate
+}
+
+func (r *recordingTokens) CountRefused(group string, estimate float64) {
+	r.refusedOther = append(r.refusedOther, group)
+	r.denied += estimate
+}
+
+func (r *recordingTokens) CountWaited(group string, estimate float64) {
+	r.waitedIn = append(r.waitedIn, group)
+	r.waitedRU += estimate
+}
 
 func (r *recordingTokens) HoldDemand(h *tokenclient.DemandHold, group string, d float64) {
 	r.ReleaseDemand(h)

@@ -3,7 +3,6 @@ package rgpolicy
 import (
 	"cmp"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
@@ -58,8 +57,24 @@ type shape struct {
 	sumQueued, maxQueued time.Duration
 	sumErrors            uint64
 	firstSeen, lastSeen  time.Time
+	// win is the shape's part of the statements summary's current window
+	// (statements_summary_history).
+	win shapeWindow
 
 	prev, next *shape // the shard's LRU list, most recent first
+}
+
+// shapeWindow is a shape's cumulative figures as they stood when the
+// current summary window began (a window's figures are the difference),
+// with the window's own maxima and its first execution in it.
+type shapeWindow struct {
+	execCount             uint64
+	sumLatency, sumQueued time.Duration
+	sumRRU, sumWRU        float64
+	sumErrors             uint64
+	maxLat, maxQueued     time.Duration
+	maxRRU, maxWRU        float64
+	first                 time.Time
 }
 
 // shapeShards splits the table so that sessions seldom wait on one lock.
@@ -76,6 +91,11 @@ type shapes struct {
 	// countMu, taken (after a shard's lock) only to add or evict.
 	countMu  sync.Mutex
 	perGroup map[string]int
+	// windows are statements_summary_history's closed windows; winMu is
+	// taken before any shard's lock, by a roll and by a reading of the
+	// windows, so that no reading sees a window half rolled.
+	winMu   sync.Mutex
+	windows summaryWindows
 }
 
 // shapeGroupFloor is how many shapes of each group the table keeps
@@ -251,6 +271,14 @@ func (t *shapes) observe(k shapeKey, memo *shapeMemo, digest digestText, cost ru
 	}
 	s.execCount++
 	s.lastSeen = now
+	w := &s.win
+	if s.execCount == w.execCount+1 {
+		w.first = now
+	}
+	w.maxLat = max(w.maxLat, latency)
+	w.maxRRU = max(w.maxRRU, cost.RRU)
+	w.maxWRU = max(w.maxWRU, cost.WRU)
+	w.maxQueued = max(w.maxQueued, queued)
 	s.sumLatency += latency
 	s.maxLat = max(s.maxLat, latency)
 	s.sumRRU += cost.RRU
@@ -351,12 +379,7 @@ func (t *shapes) summary(keep func(group string) bool) []ShapeSummary {
 		}
 		sh.mu.Unlock()
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Group != out[j].Group {
-			return out[i].Group < out[j].Group
-		}
-		return out[i].Digest < out[j].Digest
-	})
+	sortSummary(out)
 	return out
 }
 
@@ -365,7 +388,7 @@ func (s *shape) summary() ShapeSummary {
 	n := float64(max(s.execCount, 1))
 	return ShapeSummary{
 		Group:      s.key.group,
-		Digest:     fmt.Sprintf("%016x", s.key.hash),
+		Digest:     digestHex(s.key.hash),
 		DigestText: s.digest,
 		ExecCount:  s.execCount,
 		SumLatency: s.sumLatency, MaxLatency: s.maxLat,
@@ -377,6 +400,9 @@ func (s *shape) summary() ShapeSummary {
 		EstimateRU: s.estRRU + s.estWRU,
 	}
 }
+
+// digestHex is a digest hash as statements_summary shows it.
+func digestHex(h uint64) string { return fmt.Sprintf("%016x", h) }
 
 // heaviest returns the n shapes with the most RU in all (TotalRU), the
 // heaviest first, and how many shapes the table holds. It holds one

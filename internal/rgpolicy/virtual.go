@@ -46,7 +46,7 @@ const (
 func isVirtualTable(name string) bool {
 	switch strings.ToLower(name) {
 	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings, vtClusterSummary, vtClusterUsage,
-		vtRunawayQueries:
+		vtRunawayQueries, vtSummaryHistory, vtUsageHistory:
 		return true
 	}
 	return false
@@ -277,12 +277,16 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 		return t, nil
 	case vtStatementsSummary:
 		return s.summaryTable(readable), nil
+	case vtSummaryHistory:
+		return s.summaryHistoryTable(readable), nil
 	case vtBindings:
 		return s.bindingsTable(ctx, be)
 	case vtClusterSummary, vtClusterUsage:
 		return s.clusterTable(ctx, be, name)
 	case vtRunawayQueries:
 		return s.runawayTable(ctx, be)
+	case vtUsageHistory:
+		return s.usageHistoryTable(ctx, be)
 	}
 	return nil, resourcegroup.NewUnsupported("information_schema." + name)
 }
@@ -434,11 +438,13 @@ func summaryRow(r ShapeSummary) []string {
 	ns := func(d time.Duration) string { return strconv.FormatInt(int64(d), 10) }
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 6, 64) }
 	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
-	ts := func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
 	return []string{r.Group, r.Digest, r.DigestText, u(r.ExecCount), ns(r.SumLatency), ns(r.AvgLatency()),
 		ns(r.MaxLatency), f(r.AvgRRU), f(r.MaxRRU), f(r.AvgWRU), f(r.MaxWRU), ns(r.AvgQueued), ns(r.MaxQueued),
-		u(r.SumErrors), ts(r.FirstSeen), ts(r.LastSeen), f(r.EstimateRU)}
+		u(r.SumErrors), summaryTime(r.FirstSeen), summaryTime(r.LastSeen), f(r.EstimateRU)}
 }
+
+// summaryTime is a time as the summary tables show it (UTC).
+func summaryTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
 
 // cellsOf is a row of text as a virtual table's cells (none NULL).
 func cellsOf(row []string) []*string {
@@ -456,7 +462,7 @@ var virtualMentions = func() uint64 {
 	for i, w := range ScanWords() {
 		switch w {
 		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings,
-			vtClusterSummary, vtClusterUsage, vtRunawayQueries:
+			vtClusterSummary, vtClusterUsage, vtRunawayQueries, vtSummaryHistory, vtUsageHistory:
 			m |= 1 << i
 		}
 	}

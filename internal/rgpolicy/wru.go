@@ -394,20 +394,27 @@ var rowCountMention = func() uint64 {
 // rowCountRewrite gives back the ROW_COUNT() the @@last_gtid query took
 // from the statement before: in a COM_QUERY right after an INSERT, UPDATE,
 // DELETE or REPLACE that FollowUp asked about, each ROW_COUNT() becomes
-// that statement's count (a bare select item keeps its column name). It
+// that statement's count (a bare select item keeps its column name); in a
+// multi-statement, whose Binlog_bytes_written query took it too, each of
+// its first statement (the later ones follow their own statements). It
 // returns the text to forward ("" = the client's, unchanged); rewrite is
 // the text Before would forward so far.
 func (s *session) rowCountRewrite(st *mysqlproto.Statement, rewrite string) string {
 	w := &s.wr
-	if !w.rowCountSet || st.Command != mysql.COM_QUERY || st.Multi || st.Scan.Mentions&rowCountMention == 0 {
+	if !w.rowCountSet || st.Command != mysql.COM_QUERY || st.Scan.Mentions&rowCountMention == 0 {
 		return rewrite
 	}
 	q := rewrite
 	if q == "" {
 		q = st.Query
 	}
+	rest := ""
+	if st.Multi {
+		n := sqlscan.FirstStatementLen([]byte(q), st.Mode())
+		q, rest = q[:n], q[n:]
+	}
 	if out, ok := sqlscan.ReplaceRowCount(q, st.Mode(), w.rowCount); ok {
-		return out
+		return out + rest
 	}
 	return rewrite
 }

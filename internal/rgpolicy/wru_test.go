@@ -469,6 +469,17 @@ func TestWritesGiveBackRowCount(t *testing.T) {
 	if got := next("select row_count() into @n"); got != "select CAST(-1 AS SIGNED) AS `row_count()` into @n" {
 		t.Errorf("after a failed UPDATE: %q", got)
 	}
+	// A multi-statement after a DML statement: its first statement's
+	// ROW_COUNT() is the DML's, a later one's is its own statement's.
+	be.gtid = "0-1-4"
+	runStmt(t, s, be, stmt{q: "DELETE FROM t WHERE id < 9", affected: 5})
+	st := query("SELECT ROW_COUNT(); DELETE FROM t; SELECT ROW_COUNT()")
+	st.Multi = true
+	v := s.Before(context.Background(), st, be)
+	if want := "SELECT CAST(5 AS SIGNED) AS `ROW_COUNT()`; DELETE FROM t; SELECT ROW_COUNT()"; v.Rewrite != want {
+		t.Errorf("multi-statement: %q, want %q", v.Rewrite, want)
+	}
+	s.After(st, &mysqlproto.Outcome{})
 	// Not asked about (a CALL's count is not known): nothing to give back.
 	be.gtid = "0-1-3"
 	runStmt(t, s, be, stmt{q: "CALL p()", affected: 1})

@@ -38,6 +38,13 @@ func GroupToPB(g resourcegroup.Group) *ResourceGroup {
 			WatchDurationMs: q.WatchDuration.Milliseconds(),
 		}
 	}
+	for _, b := range g.Budgets {
+		wire := &Budget{Ru: b.RU, Period: b.Period.String(), Triggers: make([]*BudgetTrigger, len(b.Triggers))}
+		for i, t := range b.Triggers {
+			wire.Triggers[i] = &BudgetTrigger{Percent: t.Percent, Action: t.Action.String(), ThrottleRuPerSec: t.ThrottleRUPerSec}
+		}
+		out.Budgets = append(out.Budgets, wire)
+	}
 	return out
 }
 
@@ -69,7 +76,31 @@ func GroupFromPB(p *ResourceGroup) resourcegroup.Group {
 			WatchDuration: time.Duration(q.GetWatchDurationMs()) * time.Millisecond,
 		}
 	}
+	g.Budgets = BudgetsFromPB(p.GetBudgets())
 	return g
+}
+
+// BudgetsFromPB converts budgets from the wire (not validated): a period
+// or an action that is not one of the names becomes resourcegroup's zero
+// value, which Group.Validate refuses. None is nil.
+func BudgetsFromPB(ps []*Budget) []resourcegroup.Budget {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]resourcegroup.Budget, len(ps))
+	for i, p := range ps {
+		period, _ := resourcegroup.ParseBudgetPeriod(p.GetPeriod())
+		b := resourcegroup.Budget{Period: period, RU: p.GetRu()}
+		if ts := p.GetTriggers(); len(ts) > 0 {
+			b.Triggers = make([]resourcegroup.BudgetTrigger, len(ts))
+			for j, t := range ts {
+				action, _ := resourcegroup.ParseBudgetAction(t.GetAction())
+				b.Triggers[j] = resourcegroup.BudgetTrigger{Percent: t.GetPercent(), Action: action, ThrottleRUPerSec: t.GetThrottleRuPerSec()}
+			}
+		}
+		out[i] = b
+	}
+	return out
 }
 
 // BindingToPB converts a binding to its wire form.

@@ -17,6 +17,15 @@ func TestGroupRoundTrip(t *testing.T) {
 			Watch: resourcegroup.WatchSimilar, WatchDuration: 10 * time.Minute,
 		}},
 		{Name: "rg3", RUPerSec: 7, QueryLimit: &resourcegroup.QueryLimit{RU: 1000, Action: resourcegroup.ActionKill}},
+		{Name: "rg4", RUPerSec: 500, Budgets: []resourcegroup.Budget{
+			{Period: resourcegroup.PeriodHour, RU: 1, Triggers: []resourcegroup.BudgetTrigger{{Percent: 100, Action: resourcegroup.BudgetNotify}}},
+			{Period: resourcegroup.PeriodDay, RU: 2_000_000, Triggers: []resourcegroup.BudgetTrigger{
+				{Percent: 80, Action: resourcegroup.BudgetNotify},
+				{Percent: 100, Action: resourcegroup.BudgetThrottle, ThrottleRUPerSec: 50},
+				{Percent: 1000, Action: resourcegroup.BudgetRefuse}}},
+			{Period: resourcegroup.PeriodWeek, RU: resourcegroup.MaxRU, Triggers: []resourcegroup.BudgetTrigger{{Percent: 1, Action: resourcegroup.BudgetRefuse}}},
+			{Period: resourcegroup.PeriodMonth, RU: 50_000_000, Triggers: []resourcegroup.BudgetTrigger{{Percent: 100, Action: resourcegroup.BudgetRefuse}}},
+		}},
 	}
 	for _, g := range tests {
 		p := GroupToPB(g)
@@ -66,5 +75,43 @@ func TestWatchRoundTrip(t *testing.T) {
 	}
 	if w := WatchFromPB(nil); w != (resourcegroup.Watch{}) {
 		t.Errorf("nil: %+v", w)
+	}
+}
+
+// Budgets travel with their period and actions by name; a name that is
+// not one comes back as the zero value, which validation refuses.
+func TestBudgetsOnTheWire(t *testing.T) {
+	g := resourcegroup.Group{Name: "b", RUPerSec: 500, Budgets: []resourcegroup.Budget{
+		{Period: resourcegroup.PeriodDay, RU: 9, Triggers: []resourcegroup.BudgetTrigger{
+			{Percent: 80, Action: resourcegroup.BudgetNotify}, {Percent: 100, Action: resourcegroup.BudgetThrottle, ThrottleRUPerSec: 50}}}}}
+	p := GroupToPB(g)
+	if len(p.GetBudgets()) != 1 || p.GetBudgets()[0].GetPeriod() != "DAY" || p.GetBudgets()[0].GetTriggers()[1].GetAction() != "THROTTLE" ||
+		p.GetBudgets()[0].GetTriggers()[1].GetThrottleRuPerSec() != 50 || p.GetBudgets()[0].GetRu() != 9 {
+		t.Errorf("on the wire: %v", p.GetBudgets())
+	}
+	if p := GroupToPB(resourcegroup.Group{Name: "x", RUPerSec: 1}); p.Budgets != nil {
+		t.Errorf("no budgets sent as %v", p.Budgets)
+	}
+	hostile := []*Budget{
+		{Ru: 5, Period: "YEAR", Triggers: []*BudgetTrigger{{Percent: 100, Action: "NOTIFY"}}},
+		{Ru: 5, Period: "day", Triggers: []*BudgetTrigger{{Percent: 100, Action: "EXPLODE"}}},
+		{Ru: 5, Period: "WEEK"},
+		nil,
+	}
+	got := BudgetsFromPB(hostile)
+	want := []resourcegroup.Budget{
+		{Period: 0, RU: 5, Triggers: []resourcegroup.BudgetTrigger{{Percent: 100, Action: resourcegroup.BudgetNotify}}},
+		{Period: resourcegroup.PeriodDay, RU: 5, Triggers: []resourcegroup.BudgetTrigger{{Percent: 100, Action: 0}}},
+		{Period: resourcegroup.PeriodWeek, RU: 5},
+		{},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("BudgetsFromPB(hostile) = %+v, want %+v", got, want)
+	}
+	for i, b := range got {
+		g := resourcegroup.Group{Name: "b", RUPerSec: 10, Budgets: []resourcegroup.Budget{b}}
+		if err := g.Validate(); err == nil {
+			t.Errorf("hostile budget %d (%+v) validates", i, b)
+		}
 	}
 }
