@@ -39,8 +39,10 @@ const (
 	usagePersistParts = 32
 	// usageLoadPage is how many parts a load reads per request (≤ 4 MiB).
 	usageLoadPage = 8
-	// usageLoadRetry is the pause before a failed load tries again.
-	usageLoadRetry = time.Second
+	// usageLoadRetry is the pause before a failed load tries again,
+	// doubling up to usageLoadRetryMax.
+	usageLoadRetry    = time.Second
+	usageLoadRetryMax = 30 * time.Second
 )
 
 // usageStoreBytes bounds the values of a tier in etcd: beyond it the
@@ -357,17 +359,21 @@ func (s *Server) startUsageLoad(ctx context.Context) (stop func()) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		wait := usageLoadRetry
 		for {
 			err := s.loadUsage(clientv3.WithRequireLeader(ctx))
 			if err == nil || ctx.Err() != nil {
 				return
 			}
-			s.log.Warn("loading the usage history; trying again", "err", err)
+			s.log.Warn("loading the usage history; trying again", "err", err, "in", wait)
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-time.After(usageLoadRetry):
+			case <-t.C:
 			}
+			wait = min(2*wait, usageLoadRetryMax)
 		}
 	}()
 	return func() {
