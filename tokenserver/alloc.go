@@ -944,6 +944,17 @@ func (a *Allocator) Report(group, slotID string, u ru.Consumption, throttled flo
 	return true
 }
 
+// lastReport is when proxy slotID last sent a message for group (zero if
+// never): the interval a report covers when it does not say.
+func (a *Allocator) lastReport(group, slotID string) time.Time {
+	if b := a.groups[group]; b != nil {
+		if s := b.slots[slotID]; s != nil {
+			return s.reportedAt
+		}
+	}
+	return time.Time{}
+}
+
 // markDirty puts b on the dirty list once. Only the leader takes the
 // list (TakeDirty); on a follower, whose buckets change with every ALTER,
 // the list would keep every bucket since dropped, so it is cut back to

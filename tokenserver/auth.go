@@ -42,8 +42,8 @@ type Role uint8
 const (
 	// RoleProxy may call AcquireTokens, Watch, the reads (GetGroup,
 	// ListGroups, GetBinding, ListBindings, ListWatches), the cluster
-	// views (Inspect, ClusterInspect) and the runaway history
-	// (RecordRunaways, ListRunaways).
+	// views (Inspect, ClusterInspect), the runaway history
+	// (RecordRunaways, ListRunaways) and the usage history (UsageHistory).
 	RoleProxy Role = iota + 1
 	// RoleAdmin may call everything.
 	RoleAdmin

@@ -134,6 +134,9 @@ type credEntry struct {
 	stmts    rate
 	thr      rate
 	events   rate
+	// refusedStmts bounds the statements reported refused other than by
+	// 8252 (the usage history's refused).
+	refusedStmts rate
 	// Totals for the console.
 	granted, reported, dropped float64
 	refused                    float64
@@ -390,6 +393,19 @@ func (b *credBook) reportLocked(e *credEntry, p Principal, group string, gb boun
 		}
 	}
 	return u, throttled
+}
+
+// refusedCount bounds the statements p's proxies report refused other
+// than by 8252 (a budget's REFUSE) by a count bucket like throttled's;
+// it returns how many count. Administrators are not bounded.
+func (b *credBook) refusedCount(p Principal, n float64, now time.Time) float64 {
+	if !(n > 0) || !bounded(p) {
+		return n
+	}
+	cr := countRate * float64(max(p.MaxStreams, 1))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return math.Floor(b.entry(p, now).refusedStmts.take(n, cr, cr*awayWindow.Seconds(), now))
 }
 
 // statementsOf is what p's proxies reported of group's statements on

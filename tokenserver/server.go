@@ -157,6 +157,8 @@ type Server struct {
 	leaderSince atomic.Pointer[time.Time]
 	// runaways is the runaway history (runaways.go).
 	runaways *runawayHistory
+	// usage is the usage history (usage.go).
+	usage *usageHistory
 	// creds is what each credential took, reported and may say
 	// (credentials.go).
 	creds *credBook
@@ -209,6 +211,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		inspect:  newInspectHub(clock.Real{}),
 		caps:     newCapsRegistry(),
 		runaways: newRunawayHistory(cfg.RunawayRetention),
+		usage:    newUsageHistory(),
 		creds:    newCredBook(),
 	}
 	if cfg.Registerer != nil {
@@ -222,6 +225,9 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.runaways.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+		}
+		if err := s.usage.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.creds.register(cfg.Registerer); err != nil {
@@ -248,6 +254,7 @@ func (s *Server) Register(g *grpc.Server) {
 	pb.RegisterTokenServiceServer(g, s)
 	pb.RegisterInspectServiceServer(g, inspectService{s: s})
 	pb.RegisterRunawayServiceServer(g, runawayService{s: s})
+	pb.RegisterUsageServiceServer(g, usageService{s: s})
 }
 
 func (s *Server) now() time.Time { return s.cfg.Now() }
@@ -478,6 +485,11 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 		s.alloc.Restore(name, st, now)
 	}
 	s.leaderKey, s.leaderRev = key, rev
+	// The usage history starts empty; lead loads the earlier terms' in
+	// the background (usage_store.go).
+	s.usage.mu.Lock()
+	s.usage.newTerm(now)
+	s.usage.mu.Unlock()
 	s.mu.Unlock()
 	addr := s.cfg.AdvertiseAddr
 	s.leaderAddr.Store(&addr)
@@ -548,6 +560,10 @@ func (s *Server) stepDown() {
 	s.mu.Lock()
 	s.leaderKey, s.leaderRev = "", 0
 	s.mu.Unlock()
+	// A follower keeps no usage history: the next term loads it from etcd.
+	s.usage.mu.Lock()
+	s.usage.newTerm(s.now())
+	s.usage.mu.Unlock()
 }
 
 // lead runs the leader's chores until leadership or ctx ends.
@@ -573,6 +589,9 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 	// more often. Cheap: one small RPC per tick.
 	renew := time.NewTicker(max(s.cfg.ElectionTTL/6, minRenewTick))
 	defer renew.Stop()
+	// The usage history of earlier terms loads while the term grants.
+	stopLoad := s.startUsageLoad(ctx)
+	defer stopLoad()
 	lease := sess.Lease()
 	lapsed := sess.Done()
 	var probe <-chan time.Time // ticks while orphaned
@@ -650,6 +669,18 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 				}
 				s.log.Warn("persist runaway history", "err", err)
 			}
+			pctx, cancel = context.WithTimeout(ctx, min(s.cfg.PersistInterval, persistRoundMax))
+			err = s.persistUsage(clientv3.WithRequireLeader(pctx), false)
+			cancel()
+			if err != nil {
+				if errors.Is(err, ErrNotLeader) {
+					s.stepDown()
+					s.log.Warn("lost leadership: fenced write refused", "election_key", el.Key())
+					return
+				}
+				s.usage.persistErrors.Inc()
+				s.log.Warn("persist usage history", "err", err)
+			}
 		case <-expire.C:
 			now := s.now()
 			expiry := s.cfg.Alloc.withDefaults().ClientExpiry
@@ -660,6 +691,12 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 			}
 			if n := s.runaways.expire(now); n > 0 {
 				s.log.Debug("expired runaway history rows", "n", n)
+			}
+			if s.orphan.Load() || s.etcdDown() {
+				// No persistence rounds: the usage history's memory
+				// follows its retention and bound here.
+				s.usage.tidy(now, false)
+				s.evictUsage()
 			}
 		}
 		if !s.leader.Load() {
@@ -721,6 +758,9 @@ func (s *Server) handOver(el *concurrency.Election) {
 	}
 	if err := s.persistRunaways(wctx); err != nil {
 		s.log.Warn("persist runaway history on shutdown", "err", err)
+	}
+	if err := s.persistUsage(wctx, true); err != nil {
+		s.log.Warn("persist usage history on shutdown", "err", err)
 	}
 	s.stepDown()
 	s.orphan.Store(false)

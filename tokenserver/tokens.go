@@ -161,6 +161,8 @@ func checkNumbers(g *pb.GroupTokenRequest) error {
 		{"consumption.rru", g.GetConsumption().GetRru()},
 		{"consumption.wru", g.GetConsumption().GetWru()},
 		{"consumption.backend_seconds", g.GetConsumption().GetBackendSeconds()},
+		{"consumption.waited_ru", g.GetConsumption().GetWaitedRu()},
+		{"consumption.denied_ru", g.GetConsumption().GetDeniedRu()},
 	}
 	for _, n := range nums {
 		if math.IsNaN(n.v) || math.IsInf(n.v, 0) || n.v < 0 {
@@ -360,7 +362,10 @@ func (s *Server) report(p Principal, name, slot string, g Grant, c *pb.Consumpti
 		gb = boundOf(b.settings)
 	}
 	u, thr = s.creds.settle(p, name, g.Tokens+g.Immediate, gb, u, thr, now)
+	prev := s.alloc.lastReport(name, slot)
 	s.alloc.Report(name, slot, u, thr, now)
+	refused := s.creds.refusedCount(p, min(float64(c.GetRefused()), maxReportRU), now)
+	s.reportUsage(name, u, thr, refused, c, prev, now)
 	s.countClamped(g.Clamped, uc)
 }
 

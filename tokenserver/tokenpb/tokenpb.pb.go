@@ -4300,6 +4300,137 @@ func (x *UsageHistoryResponse) GetNotLeader() *NotLeader {
 	return nil
 }
 
+// UsageSegmentPart is one part (at most 512 KiB) of a segment of the usage
+// history as the leader stores it in etcd under /rg-usage/ (docs/design.md
+// §7.10): the intervals of one granularity in [start_idx, end_idx) in
+// which the groups of the part moved. Not sent over gRPC.
+type UsageSegmentPart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1, 60 or 3600.
+	GranularityS uint32 `protobuf:"varint,1,opt,name=granularity_s,json=granularityS,proto3" json:"granularity_s,omitempty"`
+	// Interval numbers: unix seconds / granularity_s.
+	StartIdx      int64                `protobuf:"varint,2,opt,name=start_idx,json=startIdx,proto3" json:"start_idx,omitempty"`
+	EndIdx        int64                `protobuf:"varint,3,opt,name=end_idx,json=endIdx,proto3" json:"end_idx,omitempty"`
+	Series        []*UsageSeriesPoints `protobuf:"bytes,4,rep,name=series,proto3" json:"series,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageSegmentPart) Reset() {
+	*x = UsageSegmentPart{}
+	mi := &file_tokenpb_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageSegmentPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageSegmentPart) ProtoMessage() {}
+
+func (x *UsageSegmentPart) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageSegmentPart.ProtoReflect.Descriptor instead.
+func (*UsageSegmentPart) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *UsageSegmentPart) GetGranularityS() uint32 {
+	if x != nil {
+		return x.GranularityS
+	}
+	return 0
+}
+
+func (x *UsageSegmentPart) GetStartIdx() int64 {
+	if x != nil {
+		return x.StartIdx
+	}
+	return 0
+}
+
+func (x *UsageSegmentPart) GetEndIdx() int64 {
+	if x != nil {
+		return x.EndIdx
+	}
+	return 0
+}
+
+func (x *UsageSegmentPart) GetSeries() []*UsageSeriesPoints {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+// UsageSeriesPoints is one group's points of a segment, in the history's
+// compact encoding (tokenserver/usage.go, appendUsagePoint): per point the
+// uvarint distance in intervals from the previous point (the first from
+// start_idx), a byte saying which figures are not 0, then those figures as
+// uvarints (RU figures in thousandths of an RU).
+type UsageSeriesPoints struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ResourceGroup string                 `protobuf:"bytes,1,opt,name=resource_group,json=resourceGroup,proto3" json:"resource_group,omitempty"`
+	Points        []byte                 `protobuf:"bytes,2,opt,name=points,proto3" json:"points,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageSeriesPoints) Reset() {
+	*x = UsageSeriesPoints{}
+	mi := &file_tokenpb_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageSeriesPoints) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageSeriesPoints) ProtoMessage() {}
+
+func (x *UsageSeriesPoints) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageSeriesPoints.ProtoReflect.Descriptor instead.
+func (*UsageSeriesPoints) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *UsageSeriesPoints) GetResourceGroup() string {
+	if x != nil {
+		return x.ResourceGroup
+	}
+	return ""
+}
+
+func (x *UsageSeriesPoints) GetPoints() []byte {
+	if x != nil {
+		return x.Points
+	}
+	return nil
+}
+
 var File_tokenpb_proto protoreflect.FileDescriptor
 
 const file_tokenpb_proto_rawDesc = "" +
@@ -4631,7 +4762,15 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x04rows\x18\x01 \x03(\v2!.rgproxy.token.v1.UsageHistoryRowR\x04rows\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12:\n" +
 	"\n" +
-	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader*D\n" +
+	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\xaa\x01\n" +
+	"\x10UsageSegmentPart\x12#\n" +
+	"\rgranularity_s\x18\x01 \x01(\rR\fgranularityS\x12\x1b\n" +
+	"\tstart_idx\x18\x02 \x01(\x03R\bstartIdx\x12\x17\n" +
+	"\aend_idx\x18\x03 \x01(\x03R\x06endIdx\x12;\n" +
+	"\x06series\x18\x04 \x03(\v2#.rgproxy.token.v1.UsageSeriesPointsR\x06series\"R\n" +
+	"\x11UsageSeriesPoints\x12%\n" +
+	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12\x16\n" +
+	"\x06points\x18\x02 \x01(\fR\x06points*D\n" +
 	"\bPriority\x12\x13\n" +
 	"\x0fPRIORITY_MEDIUM\x10\x00\x12\x10\n" +
 	"\fPRIORITY_LOW\x10\x01\x12\x11\n" +
@@ -4702,7 +4841,7 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_tokenpb_proto_goTypes = []any{
 	(Priority)(0),                  // 0: rgproxy.token.v1.Priority
 	(BurstMode)(0),                 // 1: rgproxy.token.v1.BurstMode
@@ -4768,6 +4907,8 @@ var file_tokenpb_proto_goTypes = []any{
 	(*UsageHistoryRequest)(nil),    // 61: rgproxy.token.v1.UsageHistoryRequest
 	(*UsageHistoryRow)(nil),        // 62: rgproxy.token.v1.UsageHistoryRow
 	(*UsageHistoryResponse)(nil),   // 63: rgproxy.token.v1.UsageHistoryResponse
+	(*UsageSegmentPart)(nil),       // 64: rgproxy.token.v1.UsageSegmentPart
+	(*UsageSeriesPoints)(nil),      // 65: rgproxy.token.v1.UsageSeriesPoints
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
@@ -4818,49 +4959,50 @@ var file_tokenpb_proto_depIdxs = []int32{
 	45, // 45: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
 	62, // 46: rgproxy.token.v1.UsageHistoryResponse.rows:type_name -> rgproxy.token.v1.UsageHistoryRow
 	45, // 47: rgproxy.token.v1.UsageHistoryResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	12, // 48: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	14, // 49: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	16, // 50: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	18, // 51: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	20, // 52: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	22, // 53: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	24, // 54: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	26, // 55: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	28, // 56: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	31, // 57: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
-	33, // 58: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
-	35, // 59: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
-	37, // 60: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	42, // 61: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	51, // 62: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
-	52, // 63: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
-	56, // 64: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
-	58, // 65: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
-	61, // 66: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
-	13, // 67: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	15, // 68: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	17, // 69: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	19, // 70: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	21, // 71: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	23, // 72: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	25, // 73: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	27, // 74: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	29, // 75: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	32, // 76: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	34, // 77: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	36, // 78: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	39, // 79: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	46, // 80: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	49, // 81: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
-	54, // 82: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
-	57, // 83: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
-	60, // 84: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
-	63, // 85: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
-	67, // [67:86] is the sub-list for method output_type
-	48, // [48:67] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	65, // 48: rgproxy.token.v1.UsageSegmentPart.series:type_name -> rgproxy.token.v1.UsageSeriesPoints
+	12, // 49: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	14, // 50: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	16, // 51: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	18, // 52: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	20, // 53: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	22, // 54: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	24, // 55: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	26, // 56: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	28, // 57: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	31, // 58: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	33, // 59: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	35, // 60: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	37, // 61: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	42, // 62: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	51, // 63: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
+	52, // 64: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
+	56, // 65: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
+	58, // 66: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
+	61, // 67: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
+	13, // 68: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	15, // 69: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	17, // 70: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	19, // 71: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	21, // 72: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	23, // 73: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	25, // 74: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	27, // 75: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	29, // 76: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	32, // 77: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	34, // 78: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	36, // 79: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	39, // 80: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	46, // 81: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	49, // 82: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
+	54, // 83: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
+	57, // 84: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
+	60, // 85: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
+	63, // 86: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
+	68, // [68:87] is the sub-list for method output_type
+	49, // [49:68] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -4874,7 +5016,7 @@ func file_tokenpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   5,
 		},
