@@ -689,9 +689,15 @@ func TestReportCountsAndInterval(t *testing.T) {
 	}
 	clk.Advance(2 * time.Second)
 	c.Charge("g", rruOf(1)) // after an idle spell the report covers the time from its first figure
-	clk.Advance(500 * time.Millisecond)
+	clk.Advance(300 * time.Millisecond)
+	c.Charge("g", rruOf(1))
+	clk.Advance(200 * time.Millisecond)
 	req = build(c, false)
 	check(req, 0, 0, 0, 0, 500)
+	// ... to its last: the 200 ms since are idle.
+	if idle := groupEntry(req, "g").GetConsumption().GetIdleMs(); idle != 200 {
+		t.Fatalf("idle_ms %d, want 200", idle)
+	}
 	if err := c.applyResponse(grantAll(req, 10)); err != nil {
 		t.Fatal(err)
 	}
@@ -1080,6 +1086,18 @@ func TestWouldAcquireShadowsEnforce(t *testing.T) {
 	clk.Advance(10 * time.Second) // the shadow refills: 100 RU of fill pay the debt, capped at 10
 	if w, refused := c.WouldAcquire("w", rruOf(10), 10, 0, false); w != 0 || refused {
 		t.Fatalf("after refill: %v %v", w, refused)
+	}
+	// RU_PER_SEC lowered from 1,000 to 10 while the shadow is full: it
+	// keeps no more than the new capacity, so the new limit shows at once.
+	putGroup(c, resourcegroup.Group{Name: "w", RUPerSec: 1000, Mode: resourcegroup.ModeWarn})
+	c.WouldAcquire("w", rruOf(0), 0, 0, false) // the shadow follows the new rate from here
+	clk.Advance(10 * time.Second)
+	if w, refused := c.WouldAcquire("w", rruOf(500), 500, 0, false); w != 0 || refused {
+		t.Fatalf("at 1,000 RU/s: %v %v", w, refused)
+	}
+	putGroup(c, resourcegroup.Group{Name: "w", RUPerSec: 10, Mode: resourcegroup.ModeWarn})
+	if w, refused := c.WouldAcquire("w", rruOf(15), 15, time.Second, false); w != 500*time.Millisecond || refused {
+		t.Fatalf("lowered to 10 RU/s, 15 RU: would wait %v refused %v, want 500ms (10 held, 5 short)", w, refused)
 	}
 	// An ENFORCE group is not shadowed.
 	putGroup(c, resourcegroup.Group{Name: "e", RUPerSec: resourcegroup.Unlimited})

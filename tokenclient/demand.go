@@ -204,13 +204,14 @@ func (gs *groupState) resetWaiting(now time.Time) {
 }
 
 // startReport starts the time the next report covers at now when nothing
-// is pending: after an idle spell a report covers the time its figures
-// came in, not the idle time before them, so that the usage history
-// spreads them where they happened.
+// is pending, and notes now as its last figure's: a report covers the time
+// its figures came in, not the idle time before or after them, so that
+// the usage history spreads them where they happened.
 func (gs *groupState) startReport(now time.Time) {
 	if !gs.hasReport() {
 		gs.reportFrom = now
 	}
+	gs.lastFigure = now
 }
 
 // record adds cons to what is reported and to the demand and usage figures.

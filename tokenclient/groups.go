@@ -139,6 +139,9 @@ type groupState struct {
 	// first figure that came in after it (startReport).
 	lastReport time.Time
 	reportFrom time.Time
+	// lastFigure is when the last figure of the next report came in: the
+	// report's idle_ms is the time since.
+	lastFigure time.Time
 	// heldSent is the held_tokens of the last message for the group.
 	heldSent float64
 

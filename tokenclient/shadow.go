@@ -48,6 +48,13 @@ func (c *Client) WouldAcquire(group string, cons ru.Consumption, required float6
 			sb.Reconfigure(now, burst, rate, burst, 0) // starts full, as a fresh bucket would
 		} else {
 			sb.Reconfigure(now, 0, rate, burst, 0)
+			// A lowered RU_PER_SEC (the WARN rehearsal of a tighter
+			// limit) lowers the capacity: the shadow keeps no more than a
+			// bucket of the new rate holds, else what the old rate saved
+			// would hide the new limit for a long while.
+			if t := sb.Tokens(now); t > burst {
+				sb.Take(now, t-burst)
+			}
 		}
 		gs.shadow.on = true
 	}

@@ -531,6 +531,9 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 		}
 		gs.counts.fill(gr.Consumption)
 		gr.Consumption.IntervalMs = intervalMs(now.Sub(gs.reportFrom))
+		if !gs.lastFigure.Before(gs.reportFrom) {
+			gr.Consumption.IdleMs = min(uint32(max(now.Sub(gs.lastFigure).Milliseconds(), 0)), gr.Consumption.IntervalMs)
+		}
 		sent.extras[gs.name] = sentExtras{counts: gs.counts, from: gs.reportFrom}
 		gs.counts = reportCounts{}
 		gs.reportFrom = now

@@ -233,6 +233,12 @@ func (h *usageHistory) closedBefore(now time.Time) int64 {
 // are split so that the seconds' parts are whole and sum to the count.
 // O(seconds spread); no allocation for a group already hot.
 func (h *usageHistory) add(group string, f usageFigures, interval time.Duration, now time.Time) {
+	h.addUntil(group, f, interval, now, now)
+}
+
+// addUntil is add for a report whose interval ends at endAt, before now
+// when the group fell idle before the report.
+func (h *usageHistory) addUntil(group string, f usageFigures, interval time.Duration, endAt, now time.Time) {
 	moved := false
 	for i := range f {
 		if !(f[i] > 0) || math.IsInf(f[i], 0) {
@@ -245,7 +251,7 @@ func (h *usageHistory) add(group string, f usageFigures, interval time.Duration,
 		return // an idle group costs nothing
 	}
 	interval = min(max(interval, 0), usageMaxInterval)
-	end := now.UnixMilli()
+	end := min(endAt.UnixMilli(), now.UnixMilli())
 	start := end - interval.Milliseconds()
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -97,7 +97,9 @@ func (s *Server) reportUsage(name string, u ru.Consumption, throttled, refused f
 			interval = now.Sub(prev)
 		}
 	}
-	s.usage.add(name, f, min(interval, usageMaxInterval), now)
+	interval = min(interval, usageMaxInterval)
+	idle := min(time.Duration(c.GetIdleMs())*time.Millisecond, interval)
+	s.usage.addUntil(name, f, interval-idle, now.Add(-idle), now)
 }
 
 // usageService implements tokenpb.UsageServiceServer over a Server.

@@ -46,6 +46,17 @@ func rowsOf(h *usageHistory, k int, from, to time.Time, base time.Time) string {
 	return strings.TrimSpace(b.String())
 }
 
+// TestUsageSpreadStopsAtIdle: a report whose group fell idle 3 s before
+// it (idle_ms) is spread over the 2 s before that, not over all 5.
+func TestUsageSpreadStopsAtIdle(t *testing.T) {
+	base := t0.Add(time.Hour)
+	h := loadedHistory(t0)
+	h.addUntil("g", usageFigs(10, 0, 4), 2*time.Second, base.Add(-3*time.Second), base)
+	if got, want := rowsOf(h, usageSec, base.Add(-time.Minute), base.Add(time.Minute), base), "g@-4:5/0/2 g@-5:5/0/2"; got != want {
+		t.Errorf("seconds: got %s, want %s", got, want)
+	}
+}
+
 // TestUsageSpread: a report is spread uniformly over the seconds it
 // covers, squeezed into the open ones; counts are split whole and add up;
 // minutes and hours get the same.

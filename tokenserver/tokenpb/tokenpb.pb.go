@@ -2231,7 +2231,11 @@ type Consumption struct {
 	// of the group, at most 60,000 (rgserver spreads the figures over it in
 	// the usage history). 0 from a proxy that does not say: the time since
 	// the stream's previous report of the group.
-	IntervalMs    uint32 `protobuf:"varint,11,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	IntervalMs uint32 `protobuf:"varint,11,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
+	// Of interval_ms, the time at its end in which no figure came in (the
+	// group fell idle before the report): rgserver spreads the figures over
+	// the interval without it. 0 from a proxy that does not say.
+	IdleMs        uint32 `protobuf:"varint,12,opt,name=idle_ms,json=idleMs,proto3" json:"idle_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2339,6 +2343,13 @@ func (x *Consumption) GetDeniedRu() float64 {
 func (x *Consumption) GetIntervalMs() uint32 {
 	if x != nil {
 		return x.IntervalMs
+	}
+	return 0
+}
+
+func (x *Consumption) GetIdleMs() uint32 {
+	if x != nil {
+		return x.IdleMs
 	}
 	return 0
 }
@@ -4546,7 +4557,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x124\n" +
 	"\x06events\x18\x03 \x03(\v2\x1c.rgproxy.token.v1.WatchEventR\x06events\x12\x12\n" +
-	"\x04more\x18\x04 \x01(\bR\x04more\"\xcd\x02\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xe6\x02\n" +
 	"\vConsumption\x12\x10\n" +
 	"\x03rru\x18\x01 \x01(\x01R\x03rru\x12\x10\n" +
 	"\x03wru\x18\x02 \x01(\x01R\x03wru\x12\x1d\n" +
@@ -4564,7 +4575,8 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\tdenied_ru\x18\n" +
 	" \x01(\x01R\bdeniedRu\x12\x1f\n" +
 	"\vinterval_ms\x18\v \x01(\rR\n" +
-	"intervalMs\"\xa3\x02\n" +
+	"intervalMs\x12\x17\n" +
+	"\aidle_ms\x18\f \x01(\rR\x06idleMs\"\xa3\x02\n" +
 	"\x11GroupTokenRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12#\n" +
 	"\rtokens_wanted\x18\x02 \x01(\x01R\ftokensWanted\x12)\n" +
