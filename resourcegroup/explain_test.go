@@ -1,8 +1,6 @@
 package resourcegroup
 
 import (
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -48,11 +46,7 @@ func TestParseExplain(t *testing.T) {
 }
 
 func TestParseExplainErrors(t *testing.T) {
-	tests := []struct {
-		sql  string
-		code uint16
-		msg  string
-	}{
+	tests := []parseErrorCase{
 		{"EXPLAIN RESOURCE GROUP", 1064, "expected a resource group name"},
 		{"EXPLAIN RESOURCE rg", 1064, "expected GROUP"},
 		{"EXPLAIN RESOURCE GROUP rg WITH ()", 1064, "expected a proposed RU_PER_SEC, BURSTABLE or BUDGET"},
@@ -67,16 +61,5 @@ func TestParseExplainErrors(t *testing.T) {
 		{"EXPLAIN RESOURCE GROUP rg FOR LAST DAYS", 1064, "takes a whole number"},
 		{"EXPLAIN RESOURCE GROUP rg junk", 1064, "expected WITH (...), FOR LAST or the end of the statement, not 'junk'"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.sql, func(t *testing.T) {
-			st, err := Parse(tt.sql, sqltext.Mode{})
-			var e *Error
-			if !errors.As(err, &e) {
-				t.Fatalf("Parse = %#v, %v; want an *Error", st, err)
-			}
-			if e.Code != tt.code || !strings.Contains(e.Message, tt.msg) {
-				t.Errorf("Parse error = %d %q, want %d containing %q", e.Code, e.Message, tt.code, tt.msg)
-			}
-		})
-	}
+	checkParseErrors(t, tests)
 }

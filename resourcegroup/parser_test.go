@@ -213,6 +213,20 @@ func TestParseErrors(t *testing.T) {
 		{"", 1064, "near '' at line 1"},
 		{"create\nresource\ngroup x ru_per_sec = !", 1064, "near '!' at line 3"},
 	}
+	checkParseErrors(t, tests)
+}
+
+// parseErrorCase is a statement Parse refuses, with the MySQL code and a
+// substring of the message it must refuse it with.
+type parseErrorCase = struct {
+	sql  string
+	code uint16
+	msg  string // substring of the message
+}
+
+// checkParseErrors runs each case through Parse.
+func checkParseErrors(t *testing.T, tests []parseErrorCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.sql, func(t *testing.T) {
 			st, err := Parse(tt.sql, sqltext.Mode{})
