@@ -546,21 +546,48 @@ func TestBackendConcurrencyAdmitsByPriority(t *testing.T) {
 		"DROP RESOURCE GROUP IF EXISTS rg_low", "DROP RESOURCE GROUP IF EXISTS rg_high",
 		"CREATE RESOURCE GROUP rg_low RU_PER_SEC = 100000 PRIORITY = LOW",
 		"CREATE RESOURCE GROUP rg_high RU_PER_SEC = 100000 PRIORITY = HIGH")
+	// Three sessions logged in before anything is timed: on a loaded
+	// machine a login can take longer than the gaps below.
 	db := openDB(t, px.Addr)
 	db.SetMaxOpenConns(3)
+	ctx := context.Background()
+	conns := make([]*sql.Conn, 3)
+	for i := range conns {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns[i] = c
+	}
 	busy := make(chan error, 1)
-	go func() { _, err := db.Exec("SELECT SLEEP(1.5)"); busy <- err }()
-	time.Sleep(300 * time.Millisecond) // the slot is taken
+	go func() { _, err := conns[0].ExecContext(ctx, "SELECT SLEEP(3) AS prio_busy"); busy <- err }()
+	// The slot is taken once the backend runs the sleep.
+	direct := openDB(t, backendAddr)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := direct.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP(3) AS prio\\_busy%'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the busy statement did not reach the backend within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	order := make(chan string, 2)
-	run := func(group string) {
-		if _, err := db.Exec("SELECT /*+ RESOURCE_GROUP(" + group + ") */ 1"); err != nil {
+	run := func(c *sql.Conn, group string) {
+		if _, err := c.ExecContext(ctx, "SELECT /*+ RESOURCE_GROUP("+group+") */ 1"); err != nil {
 			t.Errorf("%s: %v", group, err)
 		}
 		order <- group
 	}
-	go run("rg_low")
-	time.Sleep(300 * time.Millisecond) // LOW queues first
-	go run("rg_high")
+	go run(conns[1], "rg_low")
+	time.Sleep(500 * time.Millisecond) // LOW queues first
+	go run(conns[2], "rg_high")
 	if err := <-busy; err != nil {
 		t.Fatal(err)
 	}
