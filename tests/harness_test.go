@@ -212,6 +212,23 @@ func (p *process) pause(t testing.TB) {
 // resume continues a paused process.
 func (p *process) resume() { _ = p.cmd.Process.Signal(syscall.SIGCONT) }
 
+// sessions opens n sessions of db, logged in before the caller times
+// anything (on a loaded machine a login can take longer than a test's
+// gaps), closed when the test ends.
+func sessions(t testing.TB, db *sql.DB, n int) []*sql.Conn {
+	t.Helper()
+	conns := make([]*sql.Conn, n)
+	for i := range conns {
+		c, err := db.Conn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[i] = c
+	}
+	return conns
+}
+
 // proxy is a running rgproxy.
 type proxy struct {
 	*process

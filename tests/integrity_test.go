@@ -317,15 +317,7 @@ func TestCooldownWaitIsBoundedAndHoldsNoPlace(t *testing.T) {
 	db := openDB(t, px.Addr, "user=cooler", "password=apppw")
 	db.SetMaxOpenConns(3)
 	ctx := context.Background()
-	conns := make([]*sql.Conn, 3)
-	for i := range conns {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		conns[i] = c
-	}
+	conns := sessions(t, db, 3)
 	// The watch reaches the proxy through rgserver's Watch stream.
 	time.Sleep(500 * time.Millisecond)
 	first := make(chan error, 1)

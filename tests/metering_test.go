@@ -551,15 +551,7 @@ func TestBackendConcurrencyAdmitsByPriority(t *testing.T) {
 	db := openDB(t, px.Addr)
 	db.SetMaxOpenConns(3)
 	ctx := context.Background()
-	conns := make([]*sql.Conn, 3)
-	for i := range conns {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		conns[i] = c
-	}
+	conns := sessions(t, db, 3)
 	busy := make(chan error, 1)
 	go func() { _, err := conns[0].ExecContext(ctx, "SELECT SLEEP(3) AS prio_busy"); busy <- err }()
 	// The slot is taken once the backend runs the sleep.

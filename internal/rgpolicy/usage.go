@@ -122,7 +122,7 @@ func (s *session) usageHistoryTable(ctx context.Context, be mysqlproto.Backend) 
 func usageHistoryRow(r *tokenclient.UsageRowHistory) []string {
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 6, 64) }
 	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
-	return []string{r.Group, r.Start.UTC().Format("2006-01-02 15:04:05"), strconv.FormatInt(int64(r.Granularity/time.Second), 10),
+	return []string{r.Group, summaryTime(r.Start), strconv.FormatInt(int64(r.Granularity/time.Second), 10),
 		f(r.RRU), f(r.WRU), f(r.RRU + r.WRU), u(r.Statements), u(r.Throttled), u(r.Refused), f(r.WaitedRU), f(r.DeniedRU)}
 }
 
@@ -134,7 +134,7 @@ func truncatedUsageRow(granularity time.Duration, oldest *time.Time) []*string {
 	g := strconv.FormatInt(int64(granularity/time.Second), 10)
 	cells[2] = &g
 	if oldest != nil {
-		start := oldest.UTC().Format("2006-01-02 15:04:05")
+		start := summaryTime(*oldest)
 		cells[1] = &start
 	}
 	return cells

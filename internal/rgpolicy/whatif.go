@@ -116,8 +116,7 @@ func whatIfRow(scenario string, p tokenclient.WhatIfProposal, from, to time.Time
 	if p.RUPerSec != resourcegroup.Unlimited {
 		rate = strconv.FormatUint(p.RUPerSec, 10)
 	}
-	ts := func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
-	return []string{scenario, rate, p.Burst.String(), ts(from), ts(to), strconv.Itoa(int(gran / time.Second)),
+	return []string{scenario, rate, p.Burst.String(), summaryTime(from), summaryTime(to), strconv.Itoa(int(gran / time.Second)),
 		f(w.DemandRU), f(w.PeakRUPerSec), f(w.OverSeconds), f(w.WaitedRU), strconv.FormatUint(w.Waited, 10), f(w.RefusedRU),
 		strconv.FormatUint(w.Refused, 10), f(w.WorstDelay.Seconds()), strings.Join(w.BudgetEvents, "; "), basis}
 }
