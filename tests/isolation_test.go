@@ -150,6 +150,17 @@ func isolationOnce(t *testing.T) (latency []string) {
 	// saved while idle) follow each other, so the machine's drift between
 	// phases stays out of the ratio.
 	//
+	// Beside the throttled aggressor the victim ran twice: in that paired
+	// 8 s phase and in the continuous 30 s phase. The bounds take the lower
+	// of the two p99s. One second's p99 on this 2-core machine spreads over
+	// 0.9–3.2 ms beside a throttled aggressor, and over 1.5–4.2 ms beside
+	// the same statement paced by hand at the group's rate, one at a time
+	// (the control: what a perfect limiter gives); an 8 s phase's p99 is
+	// its worst second or two, so one phase read 2.07 ms beside 0.54 alone
+	// on an idle CI machine while the 30 s phase of the same run read 0.79.
+	// A limiter that let the aggressor's sessions run together would raise
+	// both phases alike.
+	//
 	// The absolute bound (2× alone) holds where the backend has CPU to
 	// spare beyond the aggressor's limit. With both cores taken by other
 	// work the same RU_PER_SEC takes a larger share of what is left, and
@@ -157,17 +168,22 @@ func isolationOnce(t *testing.T) (latency []string) {
 	// same conditions, means anything (23 ms against 3 ms alone, with
 	// stress-ng --cpu 2 beside the test, while the direct aggressor added
 	// 144 ms).
-	if r.ProxyBeside > 2*r.ProxyAlone {
-		msg := fmt.Sprintf("victim p99 through rgproxy %.2f ms beside the aggressor, %.2f ms alone: more than 2×", r.ProxyBeside, r.ProxyAlone)
+	beside, which := r.ProxyBeside, "paired 8 s phase"
+	if r.Throttled > 0 && r.Throttled < beside {
+		beside, which = r.Throttled, "continuous 30 s phase"
+	}
+	if beside > 2*r.ProxyAlone {
+		msg := fmt.Sprintf("victim p99 through rgproxy %.2f ms beside the aggressor (%s; the other phase %.2f, %.2f), %.2f ms alone: more than 2×",
+			beside, which, r.ProxyBeside, r.Throttled, r.ProxyAlone)
 		if busy {
 			t.Logf("%s (the machine was %.0f%% idle before the experiment: not checked)", msg, 100*idle)
 		} else {
 			latency = append(latency, msg)
 		}
 	}
-	if protected := r.ProxyBeside - r.ProxyAlone; protected > unprotected/4 {
-		latency = append(latency, fmt.Sprintf("victim p99 through rgproxy +%.2f ms beside the throttled aggressor, more than a quarter of the +%.2f ms the unthrottled one causes directly",
-			protected, unprotected))
+	if protected := beside - r.ProxyAlone; protected > unprotected/4 {
+		latency = append(latency, fmt.Sprintf("victim p99 through rgproxy +%.2f ms beside the throttled aggressor (%s), more than a quarter of the +%.2f ms the unthrottled one causes directly",
+			protected, which, unprotected))
 	}
 	return latency
 }

@@ -263,6 +263,7 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 				logf("%s, round %d/%d: victim alone, then beside %s", kind, round, cfg.Rounds, what)
 				alone.merge(victim(ctx, cfg, victimAddr, cfg.Phase))
 				v, _ := besideAggressor(ctx, cfg, victimAddr, aggrAddr, q, cfg.Phase, cfg.Warmup, sessions, every)
+				logf("%s, round %d/%d: victim p99 by second beside %s (ms): %.2f", kind, round, cfg.Rounds, what, v.windows(time.Second, 100))
 				beside.merge(v)
 			}
 			return alone, beside
