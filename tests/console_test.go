@@ -122,6 +122,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	proxyDOM := browse(t, chromium, "http://"+px.ConsoleAddr+"/", filepath.Join(shots, "console-rgproxy.png"))
 	serverDOM := browse(t, chromium, "http://"+ts.StatusAddr+"/", filepath.Join(shots, "console-rgserver.png"))
+	// The history charts of the limited group, chosen in the address.
+	historyDOM := browseSized(t, chromium, "http://"+ts.StatusAddr+"/#history=console_limited",
+		filepath.Join(shots, "console-rgserver-history.png"), "1280,1060")
 	stop()
 	wg.Wait()
 	t.Logf("load: %d statements ran, %d refused with 8252", ran.Load(), refused.Load())
@@ -180,6 +183,46 @@ func TestConsoleInABrowser(t *testing.T) {
 		!strings.Contains(r[6], " of 20") {
 		t.Errorf("rgserver's page: console_limited %q, want RU/s > 0, 1 proxy, refusals, a bucket of 20", r)
 	}
+	// Who is held back now: the limited group, refused with 8252.
+	if r, ok := domRows(t, serverDOM, "held")["console_limited"]; !ok || len(r) != 6 || !(domNumber(t, r[2]) > 0) || r[5] != "20" {
+		t.Errorf("rgserver's page: console_limited among the groups held back now: %q, want throttled/s > 0 and its limit 20", r)
+	}
+	// The charts: the limited group's last hour and day, from the
+	// history, every bucket drawn, its RU against its limit.
+	var hour struct {
+		Group   string `json:"group"`
+		BucketS int    `json:"bucket_s"`
+		Points  []struct {
+			RUPerSec  float64 `json:"ru_per_sec"`
+			Throttled float64 `json:"throttled"`
+		} `json:"points"`
+	}
+	getJSON(t, "http://"+ts.StatusAddr+"/api/history?span=hour&group=console_limited", &hour)
+	var hourRU, hourThrottled float64
+	for _, p := range hour.Points {
+		hourRU += p.RUPerSec * float64(hour.BucketS)
+		hourThrottled += p.Throttled
+	}
+	if hour.Group != "console_limited" || len(hour.Points) != 120 || hour.BucketS != 30 || !(hourRU > 0) || !(hourThrottled > 0) {
+		t.Errorf("api/history for the last hour: group %q, %d points of %d s, %.1f RU, %.0f throttled; want console_limited, 120 of 30 s, RU and refusals",
+			hour.Group, len(hour.Points), hour.BucketS, hourRU, hourThrottled)
+	}
+	for _, bad := range []string{"?span=hour&group=", "?span=week&group=console_limited", "?span=hour&group=" + strings.Repeat("x", 100)} {
+		if code, body := httpGet(t, "http://"+ts.StatusAddr+"/api/history"+bad); code != 400 {
+			t.Errorf("GET api/history%s = %d %s, want 400", bad, code, body)
+		}
+	}
+	for span, points := range map[string]string{"hour": "120", "day": "288"} {
+		chart := regexp.MustCompile(`<svg[^>]*id="chart-` + span + `"[^>]*>`).FindString(historyDOM)
+		if !strings.Contains(chart, `data-group="console_limited"`) || !strings.Contains(chart, `data-points="`+points+`"`) {
+			t.Errorf("rgserver's page: the %s chart %q, want console_limited's %s buckets", span, chart, points)
+		}
+		note := domSection(t, historyDOM, "history-"+span+"-note")
+		if !regexp.MustCompile(`>console_limited: peak [0-9.,]+ RU/s, average [0-9.,]+ RU/s; [0-9]+ of `+points+` buckets above RU_PER_SEC 20; [1-9][0-9,]* throttled`).MatchString(note) ||
+			strings.Contains(note, ">console_limited: peak 0 ") {
+			t.Errorf("rgserver's page: the %s chart says %q", span, note)
+		}
+	}
 	for _, want := range []string{"role: leader", "etcd: healthy", "proxies connected (token streams): 1"} {
 		if !strings.Contains(domSection(t, serverDOM, "facts"), want) {
 			t.Errorf("rgserver's page lacks %q:\n%s", want, domSection(t, serverDOM, "facts"))
@@ -190,6 +233,12 @@ func TestConsoleInABrowser(t *testing.T) {
 // browse loads url in headless Chromium, lets its script run, and returns
 // the rendered DOM; it also takes a 1280×900 screenshot into shot.
 func browse(t *testing.T, chromium, url, shot string) string {
+	t.Helper()
+	return browseSized(t, chromium, url, shot, "1280,900")
+}
+
+// browseSized is browse with a screenshot of size ("width,height").
+func browseSized(t *testing.T, chromium, url, shot, size string) string {
 	t.Helper()
 	run := func(args ...string) []byte {
 		t.Helper()
@@ -209,7 +258,7 @@ func browse(t *testing.T, chromium, url, shot string) string {
 		return out
 	}
 	dom := string(run("--dump-dom"))
-	run("--screenshot="+shot, "--window-size=1280,900")
+	run("--screenshot="+shot, "--window-size="+size)
 	png, err := os.ReadFile(shot)
 	if err != nil || len(png) < 10_000 || !bytes.HasPrefix(png, []byte("\x89PNG")) {
 		t.Fatalf("screenshot %s: %d bytes, %v", shot, len(png), err)

@@ -924,8 +924,10 @@ func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, er
 // Report adds the consumption a proxy reported in a message at now, and
 // the statements it refused (throttled), to a group's usage, and to the
 // recent rates of the proxy's slot (slotID; none before its first
-// Acquire); false when the group is not held.
-func (a *Allocator) Report(group, slotID string, u ru.Consumption, throttled float64, now time.Time) bool {
+// Acquire), with the statements it refused otherwise (refused) and the
+// RU of those that waited for tokens (waitedRU); false when the group is
+// not held.
+func (a *Allocator) Report(group, slotID string, u ru.Consumption, throttled, refused, waitedRU float64, now time.Time) bool {
 	b := a.groups[group]
 	if b == nil {
 		return false
@@ -933,7 +935,7 @@ func (a *Allocator) Report(group, slotID string, u ru.Consumption, throttled flo
 	b.usage.Add(u)
 	b.throttled += throttled
 	if s := b.slots[slotID]; s != nil {
-		s.report(now, [numRates]float64{u.RU(), u.Statements, throttled})
+		s.report(now, [numRates]float64{u.RU(), u.Statements, throttled, refused, waitedRU})
 		if u.Statements > 0 {
 			s.ran = true
 		}

@@ -829,7 +829,7 @@ func TestAllocatorCredentialStories(t *testing.T) {
 				if err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}
-				a.Report("g", slot, ru.Consumption{RRU: st.spent, Statements: st.spent}, 0, now)
+				a.Report("g", slot, ru.Consumption{RRU: st.spent, Statements: st.spent}, 0, 0, 0, now)
 				if g.Proxies != st.proxies || (st.checkShare && math.Abs(g.FillRate-st.rate) > 1e-6) {
 					t.Fatalf("step %d (%s at %vs): fill %.3f, divisor %d; want fill %.3f, divisor %d\n%s",
 						i, slot, st.at, g.FillRate, g.Proxies, st.rate, st.proxies, a.Group("g").String(now))
@@ -866,7 +866,7 @@ func TestAllocatorSecondIDGrowsByWhatItSpends(t *testing.T) {
 					g, _ := a.Acquire("g", Request{ProxyID: "px/" + id, Credential: "px", Wanted: 2000, Demand: 2000}, now)
 					if id == "a" || tc.spends {
 						spent := g.FillRate * 0.1
-						a.Report("g", "px/"+id, ru.Consumption{RRU: spent, Statements: 1}, 0, now)
+						a.Report("g", "px/"+id, ru.Consumption{RRU: spent, Statements: 1}, 0, 0, 0, now)
 					}
 					if id == "b" {
 						share = g.FillRate / 100

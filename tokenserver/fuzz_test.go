@@ -104,7 +104,7 @@ func FuzzAllocatorHostile(f *testing.F) {
 			}
 			u, thr, _ := usageOf(&pb.Consumption{Rru: wanted, Wru: demand, BackendSeconds: held,
 				Statements: uint64(ms) << 50, Throttled: math.MaxUint64 >> (i % 64)})
-			a.Report("g", req.ProxyID, u, thr, now)
+			a.Report("g", req.ProxyID, u, thr, 0, 0, now)
 			o := b.overview(now)
 			if !finite(o.RUPerSec) || !finite(o.StatementsPerSec) || !finite(o.ThrottledPerSec) || o.RUPerSec < 0 ||
 				!finite(o.RU) || !finite(o.Throttled) {

@@ -25,7 +25,7 @@ func BenchmarkScrape100k(b *testing.B) {
 			if _, err := s.alloc.Acquire(name, Request{ProxyID: id, Wanted: 100, Demand: 20}, now); err != nil {
 				b.Fatal(err)
 			}
-			s.alloc.Report(name, id, ru.Consumption{RRU: 50.5, WRU: 40.25, Statements: 10}, 0, now)
+			s.alloc.Report(name, id, ru.Consumption{RRU: 50.5, WRU: 40.25, Statements: 10}, 0, 0, 0, now)
 		}
 	}
 	h := s.MetricsHandler(prometheus.NewRegistry())

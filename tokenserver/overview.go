@@ -20,11 +20,14 @@ import (
 // consuming group reports at least every reportPeriod), so its rates fade
 // then. The group's rate is the sum over its proxies.
 
-// The rates a slot keeps: RU, statements, statements refused with 8252.
+// The rates a slot keeps: RU, statements, statements refused with 8252,
+// statements refused otherwise, RU of the statements that waited.
 const (
 	rateRU = iota
 	rateStatements
 	rateThrottled
+	rateRefused
+	rateWaited
 	numRates
 )
 
@@ -92,6 +95,10 @@ type GroupOverview struct {
 	// about the last 5 s of their reports: RU consumed, statements run,
 	// statements refused with 8252.
 	RUPerSec, StatementsPerSec, ThrottledPerSec float64
+	// RefusedPerSec and WaitedRUPerSec are the same for the statements
+	// refused other than by 8252 (a budget's REFUSE) and the estimated RU
+	// of the statements that waited for tokens: who is held back now.
+	RefusedPerSec, WaitedRUPerSec float64
 	// RU, Statements and Throttled are the same counted since this
 	// replica first led (rgserver_ru_consumed_total,
 	// rgserver_statements_total, rgserver_throttled_total).
@@ -190,6 +197,8 @@ func (b *Bucket) overview(now time.Time) GroupOverview {
 		g.RUPerSec += s.reported(now, rateRU)
 		g.StatementsPerSec += s.reported(now, rateStatements)
 		g.ThrottledPerSec += s.reported(now, rateThrottled)
+		g.RefusedPerSec += s.reported(now, rateRefused)
+		g.WaitedRUPerSec += s.reported(now, rateWaited)
 	}
 	return g
 }

@@ -161,7 +161,7 @@ func TestOverviewManyGroups(t *testing.T) {
 		if _, err := ts.srv.alloc.Acquire(g, Request{ProxyID: "p", ReportOnly: true}, now); err != nil {
 			t.Fatal(err)
 		}
-		ts.srv.alloc.Report(g, "p", ru.Consumption{RRU: float64(10 * (i + 1))}, 0, now)
+		ts.srv.alloc.Report(g, "p", ru.Consumption{RRU: float64(10 * (i + 1))}, 0, 0, 0, now)
 	}
 	ts.srv.mu.Unlock()
 	o := ts.srv.Overview(5)

@@ -363,8 +363,8 @@ func (s *Server) report(p Principal, name, slot string, g Grant, c *pb.Consumpti
 	}
 	u, thr = s.creds.settle(p, name, g.Tokens+g.Immediate, gb, u, thr, now)
 	prev := s.alloc.lastReport(name, slot)
-	s.alloc.Report(name, slot, u, thr, now)
 	refused := s.creds.refusedCount(p, min(float64(c.GetRefused()), maxReportRU), now)
+	s.alloc.Report(name, slot, u, thr, refused, min(c.GetWaitedRu(), maxReportRU), now)
 	s.reportUsage(name, u, thr, refused, c, prev, now)
 	s.countClamped(g.Clamped, uc)
 }

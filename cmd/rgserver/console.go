@@ -2,6 +2,7 @@ package main
 
 import (
 	_ "embed"
+	"errors"
 	"math"
 	"net/http"
 	"time"
@@ -90,9 +91,14 @@ type serverGroup struct {
 	RUReported         float64 `json:"ru_per_sec_reported"`
 	StatementsReported float64 `json:"statements_per_sec_reported"`
 	ThrottledReported  float64 `json:"throttled_per_sec_reported"`
-	RUTotal            float64 `json:"ru_total"`
-	StatementsTotal    float64 `json:"statements_total"`
-	ThrottledTotal     float64 `json:"throttled_total"`
+	// Statements refused other than by 8252 (a budget's REFUSE) per
+	// second, and the RU per second of those that waited for tokens, over
+	// the same 5 s: who is held back now.
+	RefusedReported  float64 `json:"refused_per_sec_reported"`
+	WaitedRUReported float64 `json:"waited_ru_per_sec_reported"`
+	RUTotal          float64 `json:"ru_total"`
+	StatementsTotal  float64 `json:"statements_total"`
+	ThrottledTotal   float64 `json:"throttled_total"`
 }
 
 // snapshot gathers the console's answer, listing at most groups groups.
@@ -113,7 +119,8 @@ func (c *consoleSource) snapshot(groups int) serverConsole {
 		sg := serverGroup{
 			Name: g.Name, Burstable: g.Settings.Burst.String(), Mode: g.Settings.Mode.String(), Limited: g.Limited,
 			Proxies: g.Proxies, RUReported: round3(g.RUPerSec), StatementsReported: round3(g.StatementsPerSec),
-			ThrottledReported: round3(g.ThrottledPerSec), RUTotal: round3(g.RU), StatementsTotal: g.Statements,
+			ThrottledReported: round3(g.ThrottledPerSec), RefusedReported: round3(g.RefusedPerSec),
+			WaitedRUReported: round3(g.WaitedRUPerSec), RUTotal: round3(g.RU), StatementsTotal: g.Statements,
 			ThrottledTotal: g.Throttled,
 		}
 		if g.Settings.RUPerSec != resourcegroup.Unlimited {
@@ -137,6 +144,78 @@ func (c *consoleSource) serveJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	statuspage.WriteJSON(w, c.snapshot(groups))
+}
+
+// chartSpan is a chart's span and bucket count by its name in
+// /api/history?span=: the last hour in 30 s buckets from the history's
+// seconds, the last day in 5 min buckets from its minutes.
+func chartSpan(name string) (span time.Duration, buckets int, ok bool) {
+	switch name {
+	case "hour":
+		return time.Hour, 120, true
+	case "day":
+		return 24 * time.Hour, 288, true
+	}
+	return 0, 0, false
+}
+
+// serverHistory is /api/history's answer: one group's recorded usage
+// over a span, oldest bucket first, every bucket present.
+type serverHistory struct {
+	Group string `json:"group"`
+	Span  string `json:"span"`
+	// GranularityS is the history tier read; BucketS each point's length.
+	GranularityS int64          `json:"granularity_s"`
+	BucketS      int64          `json:"bucket_s"`
+	From         time.Time      `json:"from"`
+	To           time.Time      `json:"to"`
+	Points       []historyPoint `json:"points"`
+}
+
+// historyPoint is one bucket of /api/history.
+type historyPoint struct {
+	// T is the bucket's start, Unix seconds.
+	T int64 `json:"t"`
+	// RUPerSec is the bucket's average; PeakRUPerSec its busiest
+	// interval of the tier.
+	RUPerSec     float64 `json:"ru_per_sec"`
+	PeakRUPerSec float64 `json:"peak_ru_per_sec"`
+	// Counts in the bucket: statements run, refused with 8252, refused
+	// otherwise; the estimated RU of the statements that waited.
+	Statements float64 `json:"statements"`
+	Throttled  float64 `json:"throttled"`
+	Refused    float64 `json:"refused"`
+	WaitedRU   float64 `json:"waited_ru"`
+}
+
+// serveHistory answers /api/history?group=NAME&span=hour|day from the
+// leader's usage history; a follower answers 503 naming the leader.
+func (c *consoleSource) serveHistory(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	span, buckets, ok := chartSpan(q.Get("span"))
+	if !ok {
+		http.Error(w, "span: want hour or day", http.StatusBadRequest)
+		return
+	}
+	chart, err := c.srv.UsageChart(q.Get("group"), span, buckets)
+	switch {
+	case errors.Is(err, tokenserver.ErrNotLeader):
+		http.Error(w, "the usage history is kept by the leader, "+c.srv.LeaderAddr()+"; its status port shows the charts", http.StatusServiceUnavailable)
+		return
+	case errors.Is(err, tokenserver.ErrUsageLoading):
+		http.Error(w, "the leader is still reading the usage history; ask again in a moment", http.StatusServiceUnavailable)
+		return
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	out := serverHistory{Group: chart.Group, Span: q.Get("span"), GranularityS: int64(chart.Granularity / time.Second),
+		BucketS: int64(chart.Bucket / time.Second), From: chart.From, To: chart.To, Points: make([]historyPoint, len(chart.Points))}
+	for i, p := range chart.Points {
+		out.Points[i] = historyPoint{T: p.Start.Unix(), RUPerSec: round3(p.RUPerSec), PeakRUPerSec: round3(p.PeakRUPerSec),
+			Statements: p.Statements, Throttled: p.Throttled, Refused: p.Refused, WaitedRU: round3(p.WaitedRU)}
+	}
+	statuspage.WriteJSON(w, out)
 }
 
 // round3 rounds to three decimals: the JSON's figures are for people.

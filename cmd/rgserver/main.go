@@ -334,7 +334,8 @@ func writeHealth(w http.ResponseWriter, h health) {
 }
 
 // statusMux serves /metrics, /healthz, /readyz and the console (its page
-// at /, its JSON at /api/console); any other path is 404.
+// at /, its JSON at /api/console, its charts' at /api/history); any other
+// path is 404.
 func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Registry, console *consoleSource) (*http.ServeMux, error) {
 	page, err := statuspage.NewConsole(consoleHTML)
 	if err != nil {
@@ -344,6 +345,7 @@ func statusMux(srv *tokenserver.Server, cli *clientv3.Client, reg *prometheus.Re
 	mux.Handle("/metrics", srv.MetricsHandler(reg))
 	mux.Handle("GET /{$}", page)
 	mux.HandleFunc("GET /api/console", console.serveJSON)
+	mux.HandleFunc("GET /api/history", console.serveHistory)
 	// /healthz: the process is up and etcd answers.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
