@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -481,5 +482,120 @@ func TestRgserverRefusesWildcardWithoutAuth(t *testing.T) {
 	}
 	if v := metricSum(t, status, "rgserver_insecure"); v != 1 {
 		t.Errorf("rgserver_insecure = %v", v)
+	}
+}
+
+// TestHostileUsageReportsAndQueries: a proxy credential that reports what
+// no proxy meters — RU and counts near their types' ends, an interval of
+// 49 days, a NaN — moves the usage history only as far as its grants, its
+// count bucket and the per-message bounds let it, and an honest group's
+// history not at all; a usage-history request out of bounds is
+// InvalidArgument, one without a credential Unauthenticated, and an
+// answer never exceeds its row cap.
+func TestHostileUsageReportsAndQueries(t *testing.T) {
+	s := startAuthedServer(t, "honest honest-token-0123456789 1", "evil evil-token-0123456789 1")
+	px := s.honestProxy(t, "honest")
+	adminExec(t, px.Addr, "CREATE RESOURCE GROUP adv_hist RU_PER_SEC = 10", "CREATE RESOURCE GROUP adv_honest RU_PER_SEC = 100000")
+	db := openDB(t, px.Addr)
+	for range 20 {
+		if _, err := db.Exec("SELECT /*+ RESOURCE_GROUP(adv_honest) */ 1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn := dialRaw(t, s.Addr)
+	evil := as(ctx, s.proxyTokens["evil"])
+	began := time.Now()
+	st, err := pb.NewTokenServiceClient(conn).AcquireTokens(evil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lie := &pb.Consumption{Rru: 1e15, Wru: 1e15, Statements: math.MaxUint64, Throttled: math.MaxUint64, Refused: math.MaxUint64,
+		WaitedRu: 1e300, DeniedRu: 1e300, IntervalMs: math.MaxUint32, IdleMs: math.MaxUint32}
+	const lies = 3
+	for range lies {
+		if err := st.Send(&pb.TokenRequest{ProxyId: "evil-1", Groups: []*pb.GroupTokenRequest{{Group: "adv_hist", TokensWanted: 1, Consumption: lie}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatalf("a report with figures at their bounds: %v", err)
+		}
+	}
+	// A NaN ends the stream with InvalidArgument: no figure of it counts.
+	_ = st.Send(&pb.TokenRequest{ProxyId: "evil-1", Groups: []*pb.GroupTokenRequest{{Group: "adv_hist", ReportOnly: true,
+		Consumption: &pb.Consumption{Rru: math.NaN(), Statements: 5}}}})
+	if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a NaN in a report: %v, want InvalidArgument", err)
+	}
+
+	// The history, read through the honest proxy: finite, bounded sums
+	// for the lying credential's group; the honest group's 20 statements.
+	const q = "SELECT NAME, SUM(RU), SUM(STATEMENTS), SUM(THROTTLED), SUM(REFUSED), SUM(WAITED_RU), SUM(DENIED_RU) " +
+		"FROM information_schema.resource_group_usage_history WHERE NAME IN ('adv_hist', 'adv_honest') AND GRANULARITY = 1 GROUP BY NAME ORDER BY NAME"
+	var rows [][]string
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rows, err = queryStrings(t, db, q)
+		if err == nil && len(rows) == 2 && rows[1][2] == "20" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the history of adv_hist and adv_honest within 20 s: %q, %v", rows, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	num := func(s string) float64 {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+		return v
+	}
+	// Bounds: RU by what a 10 RU/s group could have granted the
+	// credential (its first minute away, its bucket, its debt); counts by
+	// the credential's count bucket (a minute of 100,000/s, refilling at
+	// that rate since the stream began); the demand figures, which no
+	// grant bounds, by 1e12 per message.
+	counts := 100_000 * (60 + time.Since(began).Seconds())
+	bounds := []struct {
+		name string
+		most float64
+	}{{"RU", 10 * 120}, {"STATEMENTS", counts}, {"THROTTLED", counts}, {"REFUSED", counts}, {"WAITED_RU", lies * 1e12}, {"DENIED_RU", lies * 1e12}}
+	for i, b := range bounds {
+		if v := num(rows[0][i+1]); !(v >= 0 && v <= b.most) {
+			t.Errorf("adv_hist's %s in the history: %v after %d reports claiming the most their types hold, want at most %g", b.name, v, lies, b.most)
+		}
+	}
+	t.Logf("the history after %d lying reports: %q; the honest group: %q", lies, rows[0], rows[1])
+
+	// UsageHistory out of bounds.
+	us := pb.NewUsageServiceClient(conn)
+	many := make([]string, 1001)
+	for i := range many {
+		many[i] = fmt.Sprintf("g%d", i)
+	}
+	nowMs := time.Now().UnixMilli()
+	for name, req := range map[string]*pb.UsageHistoryRequest{
+		"all groups and names":            {AllGroups: true, Groups: []string{"adv_hist"}},
+		"neither":                         {},
+		"1,001 groups":                    {Groups: many},
+		"a 10 KB name":                    {Groups: []string{strings.Repeat("x", 10_000)}},
+		"a range ending before it starts": {AllGroups: true, FromUnixMs: nowMs, ToUnixMs: nowMs - 1000},
+		"a negative start":                {AllGroups: true, FromUnixMs: -1},
+		"a range ending tomorrow":         {AllGroups: true, ToUnixMs: nowMs + 24*3600*1000},
+		"a granularity of 7 s":            {AllGroups: true, GranularityS: 7},
+	} {
+		if _, err := us.UsageHistory(evil, req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("UsageHistory with %s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if _, err := us.UsageHistory(ctx, &pb.UsageHistoryRequest{AllGroups: true}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("UsageHistory without a credential: %v, want Unauthenticated", err)
+	}
+	r, err := us.UsageHistory(evil, &pb.UsageHistoryRequest{AllGroups: true, Limit: math.MaxUint32})
+	if err != nil || len(r.GetRows()) == 0 || len(r.GetRows()) > 100_000 {
+		t.Errorf("UsageHistory asking for 4 billion rows: %d rows, %v; want the history's rows, at most 100,000", len(r.GetRows()), err)
 	}
 }
