@@ -641,6 +641,9 @@ func consumptionToPB(c ru.Consumption) *tokenpb.Consumption {
 func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	now := c.clk.Now()
 	sent, reconnected, final := c.stream.answered(resp.GetRequestId(), resp.GetNotLeader() == nil)
+	if resp.GetNotLeader() == nil {
+		defer c.groups.budgetsChanged(now, c.budgets.apply(now, resp.GetBudgets(), c.log), &c.budgets)
+	}
 	err := c.groups.apply(now, resp, sent, reconnected)
 	if final != nil {
 		close(final) // Close's final report is in

@@ -55,6 +55,9 @@ type Tokens interface {
 	// ends.
 	ChargePurse(p *tokenclient.Purse, group string, cons ru.Consumption)
 	ReturnPurse(p *tokenclient.Purse)
+	// Budget is the group's budget verdict as rgserver last said
+	// (tokenclient.Client.Budget); ok is false when none holds.
+	Budget(group string) (tokenclient.BudgetVerdict, bool)
 	// CountThrottled counts a statement refused with 8252, CountRefused
 	// one refused otherwise before it ran, each with the RU it would have
 	// cost; CountWaited the estimate of one that waited for its tokens
@@ -346,7 +349,7 @@ func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
 		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
-		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history"}
+		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history", "resource_group_budgets"}
 }
 
 // Open implements mysqlproto.Policy.
