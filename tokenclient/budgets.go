@@ -283,3 +283,19 @@ func (c *Client) Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) (rows
 	}
 	return rows, resp.GetSeeded(), nil
 }
+
+// budgetReportPeriod is how often a group with budgets reports its
+// consumption while it consumes: rgserver's leader sees a trigger crossed
+// within about this (plus a round trip) of the spending that crossed it,
+// and every proxy hears of it at once.
+const budgetReportPeriod = 250 * time.Millisecond
+
+// reportPeriodLocked is how often gs reports while it consumes:
+// Config.ReportPeriod, at most budgetReportPeriod for a group with
+// budgets. Called with t.mu held.
+func (t *groupTable) reportPeriodLocked(gs *groupState) time.Duration {
+	if g, ok := t.cache.group(gs.name); ok && len(g.Budgets) > 0 {
+		return min(t.cfg.ReportPeriod, budgetReportPeriod)
+	}
+	return t.cfg.ReportPeriod
+}

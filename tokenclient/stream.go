@@ -491,7 +491,7 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 			asks = append(asks, gs)
 			continue
 		}
-		due := gs.hasReport() && now.Sub(gs.lastReport) >= t.cfg.ReportPeriod
+		due := gs.hasReport() && now.Sub(gs.lastReport) >= t.reportPeriodLocked(gs)
 		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !t.degraded && len(gs.queue) == 0 && !gs.hasReport() {
 			// Idle, its trickle over: what the bucket holds no longer
 			// changes. After releaseAfter it is given back; either way
