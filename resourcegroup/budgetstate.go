@@ -109,6 +109,13 @@ func (v BudgetVerdict) stronger(w BudgetVerdict) bool {
 	return v.End.After(w.End)
 }
 
+// Same reports whether v and w take the same action for the same
+// trigger of the same window: they differ at most in what was spent.
+func (v BudgetVerdict) Same(w BudgetVerdict) bool {
+	v.Spent, w.Spent = 0, 0
+	return v == w
+}
+
 // String says what the verdict does, e.g. "DAY 100% THROTTLE(50)".
 func (v BudgetVerdict) String() string {
 	if v.Action == 0 {

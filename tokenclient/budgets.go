@@ -77,7 +77,7 @@ func (t *budgetTable) apply(now time.Time, bs []*tokenpb.GroupBudget, log *slog.
 			}
 			continue
 		}
-		if !had || old.BudgetVerdict != v.BudgetVerdict || old.ReportOnly != v.ReportOnly {
+		if !had || !old.BudgetVerdict.Same(v.BudgetVerdict) || old.ReportOnly != v.ReportOnly {
 			log.Warn("budget action in force", "resource_group", name, "budget", v.BudgetVerdict.String(),
 				"spent_ru", v.Spent, "budget_ru", v.Budget, "window_end", v.End.UTC().Format(time.RFC3339), "report_only", v.ReportOnly)
 		}

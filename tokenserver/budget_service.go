@@ -106,8 +106,8 @@ func (s *Server) applyVerdictLocked(name string, now time.Time) {
 		return
 	}
 	v := e.state.Verdict(now)
-	if v == e.verdict {
-		return
+	if v.Same(e.verdict) {
+		return // what was spent moved, not what the budgets do
 	}
 	old := e.verdict
 	e.verdict = v

@@ -36,9 +36,14 @@ func budgetRefusedError(group string, v tokenclient.BudgetVerdict) *mysqlproto.E
 // budgetRefuse refuses the statement when a leg's group is held by an
 // enforced budget REFUSE: counted as refused (Consumption.refused, the
 // usage history's REFUSED) with the RU it would have cost, recorded as
-// the session's last statement. nil lets it on.
+// the session's last statement. nil lets it on. A statement that reads
+// rgproxy's information_schema tables, or one of rgproxy's own, is let
+// through.
 func (s *session) budgetRefuse() *mysqlproto.Reply {
 	cur := &s.cur
+	if cur.ownSQL || cur.virtual {
+		return nil // rgproxy's own tables and statements: what a refused user reads to learn why
+	}
 	for i := range cur.nlegs {
 		g := cur.legs[i].group
 		v, ok := s.p.tokens.Budget(g)

@@ -21,7 +21,7 @@ import (
 func TestBudgetRefuses(t *testing.T) {
 	ctx := context.Background()
 	tok := testGroups()
-	s := newTestPolicy(tok).Open(mysqlproto.SessionInfo{User: "app"}).(*session)
+	s := newUsagePolicy(tok, &fakeUsage{}, clock.Real{}).Open(mysqlproto.SessionInfo{User: "app"}).(*session)
 	run := func(q *mysqlproto.Statement) *mysqlproto.Reply {
 		v := s.Before(ctx, q, plainGrants)
 		if v.Reply == nil {
@@ -51,6 +51,10 @@ func TestBudgetRefuses(t *testing.T) {
 	}
 	if s.last.errCode != resourcegroup.CodeBudgetRefused {
 		t.Errorf("last statement's error %d", s.last.errCode)
+	}
+	// A refused user can read why.
+	if r := run(query("SELECT * FROM information_schema.resource_group_budgets")); r != nil {
+		t.Errorf("resource_group_budgets refused: %+v", r.Err)
 	}
 	commit := query("COMMIT")
 	commit.InTransaction = true

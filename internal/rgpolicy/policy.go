@@ -464,6 +464,10 @@ type statement struct {
 	// (SHOW RESOURCE GROUP USAGE LIKE/WHERE): metered, but it repays no
 	// debt, so that an administrator's statement is never refused for one.
 	ownSQL bool
+	// virtual: the statement reads rgproxy's information_schema tables
+	// (rewritten), which a budget's REFUSE lets through: a refused user
+	// can still read resource_group_budgets.
+	virtual bool
 }
 
 // leg is a statement's part in one of its groups: what it took from the
@@ -577,6 +581,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		if err != nil {
 			return errReply(err)
 		}
+		s.cur.virtual = true
 	}
 	s.learnAccountForHistory(ctx, be)
 	cooldown, r := s.watch(st)
