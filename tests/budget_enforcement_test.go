@@ -398,8 +398,8 @@ func budgetsRow(t *testing.T, db *sql.DB, group string) []sql.NullString {
 	for i := range row {
 		ptrs[i] = &row[i]
 	}
-	if err := db.QueryRow("SELECT NAME, PERIOD, BUDGET_RU, SPENT_RU, REMAINING_RU, PERCENT_SPENT, WINDOW_START, WINDOW_END, RU_PER_SEC, "+
-		"PROJECTED_EXHAUSTION, ACTION, ENFORCED FROM information_schema.resource_group_budgets WHERE NAME = '"+group+"' AND PERIOD = 'DAY'").Scan(ptrs...); err != nil {
+	if err := db.QueryRow("SELECT NAME, PERIOD, BUDGET_RU, SPENT_RU, REMAINING_RU, PERCENT_SPENT, WINDOW_START, WINDOW_END, RU_PER_SEC, " +
+		"PROJECTED_EXHAUSTION, ACTION, ENFORCED FROM information_schema.resource_group_budgets WHERE NAME = '" + group + "' AND PERIOD = 'DAY'").Scan(ptrs...); err != nil {
 		t.Fatalf("budgets row of %s: %v", group, err)
 	}
 	return row
