@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
@@ -161,6 +162,7 @@ func (s *Server) budgetChores(now time.Time) {
 		s.applyVerdictLocked(name, now)
 	}
 	s.budgets.seeded = true
+	s.budgetHub.wake() // the verdicts held back until now
 	s.log.Info("budgets seeded from the usage history", "groups", len(s.budgets.groups))
 }
 
@@ -181,8 +183,12 @@ func (s *Server) newTermBudgetsLocked(now time.Time) {
 }
 
 // budgetSent is what a token stream told its proxy of each group's
-// verdict: the book's generation of it.
+// verdict: the book's generation of it, or budgetNotSent for a group the
+// stream named whose verdict waits for the term's seed.
 type budgetSent map[string]uint64
+
+// budgetNotSent marks a group whose verdict a stream has not sent yet.
+const budgetNotSent = ^uint64(0)
 
 // budgetUpdatesLocked returns the verdicts of names (nil: every group
 // the stream named before) that the stream has not sent yet, and notes
@@ -196,6 +202,13 @@ func (s *Server) budgetUpdatesLocked(sent budgetSent, names []string, now time.T
 			gen = e.gen
 		}
 		if g, ok := sent[name]; ok && g == gen {
+			return
+		}
+		if e != nil && !s.budgets.seeded {
+			// A new term's book counts only what this term saw until the
+			// usage history seeds it: the proxy keeps the verdict it has
+			// (a REFUSE from the last term holds) until then.
+			sent[name] = budgetNotSent
 			return
 		}
 		sent[name] = gen
@@ -225,8 +238,14 @@ func (s *Server) budgetUpdatesLocked(sent budgetSent, names []string, now time.T
 	return out
 }
 
-// Bounds of a Budgets request.
-const maxBudgetGroups = 1000
+// Bounds of a Budgets request and answer.
+const (
+	// maxBudgetGroups bounds the names of one request.
+	maxBudgetGroups = 1000
+	// budgetAnswerBytes bounds one answer (encoded rows), well within
+	// gRPC's 4 MiB: about 30,000 budgets.
+	budgetAnswerBytes = 3 << 20
+)
 
 // Budgets implements tokenpb.UsageServiceServer: the groups' budgets in
 // their current windows, from the leader's book.
@@ -256,7 +275,14 @@ func (us usageService) Budgets(_ context.Context, req *pb.BudgetsRequest) (*pb.B
 	s.mu.Lock()
 	seeded := s.budgets.seeded
 	s.mu.Unlock()
-	return &pb.BudgetsResponse{Rows: rows, Seeded: seeded}, nil
+	size, truncated := 0, false
+	for i, r := range rows {
+		if size += proto.Size(r) + 4; size > budgetAnswerBytes {
+			rows, truncated = rows[:i], true
+			break
+		}
+	}
+	return &pb.BudgetsResponse{Rows: rows, Seeded: seeded, Truncated: truncated}, nil
 }
 
 // budgetRows are the book's rows at now for the groups in keep (nil:

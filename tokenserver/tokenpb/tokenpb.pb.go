@@ -4626,7 +4626,10 @@ type BudgetsResponse struct {
 	NotLeader *NotLeader `protobuf:"bytes,2,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
 	// False while the new term's usage history loads: spent_ru may lack
 	// what earlier terms recorded.
-	Seeded        bool `protobuf:"varint,3,opt,name=seeded,proto3" json:"seeded,omitempty"`
+	Seeded bool `protobuf:"varint,3,opt,name=seeded,proto3" json:"seeded,omitempty"`
+	// Rows were left out (the answer's size bound, 3 MiB): by group, the
+	// last ones.
+	Truncated     bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4678,6 +4681,13 @@ func (x *BudgetsResponse) GetNotLeader() *NotLeader {
 func (x *BudgetsResponse) GetSeeded() bool {
 	if x != nil {
 		return x.Seeded
+	}
+	return false
+}
+
+func (x *BudgetsResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
 	}
 	return false
 }
@@ -5174,12 +5184,13 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x1cprojected_exhaustion_unix_ms\x18\b \x01(\x03R\x19projectedExhaustionUnixMs\x12\x16\n" +
 	"\x06action\x18\t \x01(\tR\x06action\x12\x1a\n" +
 	"\benforced\x18\n" +
-	" \x01(\bR\benforced\"\x96\x01\n" +
+	" \x01(\bR\benforced\"\xb4\x01\n" +
 	"\x0fBudgetsResponse\x12/\n" +
 	"\x04rows\x18\x01 \x03(\v2\x1b.rgproxy.token.v1.BudgetRowR\x04rows\x12:\n" +
 	"\n" +
 	"not_leader\x18\x02 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\x12\x16\n" +
-	"\x06seeded\x18\x03 \x01(\bR\x06seeded\"\xaa\x01\n" +
+	"\x06seeded\x18\x03 \x01(\bR\x06seeded\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xaa\x01\n" +
 	"\x10UsageSegmentPart\x12#\n" +
 	"\rgranularity_s\x18\x01 \x01(\rR\fgranularityS\x12\x1b\n" +
 	"\tstart_idx\x18\x02 \x01(\x03R\bstartIdx\x12\x17\n" +
