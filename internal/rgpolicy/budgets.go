@@ -47,7 +47,15 @@ func (s *session) budgetRefuse() *mysqlproto.Reply {
 	for i := range cur.nlegs {
 		g := cur.legs[i].group
 		v, ok := s.p.tokens.Budget(g)
-		if !ok || v.Action != resourcegroup.BudgetRefuse || v.ReportOnly {
+		if !ok || v.Action != resourcegroup.BudgetRefuse {
+			continue
+		}
+		if v.ReportOnly {
+			// MODE WARN: what ENFORCE would have done, in SHOW LAST
+			// STATEMENT RU's WOULD; the statement runs.
+			if cur.would == "" {
+				cur.would = "8255"
+			}
 			continue
 		}
 		s.led.denied(g, cur, false)

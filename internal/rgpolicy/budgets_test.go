@@ -66,6 +66,9 @@ func TestBudgetRefuses(t *testing.T) {
 	if r := run(sel); r != nil {
 		t.Errorf("a report-only REFUSE refused: %+v", r)
 	}
+	if s.last.would != "8255" {
+		t.Errorf("a report-only REFUSE's WOULD: %q", s.last.would)
+	}
 	tok.budgets["bound"] = tokenclient.BudgetVerdict{BudgetVerdict: resourcegroup.BudgetVerdict{Action: resourcegroup.BudgetThrottle,
 		ThrottleRUPerSec: 5, Period: resourcegroup.PeriodDay, Budget: 1000, Spent: 600, Percent: 50, End: end}}
 	if r := run(sel); r != nil {
