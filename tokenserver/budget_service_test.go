@@ -59,8 +59,8 @@ func recvWithin(t *testing.T, st grpc.BidiStreamingClient[pb.TokenRequest, pb.To
 // daily budget (a compressed day of an hour, on the injected clock); the
 // THROTTLE at 50% clamps the allocator and reaches the other proxy's
 // stream unasked, the REFUSE at 100% too; the budgets RPC, the metrics
-// and the usage history agree on what was spent; the window's roll-over
-// lifts both. A MODE WARN group's verdict comes report-only and leaves
+// and the usage history agree on what was spent; a larger budget lifts
+// the REFUSE at once, the window's roll-over lifts the next THROTTLE. A MODE WARN group's verdict comes report-only and leaves
 // its allocation alone.
 func TestBudgetsEnforcedByTheLeader(t *testing.T) {
 	cli := startEtcd(t)
@@ -170,6 +170,25 @@ func TestBudgetsEnforcedByTheLeader(t *testing.T) {
 	if sum < 104.99 || sum > 105.01 {
 		t.Errorf("the history's RU %g, the budget's 105", sum)
 	}
+	// A larger budget lifts the REFUSE at once on both proxies; spending
+	// on reaches its THROTTLE again.
+	bigger := leaderBudgetGroup("b", 0)
+	bigger.Budgets[0].Ru = 1000
+	if _, err := rg.AlterGroup(ctx, &pb.AlterGroupRequest{Group: bigger}); err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range []grpc.BidiStreamingClient[pb.TokenRequest, pb.TokenResponse]{p1, p2} {
+		if got := budgetsOf(recvWithin(t, st, 5*time.Second)); got != "b:/0/0/false" {
+			t.Errorf("proxy %d after the budget grew: %s", i+1, got)
+		}
+	}
+	ts.clock.Advance(time.Second)
+	if got := budgetsOf(ask(p1, "p1", 4, "b", 400)); got != "b:THROTTLE/10/505/false" {
+		t.Errorf("the larger budget's THROTTLE: %s", got)
+	}
+	if got := budgetsOf(recvWithin(t, p2, time.Second)); got != "b:THROTTLE/10/505/false" {
+		t.Errorf("p2 told of the larger budget's THROTTLE: %s", got)
+	}
 	// The window rolls over: both proxies hear the action lift.
 	ts.clock.Advance(dayStart.Add(time.Hour).Sub(ts.clock.Now()))
 	for i, st := range []grpc.BidiStreamingClient[pb.TokenRequest, pb.TokenResponse]{p1, p2} {
@@ -178,7 +197,7 @@ func TestBudgetsEnforcedByTheLeader(t *testing.T) {
 		}
 	}
 	// A WARN group: the verdict comes report-only; nothing is clamped.
-	if got := budgetsOf(ask(p1, "p1", 4, "w", 60)); got != "w:THROTTLE/10/60/true" {
+	if got := budgetsOf(ask(p1, "p1", 5, "w", 60)); got != "w:THROTTLE/10/60/true" {
 		t.Errorf("WARN group: %s", got)
 	}
 	ts.srv.mu.Lock()
