@@ -183,9 +183,28 @@ func (s *Server) newTermBudgetsLocked(now time.Time) {
 }
 
 // budgetSent is what a token stream told its proxy of each group's
-// verdict: the book's generation of it, or budgetNotSent for a group the
-// stream named whose verdict waits for the term's seed.
-type budgetSent map[string]uint64
+// verdict: in gens the book's generation of it (0: the group has no
+// budgets), or budgetNotSent for a group the stream named whose verdict
+// waits for the term's seed; marked holds the groups whose entry is not
+// 0, so that a wake looks at them and the book's groups, never at every
+// group the stream named (100,000 groups on every stream).
+type budgetSent struct {
+	gens   map[string]uint64
+	marked map[string]struct{}
+}
+
+func newBudgetSent() *budgetSent {
+	return &budgetSent{gens: map[string]uint64{}, marked: map[string]struct{}{}}
+}
+
+func (b *budgetSent) set(name string, gen uint64) {
+	b.gens[name] = gen
+	if gen != 0 {
+		b.marked[name] = struct{}{}
+	} else {
+		delete(b.marked, name)
+	}
+}
 
 // budgetNotSent marks a group whose verdict a stream has not sent yet.
 const budgetNotSent = ^uint64(0)
@@ -193,7 +212,7 @@ const budgetNotSent = ^uint64(0)
 // budgetUpdatesLocked returns the verdicts of names (nil: every group
 // the stream named before) that the stream has not sent yet, and notes
 // them as sent. Called with s.mu held.
-func (s *Server) budgetUpdatesLocked(sent budgetSent, names []string, now time.Time) []*pb.GroupBudget {
+func (s *Server) budgetUpdatesLocked(sent *budgetSent, names []string, now time.Time) []*pb.GroupBudget {
 	var out []*pb.GroupBudget
 	check := func(name string) {
 		var gen uint64
@@ -201,17 +220,17 @@ func (s *Server) budgetUpdatesLocked(sent budgetSent, names []string, now time.T
 		if e != nil {
 			gen = e.gen
 		}
-		if g, ok := sent[name]; ok && g == gen {
+		if g, ok := sent.gens[name]; ok && g == gen {
 			return
 		}
 		if e != nil && !s.budgets.seeded {
 			// A new term's book counts only what this term saw until the
 			// usage history seeds it: the proxy keeps the verdict it has
 			// (a REFUSE from the last term holds) until then.
-			sent[name] = budgetNotSent
+			sent.set(name, budgetNotSent)
 			return
 		}
-		sent[name] = gen
+		sent.set(name, gen)
 		gb := &pb.GroupBudget{Group: name}
 		if e != nil && e.verdict.Action != 0 {
 			v := e.verdict
@@ -227,7 +246,12 @@ func (s *Server) budgetUpdatesLocked(sent budgetSent, names []string, now time.T
 		out = append(out, gb)
 	}
 	if names == nil {
-		for name := range sent {
+		for name := range s.budgets.groups {
+			if _, ok := sent.gens[name]; ok {
+				check(name)
+			}
+		}
+		for name := range sent.marked {
 			check(name)
 		}
 	} else {

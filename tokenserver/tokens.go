@@ -195,7 +195,7 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 	budget := newLookupBudget()
 	// What the stream told its proxy of its groups' budget verdicts; a
 	// changed verdict wakes the stream (budget_service.go).
-	verdicts := budgetSent{}
+	verdicts := newBudgetSent()
 	budgetWake, unsubscribe := s.budgetHub.subscribe()
 	defer unsubscribe()
 	// The stream's messages come through a goroutine, so that the stream
@@ -450,7 +450,7 @@ func grantToPB(name string, g Grant) *pb.GroupGrant {
 
 // attachBudgets adds to resp the budget verdicts of its groups that the
 // stream has not sent yet.
-func (s *Server) attachBudgets(resp *pb.TokenResponse, sent budgetSent) {
+func (s *Server) attachBudgets(resp *pb.TokenResponse, sent *budgetSent) {
 	names := make([]string, 0, len(resp.GetGrants()))
 	for _, g := range resp.GetGrants() {
 		if g.GetError() == "" {
