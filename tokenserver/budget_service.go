@@ -68,6 +68,10 @@ func (h *budgetHub) wake() {
 // budget book. Called with s.mu held.
 func (s *Server) setGroupLocked(g resourcegroup.Group, now time.Time) {
 	had := s.budgets.has(g.Name)
+	var oldMode resourcegroup.Mode
+	if had {
+		oldMode = s.budgets.groups[g.Name].base.Mode
+	}
 	s.budgets.set(g, now)
 	if !s.budgets.has(g.Name) {
 		s.alloc.SetGroup(g.Name, SettingsOf(g), now)
@@ -78,6 +82,13 @@ func (s *Server) setGroupLocked(g resourcegroup.Group, now time.Time) {
 	}
 	s.applyVerdictLocked(g.Name, now)
 	e := s.budgets.groups[g.Name]
+	if had && oldMode != e.base.Mode && e.verdict.Action != 0 {
+		// The same verdict, now applied or only reported: the proxies
+		// hear it again.
+		s.budgets.gen++
+		e.gen = s.budgets.gen
+		s.budgetHub.wake()
+	}
 	s.alloc.SetGroup(g.Name, effective(e.base, e.verdict), now)
 }
 

@@ -206,6 +206,20 @@ func TestBudgetsEnforcedByTheLeader(t *testing.T) {
 	if st.RUPerSec != 1000 || !st.Unlimited() {
 		t.Errorf("a WARN group's allocation: %+v", st)
 	}
+	// Switched to ENFORCE, the same THROTTLE applies: its proxy hears it
+	// again, and the allocator throttles.
+	if _, err := rg.AlterGroup(ctx, &pb.AlterGroupRequest{Group: leaderBudgetGroup("w", 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := budgetsOf(recvWithin(t, p1, 5*time.Second)); got != "w:THROTTLE/10/60/false" {
+		t.Errorf("the WARN group switched to ENFORCE: %s", got)
+	}
+	ts.srv.mu.Lock()
+	st = ts.srv.alloc.Group("w").settings
+	ts.srv.mu.Unlock()
+	if st.RUPerSec != 10 || st.Unlimited() {
+		t.Errorf("the enforced group's allocation: %+v", st)
+	}
 }
 
 // gaugeValue reads one budget series of group (period day) from the
