@@ -2,6 +2,7 @@ package rgpolicy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -73,6 +74,12 @@ var budgetColumns = []vcol{
 	{name: "PROJECTED_EXHAUSTION"}, {name: "ACTION"}, {name: "ENFORCED", numeric: true},
 }
 
+// Errors of the budgets table, as the client sees them.
+var (
+	errBudgetsUnavailable = rgproxyError("rgproxy: information_schema.resource_group_budgets is kept by rgserver, which could not be reached (or named no leader) within 3 s")
+	errBudgetsOld         = rgproxyError("rgproxy: information_schema.resource_group_budgets is kept by rgserver, and this rgserver keeps none: it is older than this proxy")
+)
+
 // errBudgetsUnseeded answers while a new leader's usage history loads.
 var errBudgetsUnseeded = rgproxyError("rgproxy: information_schema.resource_group_budgets: rgserver's new leader is still loading the usage history its budgets start from; ask again in a moment")
 
@@ -96,8 +103,13 @@ func (s *session) budgetsTable(ctx context.Context, be mysqlproto.Backend) (*vta
 		sort.Strings(req.Groups)
 	}
 	rows, seeded, err := s.p.usage.Budgets(ctx, req)
-	if err != nil {
-		return nil, usageError(err)
+	switch {
+	case errors.Is(err, tokenclient.ErrNoUsageHistory):
+		return nil, errBudgetsOld
+	case errors.Is(err, tokenclient.ErrUnavailable), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return nil, errBudgetsUnavailable
+	case err != nil:
+		return nil, rgproxyError("rgproxy: budgets: " + err.Error())
 	}
 	if !seeded {
 		return nil, errBudgetsUnseeded

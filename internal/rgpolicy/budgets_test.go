@@ -127,4 +127,12 @@ func TestBudgetsTable(t *testing.T) {
 	if _, err := s.virtualTable(ctx, vtBudgets, superGrants); err != errBudgetsUnseeded {
 		t.Errorf("unseeded: %v", err)
 	}
+	for _, c := range []struct {
+		err, want error
+	}{{tokenclient.ErrUnavailable, errBudgetsUnavailable}, {fmt.Errorf("x: %w", tokenclient.ErrNoUsageHistory), errBudgetsOld}} {
+		fu.err = c.err
+		if _, err := s.virtualTable(ctx, vtBudgets, superGrants); err != c.want {
+			t.Errorf("%v: %v", c.err, err)
+		}
+	}
 }
