@@ -14,8 +14,47 @@ import (
 // budgeted group and feeds it what the group spends, and the what-if
 // (EXPLAIN RESOURCE GROUP) replays recorded demand through one.
 type BudgetState struct {
-	loc     *time.Location
+	cal     BudgetCalendar
 	windows []budgetWindow
+}
+
+// BudgetCalendar is how budgets' windows are cut: the calendar of Loc
+// (BudgetWindow), or, with a DayLength other than 0 and 24 h, compressed
+// time for tests and soak runs: a DAY lasts DayLength, an HOUR 1/24 of
+// it, a WEEK 7 and a MONTH 30 DayLengths, each window aligned to the
+// Unix epoch.
+type BudgetCalendar struct {
+	Loc       *time.Location
+	DayLength time.Duration
+}
+
+// Compressed reports whether c's days are not real days.
+func (c BudgetCalendar) Compressed() bool {
+	return c.DayLength > 0 && c.DayLength != 24*time.Hour
+}
+
+// Window is the window of period p that holds t: [start, end).
+func (c BudgetCalendar) Window(p BudgetPeriod, t time.Time) (start, end time.Time) {
+	if !c.Compressed() {
+		return BudgetWindow(p, t, c.Loc)
+	}
+	n := int64(c.DayLength)
+	switch p {
+	case PeriodHour:
+		n /= 24
+	case PeriodWeek:
+		n *= 7
+	case PeriodMonth:
+		n *= 30
+	}
+	n = max(n, int64(time.Millisecond))
+	ns := t.UnixNano()
+	k := ns / n
+	if ns < 0 && ns%n != 0 {
+		k--
+	}
+	start = time.Unix(0, k*n)
+	return start, start.Add(time.Duration(n))
 }
 
 // budgetWindow is one budget's current window.
@@ -70,6 +109,13 @@ func (v BudgetVerdict) stronger(w BudgetVerdict) bool {
 	return v.End.After(w.End)
 }
 
+// Same reports whether v and w take the same action for the same
+// trigger of the same window: they differ at most in what was spent.
+func (v BudgetVerdict) Same(w BudgetVerdict) bool {
+	v.Spent, w.Spent = 0, 0
+	return v == w
+}
+
 // String says what the verdict does, e.g. "DAY 100% THROTTLE(50)".
 func (v BudgetVerdict) String() string {
 	if v.Action == 0 {
@@ -87,12 +133,17 @@ func (v BudgetVerdict) String() string {
 // definition changed: a period it already had goes on with what its
 // window spent (redefining a budget mid-window does not forgive it).
 func NewBudgetState(budgets []Budget, loc *time.Location, now time.Time, prev *BudgetState) *BudgetState {
-	if loc == nil {
-		loc = time.UTC
+	return NewBudgetStateIn(budgets, BudgetCalendar{Loc: loc}, now, prev)
+}
+
+// NewBudgetStateIn is NewBudgetState with windows cut by cal.
+func NewBudgetStateIn(budgets []Budget, cal BudgetCalendar, now time.Time, prev *BudgetState) *BudgetState {
+	if cal.Loc == nil {
+		cal.Loc = time.UTC
 	}
-	s := &BudgetState{loc: loc, windows: make([]budgetWindow, 0, len(budgets))}
+	s := &BudgetState{cal: cal, windows: make([]budgetWindow, 0, len(budgets))}
 	for _, b := range budgets {
-		start, end := BudgetWindow(b.Period, now, loc)
+		start, end := cal.Window(b.Period, now)
 		w := budgetWindow{budget: b, start: start, end: end}
 		if prev != nil {
 			if i := slices.IndexFunc(prev.windows, func(o budgetWindow) bool { return o.budget.Period == b.Period }); i >= 0 && prev.windows[i].start.Equal(start) {
@@ -134,7 +185,7 @@ func (s *BudgetState) Roll(now time.Time) bool {
 	for i := range s.windows {
 		w := &s.windows[i]
 		if !now.Before(w.end) {
-			w.start, w.end = BudgetWindow(w.budget.Period, now, s.loc)
+			w.start, w.end = s.cal.Window(w.budget.Period, now)
 			w.spent, w.crossed = 0, 0
 		}
 	}
@@ -204,4 +255,35 @@ func (s *BudgetState) String(now time.Time) string {
 		fmt.Fprintf(&sb, " until %s", w.end.UTC().Format("2006-01-02T15:04Z"))
 	}
 	return sb.String()
+}
+
+// BudgetWindowState is one budget's current window as the budgets table
+// shows it.
+type BudgetWindowState struct {
+	Budget     Budget
+	Start, End time.Time
+	Spent      float64
+	// Verdict is what the window's crossed triggers do (Action 0: none).
+	Verdict BudgetVerdict
+}
+
+// Windows returns the budgets' current windows at now, in period order.
+func (s *BudgetState) Windows(now time.Time) []BudgetWindowState {
+	s.Roll(now)
+	out := make([]BudgetWindowState, len(s.windows))
+	for i := range s.windows {
+		w := &s.windows[i]
+		out[i] = BudgetWindowState{Budget: w.budget, Start: w.start, End: w.end, Spent: w.spent, Verdict: w.verdict()}
+	}
+	return out
+}
+
+// Reset forgets what the windows spent (a new rgserver term, which seeds
+// them again from the usage history), starting them at now.
+func (s *BudgetState) Reset(now time.Time) {
+	for i := range s.windows {
+		w := &s.windows[i]
+		w.start, w.end = s.cal.Window(w.budget.Period, now)
+		w.spent, w.crossed = 0, 0
+	}
 }

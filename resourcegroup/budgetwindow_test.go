@@ -169,3 +169,45 @@ func BenchmarkBudgetWindow(b *testing.B) {
 		}
 	}
 }
+
+// TestBudgetCalendarCompressed: with a DayLength other than 24 h the
+// windows are the compressed calendar's, aligned to the Unix epoch
+// whatever the zone; with 24 h (or 0) they are the zone's.
+func TestBudgetCalendarCompressed(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Skip(err)
+	}
+	c := BudgetCalendar{Loc: berlin, DayLength: 24 * time.Second}
+	at := time.Unix(1_000_000_005, 500_000_000) // 1e9 = 41,666,666 days of 24 s + 16 s
+	for _, tc := range []struct {
+		p          BudgetPeriod
+		start, len int64 // seconds
+	}{
+		{PeriodHour, 1_000_000_005, 1},
+		{PeriodDay, 1_000_000_000 - 16, 24},
+		{PeriodWeek, 1_000_000_000 - 1_000_000_000%168, 168},
+		{PeriodMonth, 1_000_000_000 - 1_000_000_000%720, 720},
+	} {
+		start, end := c.Window(tc.p, at)
+		if start.Unix() != tc.start || end.Sub(start) != time.Duration(tc.len)*time.Second {
+			t.Errorf("%s: [%v, %v)", tc.p, start.Unix(), end.Unix())
+		}
+	}
+	for _, real := range []BudgetCalendar{{Loc: berlin}, {Loc: berlin, DayLength: 24 * time.Hour}} {
+		start, end := real.Window(PeriodDay, at)
+		ws, we := BudgetWindow(PeriodDay, at, berlin)
+		if !start.Equal(ws) || !end.Equal(we) {
+			t.Errorf("%+v: [%v, %v), the zone's [%v, %v)", real, start, end, ws, we)
+		}
+	}
+	// A state on the compressed calendar rolls over with it.
+	s := NewBudgetStateIn([]Budget{{Period: PeriodDay, RU: 10, Triggers: []BudgetTrigger{{Percent: 100, Action: BudgetRefuse}}}}, c, at, nil)
+	s.Spend(10, at)
+	if v := s.Verdict(at); v.Action != BudgetRefuse || v.End.Unix() != 1_000_000_000+8 {
+		t.Errorf("verdict %+v", v)
+	}
+	if v := s.Verdict(time.Unix(1_000_000_008, 0)); v.Action != 0 {
+		t.Errorf("after the compressed day: %+v", v)
+	}
+}

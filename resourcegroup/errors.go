@@ -48,6 +48,10 @@ const (
 	CodeThrottled     uint16 = 8252
 	CodeRunawayKilled uint16 = 8253
 	CodeQuarantined   uint16 = 8254
+	// CodeBudgetRefused is rgproxy's own, next to TiDB's: a statement
+	// refused because its group's budget reached a REFUSE trigger; it
+	// never reached the backend (docs/budgets.md).
+	CodeBudgetRefused uint16 = 8255
 )
 
 // Error is an error that carries what a MySQL ERR packet needs.

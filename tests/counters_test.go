@@ -556,7 +556,18 @@ func TestMetricsHelpIsReadme(t *testing.T) {
 	if s, ok := waitMetric(t, px.StatusAddr, 3*time.Second, func(s scrape) bool { return s.v("rgproxy_binlog_lag_seconds") == 0 }); !ok {
 		t.Errorf("rgproxy_binlog_lag_seconds = %v on an idle backend, want 0", s.v("rgproxy_binlog_lag_seconds"))
 	}
-	checkHelpIsReadme(t, "rgserver_", scrapeMetrics(t, ts.StatusAddr))
+	// A budget whose NOTIFY one statement crosses, so that rgserver's
+	// budget series exist.
+	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS rg_help_budget",
+		"CREATE RESOURCE GROUP rg_help_budget RU_PER_SEC = 1000 BUDGET = (RU = 1 PER MONTH, ON 1 PERCENT NOTIFY)")
+	mustExec(t, db, "SELECT /*+ RESOURCE_GROUP(rg_help_budget) */ SLEEP(0.01)")
+	ss, ok := waitMetric(t, ts.StatusAddr, 10*time.Second, func(s scrape) bool {
+		return s["rgserver_budget_action_in_force"] != nil && s["rgserver_budget_exhaustion_seconds"] != nil && s["rgserver_budget_actions_total"] != nil
+	})
+	if !ok {
+		t.Logf("rgserver's budget series missing after 10 s")
+	}
+	checkHelpIsReadme(t, "rgserver_", ss)
 }
 
 // sqlRun runs q on conn, reading any rows it returns, and gives its error.

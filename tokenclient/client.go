@@ -90,6 +90,8 @@ type Client struct {
 	insp inspectState
 	// runaways queues runaway events for rgserver (history.go).
 	runaways runawaySender
+	// budgets are the groups' budget verdicts (budgets.go).
+	budgets budgetTable
 
 	// loops are the background goroutines, each with its own context
 	// (loops.go); Close stops them and waits for them.
@@ -112,6 +114,7 @@ func New(cfg Config) (*Client, error) {
 		runaways: newRunawaySender(),
 	}
 	c.groups = newGroupTable(&c.cfg, c.log, c.cache, c.stream)
+	c.groups.budgets = &c.budgets
 	c.met, err = newMetrics(c.groups, cfg.Registerer)
 	if err != nil {
 		return nil, err

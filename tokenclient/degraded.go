@@ -1,6 +1,10 @@
 package tokenclient
 
-import "time"
+import (
+	"time"
+
+	"github.com/rgproxy/rgproxy/resourcegroup"
+)
 
 // Degraded mode: when rgserver has granted nothing for
 // Config.DegradedAfter (stream down, or requests unanswered), every
@@ -106,7 +110,11 @@ func (t *groupTable) enterDegradedLocked(now time.Time) {
 // last grant, 1 if unknown), with the burst of its BURSTABLE mode.
 func (t *groupTable) localRefillLocked(now time.Time, gs *groupState) {
 	g, known := t.cache.definition(gs.name)
-	if known && isUnlimited(g) {
+	var throttle uint64
+	if t.budgets != nil {
+		throttle = t.budgets.throttle(gs.name, now)
+	}
+	if known && isUnlimited(g) && throttle == 0 {
 		gs.bucket.SetUnlimited(true)
 		gs.wake()
 		return
@@ -114,6 +122,9 @@ func (t *groupTable) localRefillLocked(now time.Time, gs *groupState) {
 	perSec := gs.ruPerSec
 	if known {
 		perSec = g.RUPerSec
+	}
+	if throttle > 0 && (perSec == 0 || perSec == resourcegroup.Unlimited || perSec > throttle) {
+		perSec = throttle // a budget's THROTTLE holds while rgserver is away
 	}
 	proxies := max(gs.proxies, 1)
 	rate := float64(perSec) / float64(proxies)

@@ -47,6 +47,9 @@ type groupTable struct {
 	met    *metrics
 	cache  *settingsCache
 	stream *tokenStream // only its status, read without a lock
+	// budgets are the client's budget verdicts (budgets.go): a local
+	// refill keeps to an enforced THROTTLE.
+	budgets *budgetTable
 	// kick wakes the token stream's send loop: some group needs tokens.
 	kick chan struct{}
 	// onForgotten is the OnGroupForgotten hook; it is called outside mu.

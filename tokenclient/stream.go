@@ -491,7 +491,7 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 			asks = append(asks, gs)
 			continue
 		}
-		due := gs.hasReport() && now.Sub(gs.lastReport) >= t.cfg.ReportPeriod
+		due := gs.hasReport() && now.Sub(gs.lastReport) >= t.reportPeriodLocked(gs)
 		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !t.degraded && len(gs.queue) == 0 && !gs.hasReport() {
 			// Idle, its trickle over: what the bucket holds no longer
 			// changes. After releaseAfter it is given back; either way
@@ -641,6 +641,9 @@ func consumptionToPB(c ru.Consumption) *tokenpb.Consumption {
 func (c *Client) applyResponse(resp *tokenpb.TokenResponse) error {
 	now := c.clk.Now()
 	sent, reconnected, final := c.stream.answered(resp.GetRequestId(), resp.GetNotLeader() == nil)
+	if resp.GetNotLeader() == nil {
+		defer c.groups.budgetsChanged(now, c.budgets.apply(now, resp.GetBudgets(), c.log), &c.budgets)
+	}
 	err := c.groups.apply(now, resp, sent, reconnected)
 	if final != nil {
 		close(final) // Close's final report is in

@@ -43,7 +43,8 @@ const (
 	// RoleProxy may call AcquireTokens, Watch, the reads (GetGroup,
 	// ListGroups, GetBinding, ListBindings, ListWatches), the cluster
 	// views (Inspect, ClusterInspect), the runaway history
-	// (RecordRunaways, ListRunaways) and the usage history (UsageHistory).
+	// (RecordRunaways, ListRunaways), the usage history and the budgets
+	// (UsageHistory, Budgets).
 	RoleProxy Role = iota + 1
 	// RoleAdmin may call everything.
 	RoleAdmin

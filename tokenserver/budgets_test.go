@@ -14,7 +14,7 @@ import (
 // on counting.
 func TestBudgetBookStory(t *testing.T) {
 	loc := time.FixedZone("UTC+1", 3600)
-	b := newBudgetBook(loc)
+	b := newBudgetBook(resourcegroup.BudgetCalendar{Loc: loc})
 	g := resourcegroup.Group{Name: "rep", RUPerSec: 1000, Budgets: []resourcegroup.Budget{
 		{Period: resourcegroup.PeriodDay, RU: 1000, Triggers: []resourcegroup.BudgetTrigger{
 			{Percent: 80, Action: resourcegroup.BudgetNotify},
@@ -70,7 +70,7 @@ func TestBudgetBookStory(t *testing.T) {
 // leaves the book; a new term's seed from the history raises what a
 // window spent and may cross triggers; nonsense spending counts nothing.
 func TestBudgetBookSetSeedAndBadInput(t *testing.T) {
-	b := newBudgetBook(nil)
+	b := newBudgetBook(resourcegroup.BudgetCalendar{})
 	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
 	day := func(ru uint64, pct uint32, a resourcegroup.BudgetAction) resourcegroup.Group {
 		return resourcegroup.Group{Name: "g", RUPerSec: 100, Budgets: []resourcegroup.Budget{

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rgproxy/rgproxy/internal/clock"
+	"github.com/rgproxy/rgproxy/resourcegroup"
 	pb "github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
 
@@ -112,6 +113,10 @@ type Config struct {
 	// (resourcegroup.BudgetWindow; rgserver's --budget-time-zone); nil =
 	// UTC. Every replica must be given the same one.
 	BudgetLocation *time.Location
+	// BudgetDayLength compresses budgets' calendar for tests and soak
+	// runs (resourcegroup.BudgetCalendar; rgserver's --budget-day-length):
+	// 0 or 24 h = real days in BudgetLocation.
+	BudgetDayLength time.Duration
 }
 
 // Server implements tokenpb's ResourceGroupService and TokenService over etcd.
@@ -159,6 +164,12 @@ type Server struct {
 	runaways *runawayHistory
 	// usage is the usage history (usage.go).
 	usage *usageHistory
+	// budgets is the budget book (budgets.go), guarded by mu; budgetHub
+	// wakes the token streams when a verdict changes; budgetActions
+	// counts the triggers crossed (budget_service.go).
+	budgets       *budgetBook
+	budgetHub     *budgetHub
+	budgetActions *prometheus.CounterVec
 	// creds is what each credential took, reported and may say
 	// (credentials.go).
 	creds *credBook
@@ -198,21 +209,27 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		cfg.Auth = a
 	}
 	s := &Server{
-		cli:      cli,
-		store:    &EtcdStore{cli: cli, now: cfg.Now},
-		cfg:      cfg,
-		log:      cfg.Logger,
-		m:        newMetrics(),
-		alloc:    NewAllocator(cfg.Alloc),
-		synced:   make(chan struct{}),
-		auth:     cfg.Auth,
-		proxies:  newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
-		misses:   newMissCache(),
-		inspect:  newInspectHub(clock.Real{}),
-		caps:     newCapsRegistry(),
-		runaways: newRunawayHistory(cfg.RunawayRetention),
-		usage:    newUsageHistory(),
-		creds:    newCredBook(),
+		cli:       cli,
+		store:     &EtcdStore{cli: cli, now: cfg.Now},
+		cfg:       cfg,
+		log:       cfg.Logger,
+		m:         newMetrics(),
+		alloc:     NewAllocator(cfg.Alloc),
+		synced:    make(chan struct{}),
+		auth:      cfg.Auth,
+		proxies:   newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
+		misses:    newMissCache(),
+		inspect:   newInspectHub(clock.Real{}),
+		caps:      newCapsRegistry(),
+		runaways:  newRunawayHistory(cfg.RunawayRetention),
+		usage:     newUsageHistory(),
+		creds:     newCredBook(),
+		budgets:   newBudgetBook(resourcegroup.BudgetCalendar{Loc: cfg.BudgetLocation, DayLength: cfg.BudgetDayLength}),
+		budgetHub: newBudgetHub(),
+		budgetActions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rgserver_budget_actions_total",
+			Help: "Budget triggers crossed, by the budget's period and the trigger's action (notify, throttle, refuse); counted for MODE WARN groups too, which only report them.",
+		}, []string{"resource_group", "period", "action"}),
 	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
@@ -232,6 +249,11 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		}
 		if err := s.creds.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+		}
+		for _, c := range []prometheus.Collector{s.budgetActions, newBudgetCollector(s)} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+			}
 		}
 	}
 	return s, nil
@@ -490,6 +512,8 @@ func (s *Server) becomeLeader(ctx context.Context, key string, rev int64) error 
 	s.usage.mu.Lock()
 	s.usage.newTerm(now)
 	s.usage.mu.Unlock()
+	// The budgets start over too: the history seeds them once loaded.
+	s.newTermBudgetsLocked(now)
 	s.mu.Unlock()
 	addr := s.cfg.AdvertiseAddr
 	s.leaderAddr.Store(&addr)
@@ -559,6 +583,7 @@ func (s *Server) stepDown() {
 	s.leaderAddr.Store(&none)
 	s.mu.Lock()
 	s.leaderKey, s.leaderRev = "", 0
+	s.newTermBudgetsLocked(s.now())
 	s.mu.Unlock()
 	// A follower keeps no usage history: the next term loads it from etcd.
 	s.usage.mu.Lock()
@@ -592,6 +617,10 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 	// The usage history of earlier terms loads while the term grants.
 	stopLoad := s.startUsageLoad(ctx)
 	defer stopLoad()
+	// Budgets' windows roll over (and are seeded once the history has
+	// loaded) on their own tick.
+	budgetTicker := time.NewTicker(budgetTick)
+	defer budgetTicker.Stop()
 	lease := sess.Lease()
 	lapsed := sess.Done()
 	var probe <-chan time.Time // ticks while orphaned
@@ -681,6 +710,8 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 				s.usage.persistErrors.Inc()
 				s.log.Warn("persist usage history", "err", err)
 			}
+		case <-budgetTicker.C:
+			s.budgetChores(s.now())
 		case <-expire.C:
 			now := s.now()
 			expiry := s.cfg.Alloc.withDefaults().ClientExpiry
@@ -932,7 +963,7 @@ func (s *Server) loadAndFollowSettings(ctx context.Context) error {
 			s.mu.Lock()
 		}
 		seen[g.Name] = true
-		s.alloc.SetGroup(g.Name, SettingsOf(g), now)
+		s.setGroupLocked(g, now)
 	}
 	if len(groups) > 0 {
 		s.mu.Unlock()
@@ -945,7 +976,7 @@ func (s *Server) loadAndFollowSettings(ctx context.Context) error {
 	})
 	s.mu.Lock()
 	for _, name := range gone {
-		s.alloc.RemoveGroup(name)
+		s.removeGroupLocked(name)
 	}
 	s.mu.Unlock()
 	groups, seen = nil, nil // the watch below runs for long: do not hold on to them
@@ -968,7 +999,7 @@ func (s *Server) loadAndFollowSettings(ctx context.Context) error {
 			name := strings.TrimPrefix(string(ev.Kv.Key), keySettings)
 			if ev.Type == clientv3.EventTypeDelete {
 				s.mu.Lock()
-				s.alloc.RemoveGroup(name) // its series go with it
+				s.removeGroupLocked(name) // its series go with it
 				s.mu.Unlock()
 				continue
 			}
@@ -978,7 +1009,7 @@ func (s *Server) loadAndFollowSettings(ctx context.Context) error {
 				continue
 			}
 			s.mu.Lock()
-			s.alloc.SetGroup(name, SettingsOf(g), now)
+			s.setGroupLocked(g, now)
 			s.mu.Unlock()
 			s.misses.forget(name)
 		}

@@ -193,6 +193,11 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 	var ticket *streamTicket
 	var updateCaps func(proxyCaps)
 	budget := newLookupBudget()
+	// What the stream told its proxy of its groups' budget verdicts; a
+	// changed verdict wakes the stream (budget_service.go).
+	verdicts := newBudgetSent()
+	budgetWake, unsubscribe := s.budgetHub.subscribe()
+	defer unsubscribe()
 	// The stream's messages come through a goroutine, so that the stream
 	// ends when its context does (a reload revoked its credential) even
 	// while the proxy sends nothing.
@@ -209,6 +214,20 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 			return err
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
+		case <-budgetWake:
+			if ticket == nil || !s.IsLeader() {
+				continue
+			}
+			s.mu.Lock()
+			ups := s.budgetUpdatesLocked(verdicts, nil, s.now())
+			s.mu.Unlock()
+			if len(ups) == 0 {
+				continue
+			}
+			if err := stream.Send(&pb.TokenResponse{Budgets: ups}); err != nil {
+				return err
+			}
+			continue
 		}
 		start := time.Now()
 		if err := validateTokenRequest(req, proxyID); err != nil {
@@ -237,6 +256,7 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 		var resp *pb.TokenResponse
 		if s.IsLeader() {
 			resp = s.serveTokens(stream.Context(), p, slot, req, budget)
+			s.attachBudgets(resp, verdicts)
 		} else {
 			resp = &pb.TokenResponse{RequestId: req.GetRequestId(), NotLeader: &pb.NotLeader{LeaderAddr: s.LeaderAddr()}}
 		}
@@ -341,7 +361,7 @@ func (s *Server) serveMissing(ctx context.Context, p Principal, slot string, gr 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.alloc.Group(name) == nil {
-		s.alloc.SetGroup(name, SettingsOf(g), now)
+		s.setGroupLocked(g, now)
 	}
 	grant, err := s.alloc.Acquire(name, allocRequest(p.Name, slot, gr), now)
 	if err != nil {
@@ -366,6 +386,7 @@ func (s *Server) report(p Principal, name, slot string, g Grant, c *pb.Consumpti
 	refused := s.creds.refusedCount(p, min(float64(c.GetRefused()), maxReportRU), now)
 	s.alloc.Report(name, slot, u, thr, refused, min(c.GetWaitedRu(), maxReportRU), now)
 	s.reportUsage(name, u, thr, refused, c, prev, now)
+	s.spendBudgetLocked(name, u.RRU+u.WRU, now)
 	s.countClamped(g.Clamped, uc)
 }
 
@@ -425,4 +446,21 @@ func grantToPB(name string, g Grant) *pb.GroupGrant {
 		Unlimited:       g.Unlimited,
 		RuPerSec:        g.RUPerSec,
 	}
+}
+
+// attachBudgets adds to resp the budget verdicts of its groups that the
+// stream has not sent yet.
+func (s *Server) attachBudgets(resp *pb.TokenResponse, sent *budgetSent) {
+	names := make([]string, 0, len(resp.GetGrants()))
+	for _, g := range resp.GetGrants() {
+		if g.GetError() == "" {
+			names = append(names, g.GetGroup())
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	s.mu.Lock()
+	resp.Budgets = s.budgetUpdatesLocked(sent, names, s.now())
+	s.mu.Unlock()
 }

@@ -784,6 +784,12 @@ func (h *usageHistory) spentRU(group string, from, to time.Time) (ru float64, ok
 	a, b := from.Unix(), to.Unix()
 	ha, hb := (a+3599)/3600, b/3600 // whole hours: [ha, hb)
 	add := func(p usagePoint) { ru += p.v[figRRU] + p.v[figWRU] }
+	if to.Sub(from) <= time.Hour && from.Nanosecond() == 0 {
+		// A window within the seconds' hour (a compressed calendar's,
+		// or an HOUR's): its seconds.
+		s.tiers[usageSec].eachPoint(a, b, add)
+		return ru, true
+	}
 	if ha >= hb {
 		s.tiers[usageMin].eachPoint((a+59)/60, b/60, add)
 		return ru, true

@@ -87,6 +87,9 @@ insecure = true
 		{"budget time zone in the wrong case", []string{"--budget-time-zone", "europe/berlin"}, nil, errUsage},
 		{"local budget time zone", []string{"--budget-time-zone", "Local"}, nil, errUsage},
 		{"empty budget time zone", []string{"--budget-time-zone", ""}, nil, errUsage},
+		{"compressed budget days", []string{"--budget-day-length", "20s"}, func(c config) bool { return c.BudgetDayLength == 20*time.Second }, nil},
+		{"budget day too short", []string{"--budget-day-length", "500ms"}, nil, errUsage},
+		{"budget day too long", []string{"--budget-day-length", "25h"}, nil, errUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,7 +116,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	usage(&out)
 	for _, f := range []string{"addr", "status-addr", "data-dir", "etcd-endpoints", "etcd-peer-addr", "etcd-initial-cluster",
 		"name", "advertise-addr", "election-ttl", "client-expiry", "tls-cert", "tls-key", "tls-ca", "admin-token-file",
-		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version", "budget-time-zone"} {
+		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version", "budget-time-zone", "budget-day-length"} {
 		if !strings.Contains(out.String(), "-"+f+" ") && !strings.Contains(out.String(), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
 		}

@@ -133,6 +133,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		PersistInterval:  cfg.PersistInterval,
 		RunawayRetention: cfg.RunawayHistoryRetention,
 		BudgetLocation:   cfg.budgetLoc,
+		BudgetDayLength:  cfg.BudgetDayLength,
 		Logger:           log,
 		Registerer:       reg,
 		Auth:             auth,
@@ -192,7 +193,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	log.Info("rgserver started", "version", versionString(), "addr", lis.Addr().String(),
 		"status_addr", statusLis.Addr().String(), "advertise", cfg.AdvertiseAddr, "tls", cfg.TLSCert != "", "mtls", cfg.TLSCA != "",
-		"auth", !auth.Open(), "budget_time_zone", cfg.budgetLoc.String())
+		"auth", !auth.Open(), "budget_time_zone", cfg.budgetLoc.String(), "budget_day_length", cfg.BudgetDayLength.String())
 
 	// Every part runs under one group: the first to fail stops the others
 	// (as SIGTERM does), and run returns once all of them have stopped.

@@ -50,6 +50,9 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 		}
 		return nil
 	}
+	if r := s.budgetRefuse(); r != nil {
+		return r // a budget's REFUSE: nothing was taken
+	}
 	maxWait := set.MaxWait
 	if st.InTransaction {
 		maxWait = set.MaxWaitInTxn

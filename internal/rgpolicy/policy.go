@@ -55,6 +55,9 @@ type Tokens interface {
 	// ends.
 	ChargePurse(p *tokenclient.Purse, group string, cons ru.Consumption)
 	ReturnPurse(p *tokenclient.Purse)
+	// Budget is the group's budget verdict as rgserver last said
+	// (tokenclient.Client.Budget); ok is false when none holds.
+	Budget(group string) (tokenclient.BudgetVerdict, bool)
 	// CountThrottled counts a statement refused with 8252, CountRefused
 	// one refused otherwise before it ran, each with the RU it would have
 	// cost; CountWaited the estimate of one that waited for its tokens
@@ -346,7 +349,7 @@ func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
 		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
-		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history"}
+		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history", "resource_group_budgets"}
 }
 
 // Open implements mysqlproto.Policy.
@@ -461,6 +464,10 @@ type statement struct {
 	// (SHOW RESOURCE GROUP USAGE LIKE/WHERE): metered, but it repays no
 	// debt, so that an administrator's statement is never refused for one.
 	ownSQL bool
+	// virtual: the statement reads rgproxy's information_schema tables
+	// (rewritten), which a budget's REFUSE lets through: a refused user
+	// can still read resource_group_budgets.
+	virtual bool
 }
 
 // leg is a statement's part in one of its groups: what it took from the
@@ -574,6 +581,7 @@ func (s *session) Before(ctx context.Context, st *mysqlproto.Statement, be mysql
 		if err != nil {
 			return errReply(err)
 		}
+		s.cur.virtual = true
 	}
 	s.learnAccountForHistory(ctx, be)
 	cooldown, r := s.watch(st)

@@ -35,8 +35,10 @@ type recordingTokens struct {
 	// level is the bucket every Share reports (negative: owed).
 	level float64
 	// wait is how long every AcquireShare that succeeds says it waited.
-	wait     time.Duration
-	watches  []resourcegroup.Watch
+	wait    time.Duration
+	watches []resourcegroup.Watch
+	// budgets are the groups' budget verdicts Budget answers.
+	budgets  map[string]tokenclient.BudgetVerdict
 	acquired []string // group:maxWait
 	charged  []string // group
 	required []float64
@@ -141,6 +143,11 @@ func (r *recordingTokens) ChargePurse(_ *tokenclient.Purse, group string, c ru.C
 }
 
 func (r *recordingTokens) ReturnPurse(*tokenclient.Purse) { r.pursesReturned++ }
+
+func (r *recordingTokens) Budget(group string) (tokenclient.BudgetVerdict, bool) {
+	v, ok := r.budgets[group]
+	return v, ok
+}
 
 func (r *recordingTokens) CacheGeneration() uint64 { return r.gen }
 

@@ -31,6 +31,9 @@ type UsageHistory interface {
 	// UsageHistory reads the rows req names, newest first, and whether
 	// rows were left out.
 	UsageHistory(ctx context.Context, req *tokenpb.UsageHistoryRequest) ([]tokenclient.UsageRowHistory, bool, error)
+	// Budgets reads the budgets of the groups req names, in their
+	// current windows, and whether the leader's book is seeded.
+	Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) ([]tokenclient.BudgetRow, bool, error)
 }
 
 // Errors of the usage history, as the client sees them.

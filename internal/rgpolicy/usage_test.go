@@ -27,6 +27,17 @@ type fakeUsage struct {
 	truncated map[uint32]bool // by granularity in seconds
 	err       error
 	asked     []string
+	// budgets and unseeded answer Budgets.
+	budgets  []tokenclient.BudgetRow
+	unseeded bool
+}
+
+func (f *fakeUsage) Budgets(_ context.Context, req *tokenpb.BudgetsRequest) ([]tokenclient.BudgetRow, bool, error) {
+	f.asked = append(f.asked, fmt.Sprintf("budgets all=%v groups=%v", req.GetAllGroups(), req.GetGroups()))
+	if f.err != nil {
+		return nil, false, f.err
+	}
+	return f.budgets, !f.unseeded, nil
 }
 
 func (f *fakeUsage) UsageHistory(_ context.Context, req *tokenpb.UsageHistoryRequest) ([]tokenclient.UsageRowHistory, bool, error) {

@@ -2801,7 +2801,13 @@ type TokenResponse struct {
 	// Set when this replica is not the leader: grants is empty, the request's
 	// consumption was not recorded, and the stream stays open (each later
 	// request gets the same answer) so the proxy can reconnect to leader_addr.
-	NotLeader     *NotLeader `protobuf:"bytes,3,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	NotLeader *NotLeader `protobuf:"bytes,3,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	// What the budgets of the stream's groups do now (docs/budgets.md): the
+	// leader sends a group's verdict in the first answer that names the
+	// group on a stream, and again whenever it changes, at once, in an
+	// answer of its own (request_id 0, no grants) when no request is
+	// waiting. A proxy applies the latest it got for a group.
+	Budgets       []*GroupBudget `protobuf:"bytes,4,rep,name=budgets,proto3" json:"budgets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2857,6 +2863,130 @@ func (x *TokenResponse) GetNotLeader() *NotLeader {
 	return nil
 }
 
+func (x *TokenResponse) GetBudgets() []*GroupBudget {
+	if x != nil {
+		return x.Budgets
+	}
+	return nil
+}
+
+// GroupBudget is the strongest action a group's budgets are taking: the
+// trigger crossed in the current window of the budget that took it.
+type GroupBudget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// "" (no trigger crossed), NOTIFY, THROTTLE or REFUSE.
+	Action string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	// THROTTLE's rate.
+	ThrottleRuPerSec uint64 `protobuf:"varint,3,opt,name=throttle_ru_per_sec,json=throttleRuPerSec,proto3" json:"throttle_ru_per_sec,omitempty"`
+	// The budget: HOUR, DAY, WEEK or MONTH; its RU per window; what its
+	// window spent when the verdict was taken; the trigger's percent.
+	Period   string  `protobuf:"bytes,4,opt,name=period,proto3" json:"period,omitempty"`
+	BudgetRu uint64  `protobuf:"varint,5,opt,name=budget_ru,json=budgetRu,proto3" json:"budget_ru,omitempty"`
+	SpentRu  float64 `protobuf:"fixed64,6,opt,name=spent_ru,json=spentRu,proto3" json:"spent_ru,omitempty"`
+	Percent  uint32  `protobuf:"varint,7,opt,name=percent,proto3" json:"percent,omitempty"`
+	// When the window rolls over and the action lifts (Unix ms).
+	WindowEndUnixMs int64 `protobuf:"varint,8,opt,name=window_end_unix_ms,json=windowEndUnixMs,proto3" json:"window_end_unix_ms,omitempty"`
+	// The group is MODE WARN (or OFF): the proxy reports the action, does
+	// not apply it.
+	ReportOnly    bool `protobuf:"varint,9,opt,name=report_only,json=reportOnly,proto3" json:"report_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupBudget) Reset() {
+	*x = GroupBudget{}
+	mi := &file_tokenpb_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupBudget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupBudget) ProtoMessage() {}
+
+func (x *GroupBudget) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupBudget.ProtoReflect.Descriptor instead.
+func (*GroupBudget) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *GroupBudget) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupBudget) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *GroupBudget) GetThrottleRuPerSec() uint64 {
+	if x != nil {
+		return x.ThrottleRuPerSec
+	}
+	return 0
+}
+
+func (x *GroupBudget) GetPeriod() string {
+	if x != nil {
+		return x.Period
+	}
+	return ""
+}
+
+func (x *GroupBudget) GetBudgetRu() uint64 {
+	if x != nil {
+		return x.BudgetRu
+	}
+	return 0
+}
+
+func (x *GroupBudget) GetSpentRu() float64 {
+	if x != nil {
+		return x.SpentRu
+	}
+	return 0
+}
+
+func (x *GroupBudget) GetPercent() uint32 {
+	if x != nil {
+		return x.Percent
+	}
+	return 0
+}
+
+func (x *GroupBudget) GetWindowEndUnixMs() int64 {
+	if x != nil {
+		return x.WindowEndUnixMs
+	}
+	return 0
+}
+
+func (x *GroupBudget) GetReportOnly() bool {
+	if x != nil {
+		return x.ReportOnly
+	}
+	return false
+}
+
 // StatementSummaryRow is one row of a proxy's statements_summary: one
 // statement shape (digest within a group) since the proxy first saw it.
 type StatementSummaryRow struct {
@@ -2887,7 +3017,7 @@ type StatementSummaryRow struct {
 
 func (x *StatementSummaryRow) Reset() {
 	*x = StatementSummaryRow{}
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3029,7 @@ func (x *StatementSummaryRow) String() string {
 func (*StatementSummaryRow) ProtoMessage() {}
 
 func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3042,7 @@ func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatementSummaryRow.ProtoReflect.Descriptor instead.
 func (*StatementSummaryRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{40}
+	return file_tokenpb_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatementSummaryRow) GetResourceGroup() string {
@@ -3047,7 +3177,7 @@ type GroupUsageRow struct {
 
 func (x *GroupUsageRow) Reset() {
 	*x = GroupUsageRow{}
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3059,7 +3189,7 @@ func (x *GroupUsageRow) String() string {
 func (*GroupUsageRow) ProtoMessage() {}
 
 func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3072,7 +3202,7 @@ func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsageRow.ProtoReflect.Descriptor instead.
 func (*GroupUsageRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{41}
+	return file_tokenpb_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GroupUsageRow) GetResourceGroup() string {
@@ -3139,7 +3269,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3151,7 +3281,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3164,7 +3294,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{42}
+	return file_tokenpb_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *InspectRequest) GetRequestId() uint64 {
@@ -3224,7 +3354,7 @@ type InspectHello struct {
 
 func (x *InspectHello) Reset() {
 	*x = InspectHello{}
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3236,7 +3366,7 @@ func (x *InspectHello) String() string {
 func (*InspectHello) ProtoMessage() {}
 
 func (x *InspectHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3249,7 +3379,7 @@ func (x *InspectHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectHello.ProtoReflect.Descriptor instead.
 func (*InspectHello) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{43}
+	return file_tokenpb_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *InspectHello) GetProxyId() string {
@@ -3282,7 +3412,7 @@ type InspectReply struct {
 
 func (x *InspectReply) Reset() {
 	*x = InspectReply{}
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3294,7 +3424,7 @@ func (x *InspectReply) String() string {
 func (*InspectReply) ProtoMessage() {}
 
 func (x *InspectReply) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3307,7 +3437,7 @@ func (x *InspectReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectReply.ProtoReflect.Descriptor instead.
 func (*InspectReply) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{44}
+	return file_tokenpb_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *InspectReply) GetHello() *InspectHello {
@@ -3357,7 +3487,7 @@ type ClusterInspectRequest struct {
 
 func (x *ClusterInspectRequest) Reset() {
 	*x = ClusterInspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[45]
+	mi := &file_tokenpb_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3369,7 +3499,7 @@ func (x *ClusterInspectRequest) String() string {
 func (*ClusterInspectRequest) ProtoMessage() {}
 
 func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[45]
+	mi := &file_tokenpb_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3382,7 +3512,7 @@ func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectRequest.ProtoReflect.Descriptor instead.
 func (*ClusterInspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{45}
+	return file_tokenpb_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ClusterInspectRequest) GetKind() InspectKind {
@@ -3420,7 +3550,7 @@ type InstanceRows struct {
 
 func (x *InstanceRows) Reset() {
 	*x = InstanceRows{}
-	mi := &file_tokenpb_proto_msgTypes[46]
+	mi := &file_tokenpb_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3432,7 +3562,7 @@ func (x *InstanceRows) String() string {
 func (*InstanceRows) ProtoMessage() {}
 
 func (x *InstanceRows) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[46]
+	mi := &file_tokenpb_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3445,7 +3575,7 @@ func (x *InstanceRows) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceRows.ProtoReflect.Descriptor instead.
 func (*InstanceRows) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{46}
+	return file_tokenpb_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *InstanceRows) GetInstance() string {
@@ -3490,7 +3620,7 @@ type ClusterInspectResponse struct {
 
 func (x *ClusterInspectResponse) Reset() {
 	*x = ClusterInspectResponse{}
-	mi := &file_tokenpb_proto_msgTypes[47]
+	mi := &file_tokenpb_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3502,7 +3632,7 @@ func (x *ClusterInspectResponse) String() string {
 func (*ClusterInspectResponse) ProtoMessage() {}
 
 func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[47]
+	mi := &file_tokenpb_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3515,7 +3645,7 @@ func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectResponse.ProtoReflect.Descriptor instead.
 func (*ClusterInspectResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{47}
+	return file_tokenpb_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ClusterInspectResponse) GetInstances() []*InstanceRows {
@@ -3575,7 +3705,7 @@ type RunawayEvent struct {
 
 func (x *RunawayEvent) Reset() {
 	*x = RunawayEvent{}
-	mi := &file_tokenpb_proto_msgTypes[48]
+	mi := &file_tokenpb_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3587,7 +3717,7 @@ func (x *RunawayEvent) String() string {
 func (*RunawayEvent) ProtoMessage() {}
 
 func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[48]
+	mi := &file_tokenpb_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3730,7 @@ func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayEvent.ProtoReflect.Descriptor instead.
 func (*RunawayEvent) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{48}
+	return file_tokenpb_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RunawayEvent) GetResourceGroup() string {
@@ -3679,7 +3809,7 @@ type RecordRunawaysRequest struct {
 
 func (x *RecordRunawaysRequest) Reset() {
 	*x = RecordRunawaysRequest{}
-	mi := &file_tokenpb_proto_msgTypes[49]
+	mi := &file_tokenpb_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3691,7 +3821,7 @@ func (x *RecordRunawaysRequest) String() string {
 func (*RecordRunawaysRequest) ProtoMessage() {}
 
 func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[49]
+	mi := &file_tokenpb_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3704,7 +3834,7 @@ func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRunawaysRequest.ProtoReflect.Descriptor instead.
 func (*RecordRunawaysRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{49}
+	return file_tokenpb_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RecordRunawaysRequest) GetInstance() string {
@@ -3733,7 +3863,7 @@ type RecordRunawaysResponse struct {
 
 func (x *RecordRunawaysResponse) Reset() {
 	*x = RecordRunawaysResponse{}
-	mi := &file_tokenpb_proto_msgTypes[50]
+	mi := &file_tokenpb_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3745,7 +3875,7 @@ func (x *RecordRunawaysResponse) String() string {
 func (*RecordRunawaysResponse) ProtoMessage() {}
 
 func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[50]
+	mi := &file_tokenpb_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3758,7 +3888,7 @@ func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRunawaysResponse.ProtoReflect.Descriptor instead.
 func (*RecordRunawaysResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{50}
+	return file_tokenpb_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RecordRunawaysResponse) GetAccepted() uint32 {
@@ -3789,7 +3919,7 @@ type ListRunawaysRequest struct {
 
 func (x *ListRunawaysRequest) Reset() {
 	*x = ListRunawaysRequest{}
-	mi := &file_tokenpb_proto_msgTypes[51]
+	mi := &file_tokenpb_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3801,7 +3931,7 @@ func (x *ListRunawaysRequest) String() string {
 func (*ListRunawaysRequest) ProtoMessage() {}
 
 func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[51]
+	mi := &file_tokenpb_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3814,7 +3944,7 @@ func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunawaysRequest.ProtoReflect.Descriptor instead.
 func (*ListRunawaysRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{51}
+	return file_tokenpb_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListRunawaysRequest) GetAllGroups() bool {
@@ -3863,7 +3993,7 @@ type RunawayRow struct {
 
 func (x *RunawayRow) Reset() {
 	*x = RunawayRow{}
-	mi := &file_tokenpb_proto_msgTypes[52]
+	mi := &file_tokenpb_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3875,7 +4005,7 @@ func (x *RunawayRow) String() string {
 func (*RunawayRow) ProtoMessage() {}
 
 func (x *RunawayRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[52]
+	mi := &file_tokenpb_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3888,7 +4018,7 @@ func (x *RunawayRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayRow.ProtoReflect.Descriptor instead.
 func (*RunawayRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{52}
+	return file_tokenpb_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RunawayRow) GetInstance() string {
@@ -3989,7 +4119,7 @@ type ListRunawaysResponse struct {
 
 func (x *ListRunawaysResponse) Reset() {
 	*x = ListRunawaysResponse{}
-	mi := &file_tokenpb_proto_msgTypes[53]
+	mi := &file_tokenpb_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4001,7 +4131,7 @@ func (x *ListRunawaysResponse) String() string {
 func (*ListRunawaysResponse) ProtoMessage() {}
 
 func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[53]
+	mi := &file_tokenpb_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4014,7 +4144,7 @@ func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunawaysResponse.ProtoReflect.Descriptor instead.
 func (*ListRunawaysResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{53}
+	return file_tokenpb_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListRunawaysResponse) GetRows() []*RunawayRow {
@@ -4058,7 +4188,7 @@ type UsageHistoryRequest struct {
 
 func (x *UsageHistoryRequest) Reset() {
 	*x = UsageHistoryRequest{}
-	mi := &file_tokenpb_proto_msgTypes[54]
+	mi := &file_tokenpb_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4070,7 +4200,7 @@ func (x *UsageHistoryRequest) String() string {
 func (*UsageHistoryRequest) ProtoMessage() {}
 
 func (x *UsageHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[54]
+	mi := &file_tokenpb_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4083,7 +4213,7 @@ func (x *UsageHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryRequest.ProtoReflect.Descriptor instead.
 func (*UsageHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{54}
+	return file_tokenpb_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *UsageHistoryRequest) GetAllGroups() bool {
@@ -4150,7 +4280,7 @@ type UsageHistoryRow struct {
 
 func (x *UsageHistoryRow) Reset() {
 	*x = UsageHistoryRow{}
-	mi := &file_tokenpb_proto_msgTypes[55]
+	mi := &file_tokenpb_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4162,7 +4292,7 @@ func (x *UsageHistoryRow) String() string {
 func (*UsageHistoryRow) ProtoMessage() {}
 
 func (x *UsageHistoryRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[55]
+	mi := &file_tokenpb_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4175,7 +4305,7 @@ func (x *UsageHistoryRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryRow.ProtoReflect.Descriptor instead.
 func (*UsageHistoryRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{55}
+	return file_tokenpb_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *UsageHistoryRow) GetResourceGroup() string {
@@ -4262,7 +4392,7 @@ type UsageHistoryResponse struct {
 
 func (x *UsageHistoryResponse) Reset() {
 	*x = UsageHistoryResponse{}
-	mi := &file_tokenpb_proto_msgTypes[56]
+	mi := &file_tokenpb_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4274,7 +4404,7 @@ func (x *UsageHistoryResponse) String() string {
 func (*UsageHistoryResponse) ProtoMessage() {}
 
 func (x *UsageHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[56]
+	mi := &file_tokenpb_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4287,7 +4417,7 @@ func (x *UsageHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryResponse.ProtoReflect.Descriptor instead.
 func (*UsageHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{56}
+	return file_tokenpb_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *UsageHistoryResponse) GetRows() []*UsageHistoryRow {
@@ -4311,6 +4441,257 @@ func (x *UsageHistoryResponse) GetNotLeader() *NotLeader {
 	return nil
 }
 
+type BudgetsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every group's rows; else only those of groups (at most 1,000 names).
+	AllGroups     bool     `protobuf:"varint,1,opt,name=all_groups,json=allGroups,proto3" json:"all_groups,omitempty"`
+	Groups        []string `protobuf:"bytes,2,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BudgetsRequest) Reset() {
+	*x = BudgetsRequest{}
+	mi := &file_tokenpb_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetsRequest) ProtoMessage() {}
+
+func (x *BudgetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetsRequest.ProtoReflect.Descriptor instead.
+func (*BudgetsRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *BudgetsRequest) GetAllGroups() bool {
+	if x != nil {
+		return x.AllGroups
+	}
+	return false
+}
+
+func (x *BudgetsRequest) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+// BudgetRow is one budget of a group in its current window.
+type BudgetRow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ResourceGroup string                 `protobuf:"bytes,1,opt,name=resource_group,json=resourceGroup,proto3" json:"resource_group,omitempty"`
+	// HOUR, DAY, WEEK or MONTH.
+	Period            string  `protobuf:"bytes,2,opt,name=period,proto3" json:"period,omitempty"`
+	BudgetRu          uint64  `protobuf:"varint,3,opt,name=budget_ru,json=budgetRu,proto3" json:"budget_ru,omitempty"`
+	SpentRu           float64 `protobuf:"fixed64,4,opt,name=spent_ru,json=spentRu,proto3" json:"spent_ru,omitempty"`
+	WindowStartUnixMs int64   `protobuf:"varint,5,opt,name=window_start_unix_ms,json=windowStartUnixMs,proto3" json:"window_start_unix_ms,omitempty"`
+	WindowEndUnixMs   int64   `protobuf:"varint,6,opt,name=window_end_unix_ms,json=windowEndUnixMs,proto3" json:"window_end_unix_ms,omitempty"`
+	// The group's spending over the last 30 s, RU/s.
+	RuPerSec float64 `protobuf:"fixed64,7,opt,name=ru_per_sec,json=ruPerSec,proto3" json:"ru_per_sec,omitempty"`
+	// When the budget runs out at ru_per_sec (Unix ms); 0 when not within
+	// the window (or already spent: then it is window_start or later).
+	ProjectedExhaustionUnixMs int64 `protobuf:"varint,8,opt,name=projected_exhaustion_unix_ms,json=projectedExhaustionUnixMs,proto3" json:"projected_exhaustion_unix_ms,omitempty"`
+	// The strongest action of this budget's crossed triggers, as SQL
+	// writes it ("ON 100 PERCENT REFUSE"); "" for none.
+	Action string `protobuf:"bytes,9,opt,name=action,proto3" json:"action,omitempty"`
+	// The action is applied (MODE ENFORCE); false: only reported.
+	Enforced      bool `protobuf:"varint,10,opt,name=enforced,proto3" json:"enforced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BudgetRow) Reset() {
+	*x = BudgetRow{}
+	mi := &file_tokenpb_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetRow) ProtoMessage() {}
+
+func (x *BudgetRow) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetRow.ProtoReflect.Descriptor instead.
+func (*BudgetRow) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *BudgetRow) GetResourceGroup() string {
+	if x != nil {
+		return x.ResourceGroup
+	}
+	return ""
+}
+
+func (x *BudgetRow) GetPeriod() string {
+	if x != nil {
+		return x.Period
+	}
+	return ""
+}
+
+func (x *BudgetRow) GetBudgetRu() uint64 {
+	if x != nil {
+		return x.BudgetRu
+	}
+	return 0
+}
+
+func (x *BudgetRow) GetSpentRu() float64 {
+	if x != nil {
+		return x.SpentRu
+	}
+	return 0
+}
+
+func (x *BudgetRow) GetWindowStartUnixMs() int64 {
+	if x != nil {
+		return x.WindowStartUnixMs
+	}
+	return 0
+}
+
+func (x *BudgetRow) GetWindowEndUnixMs() int64 {
+	if x != nil {
+		return x.WindowEndUnixMs
+	}
+	return 0
+}
+
+func (x *BudgetRow) GetRuPerSec() float64 {
+	if x != nil {
+		return x.RuPerSec
+	}
+	return 0
+}
+
+func (x *BudgetRow) GetProjectedExhaustionUnixMs() int64 {
+	if x != nil {
+		return x.ProjectedExhaustionUnixMs
+	}
+	return 0
+}
+
+func (x *BudgetRow) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *BudgetRow) GetEnforced() bool {
+	if x != nil {
+		return x.Enforced
+	}
+	return false
+}
+
+type BudgetsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// By group, then period.
+	Rows []*BudgetRow `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	// Set when this replica is not the leader: ask leader_addr.
+	NotLeader *NotLeader `protobuf:"bytes,2,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	// False while the new term's usage history loads: spent_ru may lack
+	// what earlier terms recorded.
+	Seeded bool `protobuf:"varint,3,opt,name=seeded,proto3" json:"seeded,omitempty"`
+	// Rows were left out (the answer's size bound, 3 MiB): by group, the
+	// last ones.
+	Truncated     bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BudgetsResponse) Reset() {
+	*x = BudgetsResponse{}
+	mi := &file_tokenpb_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetsResponse) ProtoMessage() {}
+
+func (x *BudgetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetsResponse.ProtoReflect.Descriptor instead.
+func (*BudgetsResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *BudgetsResponse) GetRows() []*BudgetRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *BudgetsResponse) GetNotLeader() *NotLeader {
+	if x != nil {
+		return x.NotLeader
+	}
+	return nil
+}
+
+func (x *BudgetsResponse) GetSeeded() bool {
+	if x != nil {
+		return x.Seeded
+	}
+	return false
+}
+
+func (x *BudgetsResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 // UsageSegmentPart is one part (at most 512 KiB) of a segment of the usage
 // history as the leader stores it in etcd under /rg-usage/ (docs/design.md
 // §7.10): the intervals of one granularity in [start_idx, end_idx) in
@@ -4329,7 +4710,7 @@ type UsageSegmentPart struct {
 
 func (x *UsageSegmentPart) Reset() {
 	*x = UsageSegmentPart{}
-	mi := &file_tokenpb_proto_msgTypes[57]
+	mi := &file_tokenpb_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4341,7 +4722,7 @@ func (x *UsageSegmentPart) String() string {
 func (*UsageSegmentPart) ProtoMessage() {}
 
 func (x *UsageSegmentPart) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[57]
+	mi := &file_tokenpb_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4354,7 +4735,7 @@ func (x *UsageSegmentPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageSegmentPart.ProtoReflect.Descriptor instead.
 func (*UsageSegmentPart) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{57}
+	return file_tokenpb_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *UsageSegmentPart) GetGranularityS() uint32 {
@@ -4400,7 +4781,7 @@ type UsageSeriesPoints struct {
 
 func (x *UsageSeriesPoints) Reset() {
 	*x = UsageSeriesPoints{}
-	mi := &file_tokenpb_proto_msgTypes[58]
+	mi := &file_tokenpb_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4412,7 +4793,7 @@ func (x *UsageSeriesPoints) String() string {
 func (*UsageSeriesPoints) ProtoMessage() {}
 
 func (x *UsageSeriesPoints) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[58]
+	mi := &file_tokenpb_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4425,7 +4806,7 @@ func (x *UsageSeriesPoints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageSeriesPoints.ProtoReflect.Descriptor instead.
 func (*UsageSeriesPoints) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{58}
+	return file_tokenpb_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *UsageSeriesPoints) GetResourceGroup() string {
@@ -4616,13 +4997,25 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x10immediate_tokens\x18\v \x01(\x01R\x0fimmediateTokens\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_addr\x18\x01 \x01(\tR\n" +
-	"leaderAddr\"\xa0\x01\n" +
+	"leaderAddr\"\xd9\x01\n" +
 	"\rTokenResponse\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x124\n" +
 	"\x06grants\x18\x02 \x03(\v2\x1c.rgproxy.token.v1.GroupGrantR\x06grants\x12:\n" +
 	"\n" +
-	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\xa6\x04\n" +
+	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\x127\n" +
+	"\abudgets\x18\x04 \x03(\v2\x1d.rgproxy.token.v1.GroupBudgetR\abudgets\"\xa2\x02\n" +
+	"\vGroupBudget\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\x12-\n" +
+	"\x13throttle_ru_per_sec\x18\x03 \x01(\x04R\x10throttleRuPerSec\x12\x16\n" +
+	"\x06period\x18\x04 \x01(\tR\x06period\x12\x1b\n" +
+	"\tbudget_ru\x18\x05 \x01(\x04R\bbudgetRu\x12\x19\n" +
+	"\bspent_ru\x18\x06 \x01(\x01R\aspentRu\x12\x18\n" +
+	"\apercent\x18\a \x01(\rR\apercent\x12+\n" +
+	"\x12window_end_unix_ms\x18\b \x01(\x03R\x0fwindowEndUnixMs\x12\x1f\n" +
+	"\vreport_only\x18\t \x01(\bR\n" +
+	"reportOnly\"\xa6\x04\n" +
 	"\x13StatementSummaryRow\x12%\n" +
 	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1f\n" +
@@ -4774,7 +5167,30 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x04rows\x18\x01 \x03(\v2!.rgproxy.token.v1.UsageHistoryRowR\x04rows\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12:\n" +
 	"\n" +
-	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\xaa\x01\n" +
+	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"G\n" +
+	"\x0eBudgetsRequest\x12\x1d\n" +
+	"\n" +
+	"all_groups\x18\x01 \x01(\bR\tallGroups\x12\x16\n" +
+	"\x06groups\x18\x02 \x03(\tR\x06groups\"\xf3\x02\n" +
+	"\tBudgetRow\x12%\n" +
+	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12\x16\n" +
+	"\x06period\x18\x02 \x01(\tR\x06period\x12\x1b\n" +
+	"\tbudget_ru\x18\x03 \x01(\x04R\bbudgetRu\x12\x19\n" +
+	"\bspent_ru\x18\x04 \x01(\x01R\aspentRu\x12/\n" +
+	"\x14window_start_unix_ms\x18\x05 \x01(\x03R\x11windowStartUnixMs\x12+\n" +
+	"\x12window_end_unix_ms\x18\x06 \x01(\x03R\x0fwindowEndUnixMs\x12\x1c\n" +
+	"\n" +
+	"ru_per_sec\x18\a \x01(\x01R\bruPerSec\x12?\n" +
+	"\x1cprojected_exhaustion_unix_ms\x18\b \x01(\x03R\x19projectedExhaustionUnixMs\x12\x16\n" +
+	"\x06action\x18\t \x01(\tR\x06action\x12\x1a\n" +
+	"\benforced\x18\n" +
+	" \x01(\bR\benforced\"\xb4\x01\n" +
+	"\x0fBudgetsResponse\x12/\n" +
+	"\x04rows\x18\x01 \x03(\v2\x1b.rgproxy.token.v1.BudgetRowR\x04rows\x12:\n" +
+	"\n" +
+	"not_leader\x18\x02 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\x12\x16\n" +
+	"\x06seeded\x18\x03 \x01(\bR\x06seeded\x12\x1c\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xaa\x01\n" +
 	"\x10UsageSegmentPart\x12#\n" +
 	"\rgranularity_s\x18\x01 \x01(\rR\fgranularityS\x12\x1b\n" +
 	"\tstart_idx\x18\x02 \x01(\x03R\bstartIdx\x12\x17\n" +
@@ -4836,9 +5252,10 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x0eClusterInspect\x12'.rgproxy.token.v1.ClusterInspectRequest\x1a(.rgproxy.token.v1.ClusterInspectResponse2\xd4\x01\n" +
 	"\x0eRunawayService\x12c\n" +
 	"\x0eRecordRunaways\x12'.rgproxy.token.v1.RecordRunawaysRequest\x1a(.rgproxy.token.v1.RecordRunawaysResponse\x12]\n" +
-	"\fListRunaways\x12%.rgproxy.token.v1.ListRunawaysRequest\x1a&.rgproxy.token.v1.ListRunawaysResponse2m\n" +
+	"\fListRunaways\x12%.rgproxy.token.v1.ListRunawaysRequest\x1a&.rgproxy.token.v1.ListRunawaysResponse2\xbd\x01\n" +
 	"\fUsageService\x12]\n" +
-	"\fUsageHistory\x12%.rgproxy.token.v1.UsageHistoryRequest\x1a&.rgproxy.token.v1.UsageHistoryResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
+	"\fUsageHistory\x12%.rgproxy.token.v1.UsageHistoryRequest\x1a&.rgproxy.token.v1.UsageHistoryResponse\x12N\n" +
+	"\aBudgets\x12 .rgproxy.token.v1.BudgetsRequest\x1a!.rgproxy.token.v1.BudgetsResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
 
 var (
 	file_tokenpb_proto_rawDescOnce sync.Once
@@ -4853,7 +5270,7 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_tokenpb_proto_goTypes = []any{
 	(Priority)(0),                  // 0: rgproxy.token.v1.Priority
 	(BurstMode)(0),                 // 1: rgproxy.token.v1.BurstMode
@@ -4902,25 +5319,29 @@ var file_tokenpb_proto_goTypes = []any{
 	(*GroupGrant)(nil),             // 44: rgproxy.token.v1.GroupGrant
 	(*NotLeader)(nil),              // 45: rgproxy.token.v1.NotLeader
 	(*TokenResponse)(nil),          // 46: rgproxy.token.v1.TokenResponse
-	(*StatementSummaryRow)(nil),    // 47: rgproxy.token.v1.StatementSummaryRow
-	(*GroupUsageRow)(nil),          // 48: rgproxy.token.v1.GroupUsageRow
-	(*InspectRequest)(nil),         // 49: rgproxy.token.v1.InspectRequest
-	(*InspectHello)(nil),           // 50: rgproxy.token.v1.InspectHello
-	(*InspectReply)(nil),           // 51: rgproxy.token.v1.InspectReply
-	(*ClusterInspectRequest)(nil),  // 52: rgproxy.token.v1.ClusterInspectRequest
-	(*InstanceRows)(nil),           // 53: rgproxy.token.v1.InstanceRows
-	(*ClusterInspectResponse)(nil), // 54: rgproxy.token.v1.ClusterInspectResponse
-	(*RunawayEvent)(nil),           // 55: rgproxy.token.v1.RunawayEvent
-	(*RecordRunawaysRequest)(nil),  // 56: rgproxy.token.v1.RecordRunawaysRequest
-	(*RecordRunawaysResponse)(nil), // 57: rgproxy.token.v1.RecordRunawaysResponse
-	(*ListRunawaysRequest)(nil),    // 58: rgproxy.token.v1.ListRunawaysRequest
-	(*RunawayRow)(nil),             // 59: rgproxy.token.v1.RunawayRow
-	(*ListRunawaysResponse)(nil),   // 60: rgproxy.token.v1.ListRunawaysResponse
-	(*UsageHistoryRequest)(nil),    // 61: rgproxy.token.v1.UsageHistoryRequest
-	(*UsageHistoryRow)(nil),        // 62: rgproxy.token.v1.UsageHistoryRow
-	(*UsageHistoryResponse)(nil),   // 63: rgproxy.token.v1.UsageHistoryResponse
-	(*UsageSegmentPart)(nil),       // 64: rgproxy.token.v1.UsageSegmentPart
-	(*UsageSeriesPoints)(nil),      // 65: rgproxy.token.v1.UsageSeriesPoints
+	(*GroupBudget)(nil),            // 47: rgproxy.token.v1.GroupBudget
+	(*StatementSummaryRow)(nil),    // 48: rgproxy.token.v1.StatementSummaryRow
+	(*GroupUsageRow)(nil),          // 49: rgproxy.token.v1.GroupUsageRow
+	(*InspectRequest)(nil),         // 50: rgproxy.token.v1.InspectRequest
+	(*InspectHello)(nil),           // 51: rgproxy.token.v1.InspectHello
+	(*InspectReply)(nil),           // 52: rgproxy.token.v1.InspectReply
+	(*ClusterInspectRequest)(nil),  // 53: rgproxy.token.v1.ClusterInspectRequest
+	(*InstanceRows)(nil),           // 54: rgproxy.token.v1.InstanceRows
+	(*ClusterInspectResponse)(nil), // 55: rgproxy.token.v1.ClusterInspectResponse
+	(*RunawayEvent)(nil),           // 56: rgproxy.token.v1.RunawayEvent
+	(*RecordRunawaysRequest)(nil),  // 57: rgproxy.token.v1.RecordRunawaysRequest
+	(*RecordRunawaysResponse)(nil), // 58: rgproxy.token.v1.RecordRunawaysResponse
+	(*ListRunawaysRequest)(nil),    // 59: rgproxy.token.v1.ListRunawaysRequest
+	(*RunawayRow)(nil),             // 60: rgproxy.token.v1.RunawayRow
+	(*ListRunawaysResponse)(nil),   // 61: rgproxy.token.v1.ListRunawaysResponse
+	(*UsageHistoryRequest)(nil),    // 62: rgproxy.token.v1.UsageHistoryRequest
+	(*UsageHistoryRow)(nil),        // 63: rgproxy.token.v1.UsageHistoryRow
+	(*UsageHistoryResponse)(nil),   // 64: rgproxy.token.v1.UsageHistoryResponse
+	(*BudgetsRequest)(nil),         // 65: rgproxy.token.v1.BudgetsRequest
+	(*BudgetRow)(nil),              // 66: rgproxy.token.v1.BudgetRow
+	(*BudgetsResponse)(nil),        // 67: rgproxy.token.v1.BudgetsResponse
+	(*UsageSegmentPart)(nil),       // 68: rgproxy.token.v1.UsageSegmentPart
+	(*UsageSeriesPoints)(nil),      // 69: rgproxy.token.v1.UsageSeriesPoints
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
@@ -4955,66 +5376,71 @@ var file_tokenpb_proto_depIdxs = []int32{
 	4,  // 29: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
 	44, // 30: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
 	45, // 31: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	5,  // 32: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	45, // 33: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	50, // 34: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
-	47, // 35: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	48, // 36: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	5,  // 37: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	47, // 38: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	48, // 39: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	53, // 40: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
-	45, // 41: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	55, // 42: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
-	45, // 43: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	59, // 44: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
-	45, // 45: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	62, // 46: rgproxy.token.v1.UsageHistoryResponse.rows:type_name -> rgproxy.token.v1.UsageHistoryRow
-	45, // 47: rgproxy.token.v1.UsageHistoryResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	65, // 48: rgproxy.token.v1.UsageSegmentPart.series:type_name -> rgproxy.token.v1.UsageSeriesPoints
-	12, // 49: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	14, // 50: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	16, // 51: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	18, // 52: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	20, // 53: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	22, // 54: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	24, // 55: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	26, // 56: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	28, // 57: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	31, // 58: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
-	33, // 59: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
-	35, // 60: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
-	37, // 61: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	42, // 62: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	51, // 63: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
-	52, // 64: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
-	56, // 65: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
-	58, // 66: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
-	61, // 67: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
-	13, // 68: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	15, // 69: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	17, // 70: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	19, // 71: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	21, // 72: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	23, // 73: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	25, // 74: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	27, // 75: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	29, // 76: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	32, // 77: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	34, // 78: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	36, // 79: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	39, // 80: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	46, // 81: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	49, // 82: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
-	54, // 83: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
-	57, // 84: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
-	60, // 85: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
-	63, // 86: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
-	68, // [68:87] is the sub-list for method output_type
-	49, // [49:68] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	47, // 32: rgproxy.token.v1.TokenResponse.budgets:type_name -> rgproxy.token.v1.GroupBudget
+	5,  // 33: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	45, // 34: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	51, // 35: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
+	48, // 36: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	49, // 37: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	5,  // 38: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	48, // 39: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	49, // 40: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	54, // 41: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
+	45, // 42: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	56, // 43: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
+	45, // 44: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	60, // 45: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
+	45, // 46: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	63, // 47: rgproxy.token.v1.UsageHistoryResponse.rows:type_name -> rgproxy.token.v1.UsageHistoryRow
+	45, // 48: rgproxy.token.v1.UsageHistoryResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	66, // 49: rgproxy.token.v1.BudgetsResponse.rows:type_name -> rgproxy.token.v1.BudgetRow
+	45, // 50: rgproxy.token.v1.BudgetsResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	69, // 51: rgproxy.token.v1.UsageSegmentPart.series:type_name -> rgproxy.token.v1.UsageSeriesPoints
+	12, // 52: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	14, // 53: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	16, // 54: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	18, // 55: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	20, // 56: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	22, // 57: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	24, // 58: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	26, // 59: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	28, // 60: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	31, // 61: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	33, // 62: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	35, // 63: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	37, // 64: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	42, // 65: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	52, // 66: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
+	53, // 67: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
+	57, // 68: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
+	59, // 69: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
+	62, // 70: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
+	65, // 71: rgproxy.token.v1.UsageService.Budgets:input_type -> rgproxy.token.v1.BudgetsRequest
+	13, // 72: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	15, // 73: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	17, // 74: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	19, // 75: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	21, // 76: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	23, // 77: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	25, // 78: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	27, // 79: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	29, // 80: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	32, // 81: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	34, // 82: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	36, // 83: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	39, // 84: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	46, // 85: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	50, // 86: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
+	55, // 87: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
+	58, // 88: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
+	61, // 89: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
+	64, // 90: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
+	67, // 91: rgproxy.token.v1.UsageService.Budgets:output_type -> rgproxy.token.v1.BudgetsResponse
+	72, // [72:92] is the sub-list for method output_type
+	52, // [52:72] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -5028,7 +5454,7 @@ func file_tokenpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   59,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   5,
 		},
