@@ -41,8 +41,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	adminExec(t, px.Addr,
 		"CREATE RESOURCE GROUP console_limited RU_PER_SEC = 20",
 		"CREATE RESOURCE GROUP console_free RU_PER_SEC = UNLIMITED QUERY_LIMIT = (EXEC_ELAPSED = '30s', ACTION = DRYRUN)",
-		"CREATE RESOURCE GROUP console_warn RU_PER_SEC = 2 MODE = WARN",
-		"CREATE RESOURCE GROUP console_reporting RU_PER_SEC = 500 BURSTABLE PRIORITY = HIGH MAX_CONCURRENCY = 4")
+		"CREATE RESOURCE GROUP console_warn RU_PER_SEC = 2 MODE = WARN BUDGET = (RU = 50 PER MONTH, ON 80 PERCENT REFUSE)",
+		"CREATE RESOURCE GROUP console_reporting RU_PER_SEC = 500 BURSTABLE PRIORITY = HIGH MAX_CONCURRENCY = 4 "+
+			"BUDGET = (RU = 1000000 PER MONTH, ON 90 PERCENT NOTIFY)")
 
 	// Load until the pages are read: a heavy statement in the limited
 	// group (refused now and then: 8252) and in the WARN group, a light
@@ -95,7 +96,8 @@ func TestConsoleInABrowser(t *testing.T) {
 		getJSON(t, "http://"+px.ConsoleAddr+"/api/console", &pj)
 		getJSON(t, "http://"+ts.StatusAddr+"/api/console", &sj)
 		pg, sg := pj.group("console_limited"), sj.group("console_limited")
-		if pg.RUPerSecLast10s > 0 && pg.Throttled > 0 && sg.RUPerSecLast10s > 0 && sg.ThrottledTotal > 0 && len(pj.Shapes) > 0 {
+		if pg.RUPerSecLast10s > 0 && pg.Throttled > 0 && sg.RUPerSecLast10s > 0 && sg.ThrottledTotal > 0 && len(pj.Shapes) > 0 &&
+			sj.budget("console_warn").Action != "" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -182,6 +184,19 @@ func TestConsoleInABrowser(t *testing.T) {
 	if r := rows["console_limited"]; !(domNumber(t, r[2]) > 0) || domNumber(t, r[7]) != 1 || !(domNumber(t, r[5]) > 0) ||
 		!strings.Contains(r[6], " of 20") {
 		t.Errorf("rgserver's page: console_limited %q, want RU/s > 0, 1 proxy, refusals, a bucket of 20", r)
+	}
+	// The budgets: the WARN group's, spent past its trigger and only
+	// reported; the idle group's, untouched, first the most spent.
+	budgets := domRows(t, serverDOM, "budgets")
+	if r := budgets["console_warn MONTH"]; len(r) != 8 || !(domNumber(t, r[2]) >= 40) || !strings.Contains(r[2], " of 50") ||
+		r[7] != "ON 80 PERCENT REFUSE (MODE WARN: reported only)" {
+		t.Errorf("rgserver's page: console_warn's budget %q, want more than 40 of 50 RU spent and its REFUSE reported only", r)
+	}
+	if r := budgets["console_reporting MONTH"]; len(r) != 8 || r[2] != "0 of 1,000,000" || r[5] != "not this window" || r[7] != "none" {
+		t.Errorf("rgserver's page: console_reporting's budget %q, want nothing spent, no exhaustion, no action", r)
+	}
+	if note := domSection(t, serverDOM, "budgets-note"); !strings.Contains(note, "2 budgets in their current windows") {
+		t.Errorf("rgserver's page: the budgets' note %q", note)
 	}
 	// Who is held back now: the limited group, refused with 8252.
 	if r, ok := domRows(t, serverDOM, "held")["console_limited"]; !ok || len(r) != 6 || !(domNumber(t, r[2]) > 0) || r[5] != "20" {
@@ -377,7 +392,24 @@ type serverGroupJSON struct {
 }
 
 type serverConsoleJSON struct {
-	Groups []serverGroupJSON `json:"groups"`
+	Groups  []serverGroupJSON `json:"groups"`
+	Budgets []struct {
+		Group  string `json:"resource_group"`
+		Action string `json:"action"`
+	} `json:"budgets"`
+}
+
+// budget is group's first budget in the answer (zero if none).
+func (c *serverConsoleJSON) budget(group string) (b struct {
+	Group  string `json:"resource_group"`
+	Action string `json:"action"`
+}) {
+	for _, x := range c.Budgets {
+		if x.Group == group {
+			return x
+		}
+	}
+	return b
 }
 
 func (c *serverConsoleJSON) group(name string) serverGroupJSON {

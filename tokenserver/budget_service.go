@@ -1,6 +1,7 @@
 package tokenserver
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -414,4 +415,15 @@ func (c *budgetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.inForce, prometheus.GaugeValue, 1, r.ResourceGroup, p, a, fmt.Sprint(r.Enforced))
 		}
 	}
+}
+
+// BudgetOverview returns at most limit of the budgets' rows at now, the
+// most spent (by share of the budget) first, and how many there are: the
+// console's Budgets table. Only the leader's book spends; a follower's
+// rows are what it held when it last led, or none.
+func (s *Server) BudgetOverview(limit int) (rows []*pb.BudgetRow, total int) {
+	rows = s.budgetRows(nil, s.now())
+	share := func(r *pb.BudgetRow) float64 { return r.GetSpentRu() / float64(max(r.GetBudgetRu(), 1)) }
+	slices.SortStableFunc(rows, func(a, b *pb.BudgetRow) int { return cmp.Compare(share(b), share(a)) })
+	return rows[:min(len(rows), max(limit, 0))], len(rows)
 }

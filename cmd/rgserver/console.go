@@ -59,6 +59,29 @@ type serverConsole struct {
 	// Credentials: what each credential took, reported and had dropped
 	// or refused on this replica (docs/security.md).
 	Credentials []serverCredential `json:"credentials"`
+	// Budgets: the budgets in their current windows, the most spent
+	// first, at most as many as groups; BudgetsTotal how many there are.
+	Budgets      []serverBudget `json:"budgets"`
+	BudgetsTotal int            `json:"budgets_total"`
+}
+
+// serverBudget is one budget of a group in its current window.
+type serverBudget struct {
+	Group    string  `json:"resource_group"`
+	Period   string  `json:"period"`
+	BudgetRU uint64  `json:"budget_ru"`
+	SpentRU  float64 `json:"spent_ru"`
+	// RUPerSec is the group's spending over the last 30 s.
+	RUPerSec    float64   `json:"ru_per_sec"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
+	// ProjectedExhaustion is when the budget runs out at RUPerSec; null
+	// when not within the window.
+	ProjectedExhaustion *time.Time `json:"projected_exhaustion"`
+	// Action is the strongest crossed trigger, as SQL writes it ("" for
+	// none); Enforced: applied (MODE ENFORCE), else only reported.
+	Action   string `json:"action"`
+	Enforced bool   `json:"enforced"`
 }
 
 // serverCredential is one credential as this replica saw it.
@@ -114,6 +137,18 @@ func (c *consoleSource) snapshot(groups int) serverConsole {
 	for _, c := range o.Credentials {
 		out.Credentials = append(out.Credentials, serverCredential{Name: c.Name, TokenStreams: c.Streams,
 			GrantedRU: round3(c.GrantedRU), ReportedRU: round3(c.ReportedRU), DroppedRU: round3(c.DroppedRU), Refused: c.Refused})
+	}
+	budgets, total := c.srv.BudgetOverview(groups)
+	out.Budgets, out.BudgetsTotal = make([]serverBudget, 0, len(budgets)), total
+	for _, b := range budgets {
+		sb := serverBudget{Group: b.GetResourceGroup(), Period: b.GetPeriod(), BudgetRU: b.GetBudgetRu(), SpentRU: round3(b.GetSpentRu()),
+			RUPerSec: round3(b.GetRuPerSec()), WindowStart: time.UnixMilli(b.GetWindowStartUnixMs()).UTC(),
+			WindowEnd: time.UnixMilli(b.GetWindowEndUnixMs()).UTC(), Action: b.GetAction(), Enforced: b.GetEnforced()}
+		if ms := b.GetProjectedExhaustionUnixMs(); ms != 0 {
+			x := time.UnixMilli(ms).UTC()
+			sb.ProjectedExhaustion = &x
+		}
+		out.Budgets = append(out.Budgets, sb)
 	}
 	for _, g := range o.Groups {
 		sg := serverGroup{
