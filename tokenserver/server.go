@@ -159,6 +159,11 @@ type Server struct {
 	runaways *runawayHistory
 	// usage is the usage history (usage.go).
 	usage *usageHistory
+	// chargeAdmit bounds the chargeback's values per group, key and hour;
+	// chargeDropped counts the entries dropped (chargeback.go). Guarded by
+	// mu.
+	chargeAdmit   chargeAdmit
+	chargeDropped prometheus.Counter
 	// creds is what each credential took, reported and may say
 	// (credentials.go).
 	creds *credBook
@@ -213,6 +218,8 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		runaways: newRunawayHistory(cfg.RunawayRetention),
 		usage:    newUsageHistory(),
 		creds:    newCredBook(),
+
+		chargeDropped: newChargeDropped(),
 	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
@@ -228,6 +235,9 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.usage.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+		}
+		if err := cfg.Registerer.Register(s.chargeDropped); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.creds.register(cfg.Registerer); err != nil {

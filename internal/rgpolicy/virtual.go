@@ -46,7 +46,7 @@ const (
 func isVirtualTable(name string) bool {
 	switch strings.ToLower(name) {
 	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings, vtClusterSummary, vtClusterUsage,
-		vtRunawayQueries, vtSummaryHistory, vtUsageHistory:
+		vtRunawayQueries, vtSummaryHistory, vtUsageHistory, vtUsageByTag, vtUsageByAccount:
 		return true
 	}
 	return false
@@ -287,6 +287,8 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 		return s.runawayTable(ctx, be)
 	case vtUsageHistory:
 		return s.usageHistoryTable(ctx, be)
+	case vtUsageByTag, vtUsageByAccount:
+		return s.chargebackTable(ctx, be, name == vtUsageByAccount)
 	}
 	return nil, resourcegroup.NewUnsupported("information_schema." + name)
 }
@@ -462,7 +464,8 @@ var virtualMentions = func() uint64 {
 	for i, w := range ScanWords() {
 		switch w {
 		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings,
-			vtClusterSummary, vtClusterUsage, vtRunawayQueries, vtSummaryHistory, vtUsageHistory:
+			vtClusterSummary, vtClusterUsage, vtRunawayQueries, vtSummaryHistory, vtUsageHistory,
+			vtUsageByTag, vtUsageByAccount:
 			m |= 1 << i
 		}
 	}

@@ -1025,6 +1025,7 @@ var RunawayService_ServiceDesc = grpc.ServiceDesc{
 
 const (
 	UsageService_UsageHistory_FullMethodName = "/rgproxy.token.v1.UsageService/UsageHistory"
+	UsageService_Chargeback_FullMethodName   = "/rgproxy.token.v1.UsageService/Chargeback"
 )
 
 // UsageServiceClient is the client API for UsageService service.
@@ -1036,6 +1037,9 @@ const (
 // administrator credentials.
 type UsageServiceClient interface {
 	UsageHistory(ctx context.Context, in *UsageHistoryRequest, opts ...grpc.CallOption) (*UsageHistoryResponse, error)
+	// The chargeback history: the usage history by tag value or by account
+	// (information_schema.resource_usage_by_tag and _by_account).
+	Chargeback(ctx context.Context, in *ChargebackRequest, opts ...grpc.CallOption) (*ChargebackResponse, error)
 }
 
 type usageServiceClient struct {
@@ -1056,6 +1060,16 @@ func (c *usageServiceClient) UsageHistory(ctx context.Context, in *UsageHistoryR
 	return out, nil
 }
 
+func (c *usageServiceClient) Chargeback(ctx context.Context, in *ChargebackRequest, opts ...grpc.CallOption) (*ChargebackResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChargebackResponse)
+	err := c.cc.Invoke(ctx, UsageService_Chargeback_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // UsageServiceServer is the server API for UsageService service.
 // All implementations must embed UnimplementedUsageServiceServer
 // for forward compatibility.
@@ -1065,6 +1079,9 @@ func (c *usageServiceClient) UsageHistory(ctx context.Context, in *UsageHistoryR
 // administrator credentials.
 type UsageServiceServer interface {
 	UsageHistory(context.Context, *UsageHistoryRequest) (*UsageHistoryResponse, error)
+	// The chargeback history: the usage history by tag value or by account
+	// (information_schema.resource_usage_by_tag and _by_account).
+	Chargeback(context.Context, *ChargebackRequest) (*ChargebackResponse, error)
 	mustEmbedUnimplementedUsageServiceServer()
 }
 
@@ -1077,6 +1094,9 @@ type UnimplementedUsageServiceServer struct{}
 
 func (UnimplementedUsageServiceServer) UsageHistory(context.Context, *UsageHistoryRequest) (*UsageHistoryResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method UsageHistory not implemented")
+}
+func (UnimplementedUsageServiceServer) Chargeback(context.Context, *ChargebackRequest) (*ChargebackResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Chargeback not implemented")
 }
 func (UnimplementedUsageServiceServer) mustEmbedUnimplementedUsageServiceServer() {}
 func (UnimplementedUsageServiceServer) testEmbeddedByValue()                      {}
@@ -1117,6 +1137,24 @@ func _UsageService_UsageHistory_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _UsageService_Chargeback_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChargebackRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(UsageServiceServer).Chargeback(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: UsageService_Chargeback_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(UsageServiceServer).Chargeback(ctx, req.(*ChargebackRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // UsageService_ServiceDesc is the grpc.ServiceDesc for UsageService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1127,6 +1165,10 @@ var UsageService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UsageHistory",
 			Handler:    _UsageService_UsageHistory_Handler,
+		},
+		{
+			MethodName: "Chargeback",
+			Handler:    _UsageService_Chargeback_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
