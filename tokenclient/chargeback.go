@@ -192,7 +192,8 @@ func (a *chargeAcc) add(tags []BilledTag, account string, f chargeFig) {
 		cs.add(v, !ok, f)
 	}
 	if account != "" {
-		a.accounts.add(account, false, f)
+		// Cut again: only ChargebackAccount's output is expected.
+		a.accounts.add(textcut.Valid(textcut.Prefix(account, ChargebackAccountBytes), ChargebackAccountBytes), false, f)
 	}
 }
 
