@@ -90,3 +90,31 @@ func TestLedgerAttributesWhatItCharges(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseChargebackKeys: what --chargeback-tag-keys accepts is at most
+// 8 distinct valid keys, and reads back the same when joined again.
+func FuzzParseChargebackKeys(f *testing.F) {
+	for _, s := range []string{"", "application,controller", " a , b ", "a,a", "a=b", "a,b,c,d,e,f,g,h,i", "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		keys, err := ParseChargebackKeys(s)
+		if err != nil {
+			return
+		}
+		if len(keys) > 8 {
+			t.Fatalf("%q: %d keys", s, len(keys))
+		}
+		seen := map[string]bool{}
+		for _, k := range keys {
+			if seen[k] || k == "" || len(k) > 64 || strings.ContainsAny(k, ",='\x00") {
+				t.Fatalf("%q: key %q", s, k)
+			}
+			seen[k] = true
+		}
+		again, err := ParseChargebackKeys(strings.Join(keys, ","))
+		if err != nil || strings.Join(again, ",") != strings.Join(keys, ",") {
+			t.Fatalf("%q: %q read back as %q, %v", s, keys, again, err)
+		}
+	})
+}
