@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -117,7 +118,8 @@ func (cs *chargeSet) add(v string, other bool, f chargeFig) {
 			if cs.vals == nil {
 				cs.vals = map[string]*chargeFig{}
 			}
-			cs.vals[v] = &f
+			nf := f // only a new value allocates
+			cs.vals[v] = &nf
 			return
 		}
 	}
@@ -193,7 +195,11 @@ func (a *chargeAcc) add(tags []BilledTag, account string, f chargeFig) {
 	}
 	if account != "" {
 		// Cut again: only ChargebackAccount's output is expected.
-		a.accounts.add(textcut.Valid(textcut.Prefix(account, ChargebackAccountBytes), ChargebackAccountBytes), false, f)
+		account = textcut.Prefix(account, ChargebackAccountBytes)
+		if !utf8.ValidString(account) {
+			account = textcut.Valid(account, ChargebackAccountBytes)
+		}
+		a.accounts.add(account, false, f)
 	}
 }
 
