@@ -16,7 +16,8 @@ import (
 // TestUsageHistorySurvivesRgserverRestart: what a proxy's consumption
 // reports carried is in rgserver's usage history at once, per second and
 // per minute, and again after rgserver is stopped (SIGTERM: it writes
-// what it has) and started over the same data directory.
+// what it has) and started over the same data directory; so is the
+// chargeback the reports carried (by tag and by account).
 func TestUsageHistorySurvivesRgserverRestart(t *testing.T) {
 	dir := t.TempDir()
 	addr, statusAddr := freeAddr(t), freeAddr(t)
@@ -39,7 +40,10 @@ func TestUsageHistorySurvivesRgserverRestart(t *testing.T) {
 	for i := range 3 {
 		if err := stream.Send(&pb.TokenRequest{ProxyId: "usage-hist", RequestId: uint64(i + 1), Groups: []*pb.GroupTokenRequest{{
 			Group: "rg_usage_hist", TokensWanted: 10, Consumption: &pb.Consumption{Rru: 10, Wru: 2, Statements: 5, Throttled: 1,
-				Refused: 1, WaitedRu: 2, DeniedRu: 3, IntervalMs: 1000}}}}); err != nil {
+				Refused: 1, WaitedRu: 2, DeniedRu: 3, IntervalMs: 1000, Chargeback: []*pb.ChargebackEntry{
+					{TagKey: "application", TagValue: "app01", Rru: 6, Wru: 2, Statements: 3},
+					{TagKey: "application", Other: true, Rru: 4, Statements: 2},
+					{Account: "u1@%", Rru: 10, Wru: 2, Statements: 5}}}}}}); err != nil {
 			t.Fatal(err)
 		}
 		if resp, err := stream.Recv(); err != nil || resp.GetGrants()[0].GetError() != "" {
@@ -64,9 +68,26 @@ func TestUsageHistorySurvivesRgserverRestart(t *testing.T) {
 			rru, wru, waited, denied = rru+r.GetRru(), wru+r.GetWru(), waited+r.GetWaitedRu(), denied+r.GetDeniedRu()
 			stmts, thr, ref = stmts+r.GetStatements(), thr+r.GetThrottled(), ref+r.GetRefused()
 		}
-		return fmt.Sprintf("rru %g wru %g statements %d throttled %d refused %d waited %g denied %g", rru, wru, stmts, thr, ref, waited, denied), nil
+		out := fmt.Sprintf("rru %g wru %g statements %d throttled %d refused %d waited %g denied %g", rru, wru, stmts, thr, ref, waited, denied)
+		for _, accounts := range []bool{false, true} {
+			cb, err := pb.NewUsageServiceClient(dialRaw(t, addr)).Chargeback(ctx, &pb.ChargebackRequest{Accounts: accounts,
+				Range: &pb.UsageHistoryRequest{Groups: []string{"rg_usage_hist"}, FromUnixMs: from - time.Hour.Milliseconds(), GranularityS: k}})
+			if err != nil {
+				return "", err
+			}
+			sums := map[string]float64{}
+			for _, r := range cb.GetRows() {
+				name := r.GetTagKey() + "=" + r.GetTagValue() + r.GetAccount()
+				if r.GetOther() {
+					name += "*"
+				}
+				sums[name] += r.GetUsage().GetRru() + r.GetUsage().GetWru()
+			}
+			out += fmt.Sprint(" ", sums)
+		}
+		return out, nil
 	}
-	want := "rru 30 wru 6 statements 15 throttled 3 refused 3 waited 6 denied 9"
+	want := "rru 30 wru 6 statements 15 throttled 3 refused 3 waited 6 denied 9 map[application=*:12 application=app01:24] map[=u1@%:36]"
 	for _, k := range []uint32{1, 60, 3600} {
 		if got, err := totals(k); err != nil || got != want {
 			t.Fatalf("granularity %d: %s, %v; want %s", k, got, err, want)

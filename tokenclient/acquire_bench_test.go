@@ -64,3 +64,25 @@ func BenchmarkAcquirePurseParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkAcquirePurseAttributeParallel is BenchmarkAcquirePurseParallel
+// with each statement's chargeback (an account and a tag), as rgpolicy's
+// ledger attributes it: the groups' lock once more per statement.
+func BenchmarkAcquirePurseAttributeParallel(b *testing.B) {
+	c, _ := newTestClient(b, nil)
+	ctx := context.Background()
+	tags := []BilledTag{{Key: "application", Value: "app07"}}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		p := &Purse{}
+		defer c.ReturnPurse(p)
+		for pb.Next() {
+			if _, _, err := c.AcquireShare(ctx, p, resourcegroup.DefaultGroup, benchCons, 1, time.Second); err != nil {
+				b.Error(err)
+				return
+			}
+			c.ChargePurse(p, resourcegroup.DefaultGroup, ru.Consumption{RRU: 0.1})
+			c.Attribute(resourcegroup.DefaultGroup, tags, "app@%", benchCons)
+		}
+	})
+}

@@ -132,6 +132,8 @@ type groupState struct {
 
 	// Reporting.
 	pending ru.Consumption
+	// charge is the chargeback of the consumption pending (Attribute).
+	charge chargeAcc
 	// counts are the refusals and the demand that waited or was denied
 	// since the last report (Consumption's throttled, refused, waited_ru,
 	// denied_ru).

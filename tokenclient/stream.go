@@ -530,11 +530,12 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 			HeldTokens:     gs.held(now),
 		}
 		gs.counts.fill(gr.Consumption)
+		gr.Consumption.Chargeback = gs.charge.take()
 		gr.Consumption.IntervalMs = intervalMs(now.Sub(gs.reportFrom))
 		if !gs.lastFigure.Before(gs.reportFrom) {
 			gr.Consumption.IdleMs = min(uint32(max(now.Sub(gs.lastFigure).Milliseconds(), 0)), gr.Consumption.IntervalMs)
 		}
-		sent.extras[gs.name] = sentExtras{counts: gs.counts, from: gs.reportFrom}
+		sent.extras[gs.name] = sentExtras{counts: gs.counts, from: gs.reportFrom, charge: gr.Consumption.Chargeback}
 		gs.counts = reportCounts{}
 		gs.reportFrom = now
 		gs.heldSent = gr.HeldTokens
@@ -602,7 +603,7 @@ func (gs *groupState) held(now time.Time) float64 {
 func (gs *groupState) hasReport() bool {
 	p := gs.pending
 	return p.RRU > 0 || p.WRU > 0 || p.ReadBytes >= 1 || p.WriteBytes >= 1 || p.BackendSeconds > 0 || p.Statements >= 1 ||
-		gs.counts != (reportCounts{})
+		gs.counts != (reportCounts{}) || !gs.charge.empty()
 }
 
 // takeReport returns the consumption to report and keeps what cannot be
@@ -826,6 +827,8 @@ func (c reportCounts) fill(pb *tokenpb.Consumption) {
 type sentExtras struct {
 	counts reportCounts
 	from   time.Time
+	// charge is the report's chargeback.
+	charge []*tokenpb.ChargebackEntry
 }
 
 // restoreExtras puts back what a request rgserver did not take carried:
@@ -836,6 +839,7 @@ func (gs *groupState) restoreExtras(e sentExtras) {
 	gs.counts.refused += e.counts.refused
 	gs.counts.waitedRU += e.counts.waitedRU
 	gs.counts.deniedRU += e.counts.deniedRU
+	gs.charge.restore(e.charge)
 	if !e.from.IsZero() && e.from.Before(gs.reportFrom) {
 		gs.reportFrom = e.from
 	}

@@ -170,6 +170,11 @@ type Server struct {
 	budgets       *budgetBook
 	budgetHub     *budgetHub
 	budgetActions *prometheus.CounterVec
+	// chargeAdmit bounds the chargeback's values per group, key and hour;
+	// chargeDropped counts the entries dropped (chargeback.go). Guarded by
+	// mu.
+	chargeAdmit   chargeAdmit
+	chargeDropped prometheus.Counter
 	// creds is what each credential took, reported and may say
 	// (credentials.go).
 	creds *credBook
@@ -230,6 +235,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 			Name: "rgserver_budget_actions_total",
 			Help: "Budget triggers crossed, by the budget's period and the trigger's action (notify, throttle, refuse); counted for MODE WARN groups too, which only report them.",
 		}, []string{"resource_group", "period", "action"}),
+		chargeDropped: newChargeDropped(),
 	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
@@ -245,6 +251,9 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.usage.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
+		}
+		if err := cfg.Registerer.Register(s.chargeDropped); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
 		if err := s.creds.register(cfg.Registerer); err != nil {

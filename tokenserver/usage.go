@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -723,6 +724,9 @@ func (h *usageHistory) query(keep map[string]bool, k int, from, to int64, limit 
 		h.mu.Unlock()
 	}
 	h.walk(list, func(s *usageSeries) {
+		if keep == nil && strings.IndexByte(s.group, 0) >= 0 {
+			return // a chargeback series (chargeback.go)
+		}
 		s.tiers[k].eachPoint(from, to, func(p usagePoint) {
 			matched++
 			keeper.Offer(usageRow{group: s.group, p: p})

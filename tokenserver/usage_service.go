@@ -100,6 +100,23 @@ func (s *Server) reportUsage(name string, u ru.Consumption, throttled, refused f
 	interval = min(interval, usageMaxInterval)
 	idle := min(time.Duration(c.GetIdleMs())*time.Millisecond, interval)
 	s.usage.addUntil(name, f, interval-idle, now.Add(-idle), now)
+	s.reportChargeback(name, f, c, interval, idle, now)
+}
+
+// loadedErr is nil once the term's load finished, else Unavailable with
+// its progress: an answer would lack what earlier terms recorded.
+func (h *usageHistory) loadedErr() error {
+	h.mu.Lock()
+	loaded, read, total := h.loaded, h.read, h.total
+	h.mu.Unlock()
+	if loaded {
+		return nil
+	}
+	pct := 0
+	if total > 0 {
+		pct = int(math.Floor(100 * float64(read) / float64(total)))
+	}
+	return status.Errorf(codes.Unavailable, "usage history loading: %d%% read; ask again in a moment", pct)
 }
 
 // usageService implements tokenpb.UsageServiceServer over a Server.
@@ -191,15 +208,8 @@ func (us usageService) UsageHistory(_ context.Context, req *pb.UsageHistoryReque
 		return nil, status.Errorf(codes.InvalidArgument, "malformed usage history request: %v", err)
 	}
 	h := s.usage
-	h.mu.Lock()
-	loaded, read, total := h.loaded, h.read, h.total
-	h.mu.Unlock()
-	if !loaded {
-		pct := 0
-		if total > 0 {
-			pct = int(math.Floor(100 * float64(read) / float64(total)))
-		}
-		return nil, status.Errorf(codes.Unavailable, "usage history loading: %d%% read; ask again in a moment", pct)
+	if err := h.loadedErr(); err != nil {
+		return nil, err
 	}
 	rows, truncated := h.query(r.keep, r.tier, r.from, r.to, r.limit)
 	out := make([]*pb.UsageHistoryRow, 0, len(rows))

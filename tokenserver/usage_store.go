@@ -306,7 +306,7 @@ func (s *Server) evictUsage() {
 	for i := 0; i < len(names); i += walkChunk {
 		s.mu.Lock()
 		for _, g := range names[i:min(i+walkChunk, len(names))] {
-			exists[g] = s.holdsLocked(g)
+			exists[g] = s.holdsLocked(seriesGroup(g)) // a chargeback series goes with its group
 		}
 		s.mu.Unlock()
 	}

@@ -113,6 +113,9 @@ type config struct {
 	// MaxBackendConcurrency caps statements running on the backend at once;
 	// waiting ones are admitted by group PRIORITY. 0 = unlimited (default).
 	MaxBackendConcurrency int
+	// ChargebackTagKeys names the SQLCommenter tag keys whose values are
+	// billed (resource_usage_by_tag), comma-separated; "" = none.
+	ChargebackTagKeys string
 	// DegradedAfter is how long without a grant before the proxy refills
 	// locally at RU_PER_SEC / proxies. Default 5s.
 	DegradedAfter time.Duration
@@ -198,6 +201,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.ProxyID, "proxy-id", "", "this proxy's id at rgserver (default hostname:listen-port)")
 	fs.BoolVar(&cfg.StrictResourceGroups, "strict-resource-groups", true, "without SUPER, SET RESOURCE GROUP and the RESOURCE_GROUP hint may name only the user's bound group or default (else 1227)")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", 30*time.Second, "longest wait for tokens before a statement gets 8252 (fails at once when the estimate exceeds it)")
+	fs.StringVar(&cfg.ChargebackTagKeys, "chargeback-tag-keys", "", "SQLCommenter tag keys whose values are billed in information_schema.resource_usage_by_tag, comma-separated (at most 8), e.g. application,controller; accounts are always billed")
 	fs.DurationVar(&cfg.MaxWaitInTxn, "max-wait-in-txn", 100*time.Millisecond, "longest wait for tokens inside an open transaction; then the statement runs on debt")
 	fs.IntVar(&cfg.MaxBackendConcurrency, "max-backend-concurrency", 0, "statements running on the backend at once, 0 = unlimited; waiting ones are admitted HIGH before MEDIUM before LOW")
 	fs.DurationVar(&cfg.DegradedAfter, "degraded-after", 5*time.Second, "without a grant for this long, refill locally at RU_PER_SEC / proxies (degraded mode)")
@@ -331,6 +335,9 @@ func (c *config) validate() error {
 	}
 	if c.MaxWait <= 0 || c.MaxWaitInTxn < 0 || c.DegradedAfter <= 0 {
 		errs = append(errs, errors.New("--max-wait and --degraded-after must be > 0, --max-wait-in-txn >= 0"))
+	}
+	if _, err := rgpolicy.ParseChargebackKeys(c.ChargebackTagKeys); err != nil {
+		errs = append(errs, fmt.Errorf("--chargeback-tag-keys: %w", err))
 	}
 	if (c.AdminUser == "") != (c.AdminPasswordFile == "") {
 		errs = append(errs, errors.New("--admin-user and --admin-password-file go together"))

@@ -129,6 +129,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			Cluster:         tc,
 			Runaways:        tc,
 			Usage:           tc,
+			Chargeback:      tc,
 			Roles:           roles,
 			Instance:        instanceNameOf(cfg.Listen),
 			Settings:        policySettings(cfg),
@@ -288,7 +289,14 @@ func policySettings(cfg config) rgpolicy.Settings {
 		MaxWait:               cfg.MaxWait,
 		MaxWaitInTxn:          cfg.MaxWaitInTxn,
 		MaxBackendConcurrency: cfg.MaxBackendConcurrency,
+		ChargebackTagKeys:     chargebackKeys(cfg.ChargebackTagKeys),
 	}
+}
+
+// chargebackKeys is a validated --chargeback-tag-keys as a list.
+func chargebackKeys(s string) []string {
+	keys, _ := rgpolicy.ParseChargebackKeys(s) // validated at start and on SIGHUP
+	return keys
 }
 
 // startTokenClient connects to rgserver. When neither rgserver nor a

@@ -16,7 +16,7 @@ import (
 func reloadable(name string) bool {
 	switch name {
 	case "log-level", "max-wait", "max-wait-in-txn", "max-connections", "max-backend-concurrency",
-		"strict-resource-groups", "tls-cert", "tls-key":
+		"strict-resource-groups", "tls-cert", "tls-key", "chargeback-tag-keys":
 		return true
 	}
 	return false
@@ -108,6 +108,8 @@ func (r *reloader) reload() {
 			r.cur.MaxBackendConcurrency = next.MaxBackendConcurrency
 		case "strict-resource-groups":
 			r.cur.StrictResourceGroups = next.StrictResourceGroups
+		case "chargeback-tag-keys":
+			r.cur.ChargebackTagKeys = next.ChargebackTagKeys
 		}
 	}
 	if r.policy != nil {

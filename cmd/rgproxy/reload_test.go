@@ -97,13 +97,14 @@ func TestReloadAppliesReloadableAndRefusesTheRest(t *testing.T) {
 	f := newReloadFixture(t, "listen = \"127.0.0.1:4000\"\nmax-wait = \"30s\"\nlog-level = \"warn\"\n")
 	logs := f.reload("listen = \"127.0.0.1:4001\"\nmax-wait = \"100ms\"\nlog-level = \"debug\"\n" +
 		"max-connections = 5\nmax-wait-in-txn = \"50ms\"\nmax-backend-concurrency = 8\nstrict-resource-groups = false\n" +
-		"dial-timeout = \"1s\"\n")
+		"chargeback-tag-keys = \"application,controller\"\ndial-timeout = \"1s\"\n")
 	if n := strings.Count(logs, "\n"); n != 2 {
 		t.Errorf("want one line of changes and one of refusals, got %d lines:\n%s", n, logs)
 	}
 	wantLines(t, logs, `level=INFO msg="config reloaded"`,
 		"log-level: warn → debug", "max-wait: 30s → 100ms", "max-wait-in-txn: 100ms → 50ms",
 		"max-connections: 0 → 5", "max-backend-concurrency: 0 → 8", "strict-resource-groups: true → false",
+		`chargeback-tag-keys: \"\" → application,controller`,
 		`level=WARN msg="config reload: these settings need a restart and were not changed"`,
 		`refused="dial-timeout, listen"`, "listen: 127.0.0.1:4000 → 127.0.0.1:4001")
 	if strings.Contains(logs, "changed=") && strings.Contains(strings.SplitN(logs, "\n", 2)[0], "listen") {
@@ -111,7 +112,7 @@ func TestReloadAppliesReloadableAndRefusesTheRest(t *testing.T) {
 	}
 	c := f.r.cur
 	if c.MaxWait != 100*time.Millisecond || c.MaxWaitInTxn != 50*time.Millisecond || c.MaxBackendConcurrency != 8 ||
-		c.StrictResourceGroups || c.LogLevel != "debug" || c.MaxConnections != 5 {
+		c.StrictResourceGroups || c.LogLevel != "debug" || c.MaxConnections != 5 || c.ChargebackTagKeys != "application,controller" {
 		t.Errorf("settings in force: %+v", c)
 	}
 	if c.Listen != "127.0.0.1:4000" || c.DialTimeout != 5*time.Second {
@@ -123,7 +124,8 @@ func TestReloadAppliesReloadableAndRefusesTheRest(t *testing.T) {
 
 	// The same file again: nothing to apply; the refusal is said again.
 	logs = f.reload("listen = \"127.0.0.1:4001\"\nmax-wait = \"100ms\"\nlog-level = \"debug\"\n" +
-		"max-connections = 5\nmax-wait-in-txn = \"50ms\"\nmax-backend-concurrency = 8\nstrict-resource-groups = false\n")
+		"max-connections = 5\nmax-wait-in-txn = \"50ms\"\nmax-backend-concurrency = 8\nstrict-resource-groups = false\n" +
+		"chargeback-tag-keys = \"application,controller\"\n")
 	wantLines(t, logs, `refused=listen`)
 	if strings.Contains(logs, "config reloaded") {
 		t.Errorf("nothing changed, yet:\n%s", logs)

@@ -25,6 +25,8 @@ func (b *benchTokens) AcquireShare(context.Context, *tokenclient.Purse, string, 
 
 func (b *benchTokens) Charge(string, ru.Consumption) {}
 
+func (b *benchTokens) Attribute(string, []tokenclient.BilledTag, string, ru.Consumption) {}
+
 func (b *benchTokens) ChargePurse(*tokenclient.Purse, string, ru.Consumption) {}
 
 // newPointSelect returns a bound user's session and a point select with

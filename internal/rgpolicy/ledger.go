@@ -131,8 +131,11 @@ func (lg *stmtLedger) settle(cur *statement, own *groupSeries, memo *shapeMemo, 
 				tok.Charge(l.group, negate(extra))
 			}
 			tok.Charge(st.chargeTo, st.after)
+			lg.attribute(l.group, &cur.bill, cur.before)
+			lg.attribute(st.chargeTo, &cur.bill, st.after)
 			continue
 		}
+		lg.attribute(l.group, &cur.bill, total)
 		settle := total
 		settle.Sub(l.prepaid)
 		switch {
@@ -184,12 +187,14 @@ type lateTo struct {
 	shape    shapeKey
 	hasShape bool
 	learn    bool
+	// bill is the statement's billing (chargeback).
+	bill billing
 }
 
 // lateTargets is where the statement in flight's late charges go; own is
 // the series of its group, learn as lateTo's.
 func (lg *stmtLedger) lateTargets(cur *statement, own *groupSeries, learn bool) lateTo {
-	to := lateTo{ngroups: 1, shape: cur.shape, hasShape: cur.hasShape, learn: learn}
+	to := lateTo{ngroups: 1, shape: cur.shape, hasShape: cur.hasShape, learn: learn, bill: cur.bill}
 	to.groups[0] = groupRef{cur.group, own}
 	if cur.nlegs > 1 {
 		g := cur.legs[1].group
@@ -224,6 +229,7 @@ func (lg *stmtLedger) late(to *lateTo, extra ru.Consumption, src wsrc, session b
 		} else {
 			lg.p.tokens.Charge(g.name, extra)
 		}
+		lg.attribute(g.name, &to.bill, extra)
 		g.series.wru.Add(extra.WRU)
 		g.series.written[src].Add(extra.WriteBytes)
 		if to.hasShape {

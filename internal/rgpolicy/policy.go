@@ -66,6 +66,9 @@ type Tokens interface {
 	CountThrottled(group string, estimate float64)
 	CountRefused(group string, estimate float64)
 	CountWaited(group string, estimate float64)
+	// Attribute records the chargeback of cons charged to group
+	// (tokenclient.Client.Attribute).
+	Attribute(group string, tags []tokenclient.BilledTag, account string, cons ru.Consumption)
 	// HoldDemand holds a refused statement's RU as its group's waiting
 	// demand in h, for a couple of seconds at most; ReleaseDemand ends it.
 	HoldDemand(h *tokenclient.DemandHold, group string, ru float64)
@@ -120,6 +123,10 @@ type Settings struct {
 	// MaxBackendConcurrency caps statements running on the backend at
 	// once; 0 = unlimited.
 	MaxBackendConcurrency int
+	// ChargebackTagKeys are the SQLCommenter tag keys whose values are
+	// billed (chargeback.go), lower case, at most
+	// tokenclient.ChargebackMaxKeys.
+	ChargebackTagKeys []string
 }
 
 // Config configures a Policy.
@@ -145,6 +152,10 @@ type Config struct {
 	// Usage reads the usage history rgserver keeps (tokenclient.Client);
 	// nil = resource_group_usage_history answers an error (usage.go).
 	Usage UsageHistory
+	// Chargeback reads the chargeback history rgserver keeps
+	// (tokenclient.Client); nil = resource_usage_by_tag and
+	// resource_usage_by_account answer an error (billing_tables.go).
+	Chargeback Chargeback
 	// Instance names this proxy as the source of the watches it adds:
 	// its INSTANCE (the MySQL address clients reach it at), the name the
 	// runaway history and the cluster-wide views give it.
@@ -197,6 +208,7 @@ type Policy struct {
 	cluster  ClusterInspector
 	history  RunawayHistory
 	usage    UsageHistory
+	charge   Chargeback
 	roles    RoleChecker
 	instance string
 	settings atomic.Pointer[Settings]
@@ -264,6 +276,7 @@ func New(cfg Config) (*Policy, error) {
 		cluster:    cfg.Cluster,
 		history:    cfg.Runaways,
 		usage:      cfg.Usage,
+		charge:     cfg.Chargeback,
 		roles:      cfg.Roles,
 		instance:   cfg.Instance,
 		cooldown:   make(chan struct{}, 1),
@@ -349,12 +362,13 @@ func ScanWords() []string {
 	return []string{"resource", "watch", "last", "current_resource_group", "resource_groups",
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
 		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
-		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history", "resource_group_budgets"}
+		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history", "resource_group_budgets",
+		"resource_usage_by_tag", "resource_usage_by_account"}
 }
 
 // Open implements mysqlproto.Policy.
 func (p *Policy) Open(info mysqlproto.SessionInfo) mysqlproto.SessionPolicy {
-	s := &session{p: p, user: info.User, connID: info.BackendConnID}
+	s := &session{p: p, user: info.User, connID: info.BackendConnID, clientHost: clientHost(info.ClientAddr)}
 	s.led = stmtLedger{p: p, purse: &s.purse, last: &s.last}
 	return s
 }
@@ -371,6 +385,11 @@ type session struct {
 	hostKnown bool
 	// connID is the backend's id of this session's connection (KILL QUERY).
 	connID uint32
+	// clientHost is the client's address without its port: the host of
+	// the session's account for chargeback when host is not known.
+	clientHost string
+	// acct is the account billed (account), for acctUser and acctHost.
+	acct, acctUser, acctHost string
 	// setGroup is the group named by SET RESOURCE GROUP, "" = none;
 	// setGen is the cache generation it was last allowed under (strict
 	// mode judges it again when the bindings change).
@@ -429,9 +448,11 @@ type statement struct {
 	// bound SQLCommenter tag that is not group ("" = none): a tag binding
 	// adds that group's limits and never removes the account's.
 	group, tagGroup string
-	req             ru.RequestInfo
-	before          ru.Consumption // the before-cost (base and up-front write bytes)
-	prepaid         ru.Consumption // what each leg takes before forwarding: >= before
+	// bill is what the statement is billed to (chargeback).
+	bill    billing
+	req     ru.RequestInfo
+	before  ru.Consumption // the before-cost (base and up-front write bytes)
+	prepaid ru.Consumption // what each leg takes before forwarding: >= before
 	// legs are the statement's parts in its groups: legs[0] in group,
 	// legs[1] in tagGroup when there is one; nlegs says how many are set
 	// (0 for a free statement).

@@ -60,6 +60,9 @@ type recordingTokens struct {
 	// tagLookups counts TagGroup calls.
 	tags       map[string]string
 	tagLookups int
+	// billed is the RU attributed (Attribute) by "group key=value" and
+	// "group user@host"; billedStmts the statements likewise.
+	billed, billedStmts map[string]float64
 	// gen is CacheGeneration: a test that changes groups, bindings or
 	// tags under a session bumps it, as the Watch does.
 	gen uint64
@@ -129,6 +132,18 @@ func (r *recordingTokens) share(group string) tokenclient.Share {
 	}
 	sh.Rate, sh.BurstSeconds, sh.Tokens = float64(g.RUPerSec), 1, r.level
 	return sh
+}
+
+func (r *recordingTokens) Attribute(group string, tags []tokenclient.BilledTag, account string, c ru.Consumption) {
+	if r.billed == nil {
+		r.billed, r.billedStmts = map[string]float64{}, map[string]float64{}
+	}
+	for _, t := range tags {
+		r.billed[group+" "+t.Key+"="+t.Value] += c.RU()
+		r.billedStmts[group+" "+t.Key+"="+t.Value] += c.Statements
+	}
+	r.billed[group+" "+account] += c.RU()
+	r.billedStmts[group+" "+account] += c.Statements
 }
 
 func (r *recordingTokens) Charge(group string, c ru.Consumption) {

@@ -33,6 +33,7 @@ func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysq
 			s.cur.tagGroup = g
 		}
 	}
+	s.bill(&st.Scan, set)
 	return nil
 }
 

@@ -46,7 +46,7 @@ const (
 func isVirtualTable(name string) bool {
 	switch strings.ToLower(name) {
 	case vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings, vtClusterSummary, vtClusterUsage,
-		vtRunawayQueries, vtSummaryHistory, vtUsageHistory, vtBudgets:
+		vtRunawayQueries, vtSummaryHistory, vtUsageHistory, vtBudgets, vtUsageByTag, vtUsageByAccount:
 		return true
 	}
 	return false
@@ -289,6 +289,8 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 		return s.usageHistoryTable(ctx, be)
 	case vtBudgets:
 		return s.budgetsTable(ctx, be)
+	case vtUsageByTag, vtUsageByAccount:
+		return s.chargebackTable(ctx, be, name == vtUsageByAccount)
 	}
 	return nil, resourcegroup.NewUnsupported("information_schema." + name)
 }
@@ -464,7 +466,8 @@ var virtualMentions = func() uint64 {
 	for i, w := range ScanWords() {
 		switch w {
 		case "current_resource_group", vtResourceGroups, vtRunawayWatches, vtStatementsSummary, vtBindings,
-			vtClusterSummary, vtClusterUsage, vtRunawayQueries, vtSummaryHistory, vtUsageHistory, vtBudgets:
+			vtClusterSummary, vtClusterUsage, vtRunawayQueries, vtSummaryHistory, vtUsageHistory, vtBudgets,
+			vtUsageByTag, vtUsageByAccount:
 			m |= 1 << i
 		}
 	}

@@ -2235,7 +2235,13 @@ type Consumption struct {
 	// Of interval_ms, the time at its end in which no figure came in (the
 	// group fell idle before the report): rgserver spreads the figures over
 	// the interval without it. 0 from a proxy that does not say.
-	IdleMs        uint32 `protobuf:"varint,12,opt,name=idle_ms,json=idleMs,proto3" json:"idle_ms,omitempty"`
+	IdleMs uint32 `protobuf:"varint,12,opt,name=idle_ms,json=idleMs,proto3" json:"idle_ms,omitempty"`
+	// Chargeback: the group's RU and statements of the report split by the
+	// SQLCommenter tag values of the keys the proxy bills
+	// (--chargeback-tag-keys) and by account (docs/budgets.md,
+	// Chargeback): per key its top values and an "other" entry, per
+	// account likewise. Empty from a proxy that does not say.
+	Chargeback    []*ChargebackEntry `protobuf:"bytes,13,rep,name=chargeback,proto3" json:"chargeback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2354,6 +2360,111 @@ func (x *Consumption) GetIdleMs() uint32 {
 	return 0
 }
 
+func (x *Consumption) GetChargeback() []*ChargebackEntry {
+	if x != nil {
+		return x.Chargeback
+	}
+	return nil
+}
+
+// ChargebackEntry is what one tag value (tag_key and tag_value) or one
+// account (account) of a group spent in a report, or the rest of a key's
+// values or of the accounts (other, with tag_key or without).
+type ChargebackEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A tag's key and value; both empty for an account.
+	TagKey   string `protobuf:"bytes,1,opt,name=tag_key,json=tagKey,proto3" json:"tag_key,omitempty"`
+	TagValue string `protobuf:"bytes,2,opt,name=tag_value,json=tagValue,proto3" json:"tag_value,omitempty"`
+	// user@host; empty for a tag.
+	Account string `protobuf:"bytes,3,opt,name=account,proto3" json:"account,omitempty"`
+	// The values (accounts) beyond the top ones; tag_value (account) empty.
+	Other         bool    `protobuf:"varint,4,opt,name=other,proto3" json:"other,omitempty"`
+	Rru           float64 `protobuf:"fixed64,5,opt,name=rru,proto3" json:"rru,omitempty"`
+	Wru           float64 `protobuf:"fixed64,6,opt,name=wru,proto3" json:"wru,omitempty"`
+	Statements    uint64  `protobuf:"varint,7,opt,name=statements,proto3" json:"statements,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChargebackEntry) Reset() {
+	*x = ChargebackEntry{}
+	mi := &file_tokenpb_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChargebackEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChargebackEntry) ProtoMessage() {}
+
+func (x *ChargebackEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChargebackEntry.ProtoReflect.Descriptor instead.
+func (*ChargebackEntry) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ChargebackEntry) GetTagKey() string {
+	if x != nil {
+		return x.TagKey
+	}
+	return ""
+}
+
+func (x *ChargebackEntry) GetTagValue() string {
+	if x != nil {
+		return x.TagValue
+	}
+	return ""
+}
+
+func (x *ChargebackEntry) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+func (x *ChargebackEntry) GetOther() bool {
+	if x != nil {
+		return x.Other
+	}
+	return false
+}
+
+func (x *ChargebackEntry) GetRru() float64 {
+	if x != nil {
+		return x.Rru
+	}
+	return 0
+}
+
+func (x *ChargebackEntry) GetWru() float64 {
+	if x != nil {
+		return x.Wru
+	}
+	return 0
+}
+
+func (x *ChargebackEntry) GetStatements() uint64 {
+	if x != nil {
+		return x.Statements
+	}
+	return 0
+}
+
 type GroupTokenRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
@@ -2386,7 +2497,7 @@ type GroupTokenRequest struct {
 
 func (x *GroupTokenRequest) Reset() {
 	*x = GroupTokenRequest{}
-	mi := &file_tokenpb_proto_msgTypes[34]
+	mi := &file_tokenpb_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2398,7 +2509,7 @@ func (x *GroupTokenRequest) String() string {
 func (*GroupTokenRequest) ProtoMessage() {}
 
 func (x *GroupTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[34]
+	mi := &file_tokenpb_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2411,7 +2522,7 @@ func (x *GroupTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupTokenRequest.ProtoReflect.Descriptor instead.
 func (*GroupTokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{34}
+	return file_tokenpb_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GroupTokenRequest) GetGroup() string {
@@ -2482,7 +2593,7 @@ type TokenRequest struct {
 
 func (x *TokenRequest) Reset() {
 	*x = TokenRequest{}
-	mi := &file_tokenpb_proto_msgTypes[35]
+	mi := &file_tokenpb_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2494,7 +2605,7 @@ func (x *TokenRequest) String() string {
 func (*TokenRequest) ProtoMessage() {}
 
 func (x *TokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[35]
+	mi := &file_tokenpb_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2507,7 +2618,7 @@ func (x *TokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRequest.ProtoReflect.Descriptor instead.
 func (*TokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{35}
+	return file_tokenpb_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *TokenRequest) GetProxyId() string {
@@ -2554,7 +2665,7 @@ type ProxyCapabilities struct {
 
 func (x *ProxyCapabilities) Reset() {
 	*x = ProxyCapabilities{}
-	mi := &file_tokenpb_proto_msgTypes[36]
+	mi := &file_tokenpb_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2566,7 +2677,7 @@ func (x *ProxyCapabilities) String() string {
 func (*ProxyCapabilities) ProtoMessage() {}
 
 func (x *ProxyCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[36]
+	mi := &file_tokenpb_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2579,7 +2690,7 @@ func (x *ProxyCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyCapabilities.ProtoReflect.Descriptor instead.
 func (*ProxyCapabilities) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{36}
+	return file_tokenpb_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ProxyCapabilities) GetCanKill() bool {
@@ -2643,7 +2754,7 @@ type GroupGrant struct {
 
 func (x *GroupGrant) Reset() {
 	*x = GroupGrant{}
-	mi := &file_tokenpb_proto_msgTypes[37]
+	mi := &file_tokenpb_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2655,7 +2766,7 @@ func (x *GroupGrant) String() string {
 func (*GroupGrant) ProtoMessage() {}
 
 func (x *GroupGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[37]
+	mi := &file_tokenpb_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2668,7 +2779,7 @@ func (x *GroupGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupGrant.ProtoReflect.Descriptor instead.
 func (*GroupGrant) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{37}
+	return file_tokenpb_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GroupGrant) GetGroup() string {
@@ -2759,7 +2870,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_tokenpb_proto_msgTypes[38]
+	mi := &file_tokenpb_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +2882,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[38]
+	mi := &file_tokenpb_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +2895,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{38}
+	return file_tokenpb_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NotLeader) GetLeaderAddr() string {
@@ -2814,7 +2925,7 @@ type TokenResponse struct {
 
 func (x *TokenResponse) Reset() {
 	*x = TokenResponse{}
-	mi := &file_tokenpb_proto_msgTypes[39]
+	mi := &file_tokenpb_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2826,7 +2937,7 @@ func (x *TokenResponse) String() string {
 func (*TokenResponse) ProtoMessage() {}
 
 func (x *TokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[39]
+	mi := &file_tokenpb_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2839,7 +2950,7 @@ func (x *TokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenResponse.ProtoReflect.Descriptor instead.
 func (*TokenResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{39}
+	return file_tokenpb_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TokenResponse) GetRequestId() uint64 {
@@ -2896,7 +3007,7 @@ type GroupBudget struct {
 
 func (x *GroupBudget) Reset() {
 	*x = GroupBudget{}
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2908,7 +3019,7 @@ func (x *GroupBudget) String() string {
 func (*GroupBudget) ProtoMessage() {}
 
 func (x *GroupBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2921,7 +3032,7 @@ func (x *GroupBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupBudget.ProtoReflect.Descriptor instead.
 func (*GroupBudget) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{40}
+	return file_tokenpb_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GroupBudget) GetGroup() string {
@@ -3017,7 +3128,7 @@ type StatementSummaryRow struct {
 
 func (x *StatementSummaryRow) Reset() {
 	*x = StatementSummaryRow{}
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3029,7 +3140,7 @@ func (x *StatementSummaryRow) String() string {
 func (*StatementSummaryRow) ProtoMessage() {}
 
 func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3042,7 +3153,7 @@ func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatementSummaryRow.ProtoReflect.Descriptor instead.
 func (*StatementSummaryRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{41}
+	return file_tokenpb_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatementSummaryRow) GetResourceGroup() string {
@@ -3177,7 +3288,7 @@ type GroupUsageRow struct {
 
 func (x *GroupUsageRow) Reset() {
 	*x = GroupUsageRow{}
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3189,7 +3300,7 @@ func (x *GroupUsageRow) String() string {
 func (*GroupUsageRow) ProtoMessage() {}
 
 func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3202,7 +3313,7 @@ func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsageRow.ProtoReflect.Descriptor instead.
 func (*GroupUsageRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{42}
+	return file_tokenpb_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GroupUsageRow) GetResourceGroup() string {
@@ -3269,7 +3380,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3392,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3294,7 +3405,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{43}
+	return file_tokenpb_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *InspectRequest) GetRequestId() uint64 {
@@ -3354,7 +3465,7 @@ type InspectHello struct {
 
 func (x *InspectHello) Reset() {
 	*x = InspectHello{}
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3366,7 +3477,7 @@ func (x *InspectHello) String() string {
 func (*InspectHello) ProtoMessage() {}
 
 func (x *InspectHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3379,7 +3490,7 @@ func (x *InspectHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectHello.ProtoReflect.Descriptor instead.
 func (*InspectHello) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{44}
+	return file_tokenpb_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *InspectHello) GetProxyId() string {
@@ -3412,7 +3523,7 @@ type InspectReply struct {
 
 func (x *InspectReply) Reset() {
 	*x = InspectReply{}
-	mi := &file_tokenpb_proto_msgTypes[45]
+	mi := &file_tokenpb_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3424,7 +3535,7 @@ func (x *InspectReply) String() string {
 func (*InspectReply) ProtoMessage() {}
 
 func (x *InspectReply) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[45]
+	mi := &file_tokenpb_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3437,7 +3548,7 @@ func (x *InspectReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectReply.ProtoReflect.Descriptor instead.
 func (*InspectReply) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{45}
+	return file_tokenpb_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *InspectReply) GetHello() *InspectHello {
@@ -3487,7 +3598,7 @@ type ClusterInspectRequest struct {
 
 func (x *ClusterInspectRequest) Reset() {
 	*x = ClusterInspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[46]
+	mi := &file_tokenpb_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3499,7 +3610,7 @@ func (x *ClusterInspectRequest) String() string {
 func (*ClusterInspectRequest) ProtoMessage() {}
 
 func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[46]
+	mi := &file_tokenpb_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3512,7 +3623,7 @@ func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectRequest.ProtoReflect.Descriptor instead.
 func (*ClusterInspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{46}
+	return file_tokenpb_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ClusterInspectRequest) GetKind() InspectKind {
@@ -3550,7 +3661,7 @@ type InstanceRows struct {
 
 func (x *InstanceRows) Reset() {
 	*x = InstanceRows{}
-	mi := &file_tokenpb_proto_msgTypes[47]
+	mi := &file_tokenpb_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3673,7 @@ func (x *InstanceRows) String() string {
 func (*InstanceRows) ProtoMessage() {}
 
 func (x *InstanceRows) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[47]
+	mi := &file_tokenpb_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3686,7 @@ func (x *InstanceRows) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceRows.ProtoReflect.Descriptor instead.
 func (*InstanceRows) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{47}
+	return file_tokenpb_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InstanceRows) GetInstance() string {
@@ -3620,7 +3731,7 @@ type ClusterInspectResponse struct {
 
 func (x *ClusterInspectResponse) Reset() {
 	*x = ClusterInspectResponse{}
-	mi := &file_tokenpb_proto_msgTypes[48]
+	mi := &file_tokenpb_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3632,7 +3743,7 @@ func (x *ClusterInspectResponse) String() string {
 func (*ClusterInspectResponse) ProtoMessage() {}
 
 func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[48]
+	mi := &file_tokenpb_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3645,7 +3756,7 @@ func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectResponse.ProtoReflect.Descriptor instead.
 func (*ClusterInspectResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{48}
+	return file_tokenpb_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ClusterInspectResponse) GetInstances() []*InstanceRows {
@@ -3705,7 +3816,7 @@ type RunawayEvent struct {
 
 func (x *RunawayEvent) Reset() {
 	*x = RunawayEvent{}
-	mi := &file_tokenpb_proto_msgTypes[49]
+	mi := &file_tokenpb_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3717,7 +3828,7 @@ func (x *RunawayEvent) String() string {
 func (*RunawayEvent) ProtoMessage() {}
 
 func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[49]
+	mi := &file_tokenpb_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3730,7 +3841,7 @@ func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayEvent.ProtoReflect.Descriptor instead.
 func (*RunawayEvent) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{49}
+	return file_tokenpb_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RunawayEvent) GetResourceGroup() string {
@@ -3809,7 +3920,7 @@ type RecordRunawaysRequest struct {
 
 func (x *RecordRunawaysRequest) Reset() {
 	*x = RecordRunawaysRequest{}
-	mi := &file_tokenpb_proto_msgTypes[50]
+	mi := &file_tokenpb_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3821,7 +3932,7 @@ func (x *RecordRunawaysRequest) String() string {
 func (*RecordRunawaysRequest) ProtoMessage() {}
 
 func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[50]
+	mi := &file_tokenpb_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3834,7 +3945,7 @@ func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRunawaysRequest.ProtoReflect.Descriptor instead.
 func (*RecordRunawaysRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{50}
+	return file_tokenpb_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RecordRunawaysRequest) GetInstance() string {
@@ -3863,7 +3974,7 @@ type RecordRunawaysResponse struct {
 
 func (x *RecordRunawaysResponse) Reset() {
 	*x = RecordRunawaysResponse{}
-	mi := &file_tokenpb_proto_msgTypes[51]
+	mi := &file_tokenpb_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3875,7 +3986,7 @@ func (x *RecordRunawaysResponse) String() string {
 func (*RecordRunawaysResponse) ProtoMessage() {}
 
 func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[51]
+	mi := &file_tokenpb_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3888,7 +3999,7 @@ func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRunawaysResponse.ProtoReflect.Descriptor instead.
 func (*RecordRunawaysResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{51}
+	return file_tokenpb_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RecordRunawaysResponse) GetAccepted() uint32 {
@@ -3919,7 +4030,7 @@ type ListRunawaysRequest struct {
 
 func (x *ListRunawaysRequest) Reset() {
 	*x = ListRunawaysRequest{}
-	mi := &file_tokenpb_proto_msgTypes[52]
+	mi := &file_tokenpb_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +4042,7 @@ func (x *ListRunawaysRequest) String() string {
 func (*ListRunawaysRequest) ProtoMessage() {}
 
 func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[52]
+	mi := &file_tokenpb_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +4055,7 @@ func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunawaysRequest.ProtoReflect.Descriptor instead.
 func (*ListRunawaysRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{52}
+	return file_tokenpb_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListRunawaysRequest) GetAllGroups() bool {
@@ -3993,7 +4104,7 @@ type RunawayRow struct {
 
 func (x *RunawayRow) Reset() {
 	*x = RunawayRow{}
-	mi := &file_tokenpb_proto_msgTypes[53]
+	mi := &file_tokenpb_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4005,7 +4116,7 @@ func (x *RunawayRow) String() string {
 func (*RunawayRow) ProtoMessage() {}
 
 func (x *RunawayRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[53]
+	mi := &file_tokenpb_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4018,7 +4129,7 @@ func (x *RunawayRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayRow.ProtoReflect.Descriptor instead.
 func (*RunawayRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{53}
+	return file_tokenpb_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RunawayRow) GetInstance() string {
@@ -4119,7 +4230,7 @@ type ListRunawaysResponse struct {
 
 func (x *ListRunawaysResponse) Reset() {
 	*x = ListRunawaysResponse{}
-	mi := &file_tokenpb_proto_msgTypes[54]
+	mi := &file_tokenpb_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4131,7 +4242,7 @@ func (x *ListRunawaysResponse) String() string {
 func (*ListRunawaysResponse) ProtoMessage() {}
 
 func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[54]
+	mi := &file_tokenpb_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4144,7 +4255,7 @@ func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunawaysResponse.ProtoReflect.Descriptor instead.
 func (*ListRunawaysResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{54}
+	return file_tokenpb_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListRunawaysResponse) GetRows() []*RunawayRow {
@@ -4188,7 +4299,7 @@ type UsageHistoryRequest struct {
 
 func (x *UsageHistoryRequest) Reset() {
 	*x = UsageHistoryRequest{}
-	mi := &file_tokenpb_proto_msgTypes[55]
+	mi := &file_tokenpb_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4200,7 +4311,7 @@ func (x *UsageHistoryRequest) String() string {
 func (*UsageHistoryRequest) ProtoMessage() {}
 
 func (x *UsageHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[55]
+	mi := &file_tokenpb_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4213,7 +4324,7 @@ func (x *UsageHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryRequest.ProtoReflect.Descriptor instead.
 func (*UsageHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{55}
+	return file_tokenpb_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *UsageHistoryRequest) GetAllGroups() bool {
@@ -4280,7 +4391,7 @@ type UsageHistoryRow struct {
 
 func (x *UsageHistoryRow) Reset() {
 	*x = UsageHistoryRow{}
-	mi := &file_tokenpb_proto_msgTypes[56]
+	mi := &file_tokenpb_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4292,7 +4403,7 @@ func (x *UsageHistoryRow) String() string {
 func (*UsageHistoryRow) ProtoMessage() {}
 
 func (x *UsageHistoryRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[56]
+	mi := &file_tokenpb_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4305,7 +4416,7 @@ func (x *UsageHistoryRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryRow.ProtoReflect.Descriptor instead.
 func (*UsageHistoryRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{56}
+	return file_tokenpb_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *UsageHistoryRow) GetResourceGroup() string {
@@ -4392,7 +4503,7 @@ type UsageHistoryResponse struct {
 
 func (x *UsageHistoryResponse) Reset() {
 	*x = UsageHistoryResponse{}
-	mi := &file_tokenpb_proto_msgTypes[57]
+	mi := &file_tokenpb_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4404,7 +4515,7 @@ func (x *UsageHistoryResponse) String() string {
 func (*UsageHistoryResponse) ProtoMessage() {}
 
 func (x *UsageHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[57]
+	mi := &file_tokenpb_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4417,7 +4528,7 @@ func (x *UsageHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryResponse.ProtoReflect.Descriptor instead.
 func (*UsageHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{57}
+	return file_tokenpb_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *UsageHistoryResponse) GetRows() []*UsageHistoryRow {
@@ -4452,7 +4563,7 @@ type BudgetsRequest struct {
 
 func (x *BudgetsRequest) Reset() {
 	*x = BudgetsRequest{}
-	mi := &file_tokenpb_proto_msgTypes[58]
+	mi := &file_tokenpb_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4464,7 +4575,7 @@ func (x *BudgetsRequest) String() string {
 func (*BudgetsRequest) ProtoMessage() {}
 
 func (x *BudgetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[58]
+	mi := &file_tokenpb_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4477,7 +4588,7 @@ func (x *BudgetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetsRequest.ProtoReflect.Descriptor instead.
 func (*BudgetsRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{58}
+	return file_tokenpb_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *BudgetsRequest) GetAllGroups() bool {
@@ -4520,7 +4631,7 @@ type BudgetRow struct {
 
 func (x *BudgetRow) Reset() {
 	*x = BudgetRow{}
-	mi := &file_tokenpb_proto_msgTypes[59]
+	mi := &file_tokenpb_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4532,7 +4643,7 @@ func (x *BudgetRow) String() string {
 func (*BudgetRow) ProtoMessage() {}
 
 func (x *BudgetRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[59]
+	mi := &file_tokenpb_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4545,7 +4656,7 @@ func (x *BudgetRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetRow.ProtoReflect.Descriptor instead.
 func (*BudgetRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{59}
+	return file_tokenpb_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *BudgetRow) GetResourceGroup() string {
@@ -4636,7 +4747,7 @@ type BudgetsResponse struct {
 
 func (x *BudgetsResponse) Reset() {
 	*x = BudgetsResponse{}
-	mi := &file_tokenpb_proto_msgTypes[60]
+	mi := &file_tokenpb_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4648,7 +4759,7 @@ func (x *BudgetsResponse) String() string {
 func (*BudgetsResponse) ProtoMessage() {}
 
 func (x *BudgetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[60]
+	mi := &file_tokenpb_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4661,7 +4772,7 @@ func (x *BudgetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetsResponse.ProtoReflect.Descriptor instead.
 func (*BudgetsResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{60}
+	return file_tokenpb_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *BudgetsResponse) GetRows() []*BudgetRow {
@@ -4692,6 +4803,200 @@ func (x *BudgetsResponse) GetTruncated() bool {
 	return false
 }
 
+type ChargebackRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The groups, range, granularity and limit, as for UsageHistory.
+	Range *UsageHistoryRequest `protobuf:"bytes,1,opt,name=range,proto3" json:"range,omitempty"`
+	// By account; else by tag.
+	Accounts      bool `protobuf:"varint,2,opt,name=accounts,proto3" json:"accounts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChargebackRequest) Reset() {
+	*x = ChargebackRequest{}
+	mi := &file_tokenpb_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChargebackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChargebackRequest) ProtoMessage() {}
+
+func (x *ChargebackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChargebackRequest.ProtoReflect.Descriptor instead.
+func (*ChargebackRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ChargebackRequest) GetRange() *UsageHistoryRequest {
+	if x != nil {
+		return x.Range
+	}
+	return nil
+}
+
+func (x *ChargebackRequest) GetAccounts() bool {
+	if x != nil {
+		return x.Accounts
+	}
+	return false
+}
+
+// ChargebackRow is what one tag value or account of a group spent in one
+// interval: usage's figures other than RRU, WRU and statements are 0.
+type ChargebackRow struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Usage    *UsageHistoryRow       `protobuf:"bytes,1,opt,name=usage,proto3" json:"usage,omitempty"`
+	TagKey   string                 `protobuf:"bytes,2,opt,name=tag_key,json=tagKey,proto3" json:"tag_key,omitempty"`
+	TagValue string                 `protobuf:"bytes,3,opt,name=tag_value,json=tagValue,proto3" json:"tag_value,omitempty"`
+	Account  string                 `protobuf:"bytes,4,opt,name=account,proto3" json:"account,omitempty"`
+	// The values (accounts) beyond the top ones.
+	Other         bool `protobuf:"varint,5,opt,name=other,proto3" json:"other,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChargebackRow) Reset() {
+	*x = ChargebackRow{}
+	mi := &file_tokenpb_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChargebackRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChargebackRow) ProtoMessage() {}
+
+func (x *ChargebackRow) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChargebackRow.ProtoReflect.Descriptor instead.
+func (*ChargebackRow) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *ChargebackRow) GetUsage() *UsageHistoryRow {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *ChargebackRow) GetTagKey() string {
+	if x != nil {
+		return x.TagKey
+	}
+	return ""
+}
+
+func (x *ChargebackRow) GetTagValue() string {
+	if x != nil {
+		return x.TagValue
+	}
+	return ""
+}
+
+func (x *ChargebackRow) GetAccount() string {
+	if x != nil {
+		return x.Account
+	}
+	return ""
+}
+
+func (x *ChargebackRow) GetOther() bool {
+	if x != nil {
+		return x.Other
+	}
+	return false
+}
+
+type ChargebackResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest first, then by group, key and value (account).
+	Rows          []*ChargebackRow `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	Truncated     bool             `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	NotLeader     *NotLeader       `protobuf:"bytes,3,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChargebackResponse) Reset() {
+	*x = ChargebackResponse{}
+	mi := &file_tokenpb_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChargebackResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChargebackResponse) ProtoMessage() {}
+
+func (x *ChargebackResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChargebackResponse.ProtoReflect.Descriptor instead.
+func (*ChargebackResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *ChargebackResponse) GetRows() []*ChargebackRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *ChargebackResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *ChargebackResponse) GetNotLeader() *NotLeader {
+	if x != nil {
+		return x.NotLeader
+	}
+	return nil
+}
+
 // UsageSegmentPart is one part (at most 512 KiB) of a segment of the usage
 // history as the leader stores it in etcd under /rg-usage/ (docs/design.md
 // §7.10): the intervals of one granularity in [start_idx, end_idx) in
@@ -4710,7 +5015,7 @@ type UsageSegmentPart struct {
 
 func (x *UsageSegmentPart) Reset() {
 	*x = UsageSegmentPart{}
-	mi := &file_tokenpb_proto_msgTypes[61]
+	mi := &file_tokenpb_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4722,7 +5027,7 @@ func (x *UsageSegmentPart) String() string {
 func (*UsageSegmentPart) ProtoMessage() {}
 
 func (x *UsageSegmentPart) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[61]
+	mi := &file_tokenpb_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4735,7 +5040,7 @@ func (x *UsageSegmentPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageSegmentPart.ProtoReflect.Descriptor instead.
 func (*UsageSegmentPart) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{61}
+	return file_tokenpb_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *UsageSegmentPart) GetGranularityS() uint32 {
@@ -4781,7 +5086,7 @@ type UsageSeriesPoints struct {
 
 func (x *UsageSeriesPoints) Reset() {
 	*x = UsageSeriesPoints{}
-	mi := &file_tokenpb_proto_msgTypes[62]
+	mi := &file_tokenpb_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4793,7 +5098,7 @@ func (x *UsageSeriesPoints) String() string {
 func (*UsageSeriesPoints) ProtoMessage() {}
 
 func (x *UsageSeriesPoints) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[62]
+	mi := &file_tokenpb_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4806,7 +5111,7 @@ func (x *UsageSeriesPoints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageSeriesPoints.ProtoReflect.Descriptor instead.
 func (*UsageSeriesPoints) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{62}
+	return file_tokenpb_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *UsageSeriesPoints) GetResourceGroup() string {
@@ -4938,7 +5243,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x124\n" +
 	"\x06events\x18\x03 \x03(\v2\x1c.rgproxy.token.v1.WatchEventR\x06events\x12\x12\n" +
-	"\x04more\x18\x04 \x01(\bR\x04more\"\xe6\x02\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\xa9\x03\n" +
 	"\vConsumption\x12\x10\n" +
 	"\x03rru\x18\x01 \x01(\x01R\x03rru\x12\x10\n" +
 	"\x03wru\x18\x02 \x01(\x01R\x03wru\x12\x1d\n" +
@@ -4957,7 +5262,20 @@ const file_tokenpb_proto_rawDesc = "" +
 	" \x01(\x01R\bdeniedRu\x12\x1f\n" +
 	"\vinterval_ms\x18\v \x01(\rR\n" +
 	"intervalMs\x12\x17\n" +
-	"\aidle_ms\x18\f \x01(\rR\x06idleMs\"\xa3\x02\n" +
+	"\aidle_ms\x18\f \x01(\rR\x06idleMs\x12A\n" +
+	"\n" +
+	"chargeback\x18\r \x03(\v2!.rgproxy.token.v1.ChargebackEntryR\n" +
+	"chargeback\"\xbb\x01\n" +
+	"\x0fChargebackEntry\x12\x17\n" +
+	"\atag_key\x18\x01 \x01(\tR\x06tagKey\x12\x1b\n" +
+	"\ttag_value\x18\x02 \x01(\tR\btagValue\x12\x18\n" +
+	"\aaccount\x18\x03 \x01(\tR\aaccount\x12\x14\n" +
+	"\x05other\x18\x04 \x01(\bR\x05other\x12\x10\n" +
+	"\x03rru\x18\x05 \x01(\x01R\x03rru\x12\x10\n" +
+	"\x03wru\x18\x06 \x01(\x01R\x03wru\x12\x1e\n" +
+	"\n" +
+	"statements\x18\a \x01(\x04R\n" +
+	"statements\"\xa3\x02\n" +
 	"\x11GroupTokenRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12#\n" +
 	"\rtokens_wanted\x18\x02 \x01(\x01R\ftokensWanted\x12)\n" +
@@ -5190,7 +5508,21 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"not_leader\x18\x02 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\x12\x16\n" +
 	"\x06seeded\x18\x03 \x01(\bR\x06seeded\x12\x1c\n" +
-	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"\xaa\x01\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"l\n" +
+	"\x11ChargebackRequest\x12;\n" +
+	"\x05range\x18\x01 \x01(\v2%.rgproxy.token.v1.UsageHistoryRequestR\x05range\x12\x1a\n" +
+	"\baccounts\x18\x02 \x01(\bR\baccounts\"\xae\x01\n" +
+	"\rChargebackRow\x127\n" +
+	"\x05usage\x18\x01 \x01(\v2!.rgproxy.token.v1.UsageHistoryRowR\x05usage\x12\x17\n" +
+	"\atag_key\x18\x02 \x01(\tR\x06tagKey\x12\x1b\n" +
+	"\ttag_value\x18\x03 \x01(\tR\btagValue\x12\x18\n" +
+	"\aaccount\x18\x04 \x01(\tR\aaccount\x12\x14\n" +
+	"\x05other\x18\x05 \x01(\bR\x05other\"\xa3\x01\n" +
+	"\x12ChargebackResponse\x123\n" +
+	"\x04rows\x18\x01 \x03(\v2\x1f.rgproxy.token.v1.ChargebackRowR\x04rows\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12:\n" +
+	"\n" +
+	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\"\xaa\x01\n" +
 	"\x10UsageSegmentPart\x12#\n" +
 	"\rgranularity_s\x18\x01 \x01(\rR\fgranularityS\x12\x1b\n" +
 	"\tstart_idx\x18\x02 \x01(\x03R\bstartIdx\x12\x17\n" +
@@ -5252,10 +5584,12 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x0eClusterInspect\x12'.rgproxy.token.v1.ClusterInspectRequest\x1a(.rgproxy.token.v1.ClusterInspectResponse2\xd4\x01\n" +
 	"\x0eRunawayService\x12c\n" +
 	"\x0eRecordRunaways\x12'.rgproxy.token.v1.RecordRunawaysRequest\x1a(.rgproxy.token.v1.RecordRunawaysResponse\x12]\n" +
-	"\fListRunaways\x12%.rgproxy.token.v1.ListRunawaysRequest\x1a&.rgproxy.token.v1.ListRunawaysResponse2\xbd\x01\n" +
+	"\fListRunaways\x12%.rgproxy.token.v1.ListRunawaysRequest\x1a&.rgproxy.token.v1.ListRunawaysResponse2\x96\x02\n" +
 	"\fUsageService\x12]\n" +
 	"\fUsageHistory\x12%.rgproxy.token.v1.UsageHistoryRequest\x1a&.rgproxy.token.v1.UsageHistoryResponse\x12N\n" +
-	"\aBudgets\x12 .rgproxy.token.v1.BudgetsRequest\x1a!.rgproxy.token.v1.BudgetsResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
+	"\aBudgets\x12 .rgproxy.token.v1.BudgetsRequest\x1a!.rgproxy.token.v1.BudgetsResponse\x12W\n" +
+	"\n" +
+	"Chargeback\x12#.rgproxy.token.v1.ChargebackRequest\x1a$.rgproxy.token.v1.ChargebackResponseB0Z.github.com/rgproxy/rgproxy/tokenserver/tokenpbb\x06proto3"
 
 var (
 	file_tokenpb_proto_rawDescOnce sync.Once
@@ -5270,7 +5604,7 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_tokenpb_proto_goTypes = []any{
 	(Priority)(0),                  // 0: rgproxy.token.v1.Priority
 	(BurstMode)(0),                 // 1: rgproxy.token.v1.BurstMode
@@ -5313,35 +5647,39 @@ var file_tokenpb_proto_goTypes = []any{
 	(*WatchEvent)(nil),             // 38: rgproxy.token.v1.WatchEvent
 	(*WatchResponse)(nil),          // 39: rgproxy.token.v1.WatchResponse
 	(*Consumption)(nil),            // 40: rgproxy.token.v1.Consumption
-	(*GroupTokenRequest)(nil),      // 41: rgproxy.token.v1.GroupTokenRequest
-	(*TokenRequest)(nil),           // 42: rgproxy.token.v1.TokenRequest
-	(*ProxyCapabilities)(nil),      // 43: rgproxy.token.v1.ProxyCapabilities
-	(*GroupGrant)(nil),             // 44: rgproxy.token.v1.GroupGrant
-	(*NotLeader)(nil),              // 45: rgproxy.token.v1.NotLeader
-	(*TokenResponse)(nil),          // 46: rgproxy.token.v1.TokenResponse
-	(*GroupBudget)(nil),            // 47: rgproxy.token.v1.GroupBudget
-	(*StatementSummaryRow)(nil),    // 48: rgproxy.token.v1.StatementSummaryRow
-	(*GroupUsageRow)(nil),          // 49: rgproxy.token.v1.GroupUsageRow
-	(*InspectRequest)(nil),         // 50: rgproxy.token.v1.InspectRequest
-	(*InspectHello)(nil),           // 51: rgproxy.token.v1.InspectHello
-	(*InspectReply)(nil),           // 52: rgproxy.token.v1.InspectReply
-	(*ClusterInspectRequest)(nil),  // 53: rgproxy.token.v1.ClusterInspectRequest
-	(*InstanceRows)(nil),           // 54: rgproxy.token.v1.InstanceRows
-	(*ClusterInspectResponse)(nil), // 55: rgproxy.token.v1.ClusterInspectResponse
-	(*RunawayEvent)(nil),           // 56: rgproxy.token.v1.RunawayEvent
-	(*RecordRunawaysRequest)(nil),  // 57: rgproxy.token.v1.RecordRunawaysRequest
-	(*RecordRunawaysResponse)(nil), // 58: rgproxy.token.v1.RecordRunawaysResponse
-	(*ListRunawaysRequest)(nil),    // 59: rgproxy.token.v1.ListRunawaysRequest
-	(*RunawayRow)(nil),             // 60: rgproxy.token.v1.RunawayRow
-	(*ListRunawaysResponse)(nil),   // 61: rgproxy.token.v1.ListRunawaysResponse
-	(*UsageHistoryRequest)(nil),    // 62: rgproxy.token.v1.UsageHistoryRequest
-	(*UsageHistoryRow)(nil),        // 63: rgproxy.token.v1.UsageHistoryRow
-	(*UsageHistoryResponse)(nil),   // 64: rgproxy.token.v1.UsageHistoryResponse
-	(*BudgetsRequest)(nil),         // 65: rgproxy.token.v1.BudgetsRequest
-	(*BudgetRow)(nil),              // 66: rgproxy.token.v1.BudgetRow
-	(*BudgetsResponse)(nil),        // 67: rgproxy.token.v1.BudgetsResponse
-	(*UsageSegmentPart)(nil),       // 68: rgproxy.token.v1.UsageSegmentPart
-	(*UsageSeriesPoints)(nil),      // 69: rgproxy.token.v1.UsageSeriesPoints
+	(*ChargebackEntry)(nil),        // 41: rgproxy.token.v1.ChargebackEntry
+	(*GroupTokenRequest)(nil),      // 42: rgproxy.token.v1.GroupTokenRequest
+	(*TokenRequest)(nil),           // 43: rgproxy.token.v1.TokenRequest
+	(*ProxyCapabilities)(nil),      // 44: rgproxy.token.v1.ProxyCapabilities
+	(*GroupGrant)(nil),             // 45: rgproxy.token.v1.GroupGrant
+	(*NotLeader)(nil),              // 46: rgproxy.token.v1.NotLeader
+	(*TokenResponse)(nil),          // 47: rgproxy.token.v1.TokenResponse
+	(*GroupBudget)(nil),            // 48: rgproxy.token.v1.GroupBudget
+	(*StatementSummaryRow)(nil),    // 49: rgproxy.token.v1.StatementSummaryRow
+	(*GroupUsageRow)(nil),          // 50: rgproxy.token.v1.GroupUsageRow
+	(*InspectRequest)(nil),         // 51: rgproxy.token.v1.InspectRequest
+	(*InspectHello)(nil),           // 52: rgproxy.token.v1.InspectHello
+	(*InspectReply)(nil),           // 53: rgproxy.token.v1.InspectReply
+	(*ClusterInspectRequest)(nil),  // 54: rgproxy.token.v1.ClusterInspectRequest
+	(*InstanceRows)(nil),           // 55: rgproxy.token.v1.InstanceRows
+	(*ClusterInspectResponse)(nil), // 56: rgproxy.token.v1.ClusterInspectResponse
+	(*RunawayEvent)(nil),           // 57: rgproxy.token.v1.RunawayEvent
+	(*RecordRunawaysRequest)(nil),  // 58: rgproxy.token.v1.RecordRunawaysRequest
+	(*RecordRunawaysResponse)(nil), // 59: rgproxy.token.v1.RecordRunawaysResponse
+	(*ListRunawaysRequest)(nil),    // 60: rgproxy.token.v1.ListRunawaysRequest
+	(*RunawayRow)(nil),             // 61: rgproxy.token.v1.RunawayRow
+	(*ListRunawaysResponse)(nil),   // 62: rgproxy.token.v1.ListRunawaysResponse
+	(*UsageHistoryRequest)(nil),    // 63: rgproxy.token.v1.UsageHistoryRequest
+	(*UsageHistoryRow)(nil),        // 64: rgproxy.token.v1.UsageHistoryRow
+	(*UsageHistoryResponse)(nil),   // 65: rgproxy.token.v1.UsageHistoryResponse
+	(*BudgetsRequest)(nil),         // 66: rgproxy.token.v1.BudgetsRequest
+	(*BudgetRow)(nil),              // 67: rgproxy.token.v1.BudgetRow
+	(*BudgetsResponse)(nil),        // 68: rgproxy.token.v1.BudgetsResponse
+	(*ChargebackRequest)(nil),      // 69: rgproxy.token.v1.ChargebackRequest
+	(*ChargebackRow)(nil),          // 70: rgproxy.token.v1.ChargebackRow
+	(*ChargebackResponse)(nil),     // 71: rgproxy.token.v1.ChargebackResponse
+	(*UsageSegmentPart)(nil),       // 72: rgproxy.token.v1.UsageSegmentPart
+	(*UsageSeriesPoints)(nil),      // 73: rgproxy.token.v1.UsageSeriesPoints
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
@@ -5370,77 +5708,84 @@ var file_tokenpb_proto_depIdxs = []int32{
 	11, // 23: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
 	30, // 24: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
 	38, // 25: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
-	40, // 26: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
-	41, // 27: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
-	43, // 28: rgproxy.token.v1.TokenRequest.capabilities:type_name -> rgproxy.token.v1.ProxyCapabilities
-	4,  // 29: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
-	44, // 30: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
-	45, // 31: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	47, // 32: rgproxy.token.v1.TokenResponse.budgets:type_name -> rgproxy.token.v1.GroupBudget
-	5,  // 33: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	45, // 34: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	51, // 35: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
-	48, // 36: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	49, // 37: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	5,  // 38: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	48, // 39: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	49, // 40: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	54, // 41: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
-	45, // 42: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	56, // 43: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
-	45, // 44: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	60, // 45: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
-	45, // 46: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	63, // 47: rgproxy.token.v1.UsageHistoryResponse.rows:type_name -> rgproxy.token.v1.UsageHistoryRow
-	45, // 48: rgproxy.token.v1.UsageHistoryResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	66, // 49: rgproxy.token.v1.BudgetsResponse.rows:type_name -> rgproxy.token.v1.BudgetRow
-	45, // 50: rgproxy.token.v1.BudgetsResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	69, // 51: rgproxy.token.v1.UsageSegmentPart.series:type_name -> rgproxy.token.v1.UsageSeriesPoints
-	12, // 52: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
-	14, // 53: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
-	16, // 54: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
-	18, // 55: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
-	20, // 56: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
-	22, // 57: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
-	24, // 58: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
-	26, // 59: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
-	28, // 60: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
-	31, // 61: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
-	33, // 62: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
-	35, // 63: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
-	37, // 64: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	42, // 65: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	52, // 66: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
-	53, // 67: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
-	57, // 68: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
-	59, // 69: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
-	62, // 70: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
-	65, // 71: rgproxy.token.v1.UsageService.Budgets:input_type -> rgproxy.token.v1.BudgetsRequest
-	13, // 72: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	15, // 73: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	17, // 74: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	19, // 75: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	21, // 76: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	23, // 77: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	25, // 78: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	27, // 79: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	29, // 80: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	32, // 81: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	34, // 82: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	36, // 83: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	39, // 84: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	46, // 85: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	50, // 86: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
-	55, // 87: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
-	58, // 88: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
-	61, // 89: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
-	64, // 90: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
-	67, // 91: rgproxy.token.v1.UsageService.Budgets:output_type -> rgproxy.token.v1.BudgetsResponse
-	72, // [72:92] is the sub-list for method output_type
-	52, // [52:72] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	41, // 26: rgproxy.token.v1.Consumption.chargeback:type_name -> rgproxy.token.v1.ChargebackEntry
+	40, // 27: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
+	42, // 28: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
+	44, // 29: rgproxy.token.v1.TokenRequest.capabilities:type_name -> rgproxy.token.v1.ProxyCapabilities
+	4,  // 30: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
+	45, // 31: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
+	46, // 32: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	48, // 33: rgproxy.token.v1.TokenResponse.budgets:type_name -> rgproxy.token.v1.GroupBudget
+	5,  // 34: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	46, // 35: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	52, // 36: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
+	49, // 37: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	50, // 38: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	5,  // 39: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
+	49, // 40: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	50, // 41: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	55, // 42: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
+	46, // 43: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	57, // 44: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
+	46, // 45: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	61, // 46: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
+	46, // 47: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	64, // 48: rgproxy.token.v1.UsageHistoryResponse.rows:type_name -> rgproxy.token.v1.UsageHistoryRow
+	46, // 49: rgproxy.token.v1.UsageHistoryResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	67, // 50: rgproxy.token.v1.BudgetsResponse.rows:type_name -> rgproxy.token.v1.BudgetRow
+	46, // 51: rgproxy.token.v1.BudgetsResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	63, // 52: rgproxy.token.v1.ChargebackRequest.range:type_name -> rgproxy.token.v1.UsageHistoryRequest
+	64, // 53: rgproxy.token.v1.ChargebackRow.usage:type_name -> rgproxy.token.v1.UsageHistoryRow
+	70, // 54: rgproxy.token.v1.ChargebackResponse.rows:type_name -> rgproxy.token.v1.ChargebackRow
+	46, // 55: rgproxy.token.v1.ChargebackResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	73, // 56: rgproxy.token.v1.UsageSegmentPart.series:type_name -> rgproxy.token.v1.UsageSeriesPoints
+	12, // 57: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
+	14, // 58: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
+	16, // 59: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
+	18, // 60: rgproxy.token.v1.ResourceGroupService.GetGroup:input_type -> rgproxy.token.v1.GetGroupRequest
+	20, // 61: rgproxy.token.v1.ResourceGroupService.ListGroups:input_type -> rgproxy.token.v1.ListGroupsRequest
+	22, // 62: rgproxy.token.v1.ResourceGroupService.BindUser:input_type -> rgproxy.token.v1.BindUserRequest
+	24, // 63: rgproxy.token.v1.ResourceGroupService.UnbindUser:input_type -> rgproxy.token.v1.UnbindUserRequest
+	26, // 64: rgproxy.token.v1.ResourceGroupService.GetBinding:input_type -> rgproxy.token.v1.GetBindingRequest
+	28, // 65: rgproxy.token.v1.ResourceGroupService.ListBindings:input_type -> rgproxy.token.v1.ListBindingsRequest
+	31, // 66: rgproxy.token.v1.ResourceGroupService.AddWatch:input_type -> rgproxy.token.v1.AddWatchRequest
+	33, // 67: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
+	35, // 68: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
+	37, // 69: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
+	43, // 70: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	53, // 71: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
+	54, // 72: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
+	58, // 73: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
+	60, // 74: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
+	63, // 75: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
+	66, // 76: rgproxy.token.v1.UsageService.Budgets:input_type -> rgproxy.token.v1.BudgetsRequest
+	69, // 77: rgproxy.token.v1.UsageService.Chargeback:input_type -> rgproxy.token.v1.ChargebackRequest
+	13, // 78: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	15, // 79: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	17, // 80: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	19, // 81: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	21, // 82: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	23, // 83: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	25, // 84: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	27, // 85: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	29, // 86: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	32, // 87: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	34, // 88: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	36, // 89: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	39, // 90: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	47, // 91: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	51, // 92: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
+	56, // 93: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
+	59, // 94: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
+	62, // 95: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
+	65, // 96: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
+	68, // 97: rgproxy.token.v1.UsageService.Budgets:output_type -> rgproxy.token.v1.BudgetsResponse
+	71, // 98: rgproxy.token.v1.UsageService.Chargeback:output_type -> rgproxy.token.v1.ChargebackResponse
+	78, // [78:99] is the sub-list for method output_type
+	57, // [57:78] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_tokenpb_proto_init() }
@@ -5454,7 +5799,7 @@ func file_tokenpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   63,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -1026,6 +1026,7 @@ var RunawayService_ServiceDesc = grpc.ServiceDesc{
 const (
 	UsageService_UsageHistory_FullMethodName = "/rgproxy.token.v1.UsageService/UsageHistory"
 	UsageService_Budgets_FullMethodName      = "/rgproxy.token.v1.UsageService/Budgets"
+	UsageService_Chargeback_FullMethodName   = "/rgproxy.token.v1.UsageService/Chargeback"
 )
 
 // UsageServiceClient is the client API for UsageService service.
@@ -1040,6 +1041,9 @@ type UsageServiceClient interface {
 	// Budgets reads the groups' budgets in their current windows
 	// (information_schema.resource_group_budgets).
 	Budgets(ctx context.Context, in *BudgetsRequest, opts ...grpc.CallOption) (*BudgetsResponse, error)
+	// The chargeback history: the usage history by tag value or by account
+	// (information_schema.resource_usage_by_tag and _by_account).
+	Chargeback(ctx context.Context, in *ChargebackRequest, opts ...grpc.CallOption) (*ChargebackResponse, error)
 }
 
 type usageServiceClient struct {
@@ -1070,6 +1074,16 @@ func (c *usageServiceClient) Budgets(ctx context.Context, in *BudgetsRequest, op
 	return out, nil
 }
 
+func (c *usageServiceClient) Chargeback(ctx context.Context, in *ChargebackRequest, opts ...grpc.CallOption) (*ChargebackResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChargebackResponse)
+	err := c.cc.Invoke(ctx, UsageService_Chargeback_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // UsageServiceServer is the server API for UsageService service.
 // All implementations must embed UnimplementedUsageServiceServer
 // for forward compatibility.
@@ -1082,6 +1096,9 @@ type UsageServiceServer interface {
 	// Budgets reads the groups' budgets in their current windows
 	// (information_schema.resource_group_budgets).
 	Budgets(context.Context, *BudgetsRequest) (*BudgetsResponse, error)
+	// The chargeback history: the usage history by tag value or by account
+	// (information_schema.resource_usage_by_tag and _by_account).
+	Chargeback(context.Context, *ChargebackRequest) (*ChargebackResponse, error)
 	mustEmbedUnimplementedUsageServiceServer()
 }
 
@@ -1097,6 +1114,9 @@ func (UnimplementedUsageServiceServer) UsageHistory(context.Context, *UsageHisto
 }
 func (UnimplementedUsageServiceServer) Budgets(context.Context, *BudgetsRequest) (*BudgetsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Budgets not implemented")
+}
+func (UnimplementedUsageServiceServer) Chargeback(context.Context, *ChargebackRequest) (*ChargebackResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Chargeback not implemented")
 }
 func (UnimplementedUsageServiceServer) mustEmbedUnimplementedUsageServiceServer() {}
 func (UnimplementedUsageServiceServer) testEmbeddedByValue()                      {}
@@ -1155,6 +1175,24 @@ func _UsageService_Budgets_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _UsageService_Chargeback_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChargebackRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(UsageServiceServer).Chargeback(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: UsageService_Chargeback_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(UsageServiceServer).Chargeback(ctx, req.(*ChargebackRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // UsageService_ServiceDesc is the grpc.ServiceDesc for UsageService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1169,6 +1207,10 @@ var UsageService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Budgets",
 			Handler:    _UsageService_Budgets_Handler,
+		},
+		{
+			MethodName: "Chargeback",
+			Handler:    _UsageService_Chargeback_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
