@@ -38,7 +38,7 @@ func dashRows(file string) []string {
 	case "rgproxy-resource-control.json":
 		return []string{"Health", "RU", "Details", "Throttling", "Token client", "Runaway"}
 	case "rgserver.json":
-		return []string{"Health", "Server", "Reported consumption"}
+		return []string{"Health", "Server", "Reported consumption", "History and budgets"}
 	}
 	return nil
 }
@@ -623,7 +623,9 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 		"DROP RESOURCE GROUP IF EXISTS "+warn,
 		"CREATE RESOURCE GROUP "+warn+" RU_PER_SEC = 10 MODE = WARN",
 		"ALTER USER 'dashwarn'@'%' RESOURCE GROUP "+warn,
-		fmt.Sprintf("CREATE RESOURCE GROUP %s RU_PER_SEC = %d", slow, int(slowRate)),
+		// A budget the load overspends: the History and budgets row has
+		// a share, an exhaustion (0: spent) and a NOTIFY in force to show.
+		fmt.Sprintf("CREATE RESOURCE GROUP %s RU_PER_SEC = %d BUDGET = (RU = 200 PER MONTH, ON 50 PERCENT NOTIFY)", slow, int(slowRate)),
 		// Every statement of the fast group outlives EXEC_ELAPSED: the
 		// Runaway row has DRYRUN events to show.
 		"CREATE RESOURCE GROUP "+fast+" RU_PER_SEC = 1000000 QUERY_LIMIT = (EXEC_ELAPSED = '2ms', ACTION = DRYRUN)",
