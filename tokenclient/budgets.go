@@ -2,7 +2,6 @@ package tokenclient
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -10,10 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
@@ -235,27 +230,13 @@ func (c *Client) Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) (rows
 	if !req.GetAllGroups() && len(req.GetGroups()) > usageGroupsMax {
 		return nil, false, fmt.Errorf("tokenclient: budgets of %d groups: at most %d", len(req.GetGroups()), usageGroupsMax)
 	}
-	ctx, cancel := context.WithTimeout(ctx, usageHistoryTimeout)
-	defer cancel()
-	var resp *tokenpb.BudgetsResponse
-	err = c.atLeaderConn(ctx, func(ctx context.Context, cc grpc.ClientConnInterface) (*tokenpb.NotLeader, error) {
-		r, err := tokenpb.NewUsageServiceClient(cc).Budgets(ctx, req)
-		resp = r
-		return r.GetNotLeader(), err
+	resp, err := askUsage(ctx, c, func(ctx context.Context, us tokenpb.UsageServiceClient) (*tokenpb.BudgetsResponse, error) {
+		return us.Budgets(ctx, req)
 	})
-	if st, ok := status.FromError(errors.Unwrap(err)); ok && st.Code() == codes.Unimplemented {
-		return nil, false, fmt.Errorf("%w: %w", ErrNoUsageHistory, err)
-	}
 	if err != nil {
 		return nil, false, err
 	}
-	var asked map[string]bool
-	if !req.GetAllGroups() {
-		asked = make(map[string]bool, len(req.GetGroups()))
-		for _, g := range req.GetGroups() {
-			asked[g] = true
-		}
-	}
+	asked := askedGroups(req.GetAllGroups(), req.GetGroups())
 	now := c.clk.Now()
 	for _, r := range resp.GetRows() {
 		g := r.GetResourceGroup()

@@ -3,17 +3,12 @@ package tokenclient
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/rgproxy/rgproxy/internal/textcut"
 	"github.com/rgproxy/rgproxy/resourcegroup"
@@ -299,27 +294,13 @@ func (c *Client) Chargeback(ctx context.Context, req *tokenpb.UsageHistoryReques
 	if limit <= 0 || limit > UsageHistoryMaxRows {
 		limit = UsageHistoryMaxRows
 	}
-	ctx, cancel := context.WithTimeout(ctx, usageHistoryTimeout)
-	defer cancel()
-	var resp *tokenpb.ChargebackResponse
-	err := c.atLeaderConn(ctx, func(ctx context.Context, cc grpc.ClientConnInterface) (*tokenpb.NotLeader, error) {
-		r, err := tokenpb.NewUsageServiceClient(cc).Chargeback(ctx, &tokenpb.ChargebackRequest{Range: req, Accounts: accounts})
-		resp = r
-		return r.GetNotLeader(), err
+	resp, err := askUsage(ctx, c, func(ctx context.Context, us tokenpb.UsageServiceClient) (*tokenpb.ChargebackResponse, error) {
+		return us.Chargeback(ctx, &tokenpb.ChargebackRequest{Range: req, Accounts: accounts})
 	})
-	if st, ok := status.FromError(errors.Unwrap(err)); ok && st.Code() == codes.Unimplemented {
-		return nil, false, fmt.Errorf("%w: %w", ErrNoUsageHistory, err)
-	}
 	if err != nil {
 		return nil, false, err
 	}
-	var asked map[string]bool
-	if !req.GetAllGroups() {
-		asked = make(map[string]bool, len(req.GetGroups()))
-		for _, g := range req.GetGroups() {
-			asked[g] = true
-		}
-	}
+	asked := askedGroups(req.GetAllGroups(), req.GetGroups())
 	truncated := resp.GetTruncated()
 	out := make([]ChargebackRow, 0, min(len(resp.GetRows()), limit))
 	for _, row := range resp.GetRows() {

@@ -62,27 +62,13 @@ func (c *Client) UsageHistory(ctx context.Context, req *tokenpb.UsageHistoryRequ
 	if limit <= 0 || limit > UsageHistoryMaxRows {
 		limit = UsageHistoryMaxRows
 	}
-	ctx, cancel := context.WithTimeout(ctx, usageHistoryTimeout)
-	defer cancel()
-	var resp *tokenpb.UsageHistoryResponse
-	err := c.atLeaderConn(ctx, func(ctx context.Context, cc grpc.ClientConnInterface) (*tokenpb.NotLeader, error) {
-		r, err := tokenpb.NewUsageServiceClient(cc).UsageHistory(ctx, req)
-		resp = r
-		return r.GetNotLeader(), err
+	resp, err := askUsage(ctx, c, func(ctx context.Context, us tokenpb.UsageServiceClient) (*tokenpb.UsageHistoryResponse, error) {
+		return us.UsageHistory(ctx, req)
 	})
-	if st, ok := status.FromError(errors.Unwrap(err)); ok && st.Code() == codes.Unimplemented {
-		return nil, false, fmt.Errorf("%w: %w", ErrNoUsageHistory, err)
-	}
 	if err != nil {
 		return nil, false, err
 	}
-	var asked map[string]bool
-	if !req.GetAllGroups() {
-		asked = make(map[string]bool, len(req.GetGroups()))
-		for _, g := range req.GetGroups() {
-			asked[g] = true
-		}
-	}
+	asked := askedGroups(req.GetAllGroups(), req.GetGroups())
 	truncated := resp.GetTruncated()
 	rows := resp.GetRows()
 	out := make([]UsageRowHistory, 0, min(len(rows), limit))
@@ -116,4 +102,39 @@ func figure(v float64) float64 {
 		return 0
 	}
 	return v
+}
+
+// askUsage makes one UsageService call at rgserver's leader, bounded by
+// usageHistoryTimeout; an rgserver without the service (or the call) is
+// ErrNoUsageHistory.
+func askUsage[R interface{ GetNotLeader() *tokenpb.NotLeader }](ctx context.Context, c *Client,
+	call func(context.Context, tokenpb.UsageServiceClient) (R, error)) (R, error) {
+	ctx, cancel := context.WithTimeout(ctx, usageHistoryTimeout)
+	defer cancel()
+	var resp R
+	err := c.atLeaderConn(ctx, func(ctx context.Context, cc grpc.ClientConnInterface) (*tokenpb.NotLeader, error) {
+		r, err := call(ctx, tokenpb.NewUsageServiceClient(cc))
+		resp = r
+		if err != nil {
+			return nil, err
+		}
+		return r.GetNotLeader(), nil
+	})
+	if st, ok := status.FromError(errors.Unwrap(err)); ok && st.Code() == codes.Unimplemented {
+		return resp, fmt.Errorf("%w: %w", ErrNoUsageHistory, err)
+	}
+	return resp, err
+}
+
+// askedGroups is the set of the groups a request names; nil when it asks
+// for all: an answer's rows of other groups are left out.
+func askedGroups(all bool, groups []string) map[string]bool {
+	if all {
+		return nil
+	}
+	asked := make(map[string]bool, len(groups))
+	for _, g := range groups {
+		asked[g] = true
+	}
+	return asked
 }

@@ -2,7 +2,6 @@ package rgpolicy
 
 import (
 	"context"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -65,14 +64,7 @@ func (s *session) chargebackTable(ctx context.Context, be mysqlproto.Backend, ac
 	if err != nil {
 		return nil, err
 	}
-	req := &tokenpb.UsageHistoryRequest{AllGroups: true, Limit: usageRowsPerGranularity}
-	if own != nil && len(own) <= maxPushedGroups {
-		req.AllGroups = false
-		for g := range own {
-			req.Groups = append(req.Groups, g)
-		}
-		sort.Strings(req.Groups)
-	}
+	req := usageRequest(own)
 	cols := usageByTagColumns
 	if accounts {
 		cols = usageByAccountColumns

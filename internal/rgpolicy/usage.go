@@ -86,14 +86,7 @@ func (s *session) usageHistoryTable(ctx context.Context, be mysqlproto.Backend) 
 	if err != nil {
 		return nil, err
 	}
-	req := &tokenpb.UsageHistoryRequest{AllGroups: true, Limit: usageRowsPerGranularity}
-	if own != nil && len(own) <= maxPushedGroups {
-		req.AllGroups = false
-		for g := range own {
-			req.Groups = append(req.Groups, g)
-		}
-		sort.Strings(req.Groups)
-	}
+	req := usageRequest(own)
 	now := s.p.clk.Now()
 	t := &vtable{cols: usageHistoryColumns}
 	for _, sp := range usageSpans {
@@ -154,4 +147,19 @@ func usageError(err error) error {
 		return errUsageOld
 	}
 	return rgproxyError("rgproxy: usage history: " + err.Error())
+}
+
+// usageRequest asks rgserver for every group's rows, or for own's (the
+// groups the session may read) when they are few enough to name; the
+// caller filters the answer by own either way.
+func usageRequest(own map[string]bool) *tokenpb.UsageHistoryRequest {
+	req := &tokenpb.UsageHistoryRequest{AllGroups: true, Limit: usageRowsPerGranularity}
+	if own != nil && len(own) <= maxPushedGroups {
+		req.AllGroups = false
+		for g := range own {
+			req.Groups = append(req.Groups, g)
+		}
+		sort.Strings(req.Groups)
+	}
+	return req
 }
