@@ -280,3 +280,44 @@ func (t *groupTable) reportPeriodLocked(gs *groupState) time.Duration {
 	}
 	return t.cfg.ReportPeriod
 }
+
+// Bounds of the calendar rgserver names.
+const (
+	// maxTimeZoneBytes bounds a zone's name (IANA names are under 40).
+	maxTimeZoneBytes = 64
+	// maxBudgetDay is the longest day --budget-day-length allows.
+	maxBudgetDay = 24 * time.Hour
+)
+
+// BudgetCalendar asks rgserver's leader which calendar budgets' windows
+// follow: its --budget-time-zone and --budget-day-length. An rgserver
+// that does not say (older than budgets' calendar) follows UTC's real
+// days; a zone this proxy cannot load, or a day out of range, is an error.
+func (c *Client) BudgetCalendar(ctx context.Context) (resourcegroup.BudgetCalendar, error) {
+	resp, err := askUsage(ctx, c, func(ctx context.Context, us tokenpb.UsageServiceClient) (*tokenpb.BudgetsResponse, error) {
+		// One group's rows are the smallest answer that carries it.
+		return us.Budgets(ctx, &tokenpb.BudgetsRequest{Groups: []string{resourcegroup.DefaultGroup}})
+	})
+	if err != nil {
+		return resourcegroup.BudgetCalendar{}, err
+	}
+	cal := resourcegroup.BudgetCalendar{Loc: time.UTC}
+	if z := resp.GetTimeZone(); z != "" {
+		if len(z) > maxTimeZoneBytes || z == "Local" {
+			return cal, fmt.Errorf("tokenclient: rgserver's budget time zone %.64q is not an IANA name", z)
+		}
+		loc, err := time.LoadLocation(z)
+		if err != nil {
+			return cal, fmt.Errorf("tokenclient: rgserver's budget time zone: %w", err)
+		}
+		cal.Loc = loc
+	}
+	if ms := resp.GetDayLengthMs(); ms != 0 {
+		d := time.Duration(ms) * time.Millisecond
+		if ms < 0 || d < time.Second || d > maxBudgetDay {
+			return cal, fmt.Errorf("tokenclient: rgserver's budget day of %d ms: want 1 s to 24 h", ms)
+		}
+		cal.DayLength = d
+	}
+	return cal, nil
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -142,5 +143,57 @@ func TestUsageHistoryErrors(t *testing.T) {
 	defer c3.Close()
 	if _, _, err := c3.UsageHistory(ctx, &tokenpb.UsageHistoryRequest{AllGroups: true}); !errors.Is(err, ErrNoUsageHistory) {
 		t.Fatalf("an older rgserver: %v, want ErrNoUsageHistory", err)
+	}
+}
+
+// calendarDouble is rgserver's Budgets answering with a calendar.
+type calendarDouble struct {
+	tokenpb.UnimplementedUsageServiceServer
+	zone string
+	day  int64 // ms
+}
+
+func (d *calendarDouble) Budgets(context.Context, *tokenpb.BudgetsRequest) (*tokenpb.BudgetsResponse, error) {
+	return &tokenpb.BudgetsResponse{Seeded: true, TimeZone: d.zone, DayLengthMs: d.day}, nil
+}
+
+// TestBudgetCalendar: the calendar rgserver names is loaded and checked;
+// an rgserver that names none follows UTC's days; a zone this proxy
+// cannot load, the host's "Local", an overlong name or a day out of range
+// is an error rather than a wrong window.
+func TestBudgetCalendar(t *testing.T) {
+	for _, tc := range []struct {
+		zone    string
+		day     int64
+		want    string // zone/day, "" for an error
+		errText string
+	}{
+		{"", 0, "UTC/0s", ""},
+		{"Asia/Tokyo", 0, "Asia/Tokyo/0s", ""},
+		{"UTC", 30_000, "UTC/30s", ""},
+		{"Mars/Olympus", 0, "", "unknown time zone"},
+		{"Local", 0, "", "not an IANA name"},
+		{strings.Repeat("A", 65), 0, "", "not an IANA name"},
+		{"UTC", 999, "", "want 1 s to 24 h"},
+		{"UTC", -5, "", "want 1 s to 24 h"},
+		{"UTC", 25 * 3600 * 1000, "", "want 1 s to 24 h"},
+	} {
+		s := grpc.NewServer()
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokenpb.RegisterUsageServiceServer(s, &calendarDouble{zone: tc.zone, day: tc.day})
+		go func() { _ = s.Serve(lis) }()
+		c, _ := newTestClient(t, func(cfg *Config) { cfg.Servers = []string{lis.Addr().String()} })
+		cal, err := c.BudgetCalendar(context.Background())
+		c.Close()
+		s.Stop()
+		switch {
+		case tc.want == "" && (err == nil || !strings.Contains(err.Error(), tc.errText)):
+			t.Errorf("zone %.20q, day %d ms: %v, want an error saying %q", tc.zone, tc.day, err, tc.errText)
+		case tc.want != "" && (err != nil || cal.Loc.String()+"/"+cal.DayLength.String() != tc.want):
+			t.Errorf("zone %q, day %d ms: %v/%v, %v; want %s", tc.zone, tc.day, cal.Loc, cal.DayLength, err, tc.want)
+		}
 	}
 }

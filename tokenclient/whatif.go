@@ -51,10 +51,11 @@ type WhatIfProposal struct {
 	// is refused (8252).
 	MaxWait time.Duration
 	// Budgets are replayed too: their windows start with the replay (what
-	// was spent before it is not known), in Loc (nil: UTC); a THROTTLE
-	// lowers the bucket's rate until its window ends, a REFUSE refuses.
-	Budgets []resourcegroup.Budget
-	Loc     *time.Location
+	// was spent before it is not known) and follow Calendar (rgserver's;
+	// a nil Loc is UTC); a THROTTLE lowers the bucket's rate until its
+	// window ends, a REFUSE refuses.
+	Budgets  []resourcegroup.Budget
+	Calendar resourcegroup.BudgetCalendar
 }
 
 // WhatIf is what a proposal would have done to the replayed demand.
@@ -126,7 +127,7 @@ func ReplayDemand(demand []DemandInterval, p WhatIfProposal) (WhatIf, error) {
 			b.Reconfigure(d.Start, burst, rate, burst, 0)
 			b.SetUnlimited(unlimited)
 			if len(p.Budgets) > 0 {
-				budgets = resourcegroup.NewBudgetState(p.Budgets, p.Loc, d.Start, nil)
+				budgets = resourcegroup.NewBudgetStateIn(p.Budgets, p.Calendar, d.Start, nil)
 			}
 		}
 		last = d.Start.Add(d.Length)

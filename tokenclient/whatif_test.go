@@ -135,3 +135,38 @@ func TestReplayDemandBudget(t *testing.T) {
 		t.Errorf("refusing hour: %s, by the budget %.1f", w, w.BudgetRefusedRU)
 	}
 }
+
+// TestReplayDemandFollowsTheCalendar: a replayed DAY budget's window ends
+// where rgserver's calendar ends it: at midnight in its time zone (Tokyo's
+// midnight is 15:00 UTC), or after a compressed day.
+func TestReplayDemandFollowsTheCalendar(t *testing.T) {
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 28, 14, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name      string
+		cal       resourcegroup.BudgetCalendar
+		refusedRU float64
+		events    string
+	}{
+		{"UTC", resourcegroup.BudgetCalendar{}, 540000,
+			"[DAY 100% REFUSE at 2026-11-28T14:30:00Z]"},
+		{"Asia/Tokyo", resourcegroup.BudgetCalendar{Loc: tokyo}, 360000,
+			"[DAY 100% REFUSE at 2026-11-28T14:30:00Z DAY window over: lifted at 2026-11-28T15:00:00Z DAY 100% REFUSE at 2026-11-28T15:30:00Z]"},
+		{"a compressed day of 1 h", resourcegroup.BudgetCalendar{Loc: time.UTC, DayLength: time.Hour}, 360000,
+			"[DAY 100% REFUSE at 2026-11-28T14:30:00Z DAY window over: lifted at 2026-11-28T15:00:00Z DAY 100% REFUSE at 2026-11-28T15:30:00Z]"},
+	} {
+		p := WhatIfProposal{RUPerSec: 1000, Burst: resourcegroup.BurstOff, MaxWait: 10 * time.Second, Calendar: tc.cal,
+			Budgets: []resourcegroup.Budget{{Period: resourcegroup.PeriodDay, RU: 180000,
+				Triggers: []resourcegroup.BudgetTrigger{{Percent: 100, Action: resourcegroup.BudgetRefuse}}}}}
+		w, err := ReplayDemand(seconds(t0, 7200, 100, 10), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(w.BudgetEvents); got != tc.events || math.Abs(w.BudgetRefusedRU-tc.refusedRU) > 100 {
+			t.Errorf("%s: events %s, %.0f RU refused by the budget; want %s, %.0f", tc.name, got, w.BudgetRefusedRU, tc.events, tc.refusedRU)
+		}
+	}
+}

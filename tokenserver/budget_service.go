@@ -318,7 +318,8 @@ func (us usageService) Budgets(_ context.Context, req *pb.BudgetsRequest) (*pb.B
 			break
 		}
 	}
-	return &pb.BudgetsResponse{Rows: rows, Seeded: seeded, Truncated: truncated}, nil
+	return &pb.BudgetsResponse{Rows: rows, Seeded: seeded, Truncated: truncated,
+		TimeZone: s.cfg.BudgetLocation.String(), DayLengthMs: s.cfg.BudgetDayLength.Milliseconds()}, nil
 }
 
 // budgetRows are the book's rows at now for the groups in keep (nil:

@@ -144,6 +144,10 @@ func TestBudgetsEnforcedByTheLeader(t *testing.T) {
 	if len(br.GetRows()) != 1 || !br.GetSeeded() {
 		t.Fatalf("budgets: %v", br)
 	}
+	// The calendar the windows follow, for the proxies' what-if.
+	if br.GetTimeZone() != "UTC" || br.GetDayLengthMs() != time.Hour.Milliseconds() {
+		t.Errorf("budgets' calendar: zone %q, day %d ms; want UTC, 3600000", br.GetTimeZone(), br.GetDayLengthMs())
+	}
 	row := br.GetRows()[0]
 	dayStart := ts.clock.Now().Truncate(time.Hour)
 	if row.GetSpentRu() != 105 || row.GetBudgetRu() != 100 || row.GetAction() != "ON 100 PERCENT REFUSE" || !row.GetEnforced() ||

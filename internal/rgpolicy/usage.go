@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rgproxy/rgproxy/mysqlproto"
+	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/tokenclient"
 	"github.com/rgproxy/rgproxy/tokenserver/tokenpb"
 )
@@ -34,6 +35,9 @@ type UsageHistory interface {
 	// Budgets reads the budgets of the groups req names, in their
 	// current windows, and whether the leader's book is seeded.
 	Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) ([]tokenclient.BudgetRow, bool, error)
+	// BudgetCalendar reads the calendar budgets' windows follow on
+	// rgserver (its time zone and the length of its day).
+	BudgetCalendar(ctx context.Context) (resourcegroup.BudgetCalendar, error)
 }
 
 // Errors of the usage history, as the client sees them.

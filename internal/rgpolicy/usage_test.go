@@ -30,6 +30,15 @@ type fakeUsage struct {
 	// budgets and unseeded answer Budgets.
 	budgets  []tokenclient.BudgetRow
 	unseeded bool
+	// calendar answers BudgetCalendar.
+	calendar resourcegroup.BudgetCalendar
+}
+
+func (f *fakeUsage) BudgetCalendar(context.Context) (resourcegroup.BudgetCalendar, error) {
+	if f.err != nil {
+		return resourcegroup.BudgetCalendar{}, f.err
+	}
+	return f.calendar, nil
 }
 
 func (f *fakeUsage) Budgets(_ context.Context, req *tokenpb.BudgetsRequest) ([]tokenclient.BudgetRow, bool, error) {

@@ -93,7 +93,18 @@ func (s *session) explainGroup(ctx context.Context, a *resourcegroup.ExplainGrou
 		basis += "; the history was cut to its newest rows"
 	}
 	if len(g.Budgets) > 0 || len(pg.Budgets) > 0 {
-		basis += "; budget windows start with the window replayed (nothing spent before it counts) and follow UTC"
+		// The budgets' windows follow rgserver's calendar, as the
+		// leader's own budgets do.
+		cal, err := s.p.usage.BudgetCalendar(ctx)
+		if err != nil {
+			return errReply(usageError(err))
+		}
+		current.Calendar, proposed.Calendar = cal, cal
+		follow := cal.Loc.String()
+		if cal.Compressed() {
+			follow = "days of " + cal.DayLength.String() + " (rgserver's --budget-day-length)"
+		}
+		basis += "; budget windows start with the window replayed (nothing spent before it counts) and follow " + follow
 	}
 	out := make([][]string, 0, 2)
 	for _, sc := range []struct {

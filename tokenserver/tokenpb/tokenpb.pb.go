@@ -4740,7 +4740,12 @@ type BudgetsResponse struct {
 	Seeded bool `protobuf:"varint,3,opt,name=seeded,proto3" json:"seeded,omitempty"`
 	// Rows were left out (the answer's size bound, 3 MiB): by group, the
 	// last ones.
-	Truncated     bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	Truncated bool `protobuf:"varint,4,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// The calendar budgets' windows follow (rgserver's --budget-time-zone,
+	// an IANA name; "" from an rgserver that does not say: UTC) and the
+	// length of its day (--budget-day-length; 0 = 24 h).
+	TimeZone      string `protobuf:"bytes,5,opt,name=time_zone,json=timeZone,proto3" json:"time_zone,omitempty"`
+	DayLengthMs   int64  `protobuf:"varint,6,opt,name=day_length_ms,json=dayLengthMs,proto3" json:"day_length_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4801,6 +4806,20 @@ func (x *BudgetsResponse) GetTruncated() bool {
 		return x.Truncated
 	}
 	return false
+}
+
+func (x *BudgetsResponse) GetTimeZone() string {
+	if x != nil {
+		return x.TimeZone
+	}
+	return ""
+}
+
+func (x *BudgetsResponse) GetDayLengthMs() int64 {
+	if x != nil {
+		return x.DayLengthMs
+	}
+	return 0
 }
 
 type ChargebackRequest struct {
@@ -5502,13 +5521,15 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x1cprojected_exhaustion_unix_ms\x18\b \x01(\x03R\x19projectedExhaustionUnixMs\x12\x16\n" +
 	"\x06action\x18\t \x01(\tR\x06action\x12\x1a\n" +
 	"\benforced\x18\n" +
-	" \x01(\bR\benforced\"\xb4\x01\n" +
+	" \x01(\bR\benforced\"\xf5\x01\n" +
 	"\x0fBudgetsResponse\x12/\n" +
 	"\x04rows\x18\x01 \x03(\v2\x1b.rgproxy.token.v1.BudgetRowR\x04rows\x12:\n" +
 	"\n" +
 	"not_leader\x18\x02 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\x12\x16\n" +
 	"\x06seeded\x18\x03 \x01(\bR\x06seeded\x12\x1c\n" +
-	"\ttruncated\x18\x04 \x01(\bR\ttruncated\"l\n" +
+	"\ttruncated\x18\x04 \x01(\bR\ttruncated\x12\x1b\n" +
+	"\ttime_zone\x18\x05 \x01(\tR\btimeZone\x12\"\n" +
+	"\rday_length_ms\x18\x06 \x01(\x03R\vdayLengthMs\"l\n" +
 	"\x11ChargebackRequest\x12;\n" +
 	"\x05range\x18\x01 \x01(\v2%.rgproxy.token.v1.UsageHistoryRequestR\x05range\x12\x1a\n" +
 	"\baccounts\x18\x02 \x01(\bR\baccounts\"\xae\x01\n" +
