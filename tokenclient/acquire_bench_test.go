@@ -66,12 +66,17 @@ func BenchmarkAcquirePurseParallel(b *testing.B) {
 }
 
 // BenchmarkAcquirePurseAttributeParallel is BenchmarkAcquirePurseParallel
-// with each statement's chargeback (an account and a tag), as rgpolicy's
-// ledger attributes it: the groups' lock once more per statement.
+// with each statement's chargeback, as rgpolicy's ledger attributes it: to
+// an account and a tag (the groups' lock once more per statement), or to
+// the account alone (kept in the purse).
 func BenchmarkAcquirePurseAttributeParallel(b *testing.B) {
+	b.Run("tag", func(b *testing.B) { benchAttribute(b, []BilledTag{{Key: "application", Value: "app07"}}) })
+	b.Run("account", func(b *testing.B) { benchAttribute(b, nil) })
+}
+
+func benchAttribute(b *testing.B, tags []BilledTag) {
 	c, _ := newTestClient(b, nil)
 	ctx := context.Background()
-	tags := []BilledTag{{Key: "application", Value: "app07"}}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		p := &Purse{}
@@ -82,7 +87,7 @@ func BenchmarkAcquirePurseAttributeParallel(b *testing.B) {
 				return
 			}
 			c.ChargePurse(p, resourcegroup.DefaultGroup, ru.Consumption{RRU: 0.1})
-			c.Attribute(resourcegroup.DefaultGroup, tags, "app@%", benchCons)
+			c.Attribute(p, resourcegroup.DefaultGroup, tags, "app@%", benchCons)
 		}
 	})
 }

@@ -250,10 +250,16 @@ func (a *chargeAcc) restore(entries []*tokenpb.ChargebackEntry) {
 // it charged late) of group was spent by tags (those of the billed keys,
 // at most ChargebackMaxKeys) and account (user@host, from
 // ChargebackAccount), for the group's next report. The caller charges the
-// group cons itself (Charge, ChargePurse); it never blocks.
-func (c *Client) Attribute(group string, tags []BilledTag, account string, cons ru.Consumption) {
+// group cons itself (Charge, ChargePurse); it never blocks. A statement
+// billed to its account alone whose session's purse p holds group's
+// advance is kept in the purse, without the groups' lock, and recorded
+// with the purse's spending (within purseSweep); p may be nil.
+func (c *Client) Attribute(p *Purse, group string, tags []BilledTag, account string, cons ru.Consumption) {
 	f := chargeFig{rru: cons.RRU, wru: cons.WRU, stmts: cons.Statements}
 	if !(f.rru >= 0 && f.wru >= 0 && f.stmts >= 0) || math.IsInf(f.ru()+f.stmts, 0) || f == (chargeFig{}) {
+		return
+	}
+	if p != nil && len(tags) == 0 && account != "" && p.bill(group, account, f) {
 		return
 	}
 	group = resourcegroup.NormalizeName(group)

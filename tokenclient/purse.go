@@ -74,6 +74,10 @@ type Purse struct {
 	// histogram has not seen them yet).
 	spent     ru.Consumption
 	zeroWaits uint64
+	// billAccount and billed are the chargeback of the purse's
+	// statements to one account alone (Attribute), not yet recorded.
+	billAccount string
+	billed      chargeFig
 	// share is the group's Share when the advance was taken.
 	share Share
 	// used: a statement used the purse since the last sweep.
@@ -139,6 +143,20 @@ func (p *Purse) spend(group string, cons ru.Consumption, gen uint64) (ok, shadow
 	p.spent.Add(cons)
 	p.used = true
 	return true, p.shadow
+}
+
+// bill keeps f, a statement's chargeback to account alone, in the purse
+// when it holds group's advance and bills no other account; false when it
+// cannot. The sweep records it with the purse's spending.
+func (p *Purse) bill(group, account string, f chargeFig) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.group == "" || p.group != group || (p.billAccount != "" && p.billAccount != account) {
+		return false
+	}
+	p.billAccount = account
+	p.billed.add(f)
+	return true
 }
 
 // ReturnPurse records what the purse spent and gives what is left of its
@@ -209,6 +227,9 @@ func (t *groupTable) settlePurseLocked(p *Purse, now time.Time, empty bool) {
 		for ; p.zeroWaits > 0; p.zeroWaits-- {
 			gs.waitObs.Observe(0)
 		}
+		if p.billAccount != "" && p.billed != (chargeFig{}) {
+			gs.charge.add(nil, p.billAccount, p.billed)
+		}
 		if empty && !p.unlimited && p.tokens > 0 {
 			gs.bucket.Refund(now, p.tokens)
 			if len(gs.queue) > 0 {
@@ -217,6 +238,7 @@ func (t *groupTable) settlePurseLocked(p *Purse, now time.Time, empty bool) {
 		}
 	}
 	p.spent, p.zeroWaits = ru.Consumption{}, 0
+	p.billAccount, p.billed = "", chargeFig{}
 	if empty {
 		p.group, p.gs, p.gen, p.left = "", nil, 0, 0
 		p.tokens, p.limit, p.unlimited, p.shadow, p.share = 0, 0, false, false, Share{}

@@ -2,6 +2,7 @@ package tokenclient
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -256,4 +257,59 @@ func waitCount(t *testing.T, c *Client, group string) uint64 {
 		t.Fatal(err)
 	}
 	return m.GetHistogram().GetSampleCount()
+}
+
+// chargeOf is group's chargeback not yet reported, as "account=RU/stmts"
+// and "key=value=RU/stmts" entries.
+func chargeOf(c *Client, group string) []string {
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	gs := c.groups.byName[group]
+	entries := gs.charge.take()
+	var out []string
+	for _, e := range entries {
+		name := e.GetAccount()
+		if e.GetTagKey() != "" {
+			name = e.GetTagKey() + "=" + e.GetTagValue()
+		}
+		out = append(out, fmt.Sprintf("%s=%g/%d", name, e.GetRru()+e.GetWru(), e.GetStatements()))
+	}
+	gs.charge.restore(entries)
+	return out
+}
+
+// A statement billed to its account alone is kept in the session's purse
+// when the purse holds the group's advance, and recorded with the purse's
+// spending at the sweep (or when the purse is returned); a tagged one, one
+// of another account or group, or one without a purse goes to the group
+// at once. Nothing is lost or counted twice.
+func TestPurseKeepsTheAccountsChargeback(t *testing.T) {
+	c, _ := newTestClient(t, nil)
+	ctx := context.Background()
+	grantTokens(t, c, "a", 10000, 0)
+	var p Purse
+	if _, _, err := c.AcquireShare(ctx, &p, "a", rruOf(1), 1, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	one := ru.Consumption{RRU: 1, Statements: 1}
+	steps := []struct {
+		do   func()
+		want string
+	}{
+		{func() { c.Attribute(&p, "a", nil, "app@%", one) }, "[]"},
+		{func() { c.Attribute(&p, "a", nil, "app@%", one) }, "[]"},
+		{func() { sweep(c) }, "[app@%=2/2]"},
+		{func() { c.Attribute(&p, "a", []BilledTag{{Key: "application", Value: "x"}}, "app@%", one) }, "[application=x=1/1 app@%=3/3]"},
+		{func() { c.Attribute(&p, "a", nil, "app@%", one) }, "[application=x=1/1 app@%=3/3]"},
+		{func() { c.Attribute(&p, "a", nil, "other@%", one) }, "[application=x=1/1 app@%=3/3 other@%=1/1]"},
+		{func() { c.Attribute(nil, "a", nil, "app@%", one) }, "[application=x=1/1 app@%=4/4 other@%=1/1]"},
+		{func() { c.ReturnPurse(&p) }, "[application=x=1/1 app@%=5/5 other@%=1/1]"},
+		{func() { c.Attribute(&p, "a", nil, "app@%", one) }, "[application=x=1/1 app@%=6/6 other@%=1/1]"},
+	}
+	for i, st := range steps {
+		st.do()
+		if got := fmt.Sprint(chargeOf(c, "a")); got != st.want {
+			t.Fatalf("step %d: chargeback %s, want %s", i, got, st.want)
+		}
+	}
 }

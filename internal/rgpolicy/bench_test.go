@@ -25,7 +25,8 @@ func (b *benchTokens) AcquireShare(context.Context, *tokenclient.Purse, string, 
 
 func (b *benchTokens) Charge(string, ru.Consumption) {}
 
-func (b *benchTokens) Attribute(string, []tokenclient.BilledTag, string, ru.Consumption) {}
+func (b *benchTokens) Attribute(*tokenclient.Purse, string, []tokenclient.BilledTag, string, ru.Consumption) {
+}
 
 func (b *benchTokens) ChargePurse(*tokenclient.Purse, string, ru.Consumption) {}
 

@@ -127,5 +127,5 @@ func (lg *stmtLedger) attribute(group string, b *billing, cons ru.Consumption) {
 	if b.account == "" && len(b.tags) == 0 {
 		return
 	}
-	lg.p.tokens.Attribute(group, b.tags, b.account, cons)
+	lg.p.tokens.Attribute(lg.purse, group, b.tags, b.account, cons)
 }

@@ -66,9 +66,9 @@ type Tokens interface {
 	CountThrottled(group string, estimate float64)
 	CountRefused(group string, estimate float64)
 	CountWaited(group string, estimate float64)
-	// Attribute records the chargeback of cons charged to group
-	// (tokenclient.Client.Attribute).
-	Attribute(group string, tags []tokenclient.BilledTag, account string, cons ru.Consumption)
+	// Attribute records the chargeback of cons charged to group, in the
+	// session's purse p when it can (tokenclient.Client.Attribute).
+	Attribute(p *tokenclient.Purse, group string, tags []tokenclient.BilledTag, account string, cons ru.Consumption)
 	// HoldDemand holds a refused statement's RU as its group's waiting
 	// demand in h, for a couple of seconds at most; ReleaseDemand ends it.
 	HoldDemand(h *tokenclient.DemandHold, group string, ru float64)

@@ -134,7 +134,7 @@ func (r *recordingTokens) share(group string) tokenclient.Share {
 	return sh
 }
 
-func (r *recordingTokens) Attribute(group string, tags []tokenclient.BilledTag, account string, c ru.Consumption) {
+func (r *recordingTokens) Attribute(_ *tokenclient.Purse, group string, tags []tokenclient.BilledTag, account string, c ru.Consumption) {
 	if r.billed == nil {
 		r.billed, r.billedStmts = map[string]float64{}, map[string]float64{}
 	}
