@@ -48,33 +48,20 @@ func BenchmarkAcquireChargeParallel(b *testing.B) {
 
 // BenchmarkAcquirePurseParallel is many sessions at once, each with its
 // purse, as rgpolicy runs them.
-func BenchmarkAcquirePurseParallel(b *testing.B) {
-	c, _ := newTestClient(b, nil)
-	ctx := context.Background()
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		p := &Purse{}
-		defer c.ReturnPurse(p)
-		for pb.Next() {
-			if _, _, err := c.AcquireShare(ctx, p, resourcegroup.DefaultGroup, benchCons, 1, time.Second); err != nil {
-				b.Error(err)
-				return
-			}
-			c.ChargePurse(p, resourcegroup.DefaultGroup, ru.Consumption{RRU: 0.1})
-		}
-	})
-}
+func BenchmarkAcquirePurseParallel(b *testing.B) { benchPurse(b, false, nil) }
 
 // BenchmarkAcquirePurseAttributeParallel is BenchmarkAcquirePurseParallel
 // with each statement's chargeback, as rgpolicy's ledger attributes it: to
 // an account and a tag (the groups' lock once more per statement), or to
 // the account alone (kept in the purse).
 func BenchmarkAcquirePurseAttributeParallel(b *testing.B) {
-	b.Run("tag", func(b *testing.B) { benchAttribute(b, []BilledTag{{Key: "application", Value: "app07"}}) })
-	b.Run("account", func(b *testing.B) { benchAttribute(b, nil) })
+	b.Run("tag", func(b *testing.B) { benchPurse(b, true, []BilledTag{{Key: "application", Value: "app07"}}) })
+	b.Run("account", func(b *testing.B) { benchPurse(b, true, nil) })
 }
 
-func benchAttribute(b *testing.B, tags []BilledTag) {
+// benchPurse runs sessions with purses in parallel, each statement
+// settled in its purse and, with attribute, billed to tags and an account.
+func benchPurse(b *testing.B, attribute bool, tags []BilledTag) {
 	c, _ := newTestClient(b, nil)
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -87,7 +74,9 @@ func benchAttribute(b *testing.B, tags []BilledTag) {
 				return
 			}
 			c.ChargePurse(p, resourcegroup.DefaultGroup, ru.Consumption{RRU: 0.1})
-			c.Attribute(p, resourcegroup.DefaultGroup, tags, "app@%", benchCons)
+			if attribute {
+				c.Attribute(p, resourcegroup.DefaultGroup, tags, "app@%", benchCons)
+			}
 		}
 	})
 }

@@ -197,6 +197,9 @@ func truncate(s string, n int) string {
 // Budget returns group's budget verdict now, as rgserver last said; ok
 // is false when none of its budgets' triggers is crossed.
 func (c *Client) Budget(group string) (BudgetVerdict, bool) {
+	if c.budgets.n.Load() == 0 {
+		return BudgetVerdict{}, false // every statement asks: no clock read, no name folding
+	}
 	return c.budgets.get(resourcegroup.NormalizeName(group), c.clk.Now())
 }
 
