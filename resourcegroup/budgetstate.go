@@ -65,6 +65,9 @@ type budgetWindow struct {
 	// crossed is how many of the budget's triggers (in increasing
 	// percent) the window's spending has reached.
 	crossed int
+	// exhausted is when the window's spending reached its RU as seen
+	// here (Spend's or Seed's now); zero while it has not.
+	exhausted time.Time
 }
 
 // BudgetVerdict is what a group's budgets do to it at an instant: the
@@ -148,16 +151,23 @@ func NewBudgetStateIn(budgets []Budget, cal BudgetCalendar, now time.Time, prev 
 		if prev != nil {
 			if i := slices.IndexFunc(prev.windows, func(o budgetWindow) bool { return o.budget.Period == b.Period }); i >= 0 && prev.windows[i].start.Equal(start) {
 				w.spent = prev.windows[i].spent
+				if w.spent >= float64(b.RU) {
+					w.exhausted = prev.windows[i].exhausted // still spent: when it ran out
+				}
 			}
 		}
-		w.cross()
+		w.cross(now)
 		s.windows = append(s.windows, w)
 	}
 	return s
 }
 
-// cross moves crossed up to the triggers the window's spending reached.
-func (w *budgetWindow) cross() {
+// cross moves crossed up to the triggers the window's spending reached
+// and notes at now when the window was first seen spent.
+func (w *budgetWindow) cross(now time.Time) {
+	if w.exhausted.IsZero() && w.spent >= float64(w.budget.RU) {
+		w.exhausted = now
+	}
 	for w.crossed < len(w.budget.Triggers) &&
 		w.spent >= float64(w.budget.RU)*float64(w.budget.Triggers[w.crossed].Percent)/100 {
 		w.crossed++
@@ -186,7 +196,7 @@ func (s *BudgetState) Roll(now time.Time) bool {
 		w := &s.windows[i]
 		if !now.Before(w.end) {
 			w.start, w.end = s.cal.Window(w.budget.Period, now)
-			w.spent, w.crossed = 0, 0
+			w.spent, w.crossed, w.exhausted = 0, 0, time.Time{}
 		}
 	}
 	return s.verdict() != before
@@ -201,21 +211,23 @@ func (s *BudgetState) Spend(ru float64, now time.Time) bool {
 	if ru > 0 && !math.IsInf(ru, 1) {
 		for i := range s.windows {
 			s.windows[i].spent += ru
-			s.windows[i].cross()
+			s.windows[i].cross(now)
 		}
 	}
 	return s.verdict() != before
 }
 
 // Seed raises what period p's window starting at start has spent to
-// spent (the usage history's figure, when a new rgserver term starts); a
-// window it does not name is left alone.
-func (s *BudgetState) Seed(p BudgetPeriod, start time.Time, spent float64) {
+// spent (the usage history's figure, when a new rgserver term starts) at
+// now; a window it does not name is left alone. A window the figure
+// shows spent counts as run out at now: the history does not say when
+// within the window it did.
+func (s *BudgetState) Seed(p BudgetPeriod, start time.Time, spent float64, now time.Time) {
 	for i := range s.windows {
 		w := &s.windows[i]
 		if w.budget.Period == p && w.start.Equal(start) && spent > w.spent && !math.IsInf(spent, 1) {
 			w.spent = spent
-			w.cross()
+			w.cross(now)
 		}
 	}
 }
@@ -263,6 +275,9 @@ type BudgetWindowState struct {
 	Budget     Budget
 	Start, End time.Time
 	Spent      float64
+	// Exhausted is when the window's spending reached its RU (as Spend
+	// and Seed saw it); zero while it has not.
+	Exhausted time.Time
 	// Verdict is what the window's crossed triggers do (Action 0: none).
 	Verdict BudgetVerdict
 }
@@ -273,7 +288,7 @@ func (s *BudgetState) Windows(now time.Time) []BudgetWindowState {
 	out := make([]BudgetWindowState, len(s.windows))
 	for i := range s.windows {
 		w := &s.windows[i]
-		out[i] = BudgetWindowState{Budget: w.budget, Start: w.start, End: w.end, Spent: w.spent, Verdict: w.verdict()}
+		out[i] = BudgetWindowState{Budget: w.budget, Start: w.start, End: w.end, Spent: w.spent, Exhausted: w.exhausted, Verdict: w.verdict()}
 	}
 	return out
 }
@@ -284,6 +299,6 @@ func (s *BudgetState) Reset(now time.Time) {
 	for i := range s.windows {
 		w := &s.windows[i]
 		w.start, w.end = s.cal.Window(w.budget.Period, now)
-		w.spent, w.crossed = 0, 0
+		w.spent, w.crossed, w.exhausted = 0, 0, time.Time{}
 	}
 }

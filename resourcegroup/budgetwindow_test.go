@@ -211,3 +211,41 @@ func TestBudgetCalendarCompressed(t *testing.T) {
 		t.Errorf("after the compressed day: %+v", v)
 	}
 }
+
+// TestBudgetStateExhausted: a window knows when it ran out — the Spend
+// that reached its RU, or the Seed that showed it spent — keeps that
+// time while it stays spent (a redefinition included), and forgets it
+// when the window rolls over or a larger budget leaves room again.
+func TestBudgetStateExhausted(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
+	day := func(ru uint64) []Budget { return []Budget{{Period: PeriodDay, RU: ru}} }
+	exhausted := func(s *BudgetState, now time.Time) time.Time { return s.Windows(now)[0].Exhausted }
+
+	s := NewBudgetState(day(100), nil, t0, nil)
+	s.Spend(60, t0.Add(time.Minute))
+	if x := exhausted(s, t0.Add(time.Minute)); !x.IsZero() {
+		t.Fatalf("60 of 100 spent: exhausted at %v", x)
+	}
+	ranOut := t0.Add(2 * time.Minute)
+	s.Spend(50, ranOut)
+	s.Spend(5, ranOut.Add(time.Minute))
+	if x := exhausted(s, t0.Add(time.Hour)); !x.Equal(ranOut) {
+		t.Fatalf("exhausted at %v, want %v (the Spend that reached 100)", x, ranOut)
+	}
+	if x := exhausted(NewBudgetState(day(80), nil, t0.Add(time.Hour), s), t0.Add(time.Hour)); !x.Equal(ranOut) {
+		t.Errorf("a smaller budget, still spent: exhausted at %v, want %v", x, ranOut)
+	}
+	if x := exhausted(NewBudgetState(day(1000), nil, t0.Add(time.Hour), s), t0.Add(time.Hour)); !x.IsZero() {
+		t.Errorf("a larger budget with room: exhausted at %v", x)
+	}
+	if x := exhausted(s, t0.Add(24*time.Hour)); !x.IsZero() {
+		t.Errorf("the next day's window: exhausted at %v", x)
+	}
+
+	seeded := NewBudgetState(day(100), nil, t0, nil)
+	start := seeded.Windows(t0)[0].Start
+	seeded.Seed(PeriodDay, start, 150, t0.Add(time.Minute))
+	if x := exhausted(seeded, t0.Add(time.Hour)); !x.Equal(t0.Add(time.Minute)) {
+		t.Errorf("seeded spent: exhausted at %v, want the seed's time", x)
+	}
+}

@@ -13,8 +13,15 @@
 #     (target <= 1; a per-statement limiter makes 1,000);
 #  3. at saturation, three proxies on one group for 30 s: RU reported to
 #     rgserver vs RU_PER_SEC x T + capacity (target within +-2%).
+#  With BENCH_BASE=<git revision>, step 1 also builds that revision's
+#  rgserver and rgproxy and runs its metered and unmetered proxies in the
+#  same rotation (four proxies, the order turning every round), so that a
+#  change's cost is the two ratios side by side in one run rather than
+#  two runs on different days: CPU per statement of each proxy (from
+#  /proc, the machine's load counts less) and each revision's ratio.
 # Environment: BENCH_TIME (s per round, default 3), BENCH_ROUNDS (30),
-# BENCH_THREADS (8), SAT_TIME (30), SAT_RATE (RU/s of the saturated group, 400).
+# BENCH_THREADS (8), SAT_TIME (30), SAT_RATE (RU/s of the saturated group,
+# 400), BENCH_BASE (a git revision to compare with; none by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH_TIME=${BENCH_TIME:-3}
@@ -29,9 +36,16 @@ SIZE=10000
 command -v sysbench >/dev/null || { echo "bench-metering: apt-get install sysbench" >&2; exit 1; }
 [ -x bin/rgproxy ] && [ -x bin/rgserver ] || { echo "bench-metering: run make build" >&2; exit 1; }
 
+BENCH_BASE=${BENCH_BASE:-}
+
 tmp=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	[ -z "$BENCH_BASE" ] || git worktree remove --force "$tmp/base" 2>/dev/null || true
+	rm -rf "$tmp"
+}
 trap cleanup EXIT
 
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -47,22 +61,40 @@ if [ "$(sql 3306 "SELECT COUNT(*) FROM information_schema.tables WHERE table_sch
 		--mysql-db=$DB --tables=$TABLES --table-size=$SIZE prepare >/dev/null
 fi
 
-rgs=$(freeport); rgss=$(freeport)
-bin/rgserver --addr 127.0.0.1:$rgs --status-addr 127.0.0.1:$rgss --data-dir "$tmp/rgs" --log-level warn >"$tmp/rgserver.log" 2>&1 &
-pids+=($!)
-waitport "$rgs"
-# start_proxy sets port and status; it runs in this shell (not in $(...))
-# so that cleanup knows the proxy's pid.
-start_proxy() { # name extra-flags...
-	local name=$1; shift
-	port=$(freeport); status=$(freeport)
-	bin/rgproxy --listen 127.0.0.1:$port --status-addr 127.0.0.1:$status --token-server 127.0.0.1:$rgs \
-		--cache-dir "$tmp/cache-$name" --proxy-id "$name" --log-level warn "$@" >"$tmp/$name.log" 2>&1 &
+if [ -n "$BENCH_BASE" ]; then
+	git worktree add --detach "$tmp/base" "$BENCH_BASE" >/dev/null
+	(cd "$tmp/base" && go build -o bin/ ./cmd/rgserver ./cmd/rgproxy)
+fi
+# start_rgserver sets rgs and rgss (bin dir as $1); start_proxy sets port,
+# status and pid (rgserver port, bin dir, name, extra flags). Both run in
+# this shell (not in $(...)) so that cleanup knows the pids.
+start_rgserver() {
+	rgs=$(freeport); rgss=$(freeport)
+	"$1/rgserver" --addr 127.0.0.1:$rgs --status-addr 127.0.0.1:$rgss --data-dir "$tmp/rgs-$rgs" --log-level warn >"$tmp/rgserver-$rgs.log" 2>&1 &
 	pids+=($!)
+	waitport "$rgs"
+}
+start_proxy_on() { # rgserver-port bin-dir name extra-flags...
+	local srv=$1 dir=$2 name=$3; shift 3
+	port=$(freeport); status=$(freeport)
+	"$dir/rgproxy" --listen 127.0.0.1:$port --status-addr 127.0.0.1:$status --token-server 127.0.0.1:$srv \
+		--cache-dir "$tmp/cache-$name" --proxy-id "$name" --log-level warn "$@" >"$tmp/$name.log" 2>&1 &
+	pid=$!
+	pids+=($pid)
 	waitport "$port"
 }
-start_proxy metered; mport=$port; mstatus=$status
-start_proxy pure --metering=false; pport=$port; pstatus=$status
+start_rgserver bin
+start_proxy() { start_proxy_on "$rgs" bin "$@"; } # name extra-flags...
+start_proxy metered; mport=$port; mstatus=$status; mpid=$pid
+start_proxy pure --metering=false; pport=$port; ppid=$pid
+if [ -n "$BENCH_BASE" ]; then
+	head_rgs=$rgs head_rgss=$rgss
+	start_rgserver "$tmp/base/bin"
+	base_rgs=$rgs
+	start_proxy_on "$base_rgs" "$tmp/base/bin" base-metered; bmport=$port; bmpid=$pid
+	start_proxy_on "$base_rgs" "$tmp/base/bin" base-pure --metering=false; bpport=$port; bppid=$pid
+	rgs=$head_rgs rgss=$head_rgss
+fi
 
 sb() { # port threads seconds user
 	sysbench oltp_point_select --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$1" --mysql-user="$4" \
@@ -75,19 +107,38 @@ sql "$mport" "DROP RESOURCE GROUP IF EXISTS bench_meter"
 probe=$(sb "$pport" "$BENCH_THREADS" 5 sbmeter | qps)
 limit=$(awk -v q="$probe" 'BEGIN { printf "%d", q * 0.7 * 2 * 2 + 1000 }') # ~0.7 RU per point select, x2 headroom, x2 safety
 sql "$mport" "CREATE RESOURCE GROUP bench_meter RU_PER_SEC = $limit; ALTER USER 'sbmeter'@'%' RESOURCE GROUP bench_meter"
+[ -z "$BENCH_BASE" ] || sql "$bmport" "DROP RESOURCE GROUP IF EXISTS bench_meter; CREATE RESOURCE GROUP bench_meter RU_PER_SEC = $limit; ALTER USER 'sbmeter'@'%' RESOURCE GROUP bench_meter"
 sleep 1
 echo "demand probe: $probe QPS; group bench_meter RU_PER_SEC = $limit"
 
-declare -a on off
+declare -a on off bon boff
+# The proxies' CPU time (clock ticks) and statements, for CPU per statement.
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+declare -A cpu stmts pidk portof
+pidk=([on]=$mpid [off]=$ppid) portof=([on]=$mport [off]=$pport)
+kinds=(on off)
+if [ -n "$BENCH_BASE" ]; then
+	pidk+=([bon]=$bmpid [boff]=$bppid) portof+=([bon]=$bmport [boff]=$bpport)
+	kinds=(on bon off boff)
+fi
+for k in "${kinds[@]}"; do cpu[$k]=0 stmts[$k]=0; done
 msgs0=$(metric "$rgss" rgserver_acquire_tokens_duration_seconds_count "")
 stm0=$(metric "$mstatus" rgproxy_group_statements_total 'resource_group="bench_meter"')
 for r in $(seq 1 "$BENCH_ROUNDS"); do
-	if [ $((r % 2)) = 1 ]; then order="on off"; else order="off on"; fi
-	for o in $order; do
-		if [ "$o" = on ]; then q=$(sb "$mport" "$BENCH_THREADS" "$BENCH_TIME" sbmeter | qps); on+=("$q")
-		else q=$(sb "$pport" "$BENCH_THREADS" "$BENCH_TIME" sbmeter | qps); off+=("$q"); fi
+	# The order turns every round: each proxy runs first, second, ... as often.
+	i=$((r % ${#kinds[@]}))
+	line="round $r:"
+	for k in "${kinds[@]:$i}" "${kinds[@]:0:$i}"; do
+		c0=$(ticks "${pidk[$k]}")
+		out=$(sb "${portof[$k]}" "$BENCH_THREADS" "$BENCH_TIME" sbmeter)
+		c1=$(ticks "${pidk[$k]}")
+		q=$(qps <<<"$out")
+		total=$(awk '/queries:/ { print $2; exit }' <<<"$out")
+		cpu[$k]=$((${cpu[$k]} + c1 - c0)) stmts[$k]=$((${stmts[$k]} + total))
+		case $k in on) on+=("$q") ;; off) off+=("$q") ;; bon) bon+=("$q") ;; boff) boff+=("$q") ;; esac
+		line="$line $k $q QPS"
 	done
-	echo "round $r: metering on ${on[-1]} QPS, off ${off[-1]} QPS"
+	echo "$line"
 done
 msgs1=$(metric "$rgss" rgserver_acquire_tokens_duration_seconds_count "")
 stm1=$(metric "$mstatus" rgproxy_group_statements_total 'resource_group="bench_meter"')
@@ -124,5 +175,15 @@ printf "metering on  (group at %s RU/s): median %s QPS\n" "$limit" "$mon"
 printf "metering off:                   median %s QPS\n" "$moff"
 printf "QPS ratio on/off (summed over %s rounds of %s s each): %s   (target >= 0.95)\n" "$BENCH_ROUNDS" "$BENCH_TIME" "$ratio"
 printf "  the rounds' ratios: median %s, %s\n  (%s)\n" "$rratio" "$ci" "${rr[*]}"
+usper() { awk -v c="${cpu[$1]}" -v n="${stmts[$1]}" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", c / hz * 1e6 / n }'; }
+printf "rgproxy CPU per statement: metering on %s us, off %s us\n" "$(usper on)" "$(usper off)"
+if [ -n "$BENCH_BASE" ]; then
+	bratio=$(awk -v a="${bon[*]}" -v b="${boff[*]}" 'BEGIN { n = split(a, x, " "); split(b, y, " "); for (i = 1; i <= n; i++) { s += x[i]; t += y[i] }; printf "%.3f", s / t }')
+	printf "base %s, in the same rotation: QPS ratio on/off %s (this tree %s); rgproxy CPU per statement on %s us, off %s us\n" \
+		"$BENCH_BASE" "$bratio" "$ratio" "$(usper bon)" "$(usper boff)"
+	printf "metering's CPU per statement (on - off): this tree %s us, base %s us\n" \
+		"$(awk -v a="$(usper on)" -v b="$(usper off)" 'BEGIN { printf "%.2f", a - b }')" \
+		"$(awk -v a="$(usper bon)" -v b="$(usper boff)" 'BEGIN { printf "%.2f", a - b }')"
+fi
 printf "token-server messages per 1,000 statements: %s   (target <= 1); statements throttled: %s\n" "$per1000" "${throttled%.*}"
 printf "saturation, 3 proxies, %s s at %s RU/s: %s   (target within +-2%%)\n" "$SAT_TIME" "$SAT_RATE" "$acc"

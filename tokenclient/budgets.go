@@ -227,18 +227,20 @@ const maxBudgetRows = 100_000
 
 // Budgets reads the budgets of the groups req names from rgserver's
 // leader, by group and period; seeded is false while a new leader's usage
-// history loads (SpentRU may lack earlier terms'). A row that does not
-// make sense is left out.
-func (c *Client) Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) (rows []BudgetRow, seeded bool, err error) {
+// history loads (SpentRU may lack earlier terms'); truncated says rows
+// were left out to keep the answer bounded (rgserver's 3 MiB, or
+// maxBudgetRows here). A row that does not make sense is left out.
+func (c *Client) Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) (rows []BudgetRow, seeded, truncated bool, err error) {
 	if !req.GetAllGroups() && len(req.GetGroups()) > usageGroupsMax {
-		return nil, false, fmt.Errorf("tokenclient: budgets of %d groups: at most %d", len(req.GetGroups()), usageGroupsMax)
+		return nil, false, false, fmt.Errorf("tokenclient: budgets of %d groups: at most %d", len(req.GetGroups()), usageGroupsMax)
 	}
 	resp, err := askUsage(ctx, c, func(ctx context.Context, us tokenpb.UsageServiceClient) (*tokenpb.BudgetsResponse, error) {
 		return us.Budgets(ctx, req)
 	})
 	if err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
+	truncated = resp.GetTruncated()
 	asked := askedGroups(req.GetAllGroups(), req.GetGroups())
 	now := c.clk.Now()
 	for _, r := range resp.GetRows() {
@@ -253,6 +255,7 @@ func (c *Client) Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) (rows
 			continue
 		}
 		if len(rows) == maxBudgetRows {
+			truncated = true
 			break
 		}
 		row := BudgetRow{Group: g, Period: p, BudgetRU: r.GetBudgetRu(), SpentRU: min(figure(r.GetSpentRu()), 1e18),
@@ -265,7 +268,7 @@ func (c *Client) Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) (rows
 		}
 		rows = append(rows, row)
 	}
-	return rows, resp.GetSeeded(), nil
+	return rows, resp.GetSeeded(), truncated, nil
 }
 
 // budgetReportPeriod is how often a group with budgets reports its

@@ -168,7 +168,7 @@ func (s *Server) budgetChores(now time.Time) {
 	for name, e := range s.budgets.groups {
 		for _, w := range e.state.Windows(now) {
 			if spent, ok := s.usage.spentRU(name, w.Start, now); ok {
-				e.state.Seed(w.Budget.Period, w.Start, spent)
+				e.state.Seed(w.Budget.Period, w.Start, spent, now)
 			}
 		}
 		s.applyVerdictLocked(name, now)
@@ -339,7 +339,7 @@ func (s *Server) budgetRows(keep map[string]bool, now time.Time) []*pb.BudgetRow
 				WindowStartUnixMs: w.Start.UnixMilli(), WindowEndUnixMs: w.End.UnixMilli(), RuPerSec: rate,
 				Enforced: e.base.Mode == resourcegroup.ModeEnforce,
 			}
-			if x := projectExhaustion(float64(w.Budget.RU)-w.Spent, rate, now, w.End); !x.IsZero() {
+			if x := projectExhaustion(float64(w.Budget.RU)-w.Spent, rate, now, w.End, w.Exhausted); !x.IsZero() {
 				r.ProjectedExhaustionUnixMs = x.UnixMilli()
 			}
 			if w.Verdict.Action != 0 {

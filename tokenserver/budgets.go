@@ -79,9 +79,9 @@ func (b *budgetBook) spend(group string, ru float64, now time.Time) bool {
 }
 
 // seed is BudgetState.Seed for group.
-func (b *budgetBook) seed(group string, p resourcegroup.BudgetPeriod, start time.Time, spent float64) {
+func (b *budgetBook) seed(group string, p resourcegroup.BudgetPeriod, start time.Time, spent float64, now time.Time) {
 	if e := b.groups[group]; e != nil {
-		e.state.Seed(p, start, spent)
+		e.state.Seed(p, start, spent, now)
 	}
 }
 
@@ -188,10 +188,14 @@ func (r *spendRate) perSec(now time.Time) float64 {
 }
 
 // projectExhaustion is when a window with left RU to spend runs out at
-// rate RU/s from now, zero when not before end (or never).
-func projectExhaustion(left, rate float64, now, end time.Time) time.Time {
+// rate RU/s from now, zero when not before end (or never); for a window
+// already spent, when it ran out (exhausted, BudgetWindowState's).
+func projectExhaustion(left, rate float64, now, end, exhausted time.Time) time.Time {
 	if left <= 0 {
-		return now
+		if exhausted.IsZero() || exhausted.After(now) {
+			return now
+		}
+		return exhausted
 	}
 	if !(rate > 0) {
 		return time.Time{}

@@ -88,11 +88,11 @@ func TestBudgetBookSetSeedAndBadInput(t *testing.T) {
 	}
 	b.set(day(1000, 50, resourcegroup.BudgetNotify), now)
 	start, _ := resourcegroup.BudgetWindow(resourcegroup.PeriodDay, now, time.UTC)
-	b.seed("g", resourcegroup.PeriodDay, start, 700)
+	b.seed("g", resourcegroup.PeriodDay, start, 700, start)
 	if v := b.verdict("g", now); v.Action != resourcegroup.BudgetNotify || v.Spent != 700 {
 		t.Errorf("after the seed: %+v", v)
 	}
-	b.seed("g", resourcegroup.PeriodDay, start.Add(-24*time.Hour), 9999) // yesterday's: not this window
+	b.seed("g", resourcegroup.PeriodDay, start.Add(-24*time.Hour), 9999, start) // yesterday's: not this window
 	for _, bad := range []float64{-5, 0} {
 		b.spend("g", bad, now)
 	}

@@ -102,7 +102,7 @@ func (s *session) budgetsTable(ctx context.Context, be mysqlproto.Backend) (*vta
 		}
 		sort.Strings(req.Groups)
 	}
-	rows, seeded, err := s.p.usage.Budgets(ctx, req)
+	rows, seeded, truncated, err := s.p.usage.Budgets(ctx, req)
 	switch {
 	case errors.Is(err, tokenclient.ErrNoUsageHistory):
 		return nil, errBudgetsOld
@@ -121,6 +121,11 @@ func (s *session) budgetsTable(ctx context.Context, be mysqlproto.Backend) (*vta
 			continue
 		}
 		t.rows = append(t.rows, budgetRow(r))
+	}
+	if truncated {
+		// As the usage history's: a row of NULLs says rows were left
+		// out (an answer is bounded), so the table is not taken whole.
+		t.rows = append(t.rows, make([]*string, len(budgetColumns)))
 	}
 	return t, nil
 }

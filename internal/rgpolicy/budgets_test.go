@@ -122,6 +122,12 @@ func TestBudgetsTable(t *testing.T) {
 	if rows = read(superGrants); len(rows) != 3 || fmt.Sprint(fu.asked) != "[budgets all=true groups=[]]" {
 		t.Errorf("with SUPER: %v, asked %v", rows, fu.asked)
 	}
+	// An answer cut to its bound ends in a row of NULLs.
+	fu.budgetsTruncated = true
+	if rows = read(superGrants); len(rows) != 4 || rows[3] != strings.TrimSpace(strings.Repeat("NULL ", len(budgetColumns))) {
+		t.Errorf("truncated: %q", rows)
+	}
+	fu.budgetsTruncated = false
 	fu.unseeded = true
 	s := newUsagePolicy(testGroups(), fu, clock.NewFake()).Open(mysqlproto.SessionInfo{User: "app"}).(*session)
 	if _, err := s.virtualTable(ctx, vtBudgets, superGrants); err != errBudgetsUnseeded {

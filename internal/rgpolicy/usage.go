@@ -33,8 +33,9 @@ type UsageHistory interface {
 	// rows were left out.
 	UsageHistory(ctx context.Context, req *tokenpb.UsageHistoryRequest) ([]tokenclient.UsageRowHistory, bool, error)
 	// Budgets reads the budgets of the groups req names, in their
-	// current windows, and whether the leader's book is seeded.
-	Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) ([]tokenclient.BudgetRow, bool, error)
+	// current windows, whether the leader's book is seeded and whether
+	// rows were left out.
+	Budgets(ctx context.Context, req *tokenpb.BudgetsRequest) (rows []tokenclient.BudgetRow, seeded, truncated bool, err error)
 	// BudgetCalendar reads the calendar budgets' windows follow on
 	// rgserver (its time zone and the length of its day).
 	BudgetCalendar(ctx context.Context) (resourcegroup.BudgetCalendar, error)

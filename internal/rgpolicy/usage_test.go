@@ -28,8 +28,9 @@ type fakeUsage struct {
 	err       error
 	asked     []string
 	// budgets and unseeded answer Budgets.
-	budgets  []tokenclient.BudgetRow
-	unseeded bool
+	budgets          []tokenclient.BudgetRow
+	unseeded         bool
+	budgetsTruncated bool
 	// calendar answers BudgetCalendar.
 	calendar resourcegroup.BudgetCalendar
 }
@@ -41,12 +42,12 @@ func (f *fakeUsage) BudgetCalendar(context.Context) (resourcegroup.BudgetCalenda
 	return f.calendar, nil
 }
 
-func (f *fakeUsage) Budgets(_ context.Context, req *tokenpb.BudgetsRequest) ([]tokenclient.BudgetRow, bool, error) {
+func (f *fakeUsage) Budgets(_ context.Context, req *tokenpb.BudgetsRequest) ([]tokenclient.BudgetRow, bool, bool, error) {
 	f.asked = append(f.asked, fmt.Sprintf("budgets all=%v groups=%v", req.GetAllGroups(), req.GetGroups()))
 	if f.err != nil {
-		return nil, false, f.err
+		return nil, false, false, f.err
 	}
-	return f.budgets, !f.unseeded, nil
+	return f.budgets, !f.unseeded, f.budgetsTruncated, nil
 }
 
 func (f *fakeUsage) UsageHistory(_ context.Context, req *tokenpb.UsageHistoryRequest) ([]tokenclient.UsageRowHistory, bool, error) {
