@@ -123,58 +123,42 @@ func TestBudgetsEnforcedAcrossProxies(t *testing.T) {
 	for i, px := range pxs {
 		for range 2 {
 			c := conn(px, "bud_a")
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					start := time.Now()
-					err := sqlRun(c, q)
-					o := budgetOutcome{proxy: i, start: start, end: time.Now(), code: mysqlErrNo(err)}
-					if err != nil && o.code == 0 {
-						t.Errorf("proxy %d: %v", i, err)
-						return
-					}
-					mu.Lock()
-					outcomes = append(outcomes, o)
-					if o.code == 8255 && refusedMsg == "" {
-						refusedMsg = err.Error()
-					}
-					mu.Unlock()
-					time.Sleep(5 * time.Millisecond)
+			repeat(&wg, stop, func() bool {
+				start := time.Now()
+				err := sqlRun(c, q)
+				o := budgetOutcome{proxy: i, start: start, end: time.Now(), code: mysqlErrNo(err)}
+				if err != nil && o.code == 0 {
+					t.Errorf("proxy %d: %v", i, err)
+					return false
 				}
-			}()
+				mu.Lock()
+				outcomes = append(outcomes, o)
+				if o.code == 8255 && refusedMsg == "" {
+					refusedMsg = err.Error()
+				}
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				return true
+			})
 		}
 	}
 	wc := conn(pxs[1], "bud_w")
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+	repeat(&wg, stop, func() bool {
+		err := sqlRun(wc, q)
+		mu.Lock()
+		switch mysqlErrNo(err) {
+		case 0:
+			if err != nil {
+				t.Errorf("WARN session: %v", err)
 			}
-			err := sqlRun(wc, q)
-			mu.Lock()
-			switch mysqlErrNo(err) {
-			case 0:
-				if err != nil {
-					t.Errorf("WARN session: %v", err)
-				}
-				warnRan++
-			default:
-				warnRefused++
-			}
-			mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
+			warnRan++
+		default:
+			warnRefused++
 		}
-	}()
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		return true
+	})
 	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
 	defer stopLoad()
 

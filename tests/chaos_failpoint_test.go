@@ -94,31 +94,23 @@ func TestChaosFailpointTokenStreamStallsAndDrops(t *testing.T) {
 	for _, px := range []*proxy{a, b} {
 		db := openDB(t, px.Addr, "user=rgfp", "password=apppw")
 		db.SetMaxOpenConns(3)
-		for i := 0; i < 3; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					start := time.Now()
-					_, err := db.ExecContext(context.Background(), "SELECT 1")
-					if d := time.Since(start).Microseconds(); d > worst.Load() {
-						worst.Store(d)
-					}
-					switch {
-					case err == nil:
-						stmts.Add(1)
-					case mysqlErrNo(err) == 8252:
-						refused.Add(1)
-					default:
-						other.Add(1)
-					}
+		for range 3 {
+			repeat(&wg, stop, func() bool {
+				start := time.Now()
+				_, err := db.ExecContext(context.Background(), "SELECT 1")
+				if d := time.Since(start).Microseconds(); d > worst.Load() {
+					worst.Store(d)
 				}
-			}()
+				switch {
+				case err == nil:
+					stmts.Add(1)
+				case mysqlErrNo(err) == 8252:
+					refused.Add(1)
+				default:
+					other.Add(1)
+				}
+				return true
+			})
 		}
 	}
 	time.Sleep(3 * time.Second)

@@ -348,26 +348,18 @@ func TestChaosStalledClient(t *testing.T) {
 	var worst atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for i := 0; i < 4; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				start := time.Now()
-				if _, err := others.Exec("SELECT 1"); err != nil {
-					errs.Add(1)
-				}
-				stmts.Add(1)
-				if d := time.Since(start).Microseconds(); d > worst.Load() {
-					worst.Store(d)
-				}
+	for range 4 {
+		repeat(&wg, stop, func() bool {
+			start := time.Now()
+			if _, err := others.Exec("SELECT 1"); err != nil {
+				errs.Add(1)
 			}
-		}()
+			stmts.Add(1)
+			if d := time.Since(start).Microseconds(); d > worst.Load() {
+				worst.Store(d)
+			}
+			return true
+		})
 	}
 
 	// 16 MiB: more than the socket buffers on either side hold, so the

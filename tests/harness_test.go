@@ -446,3 +446,20 @@ func concurrently(t *testing.T, db *sql.DB, n int, query string) time.Duration {
 	wg.Wait()
 	return time.Since(began)
 }
+
+// repeat runs fn again and again in a goroutine wg waits for, until stop
+// is closed or fn returns false: the load loop of many tests.
+func repeat(wg *sync.WaitGroup, stop <-chan struct{}, fn func() bool) {
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if !fn() {
+				return
+			}
+		}
+	})
+}

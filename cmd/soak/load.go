@@ -19,6 +19,7 @@ import (
 // MySQL error codes the soak expects (see docs/operating.md).
 const (
 	codeThrottled   = 8252 // refused under throttling: expected at any time
+	codeBudget      = 8255 // refused by a budget's REFUSE: expected of a group with a budget
 	codeBackendLost = 1927 // in flight when the backend died
 	codeBackendDown = 9001 // a new session while the backend is down
 )
@@ -34,6 +35,8 @@ type tally struct {
 	kinds   map[string]*errKind
 	ok      map[string]int64 // successful statements by group
 	refused map[string]int64 // 8252 by group
+	// budgetRefused counts 8255 by group.
+	budgetRefused map[string]int64
 	// longestRefusal is, by group, the longest time one session's
 	// statements were all refused.
 	longestRefusal map[string]time.Duration
@@ -59,7 +62,7 @@ type errKind struct {
 }
 
 func newTally(start time.Time) *tally {
-	return &tally{start: start, kinds: map[string]*errKind{}, ok: map[string]int64{}, refused: map[string]int64{},
+	return &tally{start: start, kinds: map[string]*errKind{}, ok: map[string]int64{}, refused: map[string]int64{}, budgetRefused: map[string]int64{},
 		longestRefusal: map[string]time.Duration{}, perSession: map[string]map[int]int64{}}
 }
 
@@ -111,10 +114,16 @@ func (t *tally) sessionSpread(group string) (lo, hi int64) {
 func (t *tally) failure(what, group string, now time.Time, err error, note string) {
 	kind, code := classify(err)
 	kind = what + ": " + kind + note
+	if code == codeBudget {
+		kind += " in " + group // expected only of a group with a budget
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if code == codeThrottled {
+	switch code {
+	case codeThrottled:
 		t.refused[group]++
+	case codeBudget:
+		t.budgetRefused[group]++
 	}
 	k := t.kinds[kind]
 	if k == nil {
@@ -184,6 +193,10 @@ func (t *tally) kindsSorted() []errKind {
 		switch {
 		case e.Code == codeThrottled && strings.HasPrefix(e.Kind, "load: "):
 			e.Expected = true
+		case e.Code == codeBudget && strings.HasPrefix(e.Kind, "load: "):
+			for _, g := range soakGroups {
+				e.Expected = e.Expected || g.budgetDays > 0 && strings.HasSuffix(e.Kind, " in "+g.name)
+			}
 		case strings.HasSuffix(e.Kind, "wait_timeout"):
 			// rgproxy's own doing: unexpected wherever it happens.
 		case e.Code == codeBackendLost || e.Code == codeBackendDown,
@@ -255,7 +268,7 @@ func worker(ctx context.Context, id int, gl groupLoad, addr string, rate float64
 		switch {
 		case ctx.Err() != nil:
 			return
-		case code == codeThrottled:
+		case code == codeThrottled || code == codeBudget:
 			t.failure("load", gl.group, now, err, "")
 			if refusedSince.IsZero() {
 				refusedSince = now

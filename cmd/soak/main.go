@@ -57,6 +57,7 @@ type config struct {
 	MaxWait             time.Duration
 	GroupIdleExpiry     time.Duration
 	Tolerance           float64
+	BudgetDayLength     time.Duration
 	Keep                bool
 }
 
@@ -74,6 +75,15 @@ type limited struct {
 	burst    float64 // capacity in seconds of RU_PER_SEC: 1, or 10 with BURSTABLE
 	ddl      string
 	sessions int // × --workers; 0 = 1
+	// budgetDays is the group's DAY budget in days of RU_PER_SEC (0 =
+	// none): spent before each (compressed) day ends, so that its REFUSE
+	// (8255) holds for the rest of the day and lifts at the next.
+	budgetDays float64
+}
+
+// budgetRU is g's DAY budget for a day of length day.
+func (g limited) budgetRU(day time.Duration) float64 {
+	return math.Round(g.budgetDays * g.ruPerSec * day.Seconds())
 }
 
 // soakGroups are the limited groups (all loaded beyond their limit).
@@ -86,6 +96,10 @@ var soakGroups = []limited{
 	// Many sessions for a small rate: statements queue beyond --max-wait
 	// and some are refused with 8252.
 	{name: "soak_tiny", ruPerSec: 10, burst: 1, ddl: "CREATE RESOURCE GROUP soak_tiny RU_PER_SEC = 10", sessions: 4},
+	// A daily budget of 3/4 of a day at its rate: refused (8255) for the
+	// day's last quarter, shorter than wait_timeout; its DDL is written
+	// in setup, with the day's length.
+	{name: "soak_budget", ruPerSec: 40, burst: 1, budgetDays: 0.75},
 }
 
 const (
@@ -136,6 +150,7 @@ func parseArgs(args []string) (config, error) {
 	fs.DurationVar(&cfg.MaxWait, "max-wait", time.Second, "rgproxy's --max-wait")
 	fs.DurationVar(&cfg.GroupIdleExpiry, "group-idle-expiry", time.Minute, "rgproxy's --group-idle-expiry (rgproxy's own default: 1h)")
 	fs.Float64Var(&cfg.Tolerance, "tolerance", 0.05, "a group may consume this fraction above RU_PER_SEC × T + capacity (debt still unpaid at the end)")
+	fs.DurationVar(&cfg.BudgetDayLength, "budget-day-length", time.Minute, "rgserver's --budget-day-length: soak_budget's DAY budget rolls over this often (rgserver's own default: a real day)")
 	fs.BoolVar(&cfg.Keep, "keep", false, "keep the data directories and logs (kept anyway when an assertion fails)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -222,6 +237,7 @@ type consRow struct {
 	server, proxies  float64
 	statements       int64
 	refused          int64
+	budgetRefused    int64 // 8255
 	longestRefusal   time.Duration
 	sessionMin       int64
 	sessionMax       int64
@@ -254,7 +270,7 @@ func run(ctx context.Context, cfg config, out, logw io.Writer) (failed bool, err
 	if err != nil {
 		return false, err
 	}
-	if err := setup(ctx, sys, logf); err != nil {
+	if err := setup(ctx, sys, cfg.BudgetDayLength, logf); err != nil {
 		return false, err
 	}
 
@@ -411,7 +427,7 @@ func sleepUntil(ctx context.Context, at time.Time) bool {
 
 // setup creates the schema and the users on the private server, and the
 // groups and bindings through a proxy.
-func setup(ctx context.Context, sys *system, logf func(string, ...any)) error {
+func setup(ctx context.Context, sys *system, day time.Duration, logf func(string, ...any)) error {
 	root, err := sql.Open("mysql", dsn(sys.mariaAdr, "root", "", ""))
 	if err != nil {
 		return err
@@ -443,7 +459,12 @@ func setup(ctx context.Context, sys *system, logf func(string, ...any)) error {
 	stmts = []string{fmt.Sprintf("CREATE RESOURCE GROUP soak_tmp_0 RU_PER_SEC = %d", tmpRUPerSec),
 		"ALTER USER 'soak_tmp'@'%' RESOURCE GROUP soak_tmp_0"}
 	for _, g := range soakGroups {
-		stmts = append(stmts, g.ddl, fmt.Sprintf("ALTER USER 'u_%s'@'%%' RESOURCE GROUP %s", g.name, g.name))
+		ddl := g.ddl
+		if g.budgetDays > 0 {
+			ddl = fmt.Sprintf("CREATE RESOURCE GROUP %s RU_PER_SEC = %.0f BUDGET = (RU = %.0f PER DAY, ON 50 PERCENT NOTIFY, ON 100 PERCENT REFUSE)",
+				g.name, g.ruPerSec, g.budgetRU(day))
+		}
+		stmts = append(stmts, ddl, fmt.Sprintf("ALTER USER 'u_%s'@'%%' RESOURCE GROUP %s", g.name, g.name))
 	}
 	for _, q := range stmts {
 		if _, err := admin.ExecContext(ctx, q); err != nil {
@@ -614,9 +635,15 @@ func judge(rep *report, sys *system, mon *monitor, ddl *ddlLoop, t *tally) {
 		if g.name == "soak_alt" {
 			limit = ddl.altLimit(mon.startAt, mon.startAt.Add(rep.loadTime))
 		}
+		if g.budgetDays > 0 {
+			limit = min(limit, budgetLimit(g, rep.cfg.BudgetDayLength, mon.startAt, mon.startAt.Add(rep.loadTime)))
+			if n := t.budgetRefused[g.name]; n == 0 {
+				rep.fail("%s: no statement was refused by its budget (8255)", g.name)
+			}
+		}
 		row := consRow{group: g.name, limit: limit, server: mon.serverRU[g.name], statements: t.ok[g.name],
 			proxies: mon.proxyRU[g.name]}
-		row.refused, row.longestRefusal = t.refused[g.name], t.longestRefusal[g.name]
+		row.refused, row.budgetRefused, row.longestRefusal = t.refused[g.name], t.budgetRefused[g.name], t.longestRefusal[g.name]
 		row.sessionMin, row.sessionMax = t.sessionSpread(g.name)
 		if row.sessionMin*4 < row.sessionMax {
 			// Uneven: which proxy each session used, and what it ran.
@@ -672,6 +699,18 @@ func judge(rep *report, sys *system, mon *monitor, ddl *ddlLoop, t *tally) {
 	}
 }
 
+// budgetLimit is what g may spend from from to to under its DAY budget:
+// the budget of every day the span touches (rgserver's compressed days
+// start at multiples of day since the epoch), plus what reaches the
+// backend between a crossing and the proxies hearing of it (a report
+// every 250 ms, the push; 2 s at RU_PER_SEC a day) and what the leader
+// kill may lose (the usage history's last 10 s, which seed the new
+// term's budgets).
+func budgetLimit(g limited, day time.Duration, from, to time.Time) float64 {
+	days := to.UnixNano()/int64(day) - from.UnixNano()/int64(day) + 1
+	return float64(days)*(g.budgetRU(day)+2*g.ruPerSec) + 10*g.ruPerSec
+}
+
 func printReport(w io.Writer, rep *report) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
 	cfg := rep.cfg
@@ -701,7 +740,7 @@ func printReport(w io.Writer, rep *report) {
 	p("idle sessions: %d uses after idling past wait_timeout succeeded, %d failed", rep.idle.resumed.Load(), rep.idle.failed.Load())
 	p("DDL: %d cycles, %d statements succeeded", rep.ddlCycles, rep.ddlOK)
 	p("")
-	p("errors by kind (expected: 8252 any time; 1927, 9001 and a driver's \"invalid connection\" only during the backend outage and 5 s after):")
+	p("errors by kind (expected: 8252 any time; 8255 of a group with a budget; 1927, 9001 and a driver's \"invalid connection\" only during the backend outage and 5 s after):")
 	if len(rep.errs) == 0 {
 		p("  none")
 	}
@@ -739,12 +778,13 @@ func printReport(w io.Writer, rep *report) {
 	p("  compacted: %s", rep.compacted)
 	p("  NOSPACE raised: %v; alarms at the end: %q", rep.nospace, rep.alarms)
 	p("")
-	p("consumption against RU_PER_SEC × T + capacity (T = %v):", rep.loadTime.Round(time.Second))
-	p("  %-11s %10s %12s %7s %12s %7s %10s %8s %13s %s", "group", "limit RU", "rgserver RU", "%", "proxies RU", "%", "statements",
-		"8252s", "per session", "longest run of refusals of one session")
+	p("consumption against RU_PER_SEC × T + capacity (T = %v; a budget's group: at most its DAY budget a day, %v days):",
+		rep.loadTime.Round(time.Second), cfg.BudgetDayLength)
+	p("  %-11s %10s %12s %7s %12s %7s %10s %8s %8s %13s %s", "group", "limit RU", "rgserver RU", "%", "proxies RU", "%", "statements",
+		"8252s", "8255s", "per session", "longest run of refusals of one session")
 	for _, c := range rep.consumption {
-		p("  %-11s %10.1f %12.1f %6.1f%% %12.1f %6.1f%% %10d %8d %6d-%-6d %6.1fs", c.group, c.limit, c.server, c.serverPct, c.proxies, c.pxPct,
-			c.statements, c.refused, c.sessionMin, c.sessionMax, c.longestRefusal.Seconds())
+		p("  %-11s %10.1f %12.1f %6.1f%% %12.1f %6.1f%% %10d %8d %8d %6d-%-6d %6.1fs", c.group, c.limit, c.server, c.serverPct, c.proxies, c.pxPct,
+			c.statements, c.refused, c.budgetRefused, c.sessionMin, c.sessionMax, c.longestRefusal.Seconds())
 	}
 	for _, c := range rep.consumption {
 		if c.spread != "" {

@@ -52,7 +52,10 @@ func TestTallyJudgesKinds(t *testing.T) {
 	tl.failure("load", "g", t0.Add(50*time.Second), my(codeBackendLost), " after refusals outlasting wait_timeout")
 	tl.failure("load", "g", t0.Add(105*time.Second), my(1213), "")
 	tl.failure("idle", "default", t0.Add(5*time.Second), errors.New("something else"), "")
+	tl.failure("load", "soak_budget", t0.Add(7*time.Second), my(codeBudget), "")
+	tl.failure("load", "g", t0.Add(7*time.Second), my(codeBudget), "") // a group without a budget
 	want := map[string]bool{
+		"load: mysql 8255 in soak_budget": true, "load: mysql 8255 in g": false,
 		"load: mysql 8252": true, "load: mysql 1927": true, "load: mysql 9001": false,
 		"load: driver: invalid connection": true, "load: mysql 1927 after refusals outlasting wait_timeout": false,
 		"load: mysql 1213": false, "idle: other: something else": false,
@@ -64,7 +67,28 @@ func TestTallyJudgesKinds(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("judged\n%v\nwant\n%v", got, want)
 	}
-	if tl.refused["g"] != 1 {
-		t.Fatalf("refused %v", tl.refused)
+	if tl.refused["g"] != 1 || tl.budgetRefused["soak_budget"] != 1 || tl.budgetRefused["g"] != 1 {
+		t.Fatalf("refused %v, by budgets %v", tl.refused, tl.budgetRefused)
+	}
+}
+
+// TestBudgetLimit: the budget's group may spend its DAY budget in every
+// compressed day the load touches, with slack for the crossing's
+// reaction (2 s a day) and the leader kill (10 s).
+func TestBudgetLimit(t *testing.T) {
+	g := limited{name: "b", ruPerSec: 40, budgetDays: 0.75}
+	if got := g.budgetRU(time.Minute); got != 1800 {
+		t.Fatalf("budgetRU = %v, want 1800", got)
+	}
+	day := time.Minute
+	from := time.Unix(6000, 0).Add(30 * time.Second) // mid-day
+	for _, c := range []struct {
+		to   time.Duration
+		days float64
+	}{{10 * time.Second, 1}, {30 * time.Second, 2}, {10 * time.Minute, 11}} {
+		want := c.days*(1800+80) + 400
+		if got := budgetLimit(g, day, from, from.Add(c.to)); got != want {
+			t.Errorf("%v of load: %v, want %v", c.to, got, want)
+		}
 	}
 }

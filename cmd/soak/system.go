@@ -183,6 +183,7 @@ func startSystem(ctx context.Context, cfg config, logf func(string, ...any)) (*s
 				"--data-dir", filepath.Join(dir, n), "--etcd-peer-addr", s.rgsPeer[i],
 				"--etcd-initial-cluster", strings.Join(cluster, ","), "--log-level", "warn",
 				"--persist-interval", cfg.PersistInterval.String(),
+				"--budget-day-length", cfg.BudgetDayLength.String(),
 				"--etcd-compaction-retention", cfg.CompactionRetention.String(),
 				"--etcd-quota-backend-bytes", strconv.FormatInt(cfg.QuotaBytes, 10),
 			}}

@@ -98,15 +98,7 @@ func TestBudgetsTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var rows []string
-		for _, r := range vt.rows {
-			var cells []string
-			for _, c := range r {
-				cells = append(cells, cell(c))
-			}
-			rows = append(rows, strings.Join(cells, " "))
-		}
-		return rows
+		return rowTexts(vt.rows)
 	}
 	rows := read(plainGrants)
 	want := []string{

@@ -72,6 +72,20 @@ func cell(v *string) string {
 	return *v
 }
 
+// rowTexts are rows as text, each row's cells (NULL for nil) joined by
+// spaces.
+func rowTexts(rows [][]*string) []string {
+	var out []string
+	for _, r := range rows {
+		var cells []string
+		for _, c := range r {
+			cells = append(cells, cell(c))
+		}
+		out = append(out, strings.Join(cells, " "))
+	}
+	return out
+}
+
 // TestClusterTables: the cluster views put INSTANCE first and each
 // instance's rows after it; an instance that did not answer is one row
 // of NULLs; without SUPER a session asks only for the groups it may read

@@ -100,15 +100,7 @@ func TestUsageHistoryTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var rows []string
-		for _, r := range vt.rows {
-			var cells []string
-			for _, c := range r {
-				cells = append(cells, cell(c))
-			}
-			rows = append(rows, strings.Join(cells, " "))
-		}
-		return fu, rows
+		return fu, rowTexts(vt.rows)
 	}
 	fu, rows := read(plainGrants)
 	want := []string{

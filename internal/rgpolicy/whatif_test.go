@@ -45,14 +45,11 @@ func TestExplainGroup(t *testing.T) {
 	if got := fmt.Sprint(r.Columns); got != fmt.Sprint(whatIfColumns) {
 		t.Fatalf("columns %s", got)
 	}
-	var got []string
+	var first14 [][]*string
 	for _, row := range r.Rows {
-		var cells []string
-		for _, c := range row[:14] {
-			cells = append(cells, cell(c))
-		}
-		got = append(got, strings.Join(cells, " "))
+		first14 = append(first14, row[:14])
 	}
+	got := rowTexts(first14)
 	// 12,000 RU in a minute of 2 RU statements: the current 100 RU/s
 	// bucket runs 9,097 RU of it (its 100, the minute's 6,000 and 3,000
 	// owed at the end), all but the first 197 after a wait of up to
