@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -94,4 +95,51 @@ func TestWhatIfMatchesWarn(t *testing.T) {
 	}
 	within("waited", replayWait, warnWait)
 	within("refused", replayRefused, warnRefused)
+}
+
+// TestWhatIfFollowsRgserverCalendar: a replayed budget's windows follow
+// the calendar of the rgserver the proxy talks to — its
+// --budget-time-zone, or its --budget-day-length's compressed days —
+// which the proxy reads from the real rgserver (BASIS names it).
+func TestWhatIfFollowsRgserverCalendar(t *testing.T) {
+	for i, c := range []struct {
+		flags []string
+		basis string
+	}{
+		{[]string{"--budget-time-zone", "Asia/Tokyo"}, "follow Asia/Tokyo"},
+		{[]string{"--budget-day-length", "30s"}, "follow days of 30s (rgserver's --budget-day-length)"},
+		{nil, "follow UTC"},
+	} {
+		t.Run(c.basis, func(t *testing.T) {
+			ts := startTokenServer(t, c.flags...)
+			px := startMeteredProxy(t, ts)
+			user := fmt.Sprintf("wf_cal%d", i)
+			// A budget: the group reports every 250 ms while it runs.
+			adminExec(t, px.Addr, "CREATE RESOURCE GROUP wf_cal RU_PER_SEC = 100000 BUDGET = (RU = 1000000 PER DAY)")
+			appUser(t, user)
+			adminExec(t, px.Addr, fmt.Sprintf("ALTER USER '%s'@'%%' RESOURCE GROUP wf_cal", user))
+			app := openDB(t, px.Addr, "user="+user, "password=apppw")
+			for range 20 {
+				if _, err := app.Exec("SELECT 1"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			root := openDB(t, px.Addr)
+			var rows [][]string
+			var err error
+			for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+				rows, err = queryStrings(t, root, "EXPLAIN RESOURCE GROUP wf_cal WITH (BUDGET = (RU = 1 PER DAY, ON 100 PERCENT REFUSE)) FOR LAST 60 SECONDS")
+				if err == nil && len(rows) == 2 && rows[0][6] != "0.000" || time.Now().After(deadline) {
+					break
+				}
+			}
+			if err != nil || len(rows) != 2 {
+				t.Fatalf("EXPLAIN: %v, %v", rows, err)
+			}
+			basis := rows[1][len(rows[1])-1]
+			if !strings.Contains(basis, c.basis) {
+				t.Errorf("BASIS %q does not say %q", basis, c.basis)
+			}
+		})
+	}
 }
