@@ -172,3 +172,41 @@ func TestReportChargeback(t *testing.T) {
 		t.Errorf("%v entries dropped, want 2", got)
 	}
 }
+
+// TestReportChargebackPartsBoundedByTheGroup: parts that add up to more
+// than the group's report (a proxy credential that lies) are scaled down
+// per key to the group's figures, so that by-tag and by-account sums
+// never exceed the group's total; honest parts below it are kept.
+func TestReportChargebackPartsBoundedByTheGroup(t *testing.T) {
+	s := &Server{usage: loadedHistory(t0), chargeDropped: newChargeDropped()}
+	now := t0.Add(30 * time.Minute)
+	c := &pb.Consumption{Rru: 10, Wru: 4, Statements: 10, Chargeback: []*pb.ChargebackEntry{
+		{TagKey: "app", TagValue: "a1", Rru: 50, Wru: 1, Statements: 500},
+		{TagKey: "app", TagValue: "a2", Rru: 150, Wru: 1, Statements: 1500},
+		{TagKey: "ctl", TagValue: "c1", Rru: 4, Statements: 4}, // honest, part of the group's
+		{Account: "u@%", Rru: 1e9, Wru: 1e9, Statements: 1e9},
+	}}
+	s.usage.addUntil("g", usageFigs(10, 4, 10), 2*time.Second, now, now)
+	s.reportChargeback("g", usageFigs(10, 4, 10), c, 2*time.Second, 0, now)
+	sums := map[string]usageFigures{}
+	for _, accounts := range []bool{false, true} {
+		rows, _ := s.usage.queryCharge(map[string]bool{"g": true}, accounts, usageMin, 0, math.MaxInt64, maxUsageRows)
+		for _, r := range rows {
+			k := r.part.key + "/" + r.part.value
+			f := sums[k]
+			for i := range f {
+				f[i] += r.p.v[i]
+			}
+			sums[k] = f
+		}
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
+	for k, want := range map[string][3]float64{
+		"app/a1": {2.5, 1, 2}, "app/a2": {7.5, 1, 7}, "ctl/c1": {4, 0, 4}, "/u@%": {10, 4, 10},
+	} {
+		got := sums[k]
+		if !near(got[figRRU], want[0]) || !near(got[figWRU], want[1]) || !near(got[figStatements], want[2]) {
+			t.Errorf("%s: RRU %v, WRU %v, statements %v; want %v", k, got[figRRU], got[figWRU], got[figStatements], want)
+		}
+	}
+}
