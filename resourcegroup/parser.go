@@ -227,8 +227,8 @@ func (p *parser) create() (Statement, error) {
 	if err := p.expectWords("CREATE", "RESOURCE", "GROUP"); err != nil {
 		return nil, err
 	}
-	if p.tagBindingAhead(false) {
-		return p.createTagBinding()
+	if p.bindingAhead(false) {
+		return p.createBinding()
 	}
 	st := &CreateGroup{}
 	if p.isWord("IF") {
@@ -301,8 +301,8 @@ func (p *parser) drop() (Statement, error) {
 	if err := p.expectWords("DROP", "RESOURCE", "GROUP"); err != nil {
 		return nil, err
 	}
-	if p.tagBindingAhead(true) {
-		return p.dropTagBinding()
+	if p.bindingAhead(true) {
+		return p.dropBinding()
 	}
 	st := &DropGroup{}
 	var err error
@@ -315,11 +315,11 @@ func (p *parser) drop() (Statement, error) {
 	return st, nil
 }
 
-// tagBindingAhead reports whether the statement goes on with a tag
-// binding: the bare word BINDING followed by FOR (or, for DROP, by IF).
-// Anything else — `CREATE RESOURCE GROUP binding RU_PER_SEC = 1` — names a
-// group. The parser is left where it was.
-func (p *parser) tagBindingAhead(ifExists bool) bool {
+// bindingAhead reports whether the statement goes on with a tag or
+// digest binding: the bare word BINDING followed by FOR (or, for DROP, by
+// IF). Anything else — `CREATE RESOURCE GROUP binding RU_PER_SEC = 1` —
+// names a group. The parser is left where it was.
+func (p *parser) bindingAhead(ifExists bool) bool {
 	if !p.isWord("BINDING") {
 		return false
 	}
@@ -331,17 +331,47 @@ func (p *parser) tagBindingAhead(ifExists bool) bool {
 	return p.isWord("FOR") || ifExists && p.isWord("IF")
 }
 
-// createTagBinding parses BINDING FOR TAG key = 'value' TO group.
-func (p *parser) createTagBinding() (Statement, error) {
+// forDigest reads FOR and looks at the next word: true for DIGEST
+// (consumed), false for anything else (left for tag, which expects TAG).
+func (p *parser) forDigest() (bool, error) {
+	if err := p.expectWords("FOR"); err != nil {
+		return false, err
+	}
+	if !p.isWord("DIGEST") {
+		if !p.isWord("TAG") {
+			return false, p.failWhy("expected TAG or DIGEST, not %s")
+		}
+		return false, nil
+	}
+	return true, p.advance()
+}
+
+// createBinding parses BINDING FOR TAG key = 'value' TO group or BINDING
+// FOR DIGEST 'hex' TO group.
+func (p *parser) createBinding() (Statement, error) {
 	if err := p.expectWords("BINDING"); err != nil {
 		return nil, err
 	}
-	key, value, err := p.tag()
+	isDigest, err := p.forDigest()
 	if err != nil {
 		return nil, err
 	}
-	if err := ValidateNewTag(key, value); err != nil {
-		return nil, err
+	var st Statement
+	if isDigest {
+		d, err := p.digest()
+		if err != nil {
+			return nil, err
+		}
+		st = &CreateDigestBinding{Digest: d}
+	} else {
+		key, value, err := p.tag()
+		if err != nil {
+			return nil, err
+		}
+		if err := ValidateNewTag(key, value); err != nil {
+			return nil, err
+		}
+		st = &CreateTagBinding{Key: key, Value: value}
 	}
 	if err := p.expectWords("TO"); err != nil {
 		return nil, err
@@ -350,30 +380,61 @@ func (p *parser) createTagBinding() (Statement, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &CreateTagBinding{Key: key, Value: value, Group: group}, nil
+	switch st := st.(type) {
+	case *CreateDigestBinding:
+		st.Group = group
+	case *CreateTagBinding:
+		st.Group = group
+	}
+	return st, nil
 }
 
-// dropTagBinding parses BINDING [IF EXISTS] FOR TAG key = 'value'.
-func (p *parser) dropTagBinding() (Statement, error) {
+// dropBinding parses BINDING [IF EXISTS] FOR TAG key = 'value' or BINDING
+// [IF EXISTS] FOR DIGEST 'hex'.
+func (p *parser) dropBinding() (Statement, error) {
 	if err := p.expectWords("BINDING"); err != nil {
 		return nil, err
 	}
-	st := &DropTagBinding{}
-	var err error
-	if st.IfExists, err = p.ifExists(); err != nil {
+	ifExists, err := p.ifExists()
+	if err != nil {
 		return nil, err
 	}
+	isDigest, err := p.forDigest()
+	if err != nil {
+		return nil, err
+	}
+	if isDigest {
+		d, err := p.digest()
+		if err != nil {
+			return nil, err
+		}
+		return &DropDigestBinding{IfExists: ifExists, Digest: d}, nil
+	}
+	st := &DropTagBinding{IfExists: ifExists}
 	if st.Key, st.Value, err = p.tag(); err != nil {
 		return nil, err
 	}
 	return st, nil
 }
 
-// tag parses FOR TAG key = 'value': the key an identifier (bare or
-// backquoted) or a quoted string, the value a quoted string, both as the
-// application sends them once decoded (no URL encoding).
+// digest parses a digest binding's 'hex': a quoted string of
+// DigestLength hex digits (ValidateDigest), returned in lower case.
+func (p *parser) digest() (string, error) {
+	if p.tok.kind != tkString {
+		return "", p.failWhy("expected the digest as a quoted string of 16 hex digits (statements_summary's DIGEST), not %s")
+	}
+	d := p.tok.text
+	if err := ValidateDigest(d); err != nil {
+		return "", err
+	}
+	return NormalizeDigest(d), p.advance()
+}
+
+// tag parses TAG key = 'value' (after FOR): the key an identifier (bare
+// or backquoted) or a quoted string, the value a quoted string, both as
+// the application sends them once decoded (no URL encoding).
 func (p *parser) tag() (key, value string, err error) {
-	if err := p.expectWords("FOR", "TAG"); err != nil {
+	if err := p.expectWords("TAG"); err != nil {
 		return "", "", err
 	}
 	if p.tok.kind != tkWord && p.tok.kind != tkQIdent && p.tok.kind != tkString {

@@ -149,6 +149,24 @@ type DropTagBinding struct {
 	Key, Value string
 }
 
+// CreateDigestBinding is CREATE RESOURCE GROUP BINDING FOR DIGEST 'hex' TO
+// group (an rgproxy extension): statements of that shape — their digest
+// as statements_summary's DIGEST column shows it — run in group, text and
+// prepared statements alike. It creates the binding or replaces the
+// digest's binding to another group.
+type CreateDigestBinding struct {
+	// Digest is 16 hex digits, lower case.
+	Digest string
+	Group  string
+}
+
+// DropDigestBinding is DROP RESOURCE GROUP BINDING [IF EXISTS] FOR DIGEST
+// 'hex'.
+type DropDigestBinding struct {
+	IfExists bool
+	Digest   string
+}
+
 // SetGroup is SET RESOURCE GROUP name (executed by the proxy session).
 type SetGroup struct{ Name string }
 
@@ -187,6 +205,8 @@ func (*DropGroup) statement()           {}
 func (*AlterUserGroup) statement()      {}
 func (*CreateTagBinding) statement()    {}
 func (*DropTagBinding) statement()      {}
+func (*CreateDigestBinding) statement() {}
+func (*DropDigestBinding) statement()   {}
 func (*SetGroup) statement()            {}
 func (*CurrentGroup) statement()        {}
 func (*ShowCreateGroup) statement()     {}
@@ -210,7 +230,7 @@ func IsSessionBound(st Statement) bool {
 func RequiresSuper(st Statement) bool {
 	switch st.(type) {
 	case *CreateGroup, *AlterGroup, *DropGroup, *AlterUserGroup, *CreateTagBinding, *DropTagBinding,
-		*QueryWatchAdd, *QueryWatchRemove:
+		*CreateDigestBinding, *DropDigestBinding, *QueryWatchAdd, *QueryWatchRemove:
 		return true
 	}
 	return false
