@@ -111,6 +111,9 @@ func (c *Client) DigestGroup(h uint64) (string, bool) {
 	return g, ok
 }
 
+// HasDigestBindings reports whether any statement digest is bound.
+func (c *Client) HasDigestBindings() bool { return c.cache.digestIdx.Load() != nil }
+
 // putBinding and deleteBinding change snap's bindings and their count per
 // user name together.
 func (s *snapshot) putBinding(b resourcegroup.Binding) {

@@ -62,9 +62,9 @@ func statementName(stmt resourcegroup.Statement) string {
 		return "DROP RESOURCE GROUP"
 	case *resourcegroup.AlterUserGroup:
 		return "ALTER USER ... RESOURCE GROUP"
-	case *resourcegroup.CreateTagBinding:
+	case *resourcegroup.CreateTagBinding, *resourcegroup.CreateDigestBinding:
 		return "CREATE RESOURCE GROUP BINDING"
-	case *resourcegroup.DropTagBinding:
+	case *resourcegroup.DropTagBinding, *resourcegroup.DropDigestBinding:
 		return "DROP RESOURCE GROUP BINDING"
 	case *resourcegroup.QueryWatchAdd:
 		return "QUERY WATCH ADD"
