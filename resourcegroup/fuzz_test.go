@@ -24,6 +24,8 @@ var fuzzSeeds = []string{
 	"CREATE RESOURCE GROUP binding RU_PER_SEC = 1",
 	"CREATE RESOURCE GROUP BINDING FOR DIGEST '00ab34cd56ef7890' TO rg1",
 	"DROP RESOURCE GROUP BINDING IF EXISTS FOR DIGEST 'FFFFFFFFFFFFFFFF'",
+	"CREATE GLOBAL BINDING FOR SELECT a FROM t JOIN u USING (id) USING SELECT /*+ RESOURCE_GROUP(rg) */ a FROM t JOIN u USING (id)",
+	"DROP GLOBAL BINDING FOR SQL DIGEST '00ab34cd56ef7890'",
 	"SET RESOURCE GROUP rg1",
 	"SELECT CURRENT_RESOURCE_GROUP()",
 	"SHOW CREATE RESOURCE GROUP rg1",
@@ -73,6 +75,14 @@ func FuzzParse(f *testing.F) {
 			return
 		case *DropDigestBinding:
 			checkParsedDigest(t, sql, s.Digest)
+			return
+		case *StmtBinding:
+			for _, u := range s.Usings {
+				if u[0] < 0 || u[1] > len(s.Text) || !eqFold(s.Text[u[0]:u[1]], "USING") {
+					t.Fatalf("Parse(%q): USING at %v in %q", sql, u, s.Text)
+				}
+			}
+			s.Splits()
 			return
 		default:
 			return

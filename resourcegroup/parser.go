@@ -155,6 +155,8 @@ func (p *parser) optionalEq() error {
 
 func (p *parser) statement() (Statement, error) {
 	switch {
+	case (p.isWord("CREATE") || p.isWord("DROP")) && p.stmtBindingAhead():
+		return p.stmtBinding()
 	case p.isWord("CREATE"):
 		return p.create()
 	case p.isWord("ALTER"):
@@ -189,6 +191,94 @@ func (p *parser) statement() (Statement, error) {
 		return p.explain()
 	}
 	return nil, p.fail()
+}
+
+// stmtBindingAhead reports whether CREATE or DROP goes on with [GLOBAL |
+// SESSION] BINDING: TiDB's statement binding. The parser is left where it
+// was.
+func (p *parser) stmtBindingAhead() bool {
+	save := *p
+	defer func() { *p = save }()
+	if p.advance() != nil {
+		return false
+	}
+	if p.isWord("GLOBAL") || p.isWord("SESSION") {
+		if p.advance() != nil {
+			return false
+		}
+	}
+	return p.isWord("BINDING")
+}
+
+// stmtBinding parses TiDB's CREATE [GLOBAL] BINDING [FOR stmt] USING
+// stmt, DROP [GLOBAL] BINDING FOR stmt [USING stmt] and DROP [GLOBAL]
+// BINDING FOR SQL DIGEST 'hex' (StmtBinding). SESSION bindings are 1235:
+// rgproxy keeps bindings in rgserver, for every session.
+func (p *parser) stmtBinding() (Statement, error) {
+	create := p.isWord("CREATE")
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	if p.isWord("SESSION") {
+		return nil, NewUnsupported("SESSION bindings; rgproxy's bindings are GLOBAL (kept by rgserver for every session)")
+	}
+	if p.isWord("GLOBAL") {
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.expectWords("BINDING"); err != nil {
+		return nil, err
+	}
+	st := &StmtBinding{Create: create}
+	switch {
+	case p.isWord("FOR"):
+		st.HasFor = true
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if !create && p.isWord("SQL") {
+			save := *p
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+			if p.isWord("DIGEST") {
+				if err := p.advance(); err != nil {
+					return nil, err
+				}
+				d, err := p.digest()
+				if err != nil {
+					return nil, err
+				}
+				return &DropDigestBinding{Digest: d}, nil
+			}
+			*p = save
+		}
+	case create && p.isWord("USING"):
+	case create:
+		return nil, p.failWhy("expected FOR or USING, not %s")
+	default:
+		return nil, p.failWhy("expected FOR, not %s")
+	}
+	start := p.tok.pos
+	end := start
+	for p.tok.kind != tkEOF && !p.isPunct(";") {
+		if p.tok.kind == tkWord && eqFold(p.tok.text, "USING") {
+			st.Usings = append(st.Usings, [2]int{p.tok.pos - start, p.lex.l.Pos() - start})
+		}
+		end = p.lex.l.Pos()
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+	}
+	st.Text = p.lex.src[start:end]
+	switch {
+	case st.Text == "" || st.HasFor && len(st.Usings) > 0 && st.Usings[0][0] == 0:
+		return nil, p.failWhy("expected a statement after FOR, not %s")
+	case create && len(st.Usings) == 0:
+		return nil, p.failWhy("CREATE BINDING needs USING and a statement carrying /*+ RESOURCE_GROUP(g) */, not %s")
+	}
+	return st, nil
 }
 
 // groupName reads the name (bare or backquoted) of an existing group and

@@ -273,4 +273,34 @@ func TestDigestBindingsMoveTextAndPreparedStatements(t *testing.T) {
 	if got := strings.Join(prepared(conn, report, 1), " "); got != "rg_dig_user" {
 		t.Errorf("after DROP the prepared report ran in %s", got)
 	}
+
+	// TiDB's form binds the FOR statement's shape, the same digest: the
+	// prepared report is charged to the hint's group again, and the
+	// binding's DIGEST is statements_summary's.
+	adminExec(t, px.Addr, "CREATE GLOBAL BINDING FOR SELECT SUM(amount) FROM dig_orders WHERE day = 1 "+
+		"USING SELECT /*+ RESOURCE_GROUP(rg_dig_night) */ SUM(amount) FROM dig_orders WHERE day = 1")
+	if got := strings.Join(prepared(conn, report, 1), " "); got != "rg_dig_user+rg_dig_night" {
+		t.Errorf("after CREATE GLOBAL BINDING the prepared report ran in %s", got)
+	}
+	if got := fmt.Sprint(rowsOf(t, root, "SELECT RESOURCE_GROUP FROM information_schema.resource_group_bindings WHERE DIGEST = '"+digest+"'")[1:]); got != "[[rg_dig_night]]" {
+		t.Errorf("CREATE GLOBAL BINDING: the DIGEST %s is bound to %s, want rg_dig_night", digest, got)
+	}
+	for _, tc := range []struct {
+		q    string
+		code uint16
+		msg  string
+	}{
+		{"CREATE GLOBAL BINDING FOR SELECT 1 USING SELECT /*+ USE_INDEX(t, a) */ 1", 1105, "carries no /*+ RESOURCE_GROUP(g) */ hint"},
+		{"CREATE GLOBAL BINDING FOR SELECT a FROM t USING SELECT /*+ RESOURCE_GROUP(rg_dig_night) */ b FROM t", 1105, "not the same statement"},
+		{"CREATE SESSION BINDING FOR SELECT 1 USING SELECT /*+ RESOURCE_GROUP(rg_dig_night) */ 1", 1235, "SESSION bindings"},
+		{"CREATE BINDING FOR SELECT 1", 1064, "CREATE BINDING needs USING"},
+	} {
+		if _, err := root.Exec(tc.q); mysqlErrNo(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: %v, want %d with %q", tc.q, err, tc.code, tc.msg)
+		}
+	}
+	adminExec(t, px.Addr, "DROP GLOBAL BINDING FOR SELECT SUM(amount) FROM dig_orders WHERE day = 7")
+	if got := strings.Join(prepared(conn, report, 1), " "); got != "rg_dig_user" {
+		t.Errorf("after DROP GLOBAL BINDING the prepared report ran in %s", got)
+	}
 }

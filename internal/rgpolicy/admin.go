@@ -108,6 +108,13 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			a.Digest = sqlscan.Digest([]byte(a.Text), st.Mode())
 		}
 	}
+	if a, ok := stmt.(*resourcegroup.StmtBinding); ok {
+		// TiDB's statement binding: the digest binding of its FOR
+		// statement's shape, read in the session's mode.
+		if stmt, err = stmtBindingOf(a, st.Mode()); err != nil {
+			return errReply(err)
+		}
+	}
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
 	if err != nil {
 		return errReply(err)

@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"context"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/go-mysql-org/go-mysql/mysql"
@@ -145,5 +146,51 @@ func TestDigestsNeedADigest(t *testing.T) {
 	st.Scan.Digest = nil // a statement the scan gave no digest
 	if got := groupOfStmt(t, newTestPolicy(tok), tok, "app", plainGrants, "", st); got != "bound" {
 		t.Errorf("a statement without a digest: %s", got)
+	}
+}
+
+// TiDB's statement binding becomes the digest binding of its FOR
+// statement: the split at the USING whose two sides are one shape (a
+// JOIN ... USING (col) is not the split), the group of the USING side's
+// hint; a USING side without the hint, or of another shape, is 1105.
+func TestStmtBindingOf(t *testing.T) {
+	join := "SELECT a FROM t JOIN u USING (id) WHERE a = 1"
+	tests := []struct {
+		sql  string
+		want resourcegroup.Statement
+		err  string
+	}{
+		{"CREATE GLOBAL BINDING FOR " + join + " USING SELECT /*+ RESOURCE_GROUP(Night) */ a FROM t JOIN u USING (id) WHERE a = 2",
+			&resourcegroup.CreateDigestBinding{Digest: resourcegroup.FormatDigest(query(join).Scan.DigestHash), Group: "night"}, ""},
+		{"CREATE BINDING USING " + "SELECT /*+ RESOURCE_GROUP(night) */ SUM(amount) FROM orders WHERE day = 3",
+			&resourcegroup.CreateDigestBinding{Digest: resourcegroup.FormatDigest(query(reportQuery).Scan.DigestHash), Group: "night"}, ""},
+		{"DROP GLOBAL BINDING FOR " + join,
+			&resourcegroup.DropDigestBinding{Digest: resourcegroup.FormatDigest(query(join).Scan.DigestHash)}, ""},
+		{"DROP BINDING FOR " + reportQuery + " USING SELECT /*+ RESOURCE_GROUP(night) */ SUM(amount) FROM orders WHERE day = 1",
+			&resourcegroup.DropDigestBinding{Digest: resourcegroup.FormatDigest(query(reportQuery).Scan.DigestHash)}, ""},
+		{"CREATE GLOBAL BINDING FOR " + join + " USING SELECT /*+ USE_INDEX(t, a) */ a FROM t JOIN u USING (id) WHERE a = 2", nil,
+			"the USING statement carries no /*+ RESOURCE_GROUP(g) */ hint"},
+		{"CREATE GLOBAL BINDING FOR " + join + " USING SELECT /*+ RESOURCE_GROUP(night) */ b FROM t JOIN u USING (id) WHERE a = 2", nil,
+			"the FOR and USING statements are not the same statement"},
+	}
+	for _, tc := range tests {
+		parsed, err := resourcegroup.Parse(tc.sql, query(tc.sql).Mode())
+		if err != nil {
+			t.Fatalf("%s: %v", tc.sql, err)
+		}
+		b, ok := parsed.(*resourcegroup.StmtBinding)
+		if !ok {
+			t.Fatalf("%s parsed as %T", tc.sql, parsed)
+		}
+		got, err := stmtBindingOf(b, query(tc.sql).Mode())
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v, want %q", tc.sql, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: %#v %v, want %#v", tc.sql, got, err, tc.want)
+		}
 	}
 }

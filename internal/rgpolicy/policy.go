@@ -369,7 +369,7 @@ func ScanWords() []string {
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
 		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
 		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history", "resource_group_budgets",
-		"resource_usage_by_tag", "resource_usage_by_account"}
+		"resource_usage_by_tag", "resource_usage_by_account", "binding"}
 }
 
 // Open implements mysqlproto.Policy.
