@@ -112,3 +112,29 @@ func FuzzDecodeSnapshotDigests(f *testing.F) {
 		newDigestIndex(snap.Digests)
 	})
 }
+
+// BenchmarkDigestGroup is what every statement with a digest pays: with no
+// digest bound (one atomic load), and with 10,000 bound (a map lookup).
+func BenchmarkDigestGroup(b *testing.B) {
+	for _, n := range []int{0, 10000} {
+		b.Run(map[int]string{0: "none", 10000: "10000"}[n], func(b *testing.B) {
+			c, _ := newTestClient(b, nil)
+			defer c.Close()
+			events := []*tokenpb.WatchEvent{{Group: &tokenpb.ResourceGroup{Name: "rg", RuPerSec: 10}}}
+			for i := range n {
+				events = append(events, &tokenpb.WatchEvent{Binding: &tokenpb.Binding{Digest: resourcegroup.FormatDigest(uint64(i) * 0x9e3779b97f4a7c15), Group: "rg"}})
+			}
+			c.applySettings(&tokenpb.WatchResponse{Revision: 1, Snapshot: true, Events: events})
+			b.ResetTimer()
+			found := 0
+			for i := range b.N {
+				if _, ok := c.DigestGroup(uint64(i&16383) * 0x9e3779b97f4a7c15); ok {
+					found++
+				}
+			}
+			if n > 0 && found == 0 {
+				b.Fatal("no digest found")
+			}
+		})
+	}
+}
