@@ -70,6 +70,11 @@ func FuzzParse(f *testing.F) {
 			if g.Validate() != nil {
 				return // e.g. a THROTTLE not below the base's RU_PER_SEC: Execute refuses it
 			}
+			if ValidateNewName(g.Name) != nil {
+				// A group stored under the older name rule can be altered,
+				// but its SHOW CREATE no longer replays (docs/sql.md).
+				return
+			}
 		case *CreateDigestBinding:
 			checkParsedDigest(t, sql, s.Digest)
 			return
