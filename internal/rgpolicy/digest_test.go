@@ -2,6 +2,7 @@ package rgpolicy
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -135,6 +136,26 @@ func TestDigestLegSettles(t *testing.T) {
 	}
 	if !reflect.DeepEqual(groups, []string{"bound", "night"}) {
 		t.Errorf("statements_summary rows of the shape in groups %v", groups)
+	}
+
+	// Three legs: its own group, a tag's and the shape's, each charged.
+	tok.charged, tok.acquired = nil, nil
+	st = query("SELECT SUM(amount) FROM orders WHERE day = 9 /*route='%2Freport'*/")
+	if v := s.Before(ctx, st, plainGrants); v.Reply != nil {
+		t.Fatalf("answered: %+v", v.Reply)
+	}
+	if got := fmt.Sprint(tok.acquired); got != "[bound:30s reports:30s night:30s]" {
+		t.Errorf("tokens taken from %s", got)
+	}
+	s.After(st, &mysqlproto.Outcome{ResponseBytes: 1 << 20})
+	groups = nil
+	for _, r := range p.shapes.summary(nil) {
+		if r.DigestText == string(st.Scan.Digest) {
+			groups = append(groups, fmt.Sprint(r.Group, "=", r.ExecCount))
+		}
+	}
+	if !reflect.DeepEqual(groups, []string{"bound=2", "night=2", "reports=1"}) {
+		t.Errorf("statements_summary after a three-leg statement: %v", groups)
 	}
 }
 
