@@ -161,4 +161,5 @@ const (
 	msgDropSwitchTarget = "can't drop resource group"
 	msgNoWatch          = "no runaway watch with the specific ID"
 	msgInvalidTag       = "invalid tag binding"
+	msgInvalidDigest    = "invalid digest binding"
 )

@@ -59,6 +59,10 @@ func Execute(ctx context.Context, st Statement, store Store) (*Result, error) {
 		return createTagBinding(ctx, s, store)
 	case *DropTagBinding:
 		return dropTagBinding(ctx, s, store)
+	case *CreateDigestBinding:
+		return createDigestBinding(ctx, s, store)
+	case *DropDigestBinding:
+		return dropDigestBinding(ctx, s, store)
 	case *ShowCreateGroup:
 		g, err := store.GetGroup(ctx, s.Name)
 		if err != nil {
@@ -211,6 +215,54 @@ func dropTagBinding(ctx context.Context, s *DropTagBinding, store Store) (*Resul
 		return nil, NewNoTagBinding(s.Key, s.Value)
 	}
 	if err := store.BindUser(ctx, Binding{TagKey: s.Key, TagValue: s.Value, Group: DefaultGroup}); err != nil {
+		return nil, err
+	}
+	return &Result{}, nil
+}
+
+// createDigestBinding binds a statement shape to an existing group,
+// replacing the digest's binding if it has one; `default` is refused as
+// for a tag (storing it would remove the binding).
+func createDigestBinding(ctx context.Context, s *CreateDigestBinding, store Store) (*Result, error) {
+	if err := ValidateDigest(s.Digest); err != nil {
+		return nil, err
+	}
+	group := NormalizeName(s.Group)
+	if group == DefaultGroup {
+		return nil, NewInvalid(msgInvalidDigest + ": a digest cannot be bound to resource group 'default'; " +
+			"DROP RESOURCE GROUP BINDING FOR DIGEST removes a digest's binding")
+	}
+	if err := store.BindUser(ctx, Binding{Digest: NormalizeDigest(s.Digest), Group: group}); err != nil {
+		return nil, err
+	}
+	return &Result{}, nil
+}
+
+// dropDigestBinding removes a digest's binding; a digest with none is an
+// error, or a note with IF EXISTS.
+func dropDigestBinding(ctx context.Context, s *DropDigestBinding, store Store) (*Result, error) {
+	if err := ValidateDigest(s.Digest); err != nil {
+		return nil, err
+	}
+	d := NormalizeDigest(s.Digest)
+	bs, err := store.ListBindings(ctx)
+	if err != nil {
+		return nil, err
+	}
+	found := false
+	for _, b := range bs {
+		if b.IsDigest() && b.Digest == d {
+			found = true
+			break
+		}
+	}
+	if !found {
+		if s.IfExists {
+			return &Result{Warnings: []*Error{NewNoDigestBinding(d)}}, nil
+		}
+		return nil, NewNoDigestBinding(d)
+	}
+	if err := store.BindUser(ctx, Binding{Digest: d, Group: DefaultGroup}); err != nil {
 		return nil, err
 	}
 	return &Result{}, nil

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -151,6 +152,10 @@ type Group struct {
 // A tag binding (TagKey set; User and Host empty) ties a SQLCommenter tag
 // key='value' to a group: a statement carrying that tag runs in the group
 // (CREATE RESOURCE GROUP BINDING FOR TAG).
+//
+// A digest binding (Digest set; the other keys empty) ties a statement
+// shape — its digest as statements_summary's DIGEST column shows it — to a
+// group (CREATE RESOURCE GROUP BINDING FOR DIGEST).
 type Binding struct {
 	// User is the account's user name.
 	User string
@@ -160,12 +165,21 @@ type Binding struct {
 	// TagKey and TagValue are a tag binding's tag, decoded (no URL
 	// encoding) and matched exactly.
 	TagKey, TagValue string
+	// Digest is a digest binding's digest: 16 lower-case hex digits
+	// (ValidateDigest).
+	Digest string
 	// Group is the bound group's name.
 	Group string
 }
 
 // IsTag reports whether b is a tag binding.
 func (b Binding) IsTag() bool { return b.TagKey != "" }
+
+// IsDigest reports whether b is a digest binding.
+func (b Binding) IsDigest() bool { return b.Digest != "" }
+
+// IsAccount reports whether b is an account binding.
+func (b Binding) IsAccount() bool { return !b.IsTag() && !b.IsDigest() }
 
 // Account returns an account binding's key, AccountKey(User, Host).
 func (b Binding) Account() string { return AccountKey(b.User, b.Host) }
@@ -174,12 +188,25 @@ func (b Binding) Account() string { return AccountKey(b.User, b.Host) }
 func (b Binding) Tag() string { return TagBindingKey(b.TagKey, b.TagValue) }
 
 // SortBindings sorts bindings as Store.ListBindings returns them: account
-// bindings by account, then tag bindings by key and value.
+// bindings by account, then tag bindings by key and value, then digest
+// bindings by digest.
 func SortBindings(bs []Binding) {
+	kind := func(b Binding) int {
+		switch {
+		case b.IsDigest():
+			return 2
+		case b.IsTag():
+			return 1
+		}
+		return 0
+	}
 	sort.Slice(bs, func(i, j int) bool {
 		a, b := bs[i], bs[j]
-		if a.IsTag() != b.IsTag() {
-			return !a.IsTag()
+		if ka, kb := kind(a), kind(b); ka != kb {
+			return ka < kb
+		}
+		if a.IsDigest() {
+			return a.Digest < b.Digest
 		}
 		if a.IsTag() {
 			if a.TagKey != b.TagKey {
@@ -231,6 +258,69 @@ func SplitTagBindingKey(k string) (key, value string, err error) {
 		return "", "", fmt.Errorf("tag binding key %q: %w", k, err)
 	}
 	return key, value, nil
+}
+
+// DigestLength is the length of a statement digest as statements_summary's
+// DIGEST column shows it: the 64-bit FNV-1a hash of the digest text
+// (sqlscan.DigestHash) in 16 hex digits.
+const DigestLength = 16
+
+// MaxDigestBindings is how many digest bindings a store keeps by default;
+// rgserver's --max-digest-bindings changes it.
+const MaxDigestBindings = 10000
+
+// NormalizeDigest returns a digest in lower case, the form bindings are
+// kept in; ValidateDigest checks it.
+func NormalizeDigest(d string) string { return strings.ToLower(d) }
+
+// ValidateDigest checks the digest of a digest binding: exactly
+// DigestLength hex digits (either case), as statements_summary's DIGEST
+// column shows it.
+func ValidateDigest(d string) error {
+	if len(d) != DigestLength {
+		return NewInvalid(fmt.Sprintf("%s: the digest is %d bytes long; a digest is the %d hex digits of "+
+			"information_schema.statements_summary's DIGEST column", msgInvalidDigest, len(d), DigestLength))
+	}
+	for i := 0; i < len(d); i++ {
+		c := d[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return NewInvalid(fmt.Sprintf("%s: the digest holds %s at character %d; a digest is the %d hex digits of "+
+				"information_schema.statements_summary's DIGEST column", msgInvalidDigest, describeByte(c), i+1, DigestLength))
+		}
+	}
+	return nil
+}
+
+// ParseDigest returns the hash a valid digest (ValidateDigest) stands for.
+func ParseDigest(d string) (uint64, error) {
+	if err := ValidateDigest(d); err != nil {
+		return 0, err
+	}
+	h, err := strconv.ParseUint(d, 16, 64)
+	if err != nil {
+		return 0, NewInvalid(msgInvalidDigest + ": " + err.Error())
+	}
+	return h, nil
+}
+
+// FormatDigest writes a digest hash as statements_summary's DIGEST
+// column shows it.
+func FormatDigest(h uint64) string { return fmt.Sprintf("%016x", h) }
+
+// describeByte names a byte of a digest for an error message: the
+// character when it is printable ASCII, else its value.
+func describeByte(c byte) string {
+	if c < utf8.RuneSelf {
+		return describeRune(rune(c))
+	}
+	return fmt.Sprintf("the byte 0x%02X", c)
+}
+
+// NewTooManyDigestBindings is the ErrInvalid of a digest binding beyond
+// the store's bound.
+func NewTooManyDigestBindings(max int) *Error {
+	return NewInvalid(fmt.Sprintf("%s: %d digests are bound already, the most rgserver keeps (--max-digest-bindings); "+
+		"DROP RESOURCE GROUP BINDING FOR DIGEST removes one", msgInvalidDigest, max))
 }
 
 // AccountKey is the key of the account user@host: "user@host", host in

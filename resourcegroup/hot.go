@@ -90,8 +90,16 @@ func IsAdmin(query string, m sqltext.Mode) bool {
 	sc := newScanner(query, m)
 	first := sc.next()
 	switch {
-	case first.isKw("CREATE"), first.isKw("DROP"), first.isKw("SET"):
+	case first.isKw("SET"):
 		return sc.next().isKw("RESOURCE")
+	case first.isKw("CREATE"), first.isKw("DROP"):
+		// ... RESOURCE GROUP, or TiDB's [GLOBAL | SESSION] BINDING, which
+		// neither MariaDB nor MySQL has.
+		t := sc.next()
+		if t.isKw("GLOBAL") || t.isKw("SESSION") {
+			return sc.next().isKw("BINDING")
+		}
+		return t.isKw("RESOURCE") || t.isKw("BINDING")
 	case first.isKw("ALTER"):
 		t := sc.next()
 		if t.isKw("RESOURCE") {

@@ -155,6 +155,8 @@ func (p *parser) optionalEq() error {
 
 func (p *parser) statement() (Statement, error) {
 	switch {
+	case (p.isWord("CREATE") || p.isWord("DROP")) && p.stmtBindingAhead():
+		return p.stmtBinding()
 	case p.isWord("CREATE"):
 		return p.create()
 	case p.isWord("ALTER"):
@@ -189,6 +191,94 @@ func (p *parser) statement() (Statement, error) {
 		return p.explain()
 	}
 	return nil, p.fail()
+}
+
+// stmtBindingAhead reports whether CREATE or DROP goes on with [GLOBAL |
+// SESSION] BINDING: TiDB's statement binding. The parser is left where it
+// was.
+func (p *parser) stmtBindingAhead() bool {
+	save := *p
+	defer func() { *p = save }()
+	if p.advance() != nil {
+		return false
+	}
+	if p.isWord("GLOBAL") || p.isWord("SESSION") {
+		if p.advance() != nil {
+			return false
+		}
+	}
+	return p.isWord("BINDING")
+}
+
+// stmtBinding parses TiDB's CREATE [GLOBAL] BINDING [FOR stmt] USING
+// stmt, DROP [GLOBAL] BINDING FOR stmt [USING stmt] and DROP [GLOBAL]
+// BINDING FOR SQL DIGEST 'hex' (StmtBinding). SESSION bindings are 1235:
+// rgproxy keeps bindings in rgserver, for every session.
+func (p *parser) stmtBinding() (Statement, error) {
+	create := p.isWord("CREATE")
+	if err := p.advance(); err != nil {
+		return nil, err
+	}
+	if p.isWord("SESSION") {
+		return nil, NewUnsupported("SESSION bindings; rgproxy's bindings are GLOBAL (kept by rgserver for every session)")
+	}
+	if p.isWord("GLOBAL") {
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.expectWords("BINDING"); err != nil {
+		return nil, err
+	}
+	st := &StmtBinding{Create: create}
+	switch {
+	case p.isWord("FOR"):
+		st.HasFor = true
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+		if !create && p.isWord("SQL") {
+			save := *p
+			if err := p.advance(); err != nil {
+				return nil, err
+			}
+			if p.isWord("DIGEST") {
+				if err := p.advance(); err != nil {
+					return nil, err
+				}
+				d, err := p.digest()
+				if err != nil {
+					return nil, err
+				}
+				return &DropDigestBinding{Digest: d}, nil
+			}
+			*p = save
+		}
+	case create && p.isWord("USING"):
+	case create:
+		return nil, p.failWhy("expected FOR or USING, not %s")
+	default:
+		return nil, p.failWhy("expected FOR, not %s")
+	}
+	start := p.tok.pos
+	end := start
+	for p.tok.kind != tkEOF && !p.isPunct(";") {
+		if p.tok.kind == tkWord && eqFold(p.tok.text, "USING") {
+			st.Usings = append(st.Usings, [2]int{p.tok.pos - start, p.lex.l.Pos() - start})
+		}
+		end = p.lex.l.Pos()
+		if err := p.advance(); err != nil {
+			return nil, err
+		}
+	}
+	st.Text = p.lex.src[start:end]
+	switch {
+	case st.Text == "" || st.HasFor && len(st.Usings) > 0 && st.Usings[0][0] == 0:
+		return nil, p.failWhy("expected a statement after FOR, not %s")
+	case create && len(st.Usings) == 0:
+		return nil, p.failWhy("CREATE BINDING needs USING and a statement carrying /*+ RESOURCE_GROUP(g) */, not %s")
+	}
+	return st, nil
 }
 
 // groupName reads the name (bare or backquoted) of an existing group and
@@ -227,8 +317,8 @@ func (p *parser) create() (Statement, error) {
 	if err := p.expectWords("CREATE", "RESOURCE", "GROUP"); err != nil {
 		return nil, err
 	}
-	if p.tagBindingAhead(false) {
-		return p.createTagBinding()
+	if p.bindingAhead(false) {
+		return p.createBinding()
 	}
 	st := &CreateGroup{}
 	if p.isWord("IF") {
@@ -301,8 +391,8 @@ func (p *parser) drop() (Statement, error) {
 	if err := p.expectWords("DROP", "RESOURCE", "GROUP"); err != nil {
 		return nil, err
 	}
-	if p.tagBindingAhead(true) {
-		return p.dropTagBinding()
+	if p.bindingAhead(true) {
+		return p.dropBinding()
 	}
 	st := &DropGroup{}
 	var err error
@@ -315,11 +405,11 @@ func (p *parser) drop() (Statement, error) {
 	return st, nil
 }
 
-// tagBindingAhead reports whether the statement goes on with a tag
-// binding: the bare word BINDING followed by FOR (or, for DROP, by IF).
-// Anything else — `CREATE RESOURCE GROUP binding RU_PER_SEC = 1` — names a
-// group. The parser is left where it was.
-func (p *parser) tagBindingAhead(ifExists bool) bool {
+// bindingAhead reports whether the statement goes on with a tag or
+// digest binding: the bare word BINDING followed by FOR (or, for DROP, by
+// IF). Anything else — `CREATE RESOURCE GROUP binding RU_PER_SEC = 1` —
+// names a group. The parser is left where it was.
+func (p *parser) bindingAhead(ifExists bool) bool {
 	if !p.isWord("BINDING") {
 		return false
 	}
@@ -331,17 +421,47 @@ func (p *parser) tagBindingAhead(ifExists bool) bool {
 	return p.isWord("FOR") || ifExists && p.isWord("IF")
 }
 
-// createTagBinding parses BINDING FOR TAG key = 'value' TO group.
-func (p *parser) createTagBinding() (Statement, error) {
+// forDigest reads FOR and looks at the next word: true for DIGEST
+// (consumed), false for anything else (left for tag, which expects TAG).
+func (p *parser) forDigest() (bool, error) {
+	if err := p.expectWords("FOR"); err != nil {
+		return false, err
+	}
+	if !p.isWord("DIGEST") {
+		if !p.isWord("TAG") {
+			return false, p.failWhy("expected TAG or DIGEST, not %s")
+		}
+		return false, nil
+	}
+	return true, p.advance()
+}
+
+// createBinding parses BINDING FOR TAG key = 'value' TO group or BINDING
+// FOR DIGEST 'hex' TO group.
+func (p *parser) createBinding() (Statement, error) {
 	if err := p.expectWords("BINDING"); err != nil {
 		return nil, err
 	}
-	key, value, err := p.tag()
+	isDigest, err := p.forDigest()
 	if err != nil {
 		return nil, err
 	}
-	if err := ValidateNewTag(key, value); err != nil {
-		return nil, err
+	var st Statement
+	if isDigest {
+		d, err := p.digest()
+		if err != nil {
+			return nil, err
+		}
+		st = &CreateDigestBinding{Digest: d}
+	} else {
+		key, value, err := p.tag()
+		if err != nil {
+			return nil, err
+		}
+		if err := ValidateNewTag(key, value); err != nil {
+			return nil, err
+		}
+		st = &CreateTagBinding{Key: key, Value: value}
 	}
 	if err := p.expectWords("TO"); err != nil {
 		return nil, err
@@ -350,30 +470,61 @@ func (p *parser) createTagBinding() (Statement, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &CreateTagBinding{Key: key, Value: value, Group: group}, nil
+	switch st := st.(type) {
+	case *CreateDigestBinding:
+		st.Group = group
+	case *CreateTagBinding:
+		st.Group = group
+	}
+	return st, nil
 }
 
-// dropTagBinding parses BINDING [IF EXISTS] FOR TAG key = 'value'.
-func (p *parser) dropTagBinding() (Statement, error) {
+// dropBinding parses BINDING [IF EXISTS] FOR TAG key = 'value' or BINDING
+// [IF EXISTS] FOR DIGEST 'hex'.
+func (p *parser) dropBinding() (Statement, error) {
 	if err := p.expectWords("BINDING"); err != nil {
 		return nil, err
 	}
-	st := &DropTagBinding{}
-	var err error
-	if st.IfExists, err = p.ifExists(); err != nil {
+	ifExists, err := p.ifExists()
+	if err != nil {
 		return nil, err
 	}
+	isDigest, err := p.forDigest()
+	if err != nil {
+		return nil, err
+	}
+	if isDigest {
+		d, err := p.digest()
+		if err != nil {
+			return nil, err
+		}
+		return &DropDigestBinding{IfExists: ifExists, Digest: d}, nil
+	}
+	st := &DropTagBinding{IfExists: ifExists}
 	if st.Key, st.Value, err = p.tag(); err != nil {
 		return nil, err
 	}
 	return st, nil
 }
 
-// tag parses FOR TAG key = 'value': the key an identifier (bare or
-// backquoted) or a quoted string, the value a quoted string, both as the
-// application sends them once decoded (no URL encoding).
+// digest parses a digest binding's 'hex': a quoted string of
+// DigestLength hex digits (ValidateDigest), returned in lower case.
+func (p *parser) digest() (string, error) {
+	if p.tok.kind != tkString {
+		return "", p.failWhy("expected the digest as a quoted string of 16 hex digits (statements_summary's DIGEST), not %s")
+	}
+	d := p.tok.text
+	if err := ValidateDigest(d); err != nil {
+		return "", err
+	}
+	return NormalizeDigest(d), p.advance()
+}
+
+// tag parses TAG key = 'value' (after FOR): the key an identifier (bare
+// or backquoted) or a quoted string, the value a quoted string, both as
+// the application sends them once decoded (no URL encoding).
 func (p *parser) tag() (key, value string, err error) {
-	if err := p.expectWords("FOR", "TAG"); err != nil {
+	if err := p.expectWords("TAG"); err != nil {
 		return "", "", err
 	}
 	if p.tok.kind != tkWord && p.tok.kind != tkQIdent && p.tok.kind != tkString {

@@ -1,5 +1,7 @@
 package resourcegroup
 
+import "strings"
+
 // Statement is one parsed admin statement; a type switch on the pointer
 // types below tells them apart.
 type Statement interface{ statement() }
@@ -149,6 +151,69 @@ type DropTagBinding struct {
 	Key, Value string
 }
 
+// CreateDigestBinding is CREATE RESOURCE GROUP BINDING FOR DIGEST 'hex' TO
+// group (an rgproxy extension): statements of that shape — their digest
+// as statements_summary's DIGEST column shows it — run in group, text and
+// prepared statements alike. It creates the binding or replaces the
+// digest's binding to another group.
+type CreateDigestBinding struct {
+	// Digest is 16 hex digits, lower case.
+	Digest string
+	Group  string
+}
+
+// DropDigestBinding is DROP RESOURCE GROUP BINDING [IF EXISTS] FOR DIGEST
+// 'hex'.
+type DropDigestBinding struct {
+	IfExists bool
+	Digest   string
+}
+
+// StmtBinding is TiDB's statement binding, as far as rgproxy takes it:
+// CREATE [GLOBAL] BINDING [FOR stmt] USING stmt, whose USING statement
+// carries /*+ RESOURCE_GROUP(g) */, and DROP [GLOBAL] BINDING FOR stmt
+// [USING stmt]. The parser does not read the statements: Text is what
+// follows FOR (or, without FOR, the USING and what follows it), and
+// Usings are the [start, end) offsets in Text of each USING keyword
+// outside strings, comments and quoted names — one of them separates the
+// two statements (another may belong to a JOIN ... USING (col)). The
+// policy tries each split, digests both sides and takes the one where
+// they are the same shape (Splits). It becomes a CreateDigestBinding or
+// DropDigestBinding of the FOR statement's digest.
+type StmtBinding struct {
+	Create bool
+	// HasFor: the statement names FOR; else (CREATE only) Text starts
+	// with USING and the one statement is both.
+	HasFor bool
+	Text   string
+	Usings [][2]int
+}
+
+// Split is one way to read a StmtBinding: the FOR statement and the USING
+// statement ("" for a DROP without USING).
+type Split struct{ For, Using string }
+
+// Splits returns the ways b may be read, the first USING first; for a
+// DROP, the whole text as the FOR statement last.
+func (b *StmtBinding) Splits() []Split {
+	if !b.HasFor {
+		if len(b.Usings) == 0 || b.Usings[0][0] != 0 {
+			return nil
+		}
+		s := strings.TrimSpace(b.Text[b.Usings[0][1]:])
+		return []Split{{For: s, Using: s}}
+	}
+	var out []Split
+	for _, u := range b.Usings {
+		out = append(out, Split{For: strings.TrimSpace(b.Text[:u[0]]), Using: strings.TrimSpace(b.Text[u[1]:])})
+	}
+	if !b.Create {
+		// DROP without USING; last, as a USING of a JOIN is no split.
+		out = append(out, Split{For: strings.TrimSpace(b.Text)})
+	}
+	return out
+}
+
 // SetGroup is SET RESOURCE GROUP name (executed by the proxy session).
 type SetGroup struct{ Name string }
 
@@ -187,6 +252,9 @@ func (*DropGroup) statement()           {}
 func (*AlterUserGroup) statement()      {}
 func (*CreateTagBinding) statement()    {}
 func (*DropTagBinding) statement()      {}
+func (*CreateDigestBinding) statement() {}
+func (*DropDigestBinding) statement()   {}
+func (*StmtBinding) statement()         {}
 func (*SetGroup) statement()            {}
 func (*CurrentGroup) statement()        {}
 func (*ShowCreateGroup) statement()     {}
@@ -210,7 +278,7 @@ func IsSessionBound(st Statement) bool {
 func RequiresSuper(st Statement) bool {
 	switch st.(type) {
 	case *CreateGroup, *AlterGroup, *DropGroup, *AlterUserGroup, *CreateTagBinding, *DropTagBinding,
-		*QueryWatchAdd, *QueryWatchRemove:
+		*CreateDigestBinding, *DropDigestBinding, *StmtBinding, *QueryWatchAdd, *QueryWatchRemove:
 		return true
 	}
 	return false

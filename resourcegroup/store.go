@@ -26,15 +26,18 @@ type Store interface {
 	// ListGroups returns every group sorted by name.
 	ListGroups(ctx context.Context) ([]Group, error)
 	// BindUser binds the account b.User@b.Host, or for a tag binding
-	// (b.IsTag()) the tag b.TagKey='b.TagValue', to b.Group, which must
-	// exist (ErrNotFound). Binding to `default` is unbinding.
+	// (b.IsTag()) the tag b.TagKey='b.TagValue', or for a digest binding
+	// (b.IsDigest()) the statement shape b.Digest, to b.Group, which must
+	// exist (ErrNotFound). Binding to `default` is unbinding. A new
+	// digest binding beyond the store's bound is ErrInvalid
+	// (NewTooManyDigestBindings).
 	BindUser(ctx context.Context, b Binding) error
 	// UnbindUser removes an account's binding; no error when there is none.
 	UnbindUser(ctx context.Context, user, host string) error
 	// GetBinding returns an account's binding; ErrNotFound when none.
 	GetBinding(ctx context.Context, user, host string) (Binding, error)
-	// ListBindings returns every binding, account and tag bindings, in
-	// SortBindings' order.
+	// ListBindings returns every binding, account, tag and digest
+	// bindings, in SortBindings' order.
 	ListBindings(ctx context.Context) ([]Binding, error)
 }
 
@@ -51,6 +54,13 @@ func NewNoTagBinding(key, value string) *Error {
 		Message: fmt.Sprintf("tag %s='%s' has no resource group binding", key, strings.ReplaceAll(value, "'", "''")), Err: ErrNotFound}
 }
 
+// NewNoDigestBinding is the ErrNotFound of dropping a digest binding that
+// does not exist.
+func NewNoDigestBinding(digest string) *Error {
+	return &Error{Code: CodeUnknown, State: "HY000",
+		Message: fmt.Sprintf("digest '%s' has no resource group binding", digest), Err: ErrNotFound}
+}
+
 // NewDropReserved is the ErrInvalid of dropping `default`.
 func NewDropReserved() *Error { return NewInvalid(msgDropReserved) }
 
@@ -63,8 +73,12 @@ type MemStore struct {
 	rev      int64
 	groups   map[string]Group
 	bindings map[string]Binding
-	// tags are the tag bindings by Binding.Tag().
-	tags map[string]Binding
+	// tags are the tag bindings by Binding.Tag(), digests the digest
+	// bindings by digest; MaxDigests bounds digests (0 =
+	// MaxDigestBindings).
+	tags       map[string]Binding
+	digests    map[string]Binding
+	MaxDigests int
 	// The runaway watch list (watchstore.go); now is its clock, nil =
 	// time.Now.
 	watches  map[uint64]Watch
@@ -76,7 +90,8 @@ var _ Store = (*MemStore)(nil)
 
 // NewMemStore returns a store holding only the `default` group.
 func NewMemStore() *MemStore {
-	s := &MemStore{groups: map[string]Group{}, bindings: map[string]Binding{}, tags: map[string]Binding{}}
+	s := &MemStore{groups: map[string]Group{}, bindings: map[string]Binding{}, tags: map[string]Binding{},
+		digests: map[string]Binding{}}
 	d := DefaultGroupDefinition()
 	s.rev++
 	d.Version = s.rev
@@ -183,7 +198,14 @@ func (s *MemStore) BindUser(ctx context.Context, b Binding) error {
 		return fmt.Errorf("bind user: %w", err)
 	}
 	b.Group = NormalizeName(b.Group)
-	if b.IsTag() {
+	switch {
+	case b.IsDigest():
+		if err := ValidateDigest(b.Digest); err != nil {
+			return err
+		}
+		b.Digest = NormalizeDigest(b.Digest)
+		b.User, b.Host, b.TagKey, b.TagValue = "", "", "", ""
+	case b.IsTag():
 		if err := ValidateTag(b.TagKey, b.TagValue); err != nil {
 			return err
 		}
@@ -193,6 +215,21 @@ func (s *MemStore) BindUser(ctx context.Context, b Binding) error {
 	defer s.mu.Unlock()
 	if _, ok := s.groups[b.Group]; !ok {
 		return NewNotFound(b.Group)
+	}
+	if b.IsDigest() {
+		if b.Group == DefaultGroup {
+			delete(s.digests, b.Digest)
+			return nil
+		}
+		limit := s.MaxDigests
+		if limit <= 0 {
+			limit = MaxDigestBindings
+		}
+		if _, ok := s.digests[b.Digest]; !ok && len(s.digests) >= limit {
+			return NewTooManyDigestBindings(limit)
+		}
+		s.digests[b.Digest] = b
+		return nil
 	}
 	if b.IsTag() {
 		if b.Group == DefaultGroup {
@@ -242,11 +279,14 @@ func (s *MemStore) ListBindings(ctx context.Context) ([]Binding, error) {
 		return nil, fmt.Errorf("list bindings: %w", err)
 	}
 	s.mu.Lock()
-	out := make([]Binding, 0, len(s.bindings)+len(s.tags))
+	out := make([]Binding, 0, len(s.bindings)+len(s.tags)+len(s.digests))
 	for _, b := range s.bindings {
 		out = append(out, b)
 	}
 	for _, b := range s.tags {
+		out = append(out, b)
+	}
+	for _, b := range s.digests {
 		out = append(out, b)
 	}
 	s.mu.Unlock()

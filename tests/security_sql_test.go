@@ -189,9 +189,9 @@ func TestSecuritySQLVirtualTablesInjection(t *testing.T) {
 	root := openDB(t, px.Addr)
 	for _, cs := range charsets {
 		// A tag value is the administrator's, copied from an application:
-		// resource_group_bindings' TAG_VALUE is its 5th and last column.
+		// resource_group_bindings' TAG_VALUE is its 5th of 6 columns.
 		q := "CREATE RESOURCE GROUP BINDING FOR TAG sec_" + cs + " = '" +
-			strings.ReplaceAll(strings.ReplaceAll(injectionPayload(cs, 5, 5), `\`, `\\`), "'", "''") + "' TO sec_inj"
+			strings.ReplaceAll(strings.ReplaceAll(injectionPayload(cs, 5, 6), `\`, `\\`), "'", "''") + "' TO sec_inj"
 		if _, err := root.Exec(q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}

@@ -28,6 +28,9 @@ type snapshot struct {
 	// Tags are the tag bindings by resourcegroup.TagBindingKey, apart
 	// from the account bindings (an earlier version's file has none).
 	Tags map[string]resourcegroup.Binding `json:"tags,omitempty"`
+	// Digests are the digest bindings by digest (an earlier version's
+	// file has none).
+	Digests map[string]resourcegroup.Binding `json:"digests,omitempty"`
 	// Watches is the runaway watch list by id, expired entries included
 	// until rgserver deletes them (readers filter on Expires).
 	Watches map[uint64]resourcegroup.Watch `json:"watches"`
@@ -35,14 +38,15 @@ type snapshot struct {
 
 func newSnapshot() snapshot {
 	return snapshot{Groups: map[string]resourcegroup.Group{}, Bindings: map[string]resourcegroup.Binding{},
-		Watches: map[uint64]resourcegroup.Watch{}, users: map[string]int{}, Tags: map[string]resourcegroup.Binding{}}
+		Watches: map[uint64]resourcegroup.Watch{}, users: map[string]int{}, Tags: map[string]resourcegroup.Binding{},
+		Digests: map[string]resourcegroup.Binding{}}
 }
 
 // shallow copies the maps, not the values: enough for a reader on another
 // goroutine, since the cache's values are replaced, never changed in place.
 func (s snapshot) shallow() snapshot {
 	return snapshot{Revision: s.Revision, Groups: maps.Clone(s.Groups), Bindings: maps.Clone(s.Bindings),
-		Watches: maps.Clone(s.Watches), users: maps.Clone(s.users), Tags: maps.Clone(s.Tags)}
+		Watches: maps.Clone(s.Watches), users: maps.Clone(s.users), Tags: maps.Clone(s.Tags), Digests: maps.Clone(s.Digests)}
 }
 
 // Group returns a group's definition from the settings cache. `default` is
@@ -93,6 +97,22 @@ func (c *Client) TagGroup(key, value string) (string, bool) {
 	c.cache.read(func(s *snapshot) { b, ok = s.Tags[k] })
 	return b.Group, ok
 }
+
+// DigestGroup returns the group the statement shape of digest hash h
+// (sqlscan.DigestHash, statements_summary's DIGEST) is bound to. While
+// no digest is bound it costs one atomic load; otherwise one map lookup,
+// without a lock. The group may no longer exist.
+func (c *Client) DigestGroup(h uint64) (string, bool) {
+	idx := c.cache.digestIdx.Load()
+	if idx == nil {
+		return "", false
+	}
+	g, ok := (*idx)[h]
+	return g, ok
+}
+
+// HasDigestBindings reports whether any statement digest is bound.
+func (c *Client) HasDigestBindings() bool { return c.cache.digestIdx.Load() != nil }
 
 // putBinding and deleteBinding change snap's bindings and their count per
 // user name together.
@@ -223,8 +243,9 @@ func (c *Client) applySettings(resp *tokenpb.WatchResponse) bool {
 }
 
 // applyEvents applies events to snap and returns the names of the groups
-// they touched and whether any touched the runaway watch list.
-func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string, watches bool) {
+// they touched and whether any touched the runaway watch list or the
+// digest bindings.
+func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string, watches, digests bool) {
 	for _, ev := range events {
 		del := ev.GetType() == tokenpb.WatchEvent_DELETE
 		switch {
@@ -240,6 +261,19 @@ func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string
 			}
 		case ev.GetBinding() != nil:
 			b := tokenpb.BindingFromPB(ev.GetBinding())
+			if b.IsDigest() {
+				if resourcegroup.ValidateDigest(b.Digest) != nil {
+					continue
+				}
+				digests = true
+				d := resourcegroup.NormalizeDigest(b.Digest)
+				if del {
+					delete(snap.Digests, d)
+				} else {
+					snap.Digests[d] = resourcegroup.Binding{Digest: d, Group: resourcegroup.NormalizeName(b.Group)}
+				}
+				continue
+			}
 			if b.IsTag() {
 				if del {
 					delete(snap.Tags, b.Tag())
@@ -268,7 +302,7 @@ func applyEvents(snap *snapshot, events []*tokenpb.WatchEvent) (touched []string
 			}
 		}
 	}
-	return touched, watches
+	return touched, watches, digests
 }
 
 // installSnapshot replaces the cache with a whole snapshot from rgserver.
@@ -425,8 +459,15 @@ func decodeSnapshot(data []byte) (snapshot, error) {
 		b.Group = resourcegroup.NormalizeName(b.Group)
 		snap.Tags[b.Tag()] = b
 	}
+	for _, b := range raw.Digests {
+		if resourcegroup.ValidateDigest(b.Digest) != nil {
+			continue
+		}
+		d := resourcegroup.NormalizeDigest(b.Digest)
+		snap.Digests[d] = resourcegroup.Binding{Digest: d, Group: resourcegroup.NormalizeName(b.Group)}
+	}
 	for _, b := range raw.Bindings {
-		if b.User == "" || b.IsTag() {
+		if b.User == "" || !b.IsAccount() {
 			continue
 		}
 		if b.Host == "" {

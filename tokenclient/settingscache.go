@@ -30,6 +30,10 @@ type settingsCache struct {
 	// watchIdx is the runaway watch list indexed for MatchWatch, replaced
 	// with the list so that matching takes no lock.
 	watchIdx atomic.Pointer[watchIndex]
+	// digestIdx is the digest bindings by digest hash, the group each
+	// names; nil while none is bound, so that a statement's lookup is
+	// one atomic load then. Replaced whole when they change.
+	digestIdx atomic.Pointer[map[uint64]string]
 }
 
 func newSettingsCache() *settingsCache {
@@ -70,8 +74,11 @@ func (sc *settingsCache) resumeAfter() int64 {
 func (sc *settingsCache) apply(resp *tokenpb.WatchResponse) (touched []string) {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	touched, watches := applyEvents(&sc.snap, resp.GetEvents())
+	touched, watches, digests := applyEvents(&sc.snap, resp.GetEvents())
 	sc.snap.Revision = resp.GetRevision()
+	if digests {
+		sc.digestIdx.Store(newDigestIndex(sc.snap.Digests))
+	}
 	if len(resp.GetEvents()) > 0 {
 		sc.gen.Add(1)
 	}
@@ -96,7 +103,23 @@ func (sc *settingsCache) install(snap snapshot, synced bool) bool {
 	sc.loaded = true
 	sc.synced = sc.synced || synced
 	sc.watchIdx.Store(newWatchIndex(snap.Watches))
+	sc.digestIdx.Store(newDigestIndex(snap.Digests))
 	return true
+}
+
+// newDigestIndex indexes digest bindings by the hash their digest
+// stands for; nil when there are none.
+func newDigestIndex(bs map[string]resourcegroup.Binding) *map[uint64]string {
+	if len(bs) == 0 {
+		return nil
+	}
+	idx := make(map[uint64]string, len(bs))
+	for _, b := range bs {
+		if h, err := resourcegroup.ParseDigest(b.Digest); err == nil {
+			idx[h] = b.Group
+		}
+	}
+	return &idx
 }
 
 // wake wakes whoever waits for the cache to change.

@@ -175,7 +175,10 @@ func (s rpcStore) BindUser(ctx context.Context, b resourcegroup.Binding) error {
 	}
 	s.c.waitCache(ctx, func(s snapshot) bool {
 		cur, ok := s.Bindings[b.Account()]
-		if b.IsTag() {
+		switch {
+		case b.IsDigest():
+			cur, ok = s.Digests[resourcegroup.NormalizeDigest(b.Digest)]
+		case b.IsTag():
 			cur, ok = s.Tags[b.Tag()]
 		}
 		if b.Group == resourcegroup.DefaultGroup {
@@ -218,11 +221,14 @@ func (s rpcStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, er
 	}
 	var out []resourcegroup.Binding
 	s.c.cache.read(func(snap *snapshot) {
-		out = make([]resourcegroup.Binding, 0, len(snap.Bindings)+len(snap.Tags))
+		out = make([]resourcegroup.Binding, 0, len(snap.Bindings)+len(snap.Tags)+len(snap.Digests))
 		for _, b := range snap.Bindings {
 			out = append(out, b)
 		}
 		for _, b := range snap.Tags {
+			out = append(out, b)
+		}
+		for _, b := range snap.Digests {
 			out = append(out, b)
 		}
 	})

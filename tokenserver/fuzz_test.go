@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -204,6 +205,29 @@ func FuzzDecodeTagBinding(f *testing.F) {
 		again, err := decodeTagBinding(resourcegroup.TagBindingKey(b.TagKey, b.TagValue), data)
 		if err != nil || again != b {
 			t.Fatalf("%q: %+v stored again decodes as %+v, %v", tag, b, again, err)
+		}
+	})
+}
+
+// FuzzDecodeDigestBinding: a stored digest binding never panics the
+// decoder; what decodes is a valid digest in lower case, stored back
+// under a key that decodes the same.
+func FuzzDecodeDigestBinding(f *testing.F) {
+	f.Add("00ab34cd56ef7890", []byte(`{"group":"rg"}`))
+	f.Add("00AB34CD56EF7890", []byte(`{"group":"rg","host":"x"}`))
+	f.Add("00ab", []byte(`{}`))
+	f.Add("zzzzzzzzzzzzzzzz", []byte(`{"group":1}`))
+	f.Fuzz(func(t *testing.T, digest string, data []byte) {
+		b, err := decodeDigestBinding(digest, data)
+		if err != nil {
+			return
+		}
+		if resourcegroup.ValidateDigest(b.Digest) != nil || b.Digest != strings.ToLower(digest) || !b.IsDigest() || b.IsTag() {
+			t.Fatalf("%q decodes as %+v", digest, b)
+		}
+		again, err := decodeDigestBinding(b.Digest, data)
+		if err != nil || again != b {
+			t.Fatalf("%q: %+v stored again decodes as %+v, %v", digest, b, again, err)
 		}
 	})
 }

@@ -312,7 +312,7 @@ func (s *Server) settingsFrom(ctx context.Context, stream grpc.ServerStreamingSe
 	return 0, status.Error(codes.Unavailable, "watch closed by etcd")
 }
 
-// watchEvent converts an etcd event on a settings, account, tag or watch key; nil
+// watchEvent converts an etcd event on a settings, account, tag, digest or watch key; nil
 // for other keys (bucket states, the watch id counter).
 func watchEvent(ev *clientv3.Event) (*pb.WatchEvent, error) {
 	key := string(ev.Kv.Key)
@@ -352,6 +352,19 @@ func watchEvent(ev *clientv3.Event) (*pb.WatchEvent, error) {
 			return &pb.WatchEvent{Type: typ, Binding: &pb.Binding{TagKey: k, TagValue: v}}, nil
 		}
 		b, err := decodeTagBinding(tag, ev.Kv.Value)
+		if err != nil {
+			return nil, err
+		}
+		return &pb.WatchEvent{Type: typ, Binding: pb.BindingToPB(b)}, nil
+	case strings.HasPrefix(key, keyDigests):
+		digest := strings.TrimPrefix(key, keyDigests)
+		if typ == pb.WatchEvent_DELETE {
+			if err := resourcegroup.ValidateDigest(digest); err != nil {
+				return nil, err
+			}
+			return &pb.WatchEvent{Type: typ, Binding: &pb.Binding{Digest: resourcegroup.NormalizeDigest(digest)}}, nil
+		}
+		b, err := decodeDigestBinding(digest, ev.Kv.Value)
 		if err != nil {
 			return nil, err
 		}

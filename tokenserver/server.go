@@ -117,6 +117,10 @@ type Config struct {
 	// runs (resourcegroup.BudgetCalendar; rgserver's --budget-day-length):
 	// 0 or 24 h = real days in BudgetLocation.
 	BudgetDayLength time.Duration
+	// MaxDigestBindings bounds the digest bindings the store keeps
+	// (rgserver's --max-digest-bindings); 0 =
+	// resourcegroup.MaxDigestBindings.
+	MaxDigestBindings int
 }
 
 // Server implements tokenpb's ResourceGroupService and TokenService over etcd.
@@ -215,7 +219,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cli:       cli,
-		store:     &EtcdStore{cli: cli, now: cfg.Now},
+		store:     &EtcdStore{cli: cli, now: cfg.Now, maxDigests: cfg.MaxDigestBindings},
 		cfg:       cfg,
 		log:       cfg.Logger,
 		m:         newMetrics(),

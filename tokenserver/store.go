@@ -21,8 +21,10 @@ const (
 	keySettings = "/rg/settings/"
 	keyAccounts = "/rg/accounts/"
 	// keyTags holds tag bindings, /rg/tags/<resourcegroup.TagBindingKey>.
-	keyTags   = "/rg/tags/"
-	keyStates = "/rg/states/"
+	keyTags = "/rg/tags/"
+	// keyDigests holds digest bindings, /rg/digests/<16 hex digits>.
+	keyDigests = "/rg/digests/"
+	keyStates  = "/rg/states/"
 	// keyUsers is where bindings were kept per user name before they were
 	// per account; a new leader moves what it finds there (migrateBindings).
 	keyUsers    = "/rg/users/"
@@ -37,6 +39,7 @@ func stateKey(name string) string { return keyStates + name }
 func tagKey(key, value string) string {
 	return keyTags + resourcegroup.TagBindingKey(key, value)
 }
+func digestKey(digest string) string { return keyDigests + digest }
 
 // groupRecord is a group as stored in etcd (JSON). It has its own shape so
 // that renaming a Go field never breaks stored data.
@@ -159,10 +162,24 @@ func decodeTagBinding(tag string, data []byte) (resourcegroup.Binding, error) {
 	return resourcegroup.Binding{TagKey: key, TagValue: value, Group: r.Group}, nil
 }
 
+// decodeDigestBinding decodes the digest binding stored under
+// /rg/digests/<digest>.
+func decodeDigestBinding(digest string, data []byte) (resourcegroup.Binding, error) {
+	if err := resourcegroup.ValidateDigest(digest); err != nil {
+		return resourcegroup.Binding{}, fmt.Errorf("%w: bad digest binding key %q: %w", ErrEtcd, digest, err)
+	}
+	var r bindingRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		return resourcegroup.Binding{}, fmt.Errorf("%w: digest binding %q: bad stored value: %w", ErrEtcd, digest, err)
+	}
+	return resourcegroup.Binding{Digest: resourcegroup.NormalizeDigest(digest), Group: r.Group}, nil
+}
+
 // EtcdStore is the resourcegroup.Store of rgserver: groups under
 // /rg/settings/<name>, account bindings under /rg/accounts/<user@host>,
 // tag bindings under /rg/tags/<key>=<value> (key and value
-// query-escaped), JSON values. A
+// query-escaped), digest bindings under /rg/digests/<digest>, JSON
+// values. A
 // group's Version is its key's ModRevision. Creates are guarded by
 // CreateRevision = 0 and updates by ModRevision, so concurrent writers on
 // any replica never overwrite each other silently.
@@ -170,6 +187,9 @@ type EtcdStore struct {
 	cli *clientv3.Client
 	// now is the clock of watch creation and expiry; nil = time.Now.
 	now func() time.Time
+	// maxDigests bounds the digest bindings (0 =
+	// resourcegroup.MaxDigestBindings).
+	maxDigests int
 }
 
 var _ resourcegroup.Store = (*EtcdStore)(nil)
@@ -363,6 +383,9 @@ func (s *EtcdStore) listGroups(ctx context.Context, rev int64) ([]resourcegroup.
 // binding is written (checked in the same transaction).
 func (s *EtcdStore) BindUser(ctx context.Context, b resourcegroup.Binding) error {
 	b.Group = resourcegroup.NormalizeName(b.Group)
+	if b.IsDigest() {
+		return s.bindDigest(ctx, b)
+	}
 	if b.IsTag() {
 		return s.bindTag(ctx, b)
 	}
@@ -426,6 +449,57 @@ func (s *EtcdStore) bindTag(ctx context.Context, b resourcegroup.Binding) error 
 	return s.putBinding(ctx, k, val, b.Group, "bind tag "+strconv.Quote(b.TagKey))
 }
 
+// bindDigest writes or, for `default`, removes a digest binding. A new
+// digest is refused once maxDigests are bound: the count is read first
+// and the put is conditional on the digest's key being absent, so only
+// creations racing on several replicas may pass the bound, each by one.
+func (s *EtcdStore) bindDigest(ctx context.Context, b resourcegroup.Binding) error {
+	if err := resourcegroup.ValidateDigest(b.Digest); err != nil {
+		return err
+	}
+	if err := resourcegroup.ValidateName(b.Group); err != nil {
+		return err
+	}
+	d := resourcegroup.NormalizeDigest(b.Digest)
+	k := digestKey(d)
+	if b.Group == resourcegroup.DefaultGroup {
+		if _, err := s.cli.Delete(ctx, k); err != nil {
+			return fmt.Errorf("%w: unbind digest %s: %w", ErrEtcd, d, err)
+		}
+		return nil
+	}
+	val, err := json.Marshal(bindingRecord{Group: b.Group})
+	if err != nil {
+		return err
+	}
+	what := "bind digest " + d
+	// Replacing a bound digest's group takes no room.
+	gk := settingsKey(b.Group)
+	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(gk), ">", 0), clientv3.Compare(clientv3.CreateRevision(k), ">", 0)).
+		Then(clientv3.OpPut(k, string(val))).Else(clientv3.OpGet(gk, clientv3.WithCountOnly())).Commit()
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrEtcd, what, err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	if resp.Responses[0].GetResponseRange().Count == 0 {
+		return resourcegroup.NewNotFound(b.Group)
+	}
+	limit := s.maxDigests
+	if limit <= 0 {
+		limit = resourcegroup.MaxDigestBindings
+	}
+	n, err := s.cli.Get(ctx, keyDigests, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrEtcd, what, err)
+	}
+	if n.Count >= int64(limit) {
+		return resourcegroup.NewTooManyDigestBindings(limit)
+	}
+	return s.putBinding(ctx, k, val, b.Group, what)
+}
+
 // UnbindUser implements resourcegroup.Store.
 func (s *EtcdStore) UnbindUser(ctx context.Context, user, host string) error {
 	if user == "" {
@@ -479,7 +553,11 @@ func (s *EtcdStore) listBindings(ctx context.Context, rev int64) ([]resourcegrou
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: list tag bindings: %w", ErrEtcd, err)
 	}
-	out := make([]resourcegroup.Binding, 0, len(resp.Kvs)+len(tags.Kvs))
+	digests, err := s.cli.Get(ctx, keyDigests, clientv3.WithPrefix(), clientv3.WithRev(rev))
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: list digest bindings: %w", ErrEtcd, err)
+	}
+	out := make([]resourcegroup.Binding, 0, len(resp.Kvs)+len(tags.Kvs)+len(digests.Kvs))
 	for _, kv := range resp.Kvs {
 		b, err := decodeBinding(strings.TrimPrefix(string(kv.Key), keyAccounts), kv.Value)
 		if err != nil {
@@ -489,6 +567,13 @@ func (s *EtcdStore) listBindings(ctx context.Context, rev int64) ([]resourcegrou
 	}
 	for _, kv := range tags.Kvs {
 		b, err := decodeTagBinding(strings.TrimPrefix(string(kv.Key), keyTags), kv.Value)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, b)
+	}
+	for _, kv := range digests.Kvs {
+		b, err := decodeDigestBinding(strings.TrimPrefix(string(kv.Key), keyDigests), kv.Value)
 		if err != nil {
 			return nil, 0, err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/rgproxy/rgproxy/internal/netaddr"
+	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/tokenserver"
 )
 
@@ -98,10 +99,18 @@ type config struct {
 	// budgets' time (an HOUR 1/24 of it, a WEEK 7 and a MONTH 30 of them,
 	// aligned to the Unix epoch). A change needs a restart.
 	BudgetDayLength time.Duration `toml:"budget-day-length"`
+	// MaxDigestBindings bounds the digest bindings (CREATE RESOURCE GROUP
+	// BINDING FOR DIGEST) kept in etcd and sent to every proxy. Default
+	// 10,000.
+	MaxDigestBindings int `toml:"max-digest-bindings"`
 
 	// ConfigFile is --config, read at start and on SIGHUP (not a key).
 	ConfigFile string `toml:"-"`
 }
+
+// maxDigestBindings is the largest --max-digest-bindings: every proxy keeps
+// every binding, and a snapshot part carries them.
+const maxDigestBindings = 1000000
 
 func defaultConfig() config {
 	return config{
@@ -116,6 +125,7 @@ func defaultConfig() config {
 		BudgetTimeZone:     "UTC",
 		BudgetDayLength:    24 * time.Hour,
 		TLSProxyMaxStreams: 1,
+		MaxDigestBindings:  resourcegroup.MaxDigestBindings,
 
 		PersistInterval:         tokenserver.DefaultPersistInterval,
 		RunawayHistoryRetention: tokenserver.DefaultRunawayRetention,
@@ -152,6 +162,7 @@ func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "accept every caller without authentication, even beyond loopback (anyone who reaches --addr may change groups)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
 	fs.StringVar(&c.BudgetTimeZone, "budget-time-zone", c.BudgetTimeZone, "IANA time zone (e.g. Europe/Berlin) that budgets' hours, days, weeks and months follow; the same on every replica")
+	fs.IntVar(&c.MaxDigestBindings, "max-digest-bindings", c.MaxDigestBindings, "how many statement digests may be bound to resource groups (CREATE RESOURCE GROUP BINDING FOR DIGEST), 1 to 1000000")
 	fs.DurationVar(&c.BudgetDayLength, "budget-day-length", c.BudgetDayLength, "how long a budget's DAY lasts: 24h but in tests and soak runs, which compress budgets' windows (1s to 24h); the same on every replica")
 }
 
@@ -232,6 +243,8 @@ func (c *config) check() error {
 		return fmt.Errorf("%w: --data-dir is empty", errUsage)
 	case c.TLSAdminNames != "" && c.TLSCA == "":
 		return fmt.Errorf("%w: --tls-admin-names needs --tls-ca (client certificates)", errUsage)
+	case c.MaxDigestBindings < 1 || c.MaxDigestBindings > maxDigestBindings:
+		return fmt.Errorf("%w: --max-digest-bindings %d: give 1 to %d", errUsage, c.MaxDigestBindings, maxDigestBindings)
 	case c.TLSProxyMaxStreams < 1:
 		return fmt.Errorf("%w: --tls-proxy-max-streams must be at least 1", errUsage)
 	case c.Insecure && c.authenticates():

@@ -90,6 +90,10 @@ insecure = true
 		{"compressed budget days", []string{"--budget-day-length", "20s"}, func(c config) bool { return c.BudgetDayLength == 20*time.Second }, nil},
 		{"budget day too short", []string{"--budget-day-length", "500ms"}, nil, errUsage},
 		{"budget day too long", []string{"--budget-day-length", "25h"}, nil, errUsage},
+		{"digest bindings default", nil, func(c config) bool { return c.MaxDigestBindings == 10000 }, nil},
+		{"digest bindings", []string{"--max-digest-bindings", "3"}, func(c config) bool { return c.MaxDigestBindings == 3 }, nil},
+		{"no digest bindings", []string{"--max-digest-bindings", "0"}, nil, errUsage},
+		{"too many digest bindings", []string{"--max-digest-bindings", "1000001"}, nil, errUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

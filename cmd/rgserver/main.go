@@ -127,16 +127,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := tokenserver.New(cli, tokenserver.Config{
-		Alloc:            tokenserver.AllocConfig{ClientExpiry: cfg.ClientExpiry},
-		AdvertiseAddr:    cfg.AdvertiseAddr,
-		ElectionTTL:      cfg.ElectionTTL,
-		PersistInterval:  cfg.PersistInterval,
-		RunawayRetention: cfg.RunawayHistoryRetention,
-		BudgetLocation:   cfg.budgetLoc,
-		BudgetDayLength:  cfg.BudgetDayLength,
-		Logger:           log,
-		Registerer:       reg,
-		Auth:             auth,
+		Alloc:             tokenserver.AllocConfig{ClientExpiry: cfg.ClientExpiry},
+		AdvertiseAddr:     cfg.AdvertiseAddr,
+		ElectionTTL:       cfg.ElectionTTL,
+		PersistInterval:   cfg.PersistInterval,
+		RunawayRetention:  cfg.RunawayHistoryRetention,
+		BudgetLocation:    cfg.budgetLoc,
+		BudgetDayLength:   cfg.BudgetDayLength,
+		MaxDigestBindings: cfg.MaxDigestBindings,
+		Logger:            log,
+		Registerer:        reg,
+		Auth:              auth,
 	})
 	if err != nil {
 		return err

@@ -108,6 +108,13 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 			a.Digest = sqlscan.Digest([]byte(a.Text), st.Mode())
 		}
 	}
+	if a, ok := stmt.(*resourcegroup.StmtBinding); ok {
+		// TiDB's statement binding: the digest binding of its FOR
+		// statement's shape, read in the session's mode.
+		if stmt, err = stmtBindingOf(a, st.Mode()); err != nil {
+			return errReply(err)
+		}
+	}
 	res, err := resourcegroup.Execute(ctx, stmt, s.p.tokens.Store())
 	if err != nil {
 		return errReply(err)
@@ -186,7 +193,7 @@ func (s *session) accountExists(ctx context.Context, be mysqlproto.Backend, user
 // statement, including one rgproxy refused (0 RU, its wait, 8252).
 func (s *session) showLast() mysqlproto.Verdict {
 	cols := []string{"RESOURCE_GROUP", "RRU", "WRU", "READ_BYTES", "WRITE_BYTES", "BACKEND_MS", "THROTTLE_WAIT_MS", "ERROR", "WOULD",
-		"TAG_RESOURCE_GROUP", "ESTIMATED_RU", "WRU_SOURCE"}
+		"TAG_RESOURCE_GROUP", "ESTIMATED_RU", "WRU_SOURCE", "SHAPE_RESOURCE_GROUP"}
 	if !s.last.valid {
 		return resultReply(cols, nil)
 	}
@@ -202,7 +209,7 @@ func (s *session) showLast() mysqlproto.Verdict {
 		formatFloat(c.RRU), formatFloat(c.WRU),
 		strconv.FormatFloat(c.ReadBytes, 'f', 0, 64), strconv.FormatFloat(c.WriteBytes, 'f', 0, 64),
 		formatFloat(c.BackendSeconds * 1000), formatFloat(float64(s.last.waited) / float64(time.Millisecond)),
-		errCode, s.last.would, s.last.tagGroup, formatFloat(s.last.estimate.RU()), source,
+		errCode, s.last.would, s.last.tagGroup, formatFloat(s.last.estimate.RU()), source, s.last.shapeGroup,
 	}})
 }
 

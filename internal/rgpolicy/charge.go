@@ -40,9 +40,8 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 	if cur.before.IsZero() {
 		return nil // free
 	}
-	if cur.tagGroup != "" && cur.tagGroup != cur.group {
-		cur.legs[1], cur.nlegs = leg{group: cur.tagGroup}, 2
-	}
+	cur.addLeg(cur.tagGroup, legTag)
+	cur.addLeg(cur.shapeGroup, legShape)
 	if endsTxn(st) && st.InTransaction {
 		for i := range cur.nlegs {
 			l := &cur.legs[i]
@@ -63,12 +62,39 @@ func (s *session) charge(ctx context.Context, st *mysqlproto.Statement, set *Set
 			}
 		}
 	}
-	for i := range cur.nlegs {
+	for i := 0; i < cur.nlegs; {
+		n := cur.nlegs
 		if r := s.chargeLeg(ctx, st, i, maxWait); r != nil {
 			return r
 		}
+		if cur.nlegs == n {
+			i++ // else leg i was dropped and the next took its place
+		}
 	}
 	return nil
+}
+
+// addLeg adds a leg in group, added to the statement by a binding of
+// kind, unless group is "" or has a leg already: a group is charged once.
+func (c *statement) addLeg(group string, kind legKind) {
+	if group == "" {
+		return
+	}
+	for i := range c.nlegs {
+		if c.legs[i].group == group {
+			return
+		}
+	}
+	c.legs[c.nlegs] = leg{group: group, kind: kind}
+	c.nlegs++
+}
+
+// dropLeg removes leg i (not the statement's own), moving those after it
+// down.
+func (c *statement) dropLeg(i int) {
+	copy(c.legs[i:c.nlegs], c.legs[i+1:c.nlegs])
+	c.nlegs--
+	c.legs[c.nlegs] = leg{}
 }
 
 // price sets what the statement is expected to cost: its before-cost and
@@ -97,8 +123,9 @@ func (s *session) chargeLeg(ctx context.Context, st *mysqlproto.Statement, i int
 	share, waited, err := s.led.take(ctx, l.group, i == 0, cur.prepaid, cur.before.RU(), left)
 	if errors.Is(err, tokenclient.ErrUnknownGroup) && l.group != resourcegroup.DefaultGroup {
 		if i > 0 {
-			// A tag's group dropped under us: it adds no limit any more.
-			cur.nlegs = 1
+			// A tag's or digest's group dropped under us: it adds no
+			// limit any more.
+			cur.dropLeg(i)
 			return nil
 		}
 		// Dropped under us: the session falls back to default.

@@ -64,7 +64,7 @@ func (s *session) refuseEvent(ctx context.Context, st *mysqlproto.Statement, be 
 		return nil
 	}
 	group := ""
-	for _, name := range [2]string{s.cur.group, s.cur.tagGroup} {
+	for _, name := range [3]string{s.cur.group, s.cur.tagGroup, s.cur.shapeGroup} {
 		if g, ok := s.group(name); name != "" && ok && limited(g) {
 			group = name
 			break

@@ -53,7 +53,7 @@ func (s *session) deniedRead(group string) *resourcegroup.Error {
 
 // statementName is how SQL spells an admin statement that needs SUPER.
 func statementName(stmt resourcegroup.Statement) string {
-	switch stmt.(type) {
+	switch s := stmt.(type) {
 	case *resourcegroup.CreateGroup:
 		return "CREATE RESOURCE GROUP"
 	case *resourcegroup.AlterGroup:
@@ -62,9 +62,14 @@ func statementName(stmt resourcegroup.Statement) string {
 		return "DROP RESOURCE GROUP"
 	case *resourcegroup.AlterUserGroup:
 		return "ALTER USER ... RESOURCE GROUP"
-	case *resourcegroup.CreateTagBinding:
+	case *resourcegroup.StmtBinding:
+		if s.Create {
+			return "CREATE BINDING"
+		}
+		return "DROP BINDING"
+	case *resourcegroup.CreateTagBinding, *resourcegroup.CreateDigestBinding:
 		return "CREATE RESOURCE GROUP BINDING"
-	case *resourcegroup.DropTagBinding:
+	case *resourcegroup.DropTagBinding, *resourcegroup.DropDigestBinding:
 		return "DROP RESOURCE GROUP BINDING"
 	case *resourcegroup.QueryWatchAdd:
 		return "QUERY WATCH ADD"

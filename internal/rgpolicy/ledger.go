@@ -72,8 +72,8 @@ func (lg *stmtLedger) refund(cur *statement) {
 // quarantined one) as the session's last: it cost nothing, waited what it
 // waited, and would have cost its prepaid.
 func (lg *stmtLedger) recordRefused(cur *statement, errCode uint16) {
-	*lg.last = lastStatement{valid: true, group: cur.group, tagGroup: cur.tagGroup, waited: cur.waited,
-		errCode: errCode, estimate: cur.prepaid}
+	*lg.last = lastStatement{valid: true, group: cur.group, tagGroup: cur.tagGroup, shapeGroup: cur.shapeGroup,
+		waited: cur.waited, errCode: errCode, estimate: cur.prepaid}
 }
 
 // denied counts a statement refused before it ran in group — throttled
@@ -148,14 +148,20 @@ func (lg *stmtLedger) settle(cur *statement, own *groupSeries, memo *shapeMemo, 
 	}
 	*lg.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would,
 		estimate: cur.prepaid, errCode: st.errCode}
-	if cur.nlegs > 1 {
-		lg.last.tagGroup = cur.legs[1].group
+	for _, l := range cur.legs[1:cur.nlegs] {
+		switch l.kind {
+		case legTag:
+			lg.last.tagGroup = l.group
+		case legShape:
+			lg.last.shapeGroup = l.group
+		}
 	}
 	if cur.hasShape && st.ran { // a statement that never ran teaches nothing
 		lg.p.shapes.observe(cur.shape, memo, st.digest, total, st.latency, cur.waited, st.failed, cur.start)
-		if cur.nlegs > 1 {
-			// The tag's group paid the statement too: its summary shows it.
-			lg.p.shapes.observe(shapeKey{group: cur.legs[1].group, hash: cur.shape.hash}, nil, st.digest, total,
+		for _, l := range cur.legs[1:cur.nlegs] {
+			// A tag's or digest's group paid the statement too: its
+			// summary shows it.
+			lg.p.shapes.observe(shapeKey{group: l.group, hash: cur.shape.hash}, nil, st.digest, total,
 				st.latency, cur.waited, st.failed, cur.start)
 		}
 	}
@@ -167,18 +173,19 @@ func (lg *stmtLedger) settle(cur *statement, own *groupSeries, memo *shapeMemo, 
 	} else {
 		own.charged(st.class, total)
 	}
-	if cur.nlegs > 1 {
-		lg.p.metrics.seeGroup(cur.legs[1].group, cur.start).charged(st.class, total)
+	for _, l := range cur.legs[1:cur.nlegs] {
+		lg.p.metrics.seeGroup(l.group, cur.start).charged(st.class, total)
 	}
 	return total
 }
 
 // lateTo is where a statement's late charges go: its groups (its own and,
-// in strict mode, a bound tag's), with their series, and its shape. It is
+// in strict mode, a bound tag's and a bound digest's), with their series,
+// and its shape. It is
 // taken when the statement ends, so that a charge resolved after the
 // session moved on still finds them.
 type lateTo struct {
-	groups  [2]groupRef
+	groups  [maxLegs]groupRef
 	ngroups int
 	// shape is the statement's; hasShape says it has one. learn: the
 	// shape's estimate learns the charge (a statement's own write);
@@ -196,9 +203,9 @@ type lateTo struct {
 func (lg *stmtLedger) lateTargets(cur *statement, own *groupSeries, learn bool) lateTo {
 	to := lateTo{ngroups: 1, shape: cur.shape, hasShape: cur.hasShape, learn: learn, bill: cur.bill}
 	to.groups[0] = groupRef{cur.group, own}
-	if cur.nlegs > 1 {
-		g := cur.legs[1].group
-		to.groups[1], to.ngroups = groupRef{g, lg.p.metrics.seeGroup(g, cur.start)}, 2
+	for _, l := range cur.legs[1:cur.nlegs] {
+		to.groups[to.ngroups] = groupRef{l.group, lg.p.metrics.seeGroup(l.group, cur.start)}
+		to.ngroups++
 	}
 	return to
 }

@@ -77,12 +77,18 @@ type Tokens interface {
 	Group(name string) (resourcegroup.Group, bool)
 	Binding(user, host string) (resourcegroup.Binding, bool)
 	// CacheGeneration changes whenever what Group, Binding, HasBindings,
-	// HasTagBindings and TagGroup answer may have changed.
+	// HasTagBindings, TagGroup and DigestGroup answer may have changed.
 	CacheGeneration() uint64
 	HasBindings(user string) bool
 	// Tag bindings: HasTagBindings is asked before any comment is parsed.
 	HasTagBindings() bool
 	TagGroup(key, value string) (string, bool)
+	// Digest bindings: DigestGroup is asked for every statement with a
+	// digest, and must cost next to nothing while none is bound
+	// (tokenclient.Client.DigestGroup: one atomic load);
+	// HasDigestBindings says whether any is.
+	DigestGroup(hash uint64) (string, bool)
+	HasDigestBindings() bool
 	Store() resourcegroup.Store
 	Usage(now time.Time) []tokenclient.GroupUsage
 	// Overview lists at most limit groups, those in use here first
@@ -363,7 +369,7 @@ func ScanWords() []string {
 		"runaway_watches", "statements_summary", "resource_group_bindings", "row_count",
 		"cluster_statements_summary", "cluster_resource_group_usage", "runaway_queries",
 		"event", "prepare", "immediate", "statements_summary_history", "resource_group_usage_history", "resource_group_budgets",
-		"resource_usage_by_tag", "resource_usage_by_account"}
+		"resource_usage_by_tag", "resource_usage_by_account", "binding"}
 }
 
 // Open implements mysqlproto.Policy.
@@ -446,17 +452,20 @@ type statement struct {
 	// group is the statement's resource group (resolve, then a runaway
 	// watch's SWITCH_GROUP); tagGroup, in strict mode, the group of a
 	// bound SQLCommenter tag that is not group ("" = none): a tag binding
-	// adds that group's limits and never removes the account's.
-	group, tagGroup string
+	// adds that group's limits and never removes the account's;
+	// shapeGroup, in strict mode, likewise the group the statement's
+	// digest is bound to (a digest binding), when it is neither.
+	group, tagGroup, shapeGroup string
 	// bill is what the statement is billed to (chargeback).
 	bill    billing
 	req     ru.RequestInfo
 	before  ru.Consumption // the before-cost (base and up-front write bytes)
 	prepaid ru.Consumption // what each leg takes before forwarding: >= before
 	// legs are the statement's parts in its groups: legs[0] in group,
-	// legs[1] in tagGroup when there is one; nlegs says how many are set
-	// (0 for a free statement).
-	legs     [2]leg
+	// then one in tagGroup and one in shapeGroup when there are such
+	// groups, each group once; nlegs says how many are set (0 for a free
+	// statement).
+	legs     [maxLegs]leg
 	nlegs    int
 	shape    shapeKey
 	hasShape bool // the statement has a digest: it is estimated and summarized
@@ -491,10 +500,23 @@ type statement struct {
 	virtual bool
 }
 
+// maxLegs: a statement's own group, a bound tag's and a bound digest's.
+const maxLegs = 3
+
+// legKind says why a statement has a leg in a group.
+type legKind uint8
+
+const (
+	legOwn   legKind = iota // the statement's own group
+	legTag                  // a bound tag's group (strict mode)
+	legShape                // its digest's bound group (strict mode)
+)
+
 // leg is a statement's part in one of its groups: what it took from the
 // group's bucket and what it holds of the group's gate.
 type leg struct {
 	group string
+	kind  legKind
 	// prepaid is what the leg took before forwarding: from the group's
 	// bucket (charged), or, for a statement that ran inside a
 	// transaction without its tokens, as the session's debt (onDebt).
@@ -522,10 +544,11 @@ type lastStatement struct {
 	valid bool
 	group string
 	// tagGroup is the group of a bound tag the statement was also
-	// charged to (strict mode), "" = none.
-	tagGroup string
-	cost     ru.Consumption
-	waited   time.Duration
+	// charged to (strict mode), "" = none; shapeGroup the group its
+	// digest is bound to, likewise.
+	tagGroup, shapeGroup string
+	cost                 ru.Consumption
+	waited               time.Duration
 	// errCode is the statement's error: rgproxy's (8252 refused, 8254
 	// quarantined), the backend's (8253 for a runaway statement killed),
 	// 0 when it succeeded.

@@ -60,6 +60,8 @@ type recordingTokens struct {
 	// tagLookups counts TagGroup calls.
 	tags       map[string]string
 	tagLookups int
+	// digests are the digest bindings by hash.
+	digests map[uint64]string
 	// billed is the RU attributed (Attribute) by "group key=value" and
 	// "group user@host"; billedStmts the statements likewise.
 	billed, billedStmts map[string]float64
@@ -195,6 +197,13 @@ func (r *recordingTokens) TagGroup(key, value string) (string, bool) {
 	g, ok := r.tags[resourcegroup.TagBindingKey(key, value)]
 	return g, ok
 }
+
+func (r *recordingTokens) DigestGroup(h uint64) (string, bool) {
+	g, ok := r.digests[h]
+	return g, ok
+}
+
+func (r *recordingTokens) HasDigestBindings() bool { return len(r.digests) > 0 }
 
 func (r *recordingTokens) HasWatches() (bool, bool) { return len(r.watches) > 0, len(r.watches) > 0 }
 

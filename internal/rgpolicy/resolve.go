@@ -13,13 +13,15 @@ import (
 )
 
 // resolve is Before's first step: it sets the statement's group — the
-// hint, else SET RESOURCE GROUP, else (outside strict mode) a bound
-// SQLCommenter tag, else the account's binding, else default — and
-// answers 1227 when strict mode refuses the hint. A group that no longer
-// exists is skipped. In strict mode a bound tag does not choose the group:
-// its group is added to the statement's (cur.tagGroup), whose limits it
-// must pass too — a tag binding adds limits and never removes one, since
-// anyone can write a tag.
+// hint, else (outside strict mode) the group its digest is bound to, else
+// SET RESOURCE GROUP, else (outside strict mode) a bound SQLCommenter
+// tag, else the account's binding, else default — and answers 1227 when
+// strict mode refuses the hint. A group that no longer exists is skipped.
+// In strict mode a bound tag or digest does not choose the group: its
+// group is added to the statement's (cur.tagGroup, cur.shapeGroup), whose
+// limits it must pass too — such a binding adds limits and never removes
+// one, since anyone can write a tag, and any account may send a bound
+// statement shape.
 func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysqlproto.Backend, set *Settings) *mysqlproto.Reply {
 	s.cur.group = s.resolveGroup(ctx, st, be, set)
 	if s.cur.group == "" {
@@ -31,6 +33,9 @@ func (s *session) resolve(ctx context.Context, st *mysqlproto.Statement, be mysq
 	if set.Strict {
 		if g, ok := s.tagGroup(&st.Scan); ok && g != s.cur.group {
 			s.cur.tagGroup = g
+		}
+		if g, ok := s.shapeGroup(&st.Scan); ok && g != s.cur.group && g != s.cur.tagGroup {
+			s.cur.shapeGroup = g
 		}
 	}
 	s.bill(&st.Scan, set)
@@ -50,6 +55,13 @@ func (s *session) resolveGroup(ctx context.Context, st *mysqlproto.Statement, be
 				return h
 			}
 			s.p.logger.Debug("hint names an unknown resource group: ignored", "resource_group", h)
+		}
+	}
+	if !set.Strict {
+		// A digest binding is TiDB's binding with a RESOURCE_GROUP hint:
+		// it acts as the statement's hint, below one the text carries.
+		if g, ok := s.shapeGroup(&st.Scan); ok {
+			return g
 		}
 	}
 	if s.setGroup != "" {
@@ -109,6 +121,24 @@ func (s *session) tagGroup(sc *sqlscan.Scan) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// shapeGroup is the group the statement's digest (its shape: for a
+// COM_STMT_EXECUTE the prepared text's, as statements_summary's DIGEST
+// shows it) is bound to, when that group exists. While no digest is bound
+// it costs one atomic load (tokenclient.Client.DigestGroup).
+func (s *session) shapeGroup(sc *sqlscan.Scan) (string, bool) {
+	if sc.Digest == nil {
+		return "", false
+	}
+	g, ok := s.p.tokens.DigestGroup(sc.DigestHash)
+	if !ok {
+		return "", false
+	}
+	if _, ok := s.p.tokens.Group(g); !ok {
+		return "", false // bound to a group since dropped: ignored
+	}
+	return g, true
 }
 
 // currentGroup is the session's group: SET RESOURCE GROUP, else the

@@ -33,6 +33,14 @@ func groupOf(t *testing.T, tok *recordingTokens, user string, g grants, set, q s
 
 func groupOfIn(t *testing.T, p *Policy, tok *recordingTokens, user string, g grants, set, q string) string {
 	t.Helper()
+	return groupOfStmt(t, p, tok, user, g, set, query(q))
+}
+
+// groupOfStmt is groupOfIn for any statement; "g+t+s" when a tag's group t
+// and a digest's group s were added.
+func groupOfStmt(t *testing.T, p *Policy, tok *recordingTokens, user string, g grants, set string, st *mysqlproto.Statement) string {
+	t.Helper()
+	q := st.Query
 	s := p.Open(mysqlproto.SessionInfo{User: user})
 	ctx := context.Background()
 	if set != "" {
@@ -41,7 +49,7 @@ func groupOfIn(t *testing.T, p *Policy, tok *recordingTokens, user string, g gra
 		}
 	}
 	tok.acquired = nil
-	v := s.Before(ctx, query(q), g)
+	v := s.Before(ctx, st, g)
 	if v.Reply != nil {
 		if v.Reply.Err != nil && v.Reply.Err.Code == 1227 {
 			return "1227"
@@ -52,6 +60,9 @@ func groupOfIn(t *testing.T, p *Policy, tok *recordingTokens, user string, g gra
 	got := cur.group
 	if cur.tagGroup != "" {
 		got += "+" + cur.tagGroup
+	}
+	if cur.shapeGroup != "" {
+		got += "+" + cur.shapeGroup
 	}
 	var want []string
 	for _, gr := range strings.Split(got, "+") {
@@ -175,7 +186,7 @@ func TestBindingsTableWithTags(t *testing.T) {
 		for _, c := range vt.cols {
 			cols = append(cols, c.name)
 		}
-		if want := []string{"USER", "HOST", "RESOURCE_GROUP", "TAG_KEY", "TAG_VALUE"}; !reflect.DeepEqual(cols, want) {
+		if want := []string{"USER", "HOST", "RESOURCE_GROUP", "TAG_KEY", "TAG_VALUE", "DIGEST"}; !reflect.DeepEqual(cols, want) {
 			t.Fatalf("columns %v", cols)
 		}
 		var out [][]string
@@ -192,8 +203,8 @@ func TestBindingsTableWithTags(t *testing.T) {
 		}
 		return out
 	}
-	acct := func(u string) []string { return []string{u, "%", "bound", "NULL", "NULL"} }
-	tag := []string{"NULL", "NULL", "bound", "route", "/report"}
+	acct := func(u string) []string { return []string{u, "%", "bound", "NULL", "NULL", "NULL"} }
+	tag := []string{"NULL", "NULL", "bound", "route", "/report", "NULL"}
 	if got, want := rows(superGrants), [][]string{acct("app"), acct("zed"), tag}; !reflect.DeepEqual(got, want) {
 		t.Errorf("with SUPER:\n got  %q\n want %q", got, want)
 	}

@@ -299,9 +299,9 @@ func (s *session) virtualTable(ctx context.Context, name string, be mysqlproto.B
 // read in the virtual tables, SHOW RESOURCE GROUP USAGE and SHOW CREATE
 // RESOURCE GROUP: the groups it may use — its account's (default when it
 // is bound to none), its current one (SET RESOURCE GROUP), and every group
-// a tag is bound to (whoever sends the tag runs there; README asks to bind
-// tags only to groups every user may use). With SUPER it returns nil:
-// every group.
+// a tag or a digest is bound to (whoever sends the tag or the statement
+// shape runs there; README asks to bind tags only to groups every user
+// may use). With SUPER it returns nil: every group.
 func (s *session) readableGroups(ctx context.Context, be mysqlproto.Backend) (func(string) bool, error) {
 	own, err := s.readableSet(ctx, be)
 	if own == nil || err != nil {
@@ -316,13 +316,13 @@ func (s *session) readableSet(ctx context.Context, be mysqlproto.Backend) (map[s
 		return nil, nil
 	}
 	own := map[string]bool{s.bound(): true, s.currentGroup(): true}
-	if s.p.tokens.HasTagBindings() {
+	if s.p.tokens.HasTagBindings() || s.p.tokens.HasDigestBindings() {
 		bs, err := s.p.tokens.Store().ListBindings(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("rgpolicy: reading the tag bindings: %w", err)
+			return nil, fmt.Errorf("rgpolicy: reading the tag and digest bindings: %w", err)
 		}
 		for _, b := range bs {
-			if b.IsTag() {
+			if !b.IsAccount() {
 				own[b.Group] = true
 			}
 		}
@@ -387,28 +387,34 @@ func (t *vtable) maskWatchText() {
 }
 
 // bindingsTable is information_schema.resource_group_bindings: account
-// bindings (USER, HOST; TAG_KEY, TAG_VALUE NULL) and tag bindings (TAG_KEY,
-// TAG_VALUE; USER, HOST NULL). With SUPER every one, else the session's
-// own account's and every tag binding: whoever sends a tag gets its
-// group, so tag bindings are no secret.
+// bindings (USER, HOST), tag bindings (TAG_KEY, TAG_VALUE) and digest
+// bindings (DIGEST), the other columns NULL. With SUPER every one, else
+// the session's own account's and every tag and digest binding: whoever
+// sends a tag or a bound statement shape gets its group, so those are no
+// secret (a digest is a hash, not the statement's text).
 func (s *session) bindingsTable(ctx context.Context, be mysqlproto.Backend) (*vtable, error) {
 	bs, err := s.p.tokens.Store().ListBindings(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("rgpolicy: reading the bindings: %w", err)
 	}
 	super := s.hasSuper(ctx, be)
-	t := &vtable{cols: []vcol{{name: "USER"}, {name: "HOST"}, {name: "RESOURCE_GROUP"}, {name: "TAG_KEY"}, {name: "TAG_VALUE"}}}
+	t := &vtable{cols: []vcol{{name: "USER"}, {name: "HOST"}, {name: "RESOURCE_GROUP"}, {name: "TAG_KEY"}, {name: "TAG_VALUE"}, {name: "DIGEST"}}}
 	for _, b := range bs {
+		if b.IsDigest() {
+			row := []string{b.Group, b.Digest}
+			t.rows = append(t.rows, []*string{nil, nil, &row[0], nil, nil, &row[1]})
+			continue
+		}
 		if b.IsTag() {
 			row := []string{b.Group, b.TagKey, b.TagValue}
-			t.rows = append(t.rows, []*string{nil, nil, &row[0], &row[1], &row[2]})
+			t.rows = append(t.rows, []*string{nil, nil, &row[0], &row[1], &row[2], nil})
 			continue
 		}
 		if !super && (b.User != s.user || !s.hostKnown || b.Host != s.host) {
 			continue
 		}
 		row := []string{b.User, b.Host, b.Group}
-		t.rows = append(t.rows, []*string{&row[0], &row[1], &row[2], nil, nil})
+		t.rows = append(t.rows, []*string{&row[0], &row[1], &row[2], nil, nil, nil})
 	}
 	return t, nil
 }

@@ -105,13 +105,13 @@ func BudgetsFromPB(ps []*Budget) []resourcegroup.Budget {
 
 // BindingToPB converts a binding to its wire form.
 func BindingToPB(b resourcegroup.Binding) *Binding {
-	return &Binding{User: b.User, Host: b.Host, Group: b.Group, TagKey: b.TagKey, TagValue: b.TagValue}
+	return &Binding{User: b.User, Host: b.Host, Group: b.Group, TagKey: b.TagKey, TagValue: b.TagValue, Digest: b.Digest}
 }
 
 // BindingFromPB converts the wire form to a binding.
 func BindingFromPB(p *Binding) resourcegroup.Binding {
 	return resourcegroup.Binding{User: p.GetUser(), Host: p.GetHost(), Group: p.GetGroup(),
-		TagKey: p.GetTagKey(), TagValue: p.GetTagValue()}
+		TagKey: p.GetTagKey(), TagValue: p.GetTagValue(), Digest: p.GetDigest()}
 }
 
 // WatchToPB converts a runaway watch entry to its wire form. Times travel

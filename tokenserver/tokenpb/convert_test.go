@@ -42,6 +42,7 @@ func TestGroupRoundTrip(t *testing.T) {
 	for _, b := range []resourcegroup.Binding{
 		{User: "app", Host: "10.%", Group: "rg1"},
 		{TagKey: "route", TagValue: "/report", Group: "rg1"},
+		{Digest: "00ab34cd56ef7890", Group: "rg1"},
 	} {
 		if back := BindingFromPB(BindingToPB(b)); back != b {
 			t.Errorf("binding round trip: %+v became %+v", b, back)

@@ -739,8 +739,9 @@ func (x *BudgetTrigger) GetThrottleRuPerSec() uint64 {
 	return 0
 }
 
-// Binding ties an account (user, host) or a SQLCommenter tag (tag_key,
-// tag_value; user and host empty) to a group.
+// Binding ties an account (user, host), a SQLCommenter tag (tag_key,
+// tag_value; user and host empty) or a statement shape (digest; the others
+// empty) to a group.
 type Binding struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	User  string                 `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
@@ -749,8 +750,13 @@ type Binding struct {
 	Group string `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
 	// A tag binding's tag, decoded (no URL encoding); empty tag_key = an
 	// account binding.
-	TagKey        string `protobuf:"bytes,4,opt,name=tag_key,json=tagKey,proto3" json:"tag_key,omitempty"`
-	TagValue      string `protobuf:"bytes,5,opt,name=tag_value,json=tagValue,proto3" json:"tag_value,omitempty"`
+	TagKey   string `protobuf:"bytes,4,opt,name=tag_key,json=tagKey,proto3" json:"tag_key,omitempty"`
+	TagValue string `protobuf:"bytes,5,opt,name=tag_value,json=tagValue,proto3" json:"tag_value,omitempty"`
+	// A digest binding's statement shape: 16 lower-case hex digits, as
+	// statements_summary's DIGEST column shows it; empty = not a digest
+	// binding. An older proxy sees such a binding as an account binding
+	// without a user, which it ignores.
+	Digest        string `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -816,6 +822,13 @@ func (x *Binding) GetTagKey() string {
 func (x *Binding) GetTagValue() string {
 	if x != nil {
 		return x.TagValue
+	}
+	return ""
+}
+
+func (x *Binding) GetDigest() string {
+	if x != nil {
+		return x.Digest
 	}
 	return ""
 }
@@ -5181,13 +5194,14 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\rBudgetTrigger\x12\x18\n" +
 	"\apercent\x18\x01 \x01(\rR\apercent\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12-\n" +
-	"\x13throttle_ru_per_sec\x18\x03 \x01(\x04R\x10throttleRuPerSec\"}\n" +
+	"\x13throttle_ru_per_sec\x18\x03 \x01(\x04R\x10throttleRuPerSec\"\x95\x01\n" +
 	"\aBinding\x12\x12\n" +
 	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x14\n" +
 	"\x05group\x18\x03 \x01(\tR\x05group\x12\x17\n" +
 	"\atag_key\x18\x04 \x01(\tR\x06tagKey\x12\x1b\n" +
-	"\ttag_value\x18\x05 \x01(\tR\btagValue\"K\n" +
+	"\ttag_value\x18\x05 \x01(\tR\btagValue\x12\x16\n" +
+	"\x06digest\x18\x06 \x01(\tR\x06digest\"K\n" +
 	"\x12CreateGroupRequest\x125\n" +
 	"\x05group\x18\x01 \x01(\v2\x1f.rgproxy.token.v1.ResourceGroupR\x05group\"L\n" +
 	"\x13CreateGroupResponse\x125\n" +
