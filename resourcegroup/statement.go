@@ -210,7 +210,7 @@ func IsSessionBound(st Statement) bool {
 func RequiresSuper(st Statement) bool {
 	switch st.(type) {
 	case *CreateGroup, *AlterGroup, *DropGroup, *AlterUserGroup, *CreateTagBinding, *DropTagBinding,
-		*QueryWatchAdd, *QueryWatchRemove:
+		*QueryWatchAdd, *QueryWatchRemove, *AlterServiceLimit:
 		return true
 	}
 	return false

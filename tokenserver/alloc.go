@@ -304,11 +304,11 @@ type Bucket struct {
 	eff Settings
 	// ceil is the service limit's ceiling on the group's RU/s (+Inf:
 	// none), and svc the bucket's part in the service limit's layer.
-	ceil float64
-	svc  svcEntry
-	tokens   float64
-	last     time.Time
-	slots    map[string]*slot
+	ceil   float64
+	svc    svcEntry
+	tokens float64
+	last   time.Time
+	slots  map[string]*slot
 	// parties groups the slots by credential (party), each with the
 	// weight its slots share.
 	parties map[string]*party
