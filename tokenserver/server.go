@@ -117,6 +117,9 @@ type Config struct {
 	// runs (resourcegroup.BudgetCalendar; rgserver's --budget-day-length):
 	// 0 or 24 h = real days in BudgetLocation.
 	BudgetDayLength time.Duration
+	// ServiceLimit is the service limit in RU/s while etcd holds none
+	// set by SQL (rgserver's --service-limit); 0 = none.
+	ServiceLimit uint64
 }
 
 // Server implements tokenpb's ResourceGroupService and TokenService over etcd.
@@ -183,6 +186,9 @@ type Server struct {
 	openStreams [numKinds]atomic.Int64
 	// scrapes is what a /metrics scrape keeps for the next (metrics.go).
 	scrapes scrapeCache
+	// svc is the service limit as etcd and the flag say (guarded by mu;
+	// servicelimit_service.go).
+	svc svcState
 }
 
 // New returns a server over an etcd client. Call Run to load settings and
@@ -237,6 +243,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		}, []string{"resource_group", "period", "action"}),
 		chargeDropped: newChargeDropped(),
 	}
+	s.alloc.SetServiceLimit(float64(cfg.ServiceLimit), cfg.Now())
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
@@ -259,7 +266,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		if err := s.creds.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
-		for _, c := range []prometheus.Collector{s.budgetActions, newBudgetCollector(s)} {
+		for _, c := range append([]prometheus.Collector{s.budgetActions, newBudgetCollector(s)}, s.serviceLimitCollectors()...) {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 			}
@@ -556,6 +563,8 @@ func (s *Server) freshAllocator(now time.Time) *Allocator {
 		b := a.groups[name]
 		b.usage, b.granted, b.throttled = old.usage, old.granted, old.throttled
 	}
+	v, _ := s.serviceLimitLocked()
+	a.SetServiceLimit(float64(v), now)
 	return a
 }
 
@@ -989,11 +998,35 @@ func (s *Server) loadAndFollowSettings(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	groups, seen = nil, nil // the watch below runs for long: do not hold on to them
+	if err := s.loadServiceLimit(ctx, rev); err != nil {
+		return err
+	}
 	s.syncOnce.Do(func() { close(s.synced) })
 
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range s.cli.Watch(wctx, keySettings, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+	settings := s.cli.Watch(wctx, keySettings, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	limits := s.cli.Watch(wctx, keyServiceLimit, clientv3.WithRev(rev+1))
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-settings:
+		case lr, lok := <-limits:
+			if !lok {
+				return fmt.Errorf("%w: service limit watch closed", ErrEtcd)
+			}
+			if err := lr.Err(); err != nil {
+				return fmt.Errorf("%w: watch the service limit: %w", ErrEtcd, err)
+			}
+			for _, ev := range lr.Events {
+				s.serviceLimitEvent(ev)
+			}
+			continue
+		}
+		if !ok {
+			break
+		}
 		if err := wr.Err(); err != nil {
 			return fmt.Errorf("%w: watch settings: %w", ErrEtcd, err)
 		}

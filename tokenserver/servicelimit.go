@@ -317,6 +317,9 @@ func (a *Allocator) ServiceLimit() ServiceLimitFigures {
 	return f
 }
 
+// ServiceLimited reports whether a service limit is set.
+func (a *Allocator) ServiceLimited() bool { return a.svc.limit > 0 }
+
 // Ceiling returns the service limit's ceiling on a group's RU/s (+Inf:
 // none) and whether the group is held.
 func (a *Allocator) Ceiling(group string) (float64, bool) {

@@ -13,6 +13,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/rgproxy/rgproxy/internal/netaddr"
+	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/tokenserver"
 )
 
@@ -98,6 +99,10 @@ type config struct {
 	// budgets' time (an HOUR 1/24 of it, a WEEK 7 and a MONTH 30 of them,
 	// aligned to the Unix epoch). A change needs a restart.
 	BudgetDayLength time.Duration `toml:"budget-day-length"`
+	// ServiceLimit is the service limit in RU/s (0: none) while etcd holds
+	// none set by SQL (ALTER RESOURCE CONTROL SERVICE LIMIT, which
+	// overrides it on every replica). A change needs a restart.
+	ServiceLimit uint64 `toml:"service-limit"`
 
 	// ConfigFile is --config, read at start and on SIGHUP (not a key).
 	ConfigFile string `toml:"-"`
@@ -152,6 +157,7 @@ func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
 	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "accept every caller without authentication, even beyond loopback (anyone who reaches --addr may change groups)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
 	fs.StringVar(&c.BudgetTimeZone, "budget-time-zone", c.BudgetTimeZone, "IANA time zone (e.g. Europe/Berlin) that budgets' hours, days, weeks and months follow; the same on every replica")
+	fs.Uint64Var(&c.ServiceLimit, "service-limit", c.ServiceLimit, "the RU/s of every MODE ENFORCE resource group together, shared by PRIORITY (0: none), until ALTER RESOURCE CONTROL SERVICE LIMIT sets one in etcd; at most 1e15")
 	fs.DurationVar(&c.BudgetDayLength, "budget-day-length", c.BudgetDayLength, "how long a budget's DAY lasts: 24h but in tests and soak runs, which compress budgets' windows (1s to 24h); the same on every replica")
 }
 
@@ -251,6 +257,9 @@ func (c *config) check() error {
 	c.budgetLoc = loc
 	if c.BudgetDayLength < time.Second || c.BudgetDayLength > 24*time.Hour {
 		return fmt.Errorf("%w: --budget-day-length %v: give 1s to 24h (24h: real days)", errUsage, c.BudgetDayLength)
+	}
+	if err := resourcegroup.ValidateServiceLimit(c.ServiceLimit); err != nil {
+		return fmt.Errorf("%w: --service-limit %d: give 0 (none) to %d", errUsage, c.ServiceLimit, resourcegroup.MaxRU)
 	}
 	if c.EtcdPeerAddr != "" && !strings.Contains(c.EtcdPeerAddr, "://") {
 		c.EtcdPeerAddr = "http://" + c.EtcdPeerAddr

@@ -90,6 +90,9 @@ insecure = true
 		{"compressed budget days", []string{"--budget-day-length", "20s"}, func(c config) bool { return c.BudgetDayLength == 20*time.Second }, nil},
 		{"budget day too short", []string{"--budget-day-length", "500ms"}, nil, errUsage},
 		{"budget day too long", []string{"--budget-day-length", "25h"}, nil, errUsage},
+		{"service limit", []string{"--service-limit", "8000"}, func(c config) bool { return c.ServiceLimit == 8000 }, nil},
+		{"service limit too large", []string{"--service-limit", "1000000000000000001"}, nil, errUsage},
+		{"service limit negative", []string{"--service-limit", "-1"}, nil, errUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -116,7 +119,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	usage(&out)
 	for _, f := range []string{"addr", "status-addr", "data-dir", "etcd-endpoints", "etcd-peer-addr", "etcd-initial-cluster",
 		"name", "advertise-addr", "election-ttl", "client-expiry", "tls-cert", "tls-key", "tls-ca", "admin-token-file",
-		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version", "budget-time-zone", "budget-day-length"} {
+		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version", "budget-time-zone", "budget-day-length", "service-limit"} {
 		if !strings.Contains(out.String(), "-"+f+" ") && !strings.Contains(out.String(), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
 		}

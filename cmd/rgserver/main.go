@@ -134,6 +134,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		RunawayRetention: cfg.RunawayHistoryRetention,
 		BudgetLocation:   cfg.budgetLoc,
 		BudgetDayLength:  cfg.BudgetDayLength,
+		ServiceLimit:     cfg.ServiceLimit,
 		Logger:           log,
 		Registerer:       reg,
 		Auth:             auth,
