@@ -244,6 +244,9 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		chargeDropped: newChargeDropped(),
 	}
 	s.alloc.SetServiceLimit(float64(cfg.ServiceLimit), cfg.Now())
+	if cfg.ServiceLimit > 0 {
+		s.log.Info("service limit from --service-limit, until SQL stores one", "ru_per_sec", cfg.ServiceLimit)
+	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
