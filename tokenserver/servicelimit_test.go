@@ -81,6 +81,14 @@ var svcStories = []struct {
 		},
 	},
 	{
+		name:  "what HIGH does not want goes to LOW",
+		limit: 1000,
+		gs: []svcGroup{
+			{name: "a", settings: limited(200, bOff, high), demand: 100, want: 100},
+			{name: "b", settings: limited(unl, bUnl, low), demand: 2000, want: 900},
+		},
+	},
+	{
 		name:  "below the limit: every group its demand, the spare in proportion to demand",
 		limit: 1000,
 		gs: []svcGroup{
