@@ -320,3 +320,36 @@ func TestServiceLimitHostileDemand(t *testing.T) {
 		t.Errorf("ceilings x %.1f, y %.1f: want y at least half of 1000, the sum within it", cx, cy)
 	}
 }
+
+// BenchmarkAcquireUnderServiceLimit: one grant's cost, rebalances
+// included, with n groups asking in turn under a service limit (every
+// group has demand: the rebalance walks all of them every 250 ms of the
+// injected clock, which advances 10 µs per grant) and without one.
+func BenchmarkAcquireUnderServiceLimit(b *testing.B) {
+	for _, n := range []int{1000, 100000} {
+		for _, limit := range []float64{0, 1e6} {
+			b.Run(fmt.Sprintf("groups=%d/limit=%g", n, limit), func(b *testing.B) {
+				a := NewAllocator(AllocConfig{})
+				names := make([]string, n)
+				for i := range names {
+					names[i] = fmt.Sprintf("g%06d", i)
+					a.SetGroup(names[i], limited(100, bUnl, resourcegroup.Priority(i%3)), t0)
+				}
+				a.SetServiceLimit(limit, t0)
+				now := t0
+				for i := range names { // every group has demand
+					if _, err := a.Acquire(names[i], Request{ProxyID: "p", Wanted: 550, Demand: 100}, now); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					now = now.Add(10 * time.Microsecond)
+					if _, err := a.Acquire(names[i%n], Request{ProxyID: "p", Wanted: 550, Demand: 100}, now); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
