@@ -75,6 +75,8 @@ func Execute(ctx context.Context, st Statement, store Store) (*Result, error) {
 		return selectGroups(ctx, s, store)
 	case *QueryWatchAdd, *QueryWatchRemove, *SelectWatches:
 		return executeWatch(ctx, st, store)
+	case *AlterServiceLimit, *ShowResourceControl:
+		return executeServiceLimit(ctx, st, store)
 	case nil:
 		return nil, fmt.Errorf("resourcegroup: execute: %w", ErrUnsupported)
 	}

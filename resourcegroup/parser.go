@@ -166,6 +166,9 @@ func (p *parser) statement() (Statement, error) {
 		if p.isWord("USER") {
 			return p.alterUser()
 		}
+		if p.resourceControlAhead() {
+			return p.alterServiceLimit()
+		}
 		return p.alterGroup()
 	case p.isWord("DROP"):
 		return p.drop()
@@ -628,6 +631,11 @@ func (p *parser) show() (Statement, error) {
 			return nil, err
 		}
 		return &ShowCreateGroup{Name: name}, nil
+	case p.resourceControlAhead():
+		if err := p.expectWords("RESOURCE", "CONTROL"); err != nil {
+			return nil, err
+		}
+		return &ShowResourceControl{}, nil
 	case p.isWord("RESOURCE"), p.isWord("CLUSTER"):
 		cluster := p.isWord("CLUSTER")
 		if cluster {
@@ -652,6 +660,41 @@ func (p *parser) show() (Statement, error) {
 		return &ShowLastStatementRU{}, nil
 	}
 	return nil, p.fail()
+}
+
+// resourceControlAhead reports whether the tokens ahead are RESOURCE
+// CONTROL (not RESOURCE GROUP).
+func (p *parser) resourceControlAhead() bool {
+	if !p.isWord("RESOURCE") {
+		return false
+	}
+	save := *p
+	defer func() { *p = save }()
+	return p.advance() == nil && p.isWord("CONTROL")
+}
+
+// alterServiceLimit parses RESOURCE CONTROL SERVICE LIMIT [=] n | UNLIMITED.
+func (p *parser) alterServiceLimit() (Statement, error) {
+	if err := p.expectWords("RESOURCE", "CONTROL"); err != nil {
+		return nil, err
+	}
+	if !p.isWord("SERVICE") {
+		return nil, p.failWhy("ALTER RESOURCE CONTROL sets SERVICE LIMIT = n | UNLIMITED, not %s")
+	}
+	if err := p.expectWords("SERVICE", "LIMIT"); err != nil {
+		return nil, err
+	}
+	if err := p.optionalEq(); err != nil {
+		return nil, err
+	}
+	v, err := p.ruValue("SERVICE LIMIT", true)
+	if err != nil {
+		return nil, err
+	}
+	if v == Unlimited {
+		v = 0
+	}
+	return &AlterServiceLimit{RUPerSec: v}, nil
 }
 
 // selectStmt parses SELECT CURRENT_RESOURCE_GROUP() and the supported

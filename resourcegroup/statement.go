@@ -278,7 +278,7 @@ func IsSessionBound(st Statement) bool {
 func RequiresSuper(st Statement) bool {
 	switch st.(type) {
 	case *CreateGroup, *AlterGroup, *DropGroup, *AlterUserGroup, *CreateTagBinding, *DropTagBinding,
-		*CreateDigestBinding, *DropDigestBinding, *StmtBinding, *QueryWatchAdd, *QueryWatchRemove:
+		*CreateDigestBinding, *DropDigestBinding, *StmtBinding, *QueryWatchAdd, *QueryWatchRemove, *AlterServiceLimit:
 		return true
 	}
 	return false

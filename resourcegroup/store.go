@@ -84,6 +84,10 @@ type MemStore struct {
 	watches  map[uint64]Watch
 	watchSeq uint64
 	now      func() time.Time
+	// serviceLimit is the service limit (servicelimit.go), set by SQL
+	// when serviceLimitSet.
+	serviceLimit    uint64
+	serviceLimitSet bool
 }
 
 var _ Store = (*MemStore)(nil)

@@ -364,7 +364,11 @@ func (t *groupTable) shareLocked(group string) Share {
 	if !ok {
 		return Share{Unlimited: true, Proxies: 1}
 	}
-	sh := Share{BurstSeconds: g.Burst.CapacitySeconds(), Proxies: 1, Mode: g.Mode, Unlimited: isUnlimited(g)}
+	sh := Share{BurstSeconds: g.Burst.CapacitySeconds(), Proxies: 1, Mode: g.Mode, Unlimited: t.unlimitedLocked(g)}
+	capped := t.heldToServiceLimitLocked(g)
+	if capped {
+		sh.BurstSeconds = 1 // rgserver runs it as BURSTABLE OFF at its ceiling
+	}
 	gs, used := t.byName[group]
 	if used {
 		sh.Proxies = max(gs.proxies, 1)
@@ -381,6 +385,8 @@ func (t *groupTable) shareLocked(group string) Share {
 		sh.Rate = gs.shareRate
 		sh.Tokens = gs.bucket.Tokens(t.clk.Now())
 	}
-	sh.Rate = max(sh.Rate, float64(g.RUPerSec)/float64(sh.Proxies))
+	if !capped {
+		sh.Rate = max(sh.Rate, float64(g.RUPerSec)/float64(sh.Proxies))
+	}
 	return sh
 }

@@ -142,8 +142,11 @@ func (gs *groupState) threshold(now time.Time) float64 {
 // settings are unknown or that is never throttled.
 func (t *groupTable) holdCapLocked(gs *groupState) float64 {
 	g, ok := t.cache.definition(gs.name)
-	if !ok || isUnlimited(g) {
+	if !ok || t.unlimitedLocked(g) {
 		return 0
+	}
+	if t.heldToServiceLimitLocked(g) {
+		return gs.shareRate // 1 s of what rgserver's ceiling gives it here
 	}
 	rate := max(gs.shareRate, float64(g.RUPerSec)/float64(max(gs.proxies, 1)))
 	return rate * g.Burst.CapacitySeconds()

@@ -57,6 +57,9 @@ type groupTable struct {
 
 	mu     sync.Mutex
 	byName map[string]*groupState
+	// serviceLimited: rgserver's last answer said a service limit is in
+	// force: every MODE ENFORCE group asks for its tokens.
+	serviceLimited bool
 	// degraded: the groups refill locally, rgserver having been silent
 	// for Config.DegradedAfter (degraded.go).
 	degraded bool
@@ -171,7 +174,7 @@ func (t *groupTable) stateLocked(group string, now time.Time) *groupState {
 		return gs
 	}
 	gs := &groupState{name: group, notify: make(chan struct{}), ewmaAt: now, lastReport: now, reportFrom: now, lastUsed: now}
-	if g, ok := t.cache.definition(group); ok && isUnlimited(g) {
+	if g, ok := t.cache.definition(group); ok && t.unlimitedLocked(g) {
 		gs.bucket.SetUnlimited(true)
 	}
 	t.byName[group] = gs
@@ -185,6 +188,34 @@ func (t *groupTable) stateLocked(group string, now time.Time) *groupState {
 // isUnlimited reports whether g is never throttled.
 func isUnlimited(g resourcegroup.Group) bool {
 	return g.RUPerSec == resourcegroup.Unlimited || g.Burst == resourcegroup.BurstUnlimited || g.Mode != resourcegroup.ModeEnforce
+}
+
+// unlimitedLocked reports whether g is never throttled here now: by its
+// definition, unless rgserver shares a service limit (its answers say
+// so), which throttles every MODE ENFORCE group.
+func (t *groupTable) unlimitedLocked(g resourcegroup.Group) bool {
+	return isUnlimited(g) && !(t.serviceLimited && g.Mode == resourcegroup.ModeEnforce)
+}
+
+// heldToServiceLimitLocked reports whether g, never throttled by its
+// definition, is throttled by the service limit: its rate is then only
+// what rgserver grants, its capacity 1 s of it.
+func (t *groupTable) heldToServiceLimitLocked(g resourcegroup.Group) bool {
+	return isUnlimited(g) && !t.unlimitedLocked(g)
+}
+
+// serviceLimitedLocked follows what rgserver's answer says of the service
+// limit: when it comes or goes, the groups in use follow their
+// definitions under it.
+func (t *groupTable) serviceLimitedLocked(now time.Time, on bool) {
+	if on == t.serviceLimited {
+		return
+	}
+	t.serviceLimited = on
+	t.log.Info("rgserver's service limit", "in_force", on)
+	for _, gs := range t.byName {
+		t.refreshGroupLocked(now, gs)
+	}
 }
 
 // servesLocked reports whether a charge, a held demand or a refusal may

@@ -332,7 +332,7 @@ func (t *groupTable) refreshGroupLocked(now time.Time, gs *groupState) {
 	if !ok {
 		return
 	}
-	switch unl := isUnlimited(g); {
+	switch unl := t.unlimitedLocked(g); {
 	case unl && !gs.bucket.Unlimited():
 		gs.bucket.SetUnlimited(true)
 		gs.wake()

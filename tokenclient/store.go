@@ -235,3 +235,37 @@ func (s rpcStore) ListBindings(ctx context.Context) ([]resourcegroup.Binding, er
 	resourcegroup.SortBindings(out)
 	return out, nil
 }
+
+var _ resourcegroup.ServiceLimitStore = rpcStore{}
+
+// ServiceLimit asks rgserver (any replica) for the service limit in force
+// and what its leader last shared of it.
+func (s rpcStore) ServiceLimit(ctx context.Context) (resourcegroup.ServiceLimit, error) {
+	var resp *tokenpb.GetServiceLimitResponse
+	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) error {
+		var err error
+		resp, err = cl.GetServiceLimit(ctx, &tokenpb.GetServiceLimitRequest{})
+		return err
+	})
+	if err != nil {
+		return resourcegroup.ServiceLimit{}, mapError("show resource control", "", err)
+	}
+	return resourcegroup.ServiceLimit{RUPerSec: resp.GetRuPerSec(), FromFlag: resp.GetFromFlag(), RUPerSecSum: resp.GetRuPerSecSum(),
+		Groups: int(resp.GetGroups()), Demand: resp.GetDemandRuPerSec(), Allocated: resp.GetAllocatedRuPerSec()}, nil
+}
+
+// SetServiceLimit stores the service limit through rgserver (an admin
+// call): every replica follows it from etcd.
+func (s rpcStore) SetServiceLimit(ctx context.Context, ruPerSec uint64) error {
+	if err := resourcegroup.ValidateServiceLimit(ruPerSec); err != nil {
+		return err
+	}
+	err := s.c.call(ctx, func(ctx context.Context, cl tokenpb.ResourceGroupServiceClient) error {
+		_, err := cl.SetServiceLimit(ctx, &tokenpb.SetServiceLimitRequest{RuPerSec: ruPerSec})
+		return err
+	})
+	if err != nil {
+		return mapError("alter resource control", "", err)
+	}
+	return nil
+}

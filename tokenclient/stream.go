@@ -674,6 +674,11 @@ func (t *groupTable) apply(now time.Time, resp *tokenpb.TokenResponse, sent *sen
 	if sent != nil {
 		t.met.duration.Observe(now.Sub(sent.at).Seconds())
 	}
+	if resp.GetRequestId() != 0 {
+		// An answer (not a budget's push) says whether a service limit
+		// is in force.
+		t.serviceLimitedLocked(now, resp.GetServiceLimited())
+	}
 	if reconnected {
 		t.endBridgeLocked(now)
 	}

@@ -68,11 +68,14 @@ type Settings struct {
 	// one (its proxies meter it and, in WARN, record what ENFORCE would
 	// have done).
 	Mode resourcegroup.Mode
+	// Priority orders the groups under the service limit
+	// (servicelimit.go): a higher level's demand is met first.
+	Priority resourcegroup.Priority
 }
 
 // SettingsOf extracts the allocator's settings from a definition.
 func SettingsOf(g resourcegroup.Group) Settings {
-	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version, Mode: g.Mode}
+	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version, Mode: g.Mode, Priority: g.Priority}
 }
 
 // Unlimited reports whether the group is never throttled.
@@ -294,9 +297,18 @@ func (s *slot) String(now time.Time) string {
 type Bucket struct {
 	name     string
 	settings Settings
-	tokens   float64
-	last     time.Time
-	slots    map[string]*slot
+	// eff is what the bucket runs with: settings, or below the service
+	// limit's ceiling for the group (servicelimit.go). Its rate and
+	// capacity fill the bucket and size the trickles; the demand's bounds,
+	// the weights and the persisted state follow settings.
+	eff Settings
+	// ceil is the service limit's ceiling on the group's RU/s (+Inf:
+	// none), and svc the bucket's part in the service limit's layer.
+	ceil   float64
+	svc    svcEntry
+	tokens float64
+	last   time.Time
+	slots  map[string]*slot
 	// parties groups the slots by credential (party), each with the
 	// weight its slots share.
 	parties map[string]*party
@@ -486,11 +498,14 @@ func (d *deliveries) sum(now time.Time) float64 {
 // String describes the bucket and its slots at now.
 func (b *Bucket) String(now time.Time) string {
 	var sb strings.Builder
-	if b.settings.Unlimited() {
+	if b.eff.Unlimited() {
 		fmt.Fprintf(&sb, "group %s: unlimited, %d proxies", b.name, len(b.slots))
 	} else {
 		fmt.Fprintf(&sb, "group %s: %.1f/%.0f tokens, fill %d RU/s, trickles reserve %.1f RU/s, proxies hold %.1f, %d proxies",
-			b.name, b.tokens, b.settings.Capacity(), b.settings.RUPerSec, b.reserved, b.held, len(b.slots))
+			b.name, b.tokens, b.eff.Capacity(), b.eff.RUPerSec, b.reserved, b.held, len(b.slots))
+	}
+	if !math.IsInf(b.ceil, 1) {
+		fmt.Fprintf(&sb, ", service ceiling %.1f RU/s", b.ceil)
 	}
 	ids := make([]string, 0, len(b.slots))
 	for id := range b.slots {
@@ -512,7 +527,7 @@ func (b *Bucket) Tokens(now time.Time) float64 {
 
 // advance brings tokens to now, ending trickles as their periods run out.
 func (b *Bucket) advance(now time.Time) {
-	if b.settings.Unlimited() {
+	if b.eff.Unlimited() {
 		b.last = now
 		return
 	}
@@ -530,9 +545,9 @@ func (b *Bucket) fill(t time.Time) {
 		return
 	}
 	b.last = t
-	rate := float64(b.settings.RUPerSec) - b.reserved
+	rate := float64(b.eff.RUPerSec) - b.reserved
 	b.tokens += rate * dt
-	if c := max(b.settings.Capacity()-b.held, 0); b.tokens > c {
+	if c := max(b.eff.Capacity()-b.held, 0); b.tokens > c {
 		b.tokens = c
 	}
 }
@@ -591,7 +606,7 @@ func (b *Bucket) expire(now time.Time, expiry time.Duration) int {
 	if n > 0 {
 		b.endTrickles(now)
 	}
-	if !b.settings.Unlimited() {
+	if !b.eff.Unlimited() {
 		// What a silent slot claims to hold ages like a claim renewed.
 		for _, s := range b.slots {
 			s.held = min(s.held, s.credible(now))
@@ -628,7 +643,7 @@ func (b *Bucket) removeSlot(id string, now time.Time) bool {
 		return false
 	}
 	b.advance(now)
-	if s.rate > 0 && s.trickleEnd.After(now) && !b.settings.Unlimited() {
+	if s.rate > 0 && s.trickleEnd.After(now) && !b.eff.Unlimited() {
 		b.tokens -= s.rate * s.trickleEnd.Sub(now).Seconds()
 	}
 	delete(b.slots, id)
@@ -683,7 +698,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	}
 	asking := !req.ReportOnly && req.Wanted > 0
 	s.claimed = d
-	if b.settings.Unlimited() {
+	if b.eff.Unlimited() {
 		s.idleBound, s.askEnd = d, time.Time{}
 	} else {
 		// held_tokens is believed up to the capacity and up to what the
@@ -692,7 +707,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		// A claim beyond that would stop the bucket saving the group's
 		// burst.
 		h := req.Held
-		if c := b.settings.Capacity(); h > c {
+		if c := b.eff.Capacity(); h > c {
 			h = c
 			clamped |= ClampedHeld
 		}
@@ -712,7 +727,13 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		}
 		b.held += h - s.held
 		s.held = h
-		s.idleBound = max(float64(b.settings.RUPerSec), weightHeadroom*h/period)
+		// An unlimited group held to the service limit's ceiling
+		// weighs its proxies by the ceiling; a limited one by RU_PER_SEC.
+		idle := float64(b.settings.RUPerSec)
+		if b.settings.Unlimited() {
+			idle = float64(b.eff.RUPerSec)
+		}
+		s.idleBound = max(idle, weightHeadroom*h/period)
 		// An ask lifts the weight for a trickle period, which ends like a
 		// trickle does (endTrickles); only when it lifts it, so that
 		// groups whose demands stay under RU_PER_SEC never walk their
@@ -729,8 +750,8 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	pt := b.partyOf(s)
 	b.reweigh(pt, now)
 
-	g := Grant{Proxies: b.concurrencyDivisor(s), RUPerSec: b.settings.RUPerSec, Version: b.settings.Version, Clamped: clamped}
-	if b.settings.Unlimited() {
+	g := Grant{Proxies: b.concurrencyDivisor(s), RUPerSec: b.eff.RUPerSec, Version: b.settings.Version, Clamped: clamped}
+	if b.eff.Unlimited() {
 		g.Unlimited = true
 		g.RUPerSec = 0
 		if !req.ReportOnly {
@@ -742,7 +763,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 		return g
 	}
 
-	rate := float64(b.settings.RUPerSec)
+	rate := float64(b.eff.RUPerSec)
 	total := math.Max(b.demand, 0)
 	// The proxy's share of the fill rate is its credential's share, in
 	// proportion to the credential's weight, whether total demand is
@@ -847,6 +868,8 @@ type Allocator struct {
 	// stale. An allocator that replaces another starts above its gen
 	// (Succeed).
 	gen uint64
+	// svc is the service limit's layer above the groups (servicelimit.go).
+	svc serviceLayer
 }
 
 // NewAllocator returns an empty allocator.
@@ -863,33 +886,55 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 	b := a.groups[name]
 	if b == nil {
 		b = &Bucket{name: name, settings: s, last: now, slots: map[string]*slot{}, parties: map[string]*party{}}
-		if !s.Unlimited() {
+		b.ceil = a.svc.idleCeil(s)
+		b.eff = effectiveUnder(s, b.ceil)
+		if !b.eff.Unlimited() && !s.Unlimited() {
 			b.tokens = s.Capacity()
 		}
+		a.svc.fillSum += promisedRate(s)
 		a.groups[name] = b
 		a.gen++
 		return
 	}
-	b.advance(now)
-	wasUnlimited := b.settings.Unlimited()
 	if b.settings != s {
 		a.markDirty(b) // what the saved state predicts depends on the settings
 	}
+	a.svc.fillSum += promisedRate(s) - promisedRate(b.settings)
 	b.settings = s
+	if !b.svc.active {
+		b.ceil = a.svc.idleCeil(s)
+	}
+	// An active group keeps its ceiling until the next rebalance, which
+	// the change hastens.
+	a.svc.stale = true
+	b.setEff(effectiveUnder(s, b.ceil), now)
+}
+
+// setEff makes eff what b runs with from now: its level is clipped to the
+// new capacity; a group that was never throttled starts full, or empty
+// when only the service limit's ceiling throttles it (it saved nothing).
+func (b *Bucket) setEff(eff Settings, now time.Time) {
+	b.advance(now)
+	was := b.eff
+	b.eff = eff
 	switch {
-	case s.Unlimited():
+	case eff.Unlimited():
 		b.tokens = 0
-	case wasUnlimited:
-		b.tokens = s.Capacity()
-	case b.tokens > s.Capacity():
-		b.tokens = s.Capacity()
+	case was.Unlimited() && b.settings.Unlimited():
+		b.tokens = 0
+	case was.Unlimited():
+		b.tokens = eff.Capacity()
+	case b.tokens > eff.Capacity():
+		b.tokens = eff.Capacity()
 	}
 }
 
 // RemoveGroup forgets a dropped group (a dirty list entry is skipped
 // later: it is no longer the group's bucket).
 func (a *Allocator) RemoveGroup(name string) {
-	if _, ok := a.groups[name]; ok {
+	if b, ok := a.groups[name]; ok {
+		a.svc.fillSum -= promisedRate(b.settings)
+		a.svc.remove(b)
 		delete(a.groups, name)
 		a.gen++
 	}
@@ -918,7 +963,17 @@ func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, er
 	if !req.ReportOnly && req.Wanted > 0 && !b.settings.Unlimited() {
 		a.markDirty(b)
 	}
-	return b.acquire(req, now, a.cfg), nil
+	g := b.acquire(req, now, a.cfg)
+	b.svc.seen = now
+	if a.svc.limit > 0 && a.svc.track(b, now) {
+		// A group the service limit had not shared yet: rebalanced now
+		// (at most every minRebalance), its request is served again with
+		// its ceiling rather than left to ask again.
+		if !req.ReportOnly && req.Wanted > 0 && g.Tokens == 0 && g.Immediate == 0 && b.ceil > 0 {
+			g = b.acquire(req, now, a.cfg)
+		}
+	}
+	return g, nil
 }
 
 // Report adds the consumption a proxy reported in a message at now, and

@@ -458,7 +458,8 @@ func IsAdminMethod(fullMethod string) bool {
 		pb.ResourceGroupService_BindUser_FullMethodName,
 		pb.ResourceGroupService_UnbindUser_FullMethodName,
 		pb.ResourceGroupService_AddWatch_FullMethodName,
-		pb.ResourceGroupService_RemoveWatch_FullMethodName:
+		pb.ResourceGroupService_RemoveWatch_FullMethodName,
+		pb.ResourceGroupService_SetServiceLimit_FullMethodName:
 		return true
 	}
 	return false

@@ -68,6 +68,7 @@ func (h *budgetHub) wake() {
 // setGroupLocked applies a group's definition to the allocator and the
 // budget book. Called with s.mu held.
 func (s *Server) setGroupLocked(g resourcegroup.Group, now time.Time) {
+	defer s.checkOvercommitLocked()
 	had := s.budgets.has(g.Name)
 	var oldMode resourcegroup.Mode
 	if had {
@@ -96,6 +97,7 @@ func (s *Server) setGroupLocked(g resourcegroup.Group, now time.Time) {
 // removeGroupLocked forgets a dropped group. Called with s.mu held.
 func (s *Server) removeGroupLocked(name string) {
 	s.alloc.RemoveGroup(name)
+	s.checkOvercommitLocked()
 	if s.budgets.has(name) {
 		s.budgets.drop(name)
 		s.budgetVerdictGone(name)

@@ -82,6 +82,9 @@ func FuzzAllocatorHostile(f *testing.F) {
 		}
 		a := NewAllocator(AllocConfig{})
 		a.SetGroup("g", st, t0)
+		if ms%3 == 1 { // under a service limit too
+			a.SetServiceLimit(float64(ms), t0)
+		}
 		now := t0
 		ids := []string{"a", "b", "c", "d"}
 		for i := 0; i < 12; i++ {
@@ -99,6 +102,12 @@ func FuzzAllocatorHostile(f *testing.F) {
 			b := a.Group("g")
 			if !finite(b.Tokens(now)) || !finite(b.demand) || !finite(b.held) || !finite(b.reserved) || !finite(b.granted) {
 				t.Fatalf("step %d: the bucket went non-finite\n%s", i, b.String(now))
+			}
+			if c, _ := a.Ceiling("g"); math.IsNaN(c) || c < 0 {
+				t.Fatalf("step %d: ceiling %v", i, c)
+			}
+			if f := a.ServiceLimit(); !finite(f.Allocated) || !finite(f.Demand) || f.Allocated > f.Limit*(1+1e-9) {
+				t.Fatalf("step %d: the service limit's figures %s", i, f)
 			}
 			if !st.Unlimited() && b.Tokens(now) > st.Capacity() {
 				t.Fatalf("step %d: level %v over the capacity %v", i, b.Tokens(now), st.Capacity())

@@ -121,6 +121,9 @@ type Config struct {
 	// (rgserver's --max-digest-bindings); 0 =
 	// resourcegroup.MaxDigestBindings.
 	MaxDigestBindings int
+	// ServiceLimit is the service limit in RU/s while etcd holds none
+	// set by SQL (rgserver's --service-limit); 0 = none.
+	ServiceLimit uint64
 }
 
 // Server implements tokenpb's ResourceGroupService and TokenService over etcd.
@@ -187,6 +190,9 @@ type Server struct {
 	openStreams [numKinds]atomic.Int64
 	// scrapes is what a /metrics scrape keeps for the next (metrics.go).
 	scrapes scrapeCache
+	// svc is the service limit as etcd and the flag say (guarded by mu;
+	// servicelimit_service.go).
+	svc svcState
 }
 
 // New returns a server over an etcd client. Call Run to load settings and
@@ -241,6 +247,10 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		}, []string{"resource_group", "period", "action"}),
 		chargeDropped: newChargeDropped(),
 	}
+	s.alloc.SetServiceLimit(float64(cfg.ServiceLimit), cfg.Now())
+	if cfg.ServiceLimit > 0 {
+		s.log.Info("service limit from --service-limit, until SQL stores one", "ru_per_sec", cfg.ServiceLimit)
+	}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer, s); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
@@ -263,7 +273,7 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		if err := s.creds.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 		}
-		for _, c := range []prometheus.Collector{s.budgetActions, newBudgetCollector(s)} {
+		for _, c := range append([]prometheus.Collector{s.budgetActions, newBudgetCollector(s)}, s.serviceLimitCollectors()...) {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("tokenserver: register metrics: %w", err)
 			}
@@ -560,6 +570,8 @@ func (s *Server) freshAllocator(now time.Time) *Allocator {
 		b := a.groups[name]
 		b.usage, b.granted, b.throttled = old.usage, old.granted, old.throttled
 	}
+	v, _ := s.serviceLimitLocked()
+	a.SetServiceLimit(float64(v), now)
 	return a
 }
 
@@ -993,11 +1005,35 @@ func (s *Server) loadAndFollowSettings(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	groups, seen = nil, nil // the watch below runs for long: do not hold on to them
+	if err := s.loadServiceLimit(ctx, rev); err != nil {
+		return err
+	}
 	s.syncOnce.Do(func() { close(s.synced) })
 
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range s.cli.Watch(wctx, keySettings, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+	settings := s.cli.Watch(wctx, keySettings, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	limits := s.cli.Watch(wctx, keyServiceLimit, clientv3.WithRev(rev+1))
+	for {
+		var wr clientv3.WatchResponse
+		var ok bool
+		select {
+		case wr, ok = <-settings:
+		case lr, lok := <-limits:
+			if !lok {
+				return fmt.Errorf("%w: service limit watch closed", ErrEtcd)
+			}
+			if err := lr.Err(); err != nil {
+				return fmt.Errorf("%w: watch the service limit: %w", ErrEtcd, err)
+			}
+			for _, ev := range lr.Events {
+				s.serviceLimitEvent(ev)
+			}
+			continue
+		}
+		if !ok {
+			break
+		}
 		if err := wr.Err(); err != nil {
 			return fmt.Errorf("%w: watch settings: %w", ErrEtcd, err)
 		}

@@ -321,6 +321,7 @@ func (s *Server) serveTokens(ctx context.Context, p Principal, slot string, req 
 				"tokens", g.Tokens, "immediate", g.Immediate, "trickle", g.Trickle, "share", g.FillRate)
 		}
 	}
+	resp.ServiceLimited = s.alloc.ServiceLimited()
 	s.mu.Unlock()
 	for _, i := range missing {
 		gr := req.GetGroups()[i]

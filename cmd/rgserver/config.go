@@ -103,6 +103,10 @@ type config struct {
 	// BINDING FOR DIGEST) kept in etcd and sent to every proxy. Default
 	// 10,000.
 	MaxDigestBindings int `toml:"max-digest-bindings"`
+	// ServiceLimit is the service limit in RU/s (0: none) while etcd holds
+	// none set by SQL (ALTER RESOURCE CONTROL SERVICE LIMIT, which
+	// overrides it on every replica). A change needs a restart.
+	ServiceLimit uint64 `toml:"service-limit"`
 
 	// ConfigFile is --config, read at start and on SIGHUP (not a key).
 	ConfigFile string `toml:"-"`
@@ -163,6 +167,7 @@ func bind(fs *flag.FlagSet, c *config, configFile *string, version *bool) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
 	fs.StringVar(&c.BudgetTimeZone, "budget-time-zone", c.BudgetTimeZone, "IANA time zone (e.g. Europe/Berlin) that budgets' hours, days, weeks and months follow; the same on every replica")
 	fs.IntVar(&c.MaxDigestBindings, "max-digest-bindings", c.MaxDigestBindings, "how many statement digests may be bound to resource groups (CREATE RESOURCE GROUP BINDING FOR DIGEST), 1 to 1000000")
+	fs.Uint64Var(&c.ServiceLimit, "service-limit", c.ServiceLimit, "the RU/s of every MODE ENFORCE resource group together, shared by PRIORITY (0: none), until ALTER RESOURCE CONTROL SERVICE LIMIT sets one in etcd; at most 1e15")
 	fs.DurationVar(&c.BudgetDayLength, "budget-day-length", c.BudgetDayLength, "how long a budget's DAY lasts: 24h but in tests and soak runs, which compress budgets' windows (1s to 24h); the same on every replica")
 }
 
@@ -264,6 +269,9 @@ func (c *config) check() error {
 	c.budgetLoc = loc
 	if c.BudgetDayLength < time.Second || c.BudgetDayLength > 24*time.Hour {
 		return fmt.Errorf("%w: --budget-day-length %v: give 1s to 24h (24h: real days)", errUsage, c.BudgetDayLength)
+	}
+	if err := resourcegroup.ValidateServiceLimit(c.ServiceLimit); err != nil {
+		return fmt.Errorf("%w: --service-limit %d: give 0 (none) to %d", errUsage, c.ServiceLimit, resourcegroup.MaxRU)
 	}
 	if c.EtcdPeerAddr != "" && !strings.Contains(c.EtcdPeerAddr, "://") {
 		c.EtcdPeerAddr = "http://" + c.EtcdPeerAddr

@@ -94,6 +94,9 @@ insecure = true
 		{"digest bindings", []string{"--max-digest-bindings", "3"}, func(c config) bool { return c.MaxDigestBindings == 3 }, nil},
 		{"no digest bindings", []string{"--max-digest-bindings", "0"}, nil, errUsage},
 		{"too many digest bindings", []string{"--max-digest-bindings", "1000001"}, nil, errUsage},
+		{"service limit", []string{"--service-limit", "8000"}, func(c config) bool { return c.ServiceLimit == 8000 }, nil},
+		{"service limit too large", []string{"--service-limit", "1000000000000000001"}, nil, errUsage},
+		{"service limit negative", []string{"--service-limit", "-1"}, nil, errUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,7 +123,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	usage(&out)
 	for _, f := range []string{"addr", "status-addr", "data-dir", "etcd-endpoints", "etcd-peer-addr", "etcd-initial-cluster",
 		"name", "advertise-addr", "election-ttl", "client-expiry", "tls-cert", "tls-key", "tls-ca", "admin-token-file",
-		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version", "budget-time-zone", "budget-day-length"} {
+		"proxy-token-file", "tls-admin-names", "tls-proxy-max-streams", "insecure", "config", "version", "budget-time-zone", "budget-day-length", "service-limit"} {
 		if !strings.Contains(out.String(), "-"+f+" ") && !strings.Contains(out.String(), "-"+f+"\n") {
 			t.Errorf("--help does not document --%s", f)
 		}

@@ -135,6 +135,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		BudgetLocation:    cfg.budgetLoc,
 		BudgetDayLength:   cfg.BudgetDayLength,
 		MaxDigestBindings: cfg.MaxDigestBindings,
+		ServiceLimit:      cfg.ServiceLimit,
 		Logger:            log,
 		Registerer:        reg,
 		Auth:              auth,

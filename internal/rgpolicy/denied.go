@@ -75,6 +75,8 @@ func statementName(stmt resourcegroup.Statement) string {
 		return "QUERY WATCH ADD"
 	case *resourcegroup.QueryWatchRemove:
 		return "QUERY WATCH REMOVE"
+	case *resourcegroup.AlterServiceLimit:
+		return "ALTER RESOURCE CONTROL"
 	}
 	return "this statement"
 }

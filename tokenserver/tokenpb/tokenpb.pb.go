@@ -2214,6 +2214,214 @@ func (x *WatchResponse) GetMore() bool {
 	return false
 }
 
+// The service limit: the RU/s of every MODE ENFORCE group together.
+type GetServiceLimitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetServiceLimitRequest) Reset() {
+	*x = GetServiceLimitRequest{}
+	mi := &file_tokenpb_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServiceLimitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServiceLimitRequest) ProtoMessage() {}
+
+func (x *GetServiceLimitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServiceLimitRequest.ProtoReflect.Descriptor instead.
+func (*GetServiceLimitRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{33}
+}
+
+type GetServiceLimitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ru_per_sec: the limit, 0 = none (UNLIMITED).
+	RuPerSec uint64 `protobuf:"varint,1,opt,name=ru_per_sec,json=ruPerSec,proto3" json:"ru_per_sec,omitempty"`
+	// from_flag: nothing was stored by SQL; the replica's --service-limit
+	// is in force.
+	FromFlag bool `protobuf:"varint,2,opt,name=from_flag,json=fromFlag,proto3" json:"from_flag,omitempty"`
+	// The sum of the MODE ENFORCE groups' RU_PER_SEC (UNLIMITED counts 0).
+	RuPerSecSum float64 `protobuf:"fixed64,3,opt,name=ru_per_sec_sum,json=ruPerSecSum,proto3" json:"ru_per_sec_sum,omitempty"`
+	// What the leader's last sharing of the limit counted (0 from a
+	// follower): the groups with demand, their demand and the RU/s given.
+	Groups            uint32  `protobuf:"varint,4,opt,name=groups,proto3" json:"groups,omitempty"`
+	DemandRuPerSec    float64 `protobuf:"fixed64,5,opt,name=demand_ru_per_sec,json=demandRuPerSec,proto3" json:"demand_ru_per_sec,omitempty"`
+	AllocatedRuPerSec float64 `protobuf:"fixed64,6,opt,name=allocated_ru_per_sec,json=allocatedRuPerSec,proto3" json:"allocated_ru_per_sec,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *GetServiceLimitResponse) Reset() {
+	*x = GetServiceLimitResponse{}
+	mi := &file_tokenpb_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetServiceLimitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetServiceLimitResponse) ProtoMessage() {}
+
+func (x *GetServiceLimitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetServiceLimitResponse.ProtoReflect.Descriptor instead.
+func (*GetServiceLimitResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *GetServiceLimitResponse) GetRuPerSec() uint64 {
+	if x != nil {
+		return x.RuPerSec
+	}
+	return 0
+}
+
+func (x *GetServiceLimitResponse) GetFromFlag() bool {
+	if x != nil {
+		return x.FromFlag
+	}
+	return false
+}
+
+func (x *GetServiceLimitResponse) GetRuPerSecSum() float64 {
+	if x != nil {
+		return x.RuPerSecSum
+	}
+	return 0
+}
+
+func (x *GetServiceLimitResponse) GetGroups() uint32 {
+	if x != nil {
+		return x.Groups
+	}
+	return 0
+}
+
+func (x *GetServiceLimitResponse) GetDemandRuPerSec() float64 {
+	if x != nil {
+		return x.DemandRuPerSec
+	}
+	return 0
+}
+
+func (x *GetServiceLimitResponse) GetAllocatedRuPerSec() float64 {
+	if x != nil {
+		return x.AllocatedRuPerSec
+	}
+	return 0
+}
+
+type SetServiceLimitRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 0 = none (UNLIMITED); at most resourcegroup.MaxRU.
+	RuPerSec      uint64 `protobuf:"varint,1,opt,name=ru_per_sec,json=ruPerSec,proto3" json:"ru_per_sec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetServiceLimitRequest) Reset() {
+	*x = SetServiceLimitRequest{}
+	mi := &file_tokenpb_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetServiceLimitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetServiceLimitRequest) ProtoMessage() {}
+
+func (x *SetServiceLimitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetServiceLimitRequest.ProtoReflect.Descriptor instead.
+func (*SetServiceLimitRequest) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SetServiceLimitRequest) GetRuPerSec() uint64 {
+	if x != nil {
+		return x.RuPerSec
+	}
+	return 0
+}
+
+type SetServiceLimitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetServiceLimitResponse) Reset() {
+	*x = SetServiceLimitResponse{}
+	mi := &file_tokenpb_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetServiceLimitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetServiceLimitResponse) ProtoMessage() {}
+
+func (x *SetServiceLimitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tokenpb_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetServiceLimitResponse.ProtoReflect.Descriptor instead.
+func (*SetServiceLimitResponse) Descriptor() ([]byte, []int) {
+	return file_tokenpb_proto_rawDescGZIP(), []int{36}
+}
+
 // Consumption is what a proxy measured for one group since its last report.
 type Consumption struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2261,7 +2469,7 @@ type Consumption struct {
 
 func (x *Consumption) Reset() {
 	*x = Consumption{}
-	mi := &file_tokenpb_proto_msgTypes[33]
+	mi := &file_tokenpb_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2481,7 @@ func (x *Consumption) String() string {
 func (*Consumption) ProtoMessage() {}
 
 func (x *Consumption) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[33]
+	mi := &file_tokenpb_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2494,7 @@ func (x *Consumption) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Consumption.ProtoReflect.Descriptor instead.
 func (*Consumption) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{33}
+	return file_tokenpb_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Consumption) GetRru() float64 {
@@ -2401,7 +2609,7 @@ type ChargebackEntry struct {
 
 func (x *ChargebackEntry) Reset() {
 	*x = ChargebackEntry{}
-	mi := &file_tokenpb_proto_msgTypes[34]
+	mi := &file_tokenpb_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2621,7 @@ func (x *ChargebackEntry) String() string {
 func (*ChargebackEntry) ProtoMessage() {}
 
 func (x *ChargebackEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[34]
+	mi := &file_tokenpb_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2634,7 @@ func (x *ChargebackEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChargebackEntry.ProtoReflect.Descriptor instead.
 func (*ChargebackEntry) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{34}
+	return file_tokenpb_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ChargebackEntry) GetTagKey() string {
@@ -2510,7 +2718,7 @@ type GroupTokenRequest struct {
 
 func (x *GroupTokenRequest) Reset() {
 	*x = GroupTokenRequest{}
-	mi := &file_tokenpb_proto_msgTypes[35]
+	mi := &file_tokenpb_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2522,7 +2730,7 @@ func (x *GroupTokenRequest) String() string {
 func (*GroupTokenRequest) ProtoMessage() {}
 
 func (x *GroupTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[35]
+	mi := &file_tokenpb_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2535,7 +2743,7 @@ func (x *GroupTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupTokenRequest.ProtoReflect.Descriptor instead.
 func (*GroupTokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{35}
+	return file_tokenpb_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GroupTokenRequest) GetGroup() string {
@@ -2606,7 +2814,7 @@ type TokenRequest struct {
 
 func (x *TokenRequest) Reset() {
 	*x = TokenRequest{}
-	mi := &file_tokenpb_proto_msgTypes[36]
+	mi := &file_tokenpb_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +2826,7 @@ func (x *TokenRequest) String() string {
 func (*TokenRequest) ProtoMessage() {}
 
 func (x *TokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[36]
+	mi := &file_tokenpb_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +2839,7 @@ func (x *TokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRequest.ProtoReflect.Descriptor instead.
 func (*TokenRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{36}
+	return file_tokenpb_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TokenRequest) GetProxyId() string {
@@ -2678,7 +2886,7 @@ type ProxyCapabilities struct {
 
 func (x *ProxyCapabilities) Reset() {
 	*x = ProxyCapabilities{}
-	mi := &file_tokenpb_proto_msgTypes[37]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2898,7 @@ func (x *ProxyCapabilities) String() string {
 func (*ProxyCapabilities) ProtoMessage() {}
 
 func (x *ProxyCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[37]
+	mi := &file_tokenpb_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2911,7 @@ func (x *ProxyCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProxyCapabilities.ProtoReflect.Descriptor instead.
 func (*ProxyCapabilities) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{37}
+	return file_tokenpb_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ProxyCapabilities) GetCanKill() bool {
@@ -2767,7 +2975,7 @@ type GroupGrant struct {
 
 func (x *GroupGrant) Reset() {
 	*x = GroupGrant{}
-	mi := &file_tokenpb_proto_msgTypes[38]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2779,7 +2987,7 @@ func (x *GroupGrant) String() string {
 func (*GroupGrant) ProtoMessage() {}
 
 func (x *GroupGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[38]
+	mi := &file_tokenpb_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2792,7 +3000,7 @@ func (x *GroupGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupGrant.ProtoReflect.Descriptor instead.
 func (*GroupGrant) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{38}
+	return file_tokenpb_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GroupGrant) GetGroup() string {
@@ -2883,7 +3091,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_tokenpb_proto_msgTypes[39]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +3103,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[39]
+	mi := &file_tokenpb_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +3116,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{39}
+	return file_tokenpb_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *NotLeader) GetLeaderAddr() string {
@@ -2931,14 +3139,19 @@ type TokenResponse struct {
 	// group on a stream, and again whenever it changes, at once, in an
 	// answer of its own (request_id 0, no grants) when no request is
 	// waiting. A proxy applies the latest it got for a group.
-	Budgets       []*GroupBudget `protobuf:"bytes,4,rep,name=budgets,proto3" json:"budgets,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Budgets []*GroupBudget `protobuf:"bytes,4,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	// The leader shares a service limit between the groups (ALTER
+	// RESOURCE CONTROL SERVICE LIMIT): every MODE ENFORCE group asks for
+	// its tokens, those otherwise never throttled (RU_PER_SEC or BURSTABLE
+	// UNLIMITED) too, and follows its grants. Sent on every answer.
+	ServiceLimited bool `protobuf:"varint,5,opt,name=service_limited,json=serviceLimited,proto3" json:"service_limited,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TokenResponse) Reset() {
 	*x = TokenResponse{}
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2950,7 +3163,7 @@ func (x *TokenResponse) String() string {
 func (*TokenResponse) ProtoMessage() {}
 
 func (x *TokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[40]
+	mi := &file_tokenpb_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2963,7 +3176,7 @@ func (x *TokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenResponse.ProtoReflect.Descriptor instead.
 func (*TokenResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{40}
+	return file_tokenpb_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TokenResponse) GetRequestId() uint64 {
@@ -2994,6 +3207,13 @@ func (x *TokenResponse) GetBudgets() []*GroupBudget {
 	return nil
 }
 
+func (x *TokenResponse) GetServiceLimited() bool {
+	if x != nil {
+		return x.ServiceLimited
+	}
+	return false
+}
+
 // GroupBudget is the strongest action a group's budgets are taking: the
 // trigger crossed in the current window of the budget that took it.
 type GroupBudget struct {
@@ -3020,7 +3240,7 @@ type GroupBudget struct {
 
 func (x *GroupBudget) Reset() {
 	*x = GroupBudget{}
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3032,7 +3252,7 @@ func (x *GroupBudget) String() string {
 func (*GroupBudget) ProtoMessage() {}
 
 func (x *GroupBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[41]
+	mi := &file_tokenpb_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3045,7 +3265,7 @@ func (x *GroupBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupBudget.ProtoReflect.Descriptor instead.
 func (*GroupBudget) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{41}
+	return file_tokenpb_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GroupBudget) GetGroup() string {
@@ -3141,7 +3361,7 @@ type StatementSummaryRow struct {
 
 func (x *StatementSummaryRow) Reset() {
 	*x = StatementSummaryRow{}
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3153,7 +3373,7 @@ func (x *StatementSummaryRow) String() string {
 func (*StatementSummaryRow) ProtoMessage() {}
 
 func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[42]
+	mi := &file_tokenpb_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3166,7 +3386,7 @@ func (x *StatementSummaryRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatementSummaryRow.ProtoReflect.Descriptor instead.
 func (*StatementSummaryRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{42}
+	return file_tokenpb_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StatementSummaryRow) GetResourceGroup() string {
@@ -3301,7 +3521,7 @@ type GroupUsageRow struct {
 
 func (x *GroupUsageRow) Reset() {
 	*x = GroupUsageRow{}
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3313,7 +3533,7 @@ func (x *GroupUsageRow) String() string {
 func (*GroupUsageRow) ProtoMessage() {}
 
 func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[43]
+	mi := &file_tokenpb_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3326,7 +3546,7 @@ func (x *GroupUsageRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupUsageRow.ProtoReflect.Descriptor instead.
 func (*GroupUsageRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{43}
+	return file_tokenpb_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GroupUsageRow) GetResourceGroup() string {
@@ -3393,7 +3613,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +3625,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[44]
+	mi := &file_tokenpb_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +3638,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{44}
+	return file_tokenpb_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *InspectRequest) GetRequestId() uint64 {
@@ -3478,7 +3698,7 @@ type InspectHello struct {
 
 func (x *InspectHello) Reset() {
 	*x = InspectHello{}
-	mi := &file_tokenpb_proto_msgTypes[45]
+	mi := &file_tokenpb_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3490,7 +3710,7 @@ func (x *InspectHello) String() string {
 func (*InspectHello) ProtoMessage() {}
 
 func (x *InspectHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[45]
+	mi := &file_tokenpb_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3503,7 +3723,7 @@ func (x *InspectHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectHello.ProtoReflect.Descriptor instead.
 func (*InspectHello) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{45}
+	return file_tokenpb_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *InspectHello) GetProxyId() string {
@@ -3536,7 +3756,7 @@ type InspectReply struct {
 
 func (x *InspectReply) Reset() {
 	*x = InspectReply{}
-	mi := &file_tokenpb_proto_msgTypes[46]
+	mi := &file_tokenpb_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3548,7 +3768,7 @@ func (x *InspectReply) String() string {
 func (*InspectReply) ProtoMessage() {}
 
 func (x *InspectReply) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[46]
+	mi := &file_tokenpb_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3561,7 +3781,7 @@ func (x *InspectReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectReply.ProtoReflect.Descriptor instead.
 func (*InspectReply) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{46}
+	return file_tokenpb_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *InspectReply) GetHello() *InspectHello {
@@ -3611,7 +3831,7 @@ type ClusterInspectRequest struct {
 
 func (x *ClusterInspectRequest) Reset() {
 	*x = ClusterInspectRequest{}
-	mi := &file_tokenpb_proto_msgTypes[47]
+	mi := &file_tokenpb_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3623,7 +3843,7 @@ func (x *ClusterInspectRequest) String() string {
 func (*ClusterInspectRequest) ProtoMessage() {}
 
 func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[47]
+	mi := &file_tokenpb_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3636,7 +3856,7 @@ func (x *ClusterInspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectRequest.ProtoReflect.Descriptor instead.
 func (*ClusterInspectRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{47}
+	return file_tokenpb_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ClusterInspectRequest) GetKind() InspectKind {
@@ -3674,7 +3894,7 @@ type InstanceRows struct {
 
 func (x *InstanceRows) Reset() {
 	*x = InstanceRows{}
-	mi := &file_tokenpb_proto_msgTypes[48]
+	mi := &file_tokenpb_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3686,7 +3906,7 @@ func (x *InstanceRows) String() string {
 func (*InstanceRows) ProtoMessage() {}
 
 func (x *InstanceRows) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[48]
+	mi := &file_tokenpb_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3699,7 +3919,7 @@ func (x *InstanceRows) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InstanceRows.ProtoReflect.Descriptor instead.
 func (*InstanceRows) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{48}
+	return file_tokenpb_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *InstanceRows) GetInstance() string {
@@ -3744,7 +3964,7 @@ type ClusterInspectResponse struct {
 
 func (x *ClusterInspectResponse) Reset() {
 	*x = ClusterInspectResponse{}
-	mi := &file_tokenpb_proto_msgTypes[49]
+	mi := &file_tokenpb_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3756,7 +3976,7 @@ func (x *ClusterInspectResponse) String() string {
 func (*ClusterInspectResponse) ProtoMessage() {}
 
 func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[49]
+	mi := &file_tokenpb_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3769,7 +3989,7 @@ func (x *ClusterInspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInspectResponse.ProtoReflect.Descriptor instead.
 func (*ClusterInspectResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{49}
+	return file_tokenpb_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ClusterInspectResponse) GetInstances() []*InstanceRows {
@@ -3829,7 +4049,7 @@ type RunawayEvent struct {
 
 func (x *RunawayEvent) Reset() {
 	*x = RunawayEvent{}
-	mi := &file_tokenpb_proto_msgTypes[50]
+	mi := &file_tokenpb_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3841,7 +4061,7 @@ func (x *RunawayEvent) String() string {
 func (*RunawayEvent) ProtoMessage() {}
 
 func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[50]
+	mi := &file_tokenpb_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3854,7 +4074,7 @@ func (x *RunawayEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayEvent.ProtoReflect.Descriptor instead.
 func (*RunawayEvent) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{50}
+	return file_tokenpb_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RunawayEvent) GetResourceGroup() string {
@@ -3933,7 +4153,7 @@ type RecordRunawaysRequest struct {
 
 func (x *RecordRunawaysRequest) Reset() {
 	*x = RecordRunawaysRequest{}
-	mi := &file_tokenpb_proto_msgTypes[51]
+	mi := &file_tokenpb_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3945,7 +4165,7 @@ func (x *RecordRunawaysRequest) String() string {
 func (*RecordRunawaysRequest) ProtoMessage() {}
 
 func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[51]
+	mi := &file_tokenpb_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3958,7 +4178,7 @@ func (x *RecordRunawaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRunawaysRequest.ProtoReflect.Descriptor instead.
 func (*RecordRunawaysRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{51}
+	return file_tokenpb_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RecordRunawaysRequest) GetInstance() string {
@@ -3987,7 +4207,7 @@ type RecordRunawaysResponse struct {
 
 func (x *RecordRunawaysResponse) Reset() {
 	*x = RecordRunawaysResponse{}
-	mi := &file_tokenpb_proto_msgTypes[52]
+	mi := &file_tokenpb_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3999,7 +4219,7 @@ func (x *RecordRunawaysResponse) String() string {
 func (*RecordRunawaysResponse) ProtoMessage() {}
 
 func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[52]
+	mi := &file_tokenpb_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4012,7 +4232,7 @@ func (x *RecordRunawaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRunawaysResponse.ProtoReflect.Descriptor instead.
 func (*RecordRunawaysResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{52}
+	return file_tokenpb_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RecordRunawaysResponse) GetAccepted() uint32 {
@@ -4043,7 +4263,7 @@ type ListRunawaysRequest struct {
 
 func (x *ListRunawaysRequest) Reset() {
 	*x = ListRunawaysRequest{}
-	mi := &file_tokenpb_proto_msgTypes[53]
+	mi := &file_tokenpb_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4055,7 +4275,7 @@ func (x *ListRunawaysRequest) String() string {
 func (*ListRunawaysRequest) ProtoMessage() {}
 
 func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[53]
+	mi := &file_tokenpb_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4068,7 +4288,7 @@ func (x *ListRunawaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunawaysRequest.ProtoReflect.Descriptor instead.
 func (*ListRunawaysRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{53}
+	return file_tokenpb_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListRunawaysRequest) GetAllGroups() bool {
@@ -4117,7 +4337,7 @@ type RunawayRow struct {
 
 func (x *RunawayRow) Reset() {
 	*x = RunawayRow{}
-	mi := &file_tokenpb_proto_msgTypes[54]
+	mi := &file_tokenpb_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4129,7 +4349,7 @@ func (x *RunawayRow) String() string {
 func (*RunawayRow) ProtoMessage() {}
 
 func (x *RunawayRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[54]
+	mi := &file_tokenpb_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4142,7 +4362,7 @@ func (x *RunawayRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunawayRow.ProtoReflect.Descriptor instead.
 func (*RunawayRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{54}
+	return file_tokenpb_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RunawayRow) GetInstance() string {
@@ -4243,7 +4463,7 @@ type ListRunawaysResponse struct {
 
 func (x *ListRunawaysResponse) Reset() {
 	*x = ListRunawaysResponse{}
-	mi := &file_tokenpb_proto_msgTypes[55]
+	mi := &file_tokenpb_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4255,7 +4475,7 @@ func (x *ListRunawaysResponse) String() string {
 func (*ListRunawaysResponse) ProtoMessage() {}
 
 func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[55]
+	mi := &file_tokenpb_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4268,7 +4488,7 @@ func (x *ListRunawaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRunawaysResponse.ProtoReflect.Descriptor instead.
 func (*ListRunawaysResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{55}
+	return file_tokenpb_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListRunawaysResponse) GetRows() []*RunawayRow {
@@ -4312,7 +4532,7 @@ type UsageHistoryRequest struct {
 
 func (x *UsageHistoryRequest) Reset() {
 	*x = UsageHistoryRequest{}
-	mi := &file_tokenpb_proto_msgTypes[56]
+	mi := &file_tokenpb_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4324,7 +4544,7 @@ func (x *UsageHistoryRequest) String() string {
 func (*UsageHistoryRequest) ProtoMessage() {}
 
 func (x *UsageHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[56]
+	mi := &file_tokenpb_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4337,7 +4557,7 @@ func (x *UsageHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryRequest.ProtoReflect.Descriptor instead.
 func (*UsageHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{56}
+	return file_tokenpb_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *UsageHistoryRequest) GetAllGroups() bool {
@@ -4404,7 +4624,7 @@ type UsageHistoryRow struct {
 
 func (x *UsageHistoryRow) Reset() {
 	*x = UsageHistoryRow{}
-	mi := &file_tokenpb_proto_msgTypes[57]
+	mi := &file_tokenpb_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4416,7 +4636,7 @@ func (x *UsageHistoryRow) String() string {
 func (*UsageHistoryRow) ProtoMessage() {}
 
 func (x *UsageHistoryRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[57]
+	mi := &file_tokenpb_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4429,7 +4649,7 @@ func (x *UsageHistoryRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryRow.ProtoReflect.Descriptor instead.
 func (*UsageHistoryRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{57}
+	return file_tokenpb_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *UsageHistoryRow) GetResourceGroup() string {
@@ -4516,7 +4736,7 @@ type UsageHistoryResponse struct {
 
 func (x *UsageHistoryResponse) Reset() {
 	*x = UsageHistoryResponse{}
-	mi := &file_tokenpb_proto_msgTypes[58]
+	mi := &file_tokenpb_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4528,7 +4748,7 @@ func (x *UsageHistoryResponse) String() string {
 func (*UsageHistoryResponse) ProtoMessage() {}
 
 func (x *UsageHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[58]
+	mi := &file_tokenpb_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4541,7 +4761,7 @@ func (x *UsageHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageHistoryResponse.ProtoReflect.Descriptor instead.
 func (*UsageHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{58}
+	return file_tokenpb_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *UsageHistoryResponse) GetRows() []*UsageHistoryRow {
@@ -4576,7 +4796,7 @@ type BudgetsRequest struct {
 
 func (x *BudgetsRequest) Reset() {
 	*x = BudgetsRequest{}
-	mi := &file_tokenpb_proto_msgTypes[59]
+	mi := &file_tokenpb_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4588,7 +4808,7 @@ func (x *BudgetsRequest) String() string {
 func (*BudgetsRequest) ProtoMessage() {}
 
 func (x *BudgetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[59]
+	mi := &file_tokenpb_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4601,7 +4821,7 @@ func (x *BudgetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetsRequest.ProtoReflect.Descriptor instead.
 func (*BudgetsRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{59}
+	return file_tokenpb_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *BudgetsRequest) GetAllGroups() bool {
@@ -4644,7 +4864,7 @@ type BudgetRow struct {
 
 func (x *BudgetRow) Reset() {
 	*x = BudgetRow{}
-	mi := &file_tokenpb_proto_msgTypes[60]
+	mi := &file_tokenpb_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4656,7 +4876,7 @@ func (x *BudgetRow) String() string {
 func (*BudgetRow) ProtoMessage() {}
 
 func (x *BudgetRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[60]
+	mi := &file_tokenpb_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4669,7 +4889,7 @@ func (x *BudgetRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetRow.ProtoReflect.Descriptor instead.
 func (*BudgetRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{60}
+	return file_tokenpb_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *BudgetRow) GetResourceGroup() string {
@@ -4765,7 +4985,7 @@ type BudgetsResponse struct {
 
 func (x *BudgetsResponse) Reset() {
 	*x = BudgetsResponse{}
-	mi := &file_tokenpb_proto_msgTypes[61]
+	mi := &file_tokenpb_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4777,7 +4997,7 @@ func (x *BudgetsResponse) String() string {
 func (*BudgetsResponse) ProtoMessage() {}
 
 func (x *BudgetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[61]
+	mi := &file_tokenpb_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4790,7 +5010,7 @@ func (x *BudgetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetsResponse.ProtoReflect.Descriptor instead.
 func (*BudgetsResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{61}
+	return file_tokenpb_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *BudgetsResponse) GetRows() []*BudgetRow {
@@ -4847,7 +5067,7 @@ type ChargebackRequest struct {
 
 func (x *ChargebackRequest) Reset() {
 	*x = ChargebackRequest{}
-	mi := &file_tokenpb_proto_msgTypes[62]
+	mi := &file_tokenpb_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4859,7 +5079,7 @@ func (x *ChargebackRequest) String() string {
 func (*ChargebackRequest) ProtoMessage() {}
 
 func (x *ChargebackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[62]
+	mi := &file_tokenpb_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4872,7 +5092,7 @@ func (x *ChargebackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChargebackRequest.ProtoReflect.Descriptor instead.
 func (*ChargebackRequest) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{62}
+	return file_tokenpb_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ChargebackRequest) GetRange() *UsageHistoryRequest {
@@ -4905,7 +5125,7 @@ type ChargebackRow struct {
 
 func (x *ChargebackRow) Reset() {
 	*x = ChargebackRow{}
-	mi := &file_tokenpb_proto_msgTypes[63]
+	mi := &file_tokenpb_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4917,7 +5137,7 @@ func (x *ChargebackRow) String() string {
 func (*ChargebackRow) ProtoMessage() {}
 
 func (x *ChargebackRow) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[63]
+	mi := &file_tokenpb_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4930,7 +5150,7 @@ func (x *ChargebackRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChargebackRow.ProtoReflect.Descriptor instead.
 func (*ChargebackRow) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{63}
+	return file_tokenpb_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ChargebackRow) GetUsage() *UsageHistoryRow {
@@ -4980,7 +5200,7 @@ type ChargebackResponse struct {
 
 func (x *ChargebackResponse) Reset() {
 	*x = ChargebackResponse{}
-	mi := &file_tokenpb_proto_msgTypes[64]
+	mi := &file_tokenpb_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4992,7 +5212,7 @@ func (x *ChargebackResponse) String() string {
 func (*ChargebackResponse) ProtoMessage() {}
 
 func (x *ChargebackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[64]
+	mi := &file_tokenpb_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5005,7 +5225,7 @@ func (x *ChargebackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChargebackResponse.ProtoReflect.Descriptor instead.
 func (*ChargebackResponse) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{64}
+	return file_tokenpb_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ChargebackResponse) GetRows() []*ChargebackRow {
@@ -5047,7 +5267,7 @@ type UsageSegmentPart struct {
 
 func (x *UsageSegmentPart) Reset() {
 	*x = UsageSegmentPart{}
-	mi := &file_tokenpb_proto_msgTypes[65]
+	mi := &file_tokenpb_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5059,7 +5279,7 @@ func (x *UsageSegmentPart) String() string {
 func (*UsageSegmentPart) ProtoMessage() {}
 
 func (x *UsageSegmentPart) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[65]
+	mi := &file_tokenpb_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5072,7 +5292,7 @@ func (x *UsageSegmentPart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageSegmentPart.ProtoReflect.Descriptor instead.
 func (*UsageSegmentPart) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{65}
+	return file_tokenpb_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *UsageSegmentPart) GetGranularityS() uint32 {
@@ -5118,7 +5338,7 @@ type UsageSeriesPoints struct {
 
 func (x *UsageSeriesPoints) Reset() {
 	*x = UsageSeriesPoints{}
-	mi := &file_tokenpb_proto_msgTypes[66]
+	mi := &file_tokenpb_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5130,7 +5350,7 @@ func (x *UsageSeriesPoints) String() string {
 func (*UsageSeriesPoints) ProtoMessage() {}
 
 func (x *UsageSeriesPoints) ProtoReflect() protoreflect.Message {
-	mi := &file_tokenpb_proto_msgTypes[66]
+	mi := &file_tokenpb_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5143,7 +5363,7 @@ func (x *UsageSeriesPoints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageSeriesPoints.ProtoReflect.Descriptor instead.
 func (*UsageSeriesPoints) Descriptor() ([]byte, []int) {
-	return file_tokenpb_proto_rawDescGZIP(), []int{66}
+	return file_tokenpb_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *UsageSeriesPoints) GetResourceGroup() string {
@@ -5276,7 +5496,20 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x124\n" +
 	"\x06events\x18\x03 \x03(\v2\x1c.rgproxy.token.v1.WatchEventR\x06events\x12\x12\n" +
-	"\x04more\x18\x04 \x01(\bR\x04more\"\xa9\x03\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\"\x18\n" +
+	"\x16GetServiceLimitRequest\"\xed\x01\n" +
+	"\x17GetServiceLimitResponse\x12\x1c\n" +
+	"\n" +
+	"ru_per_sec\x18\x01 \x01(\x04R\bruPerSec\x12\x1b\n" +
+	"\tfrom_flag\x18\x02 \x01(\bR\bfromFlag\x12#\n" +
+	"\x0eru_per_sec_sum\x18\x03 \x01(\x01R\vruPerSecSum\x12\x16\n" +
+	"\x06groups\x18\x04 \x01(\rR\x06groups\x12)\n" +
+	"\x11demand_ru_per_sec\x18\x05 \x01(\x01R\x0edemandRuPerSec\x12/\n" +
+	"\x14allocated_ru_per_sec\x18\x06 \x01(\x01R\x11allocatedRuPerSec\"6\n" +
+	"\x16SetServiceLimitRequest\x12\x1c\n" +
+	"\n" +
+	"ru_per_sec\x18\x01 \x01(\x04R\bruPerSec\"\x19\n" +
+	"\x17SetServiceLimitResponse\"\xa9\x03\n" +
 	"\vConsumption\x12\x10\n" +
 	"\x03rru\x18\x01 \x01(\x01R\x03rru\x12\x10\n" +
 	"\x03wru\x18\x02 \x01(\x01R\x03wru\x12\x1d\n" +
@@ -5348,14 +5581,15 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x10immediate_tokens\x18\v \x01(\x01R\x0fimmediateTokens\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_addr\x18\x01 \x01(\tR\n" +
-	"leaderAddr\"\xd9\x01\n" +
+	"leaderAddr\"\x82\x02\n" +
 	"\rTokenResponse\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x124\n" +
 	"\x06grants\x18\x02 \x03(\v2\x1c.rgproxy.token.v1.GroupGrantR\x06grants\x12:\n" +
 	"\n" +
 	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\x127\n" +
-	"\abudgets\x18\x04 \x03(\v2\x1d.rgproxy.token.v1.GroupBudgetR\abudgets\"\xa2\x02\n" +
+	"\abudgets\x18\x04 \x03(\v2\x1d.rgproxy.token.v1.GroupBudgetR\abudgets\x12'\n" +
+	"\x0fservice_limited\x18\x05 \x01(\bR\x0eserviceLimited\"\xa2\x02\n" +
 	"\vGroupBudget\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12-\n" +
@@ -5593,7 +5827,8 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\vInspectKind\x12\x15\n" +
 	"\x11INSPECT_KIND_NONE\x10\x00\x12#\n" +
 	"\x1fINSPECT_KIND_STATEMENTS_SUMMARY\x10\x01\x12\x16\n" +
-	"\x12INSPECT_KIND_USAGE\x10\x022\x88\t\n" +
+	"\x12INSPECT_KIND_USAGE\x10\x022\xd8\n" +
+	"\n" +
 	"\x14ResourceGroupService\x12Z\n" +
 	"\vCreateGroup\x12$.rgproxy.token.v1.CreateGroupRequest\x1a%.rgproxy.token.v1.CreateGroupResponse\x12W\n" +
 	"\n" +
@@ -5611,7 +5846,9 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\bAddWatch\x12!.rgproxy.token.v1.AddWatchRequest\x1a\".rgproxy.token.v1.AddWatchResponse\x12Z\n" +
 	"\vRemoveWatch\x12$.rgproxy.token.v1.RemoveWatchRequest\x1a%.rgproxy.token.v1.RemoveWatchResponse\x12Z\n" +
 	"\vListWatches\x12$.rgproxy.token.v1.ListWatchesRequest\x1a%.rgproxy.token.v1.ListWatchesResponse\x12J\n" +
-	"\x05Watch\x12\x1e.rgproxy.token.v1.WatchRequest\x1a\x1f.rgproxy.token.v1.WatchResponse0\x012d\n" +
+	"\x05Watch\x12\x1e.rgproxy.token.v1.WatchRequest\x1a\x1f.rgproxy.token.v1.WatchResponse0\x01\x12f\n" +
+	"\x0fGetServiceLimit\x12(.rgproxy.token.v1.GetServiceLimitRequest\x1a).rgproxy.token.v1.GetServiceLimitResponse\x12f\n" +
+	"\x0fSetServiceLimit\x12(.rgproxy.token.v1.SetServiceLimitRequest\x1a).rgproxy.token.v1.SetServiceLimitResponse2d\n" +
 	"\fTokenService\x12T\n" +
 	"\rAcquireTokens\x12\x1e.rgproxy.token.v1.TokenRequest\x1a\x1f.rgproxy.token.v1.TokenResponse(\x010\x012\xc6\x01\n" +
 	"\x0eInspectService\x12O\n" +
@@ -5639,82 +5876,86 @@ func file_tokenpb_proto_rawDescGZIP() []byte {
 }
 
 var file_tokenpb_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_tokenpb_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_tokenpb_proto_goTypes = []any{
-	(Priority)(0),                  // 0: rgproxy.token.v1.Priority
-	(BurstMode)(0),                 // 1: rgproxy.token.v1.BurstMode
-	(Action)(0),                    // 2: rgproxy.token.v1.Action
-	(WatchType)(0),                 // 3: rgproxy.token.v1.WatchType
-	(GrantError)(0),                // 4: rgproxy.token.v1.GrantError
-	(InspectKind)(0),               // 5: rgproxy.token.v1.InspectKind
-	(WatchEvent_Type)(0),           // 6: rgproxy.token.v1.WatchEvent.Type
-	(*QueryLimit)(nil),             // 7: rgproxy.token.v1.QueryLimit
-	(*ResourceGroup)(nil),          // 8: rgproxy.token.v1.ResourceGroup
-	(*Budget)(nil),                 // 9: rgproxy.token.v1.Budget
-	(*BudgetTrigger)(nil),          // 10: rgproxy.token.v1.BudgetTrigger
-	(*Binding)(nil),                // 11: rgproxy.token.v1.Binding
-	(*CreateGroupRequest)(nil),     // 12: rgproxy.token.v1.CreateGroupRequest
-	(*CreateGroupResponse)(nil),    // 13: rgproxy.token.v1.CreateGroupResponse
-	(*AlterGroupRequest)(nil),      // 14: rgproxy.token.v1.AlterGroupRequest
-	(*AlterGroupResponse)(nil),     // 15: rgproxy.token.v1.AlterGroupResponse
-	(*DropGroupRequest)(nil),       // 16: rgproxy.token.v1.DropGroupRequest
-	(*DropGroupResponse)(nil),      // 17: rgproxy.token.v1.DropGroupResponse
-	(*GetGroupRequest)(nil),        // 18: rgproxy.token.v1.GetGroupRequest
-	(*GetGroupResponse)(nil),       // 19: rgproxy.token.v1.GetGroupResponse
-	(*ListGroupsRequest)(nil),      // 20: rgproxy.token.v1.ListGroupsRequest
-	(*ListGroupsResponse)(nil),     // 21: rgproxy.token.v1.ListGroupsResponse
-	(*BindUserRequest)(nil),        // 22: rgproxy.token.v1.BindUserRequest
-	(*BindUserResponse)(nil),       // 23: rgproxy.token.v1.BindUserResponse
-	(*UnbindUserRequest)(nil),      // 24: rgproxy.token.v1.UnbindUserRequest
-	(*UnbindUserResponse)(nil),     // 25: rgproxy.token.v1.UnbindUserResponse
-	(*GetBindingRequest)(nil),      // 26: rgproxy.token.v1.GetBindingRequest
-	(*GetBindingResponse)(nil),     // 27: rgproxy.token.v1.GetBindingResponse
-	(*ListBindingsRequest)(nil),    // 28: rgproxy.token.v1.ListBindingsRequest
-	(*ListBindingsResponse)(nil),   // 29: rgproxy.token.v1.ListBindingsResponse
-	(*RunawayWatch)(nil),           // 30: rgproxy.token.v1.RunawayWatch
-	(*AddWatchRequest)(nil),        // 31: rgproxy.token.v1.AddWatchRequest
-	(*AddWatchResponse)(nil),       // 32: rgproxy.token.v1.AddWatchResponse
-	(*RemoveWatchRequest)(nil),     // 33: rgproxy.token.v1.RemoveWatchRequest
-	(*RemoveWatchResponse)(nil),    // 34: rgproxy.token.v1.RemoveWatchResponse
-	(*ListWatchesRequest)(nil),     // 35: rgproxy.token.v1.ListWatchesRequest
-	(*ListWatchesResponse)(nil),    // 36: rgproxy.token.v1.ListWatchesResponse
-	(*WatchRequest)(nil),           // 37: rgproxy.token.v1.WatchRequest
-	(*WatchEvent)(nil),             // 38: rgproxy.token.v1.WatchEvent
-	(*WatchResponse)(nil),          // 39: rgproxy.token.v1.WatchResponse
-	(*Consumption)(nil),            // 40: rgproxy.token.v1.Consumption
-	(*ChargebackEntry)(nil),        // 41: rgproxy.token.v1.ChargebackEntry
-	(*GroupTokenRequest)(nil),      // 42: rgproxy.token.v1.GroupTokenRequest
-	(*TokenRequest)(nil),           // 43: rgproxy.token.v1.TokenRequest
-	(*ProxyCapabilities)(nil),      // 44: rgproxy.token.v1.ProxyCapabilities
-	(*GroupGrant)(nil),             // 45: rgproxy.token.v1.GroupGrant
-	(*NotLeader)(nil),              // 46: rgproxy.token.v1.NotLeader
-	(*TokenResponse)(nil),          // 47: rgproxy.token.v1.TokenResponse
-	(*GroupBudget)(nil),            // 48: rgproxy.token.v1.GroupBudget
-	(*StatementSummaryRow)(nil),    // 49: rgproxy.token.v1.StatementSummaryRow
-	(*GroupUsageRow)(nil),          // 50: rgproxy.token.v1.GroupUsageRow
-	(*InspectRequest)(nil),         // 51: rgproxy.token.v1.InspectRequest
-	(*InspectHello)(nil),           // 52: rgproxy.token.v1.InspectHello
-	(*InspectReply)(nil),           // 53: rgproxy.token.v1.InspectReply
-	(*ClusterInspectRequest)(nil),  // 54: rgproxy.token.v1.ClusterInspectRequest
-	(*InstanceRows)(nil),           // 55: rgproxy.token.v1.InstanceRows
-	(*ClusterInspectResponse)(nil), // 56: rgproxy.token.v1.ClusterInspectResponse
-	(*RunawayEvent)(nil),           // 57: rgproxy.token.v1.RunawayEvent
-	(*RecordRunawaysRequest)(nil),  // 58: rgproxy.token.v1.RecordRunawaysRequest
-	(*RecordRunawaysResponse)(nil), // 59: rgproxy.token.v1.RecordRunawaysResponse
-	(*ListRunawaysRequest)(nil),    // 60: rgproxy.token.v1.ListRunawaysRequest
-	(*RunawayRow)(nil),             // 61: rgproxy.token.v1.RunawayRow
-	(*ListRunawaysResponse)(nil),   // 62: rgproxy.token.v1.ListRunawaysResponse
-	(*UsageHistoryRequest)(nil),    // 63: rgproxy.token.v1.UsageHistoryRequest
-	(*UsageHistoryRow)(nil),        // 64: rgproxy.token.v1.UsageHistoryRow
-	(*UsageHistoryResponse)(nil),   // 65: rgproxy.token.v1.UsageHistoryResponse
-	(*BudgetsRequest)(nil),         // 66: rgproxy.token.v1.BudgetsRequest
-	(*BudgetRow)(nil),              // 67: rgproxy.token.v1.BudgetRow
-	(*BudgetsResponse)(nil),        // 68: rgproxy.token.v1.BudgetsResponse
-	(*ChargebackRequest)(nil),      // 69: rgproxy.token.v1.ChargebackRequest
-	(*ChargebackRow)(nil),          // 70: rgproxy.token.v1.ChargebackRow
-	(*ChargebackResponse)(nil),     // 71: rgproxy.token.v1.ChargebackResponse
-	(*UsageSegmentPart)(nil),       // 72: rgproxy.token.v1.UsageSegmentPart
-	(*UsageSeriesPoints)(nil),      // 73: rgproxy.token.v1.UsageSeriesPoints
+	(Priority)(0),                   // 0: rgproxy.token.v1.Priority
+	(BurstMode)(0),                  // 1: rgproxy.token.v1.BurstMode
+	(Action)(0),                     // 2: rgproxy.token.v1.Action
+	(WatchType)(0),                  // 3: rgproxy.token.v1.WatchType
+	(GrantError)(0),                 // 4: rgproxy.token.v1.GrantError
+	(InspectKind)(0),                // 5: rgproxy.token.v1.InspectKind
+	(WatchEvent_Type)(0),            // 6: rgproxy.token.v1.WatchEvent.Type
+	(*QueryLimit)(nil),              // 7: rgproxy.token.v1.QueryLimit
+	(*ResourceGroup)(nil),           // 8: rgproxy.token.v1.ResourceGroup
+	(*Budget)(nil),                  // 9: rgproxy.token.v1.Budget
+	(*BudgetTrigger)(nil),           // 10: rgproxy.token.v1.BudgetTrigger
+	(*Binding)(nil),                 // 11: rgproxy.token.v1.Binding
+	(*CreateGroupRequest)(nil),      // 12: rgproxy.token.v1.CreateGroupRequest
+	(*CreateGroupResponse)(nil),     // 13: rgproxy.token.v1.CreateGroupResponse
+	(*AlterGroupRequest)(nil),       // 14: rgproxy.token.v1.AlterGroupRequest
+	(*AlterGroupResponse)(nil),      // 15: rgproxy.token.v1.AlterGroupResponse
+	(*DropGroupRequest)(nil),        // 16: rgproxy.token.v1.DropGroupRequest
+	(*DropGroupResponse)(nil),       // 17: rgproxy.token.v1.DropGroupResponse
+	(*GetGroupRequest)(nil),         // 18: rgproxy.token.v1.GetGroupRequest
+	(*GetGroupResponse)(nil),        // 19: rgproxy.token.v1.GetGroupResponse
+	(*ListGroupsRequest)(nil),       // 20: rgproxy.token.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),      // 21: rgproxy.token.v1.ListGroupsResponse
+	(*BindUserRequest)(nil),         // 22: rgproxy.token.v1.BindUserRequest
+	(*BindUserResponse)(nil),        // 23: rgproxy.token.v1.BindUserResponse
+	(*UnbindUserRequest)(nil),       // 24: rgproxy.token.v1.UnbindUserRequest
+	(*UnbindUserResponse)(nil),      // 25: rgproxy.token.v1.UnbindUserResponse
+	(*GetBindingRequest)(nil),       // 26: rgproxy.token.v1.GetBindingRequest
+	(*GetBindingResponse)(nil),      // 27: rgproxy.token.v1.GetBindingResponse
+	(*ListBindingsRequest)(nil),     // 28: rgproxy.token.v1.ListBindingsRequest
+	(*ListBindingsResponse)(nil),    // 29: rgproxy.token.v1.ListBindingsResponse
+	(*RunawayWatch)(nil),            // 30: rgproxy.token.v1.RunawayWatch
+	(*AddWatchRequest)(nil),         // 31: rgproxy.token.v1.AddWatchRequest
+	(*AddWatchResponse)(nil),        // 32: rgproxy.token.v1.AddWatchResponse
+	(*RemoveWatchRequest)(nil),      // 33: rgproxy.token.v1.RemoveWatchRequest
+	(*RemoveWatchResponse)(nil),     // 34: rgproxy.token.v1.RemoveWatchResponse
+	(*ListWatchesRequest)(nil),      // 35: rgproxy.token.v1.ListWatchesRequest
+	(*ListWatchesResponse)(nil),     // 36: rgproxy.token.v1.ListWatchesResponse
+	(*WatchRequest)(nil),            // 37: rgproxy.token.v1.WatchRequest
+	(*WatchEvent)(nil),              // 38: rgproxy.token.v1.WatchEvent
+	(*WatchResponse)(nil),           // 39: rgproxy.token.v1.WatchResponse
+	(*GetServiceLimitRequest)(nil),  // 40: rgproxy.token.v1.GetServiceLimitRequest
+	(*GetServiceLimitResponse)(nil), // 41: rgproxy.token.v1.GetServiceLimitResponse
+	(*SetServiceLimitRequest)(nil),  // 42: rgproxy.token.v1.SetServiceLimitRequest
+	(*SetServiceLimitResponse)(nil), // 43: rgproxy.token.v1.SetServiceLimitResponse
+	(*Consumption)(nil),             // 44: rgproxy.token.v1.Consumption
+	(*ChargebackEntry)(nil),         // 45: rgproxy.token.v1.ChargebackEntry
+	(*GroupTokenRequest)(nil),       // 46: rgproxy.token.v1.GroupTokenRequest
+	(*TokenRequest)(nil),            // 47: rgproxy.token.v1.TokenRequest
+	(*ProxyCapabilities)(nil),       // 48: rgproxy.token.v1.ProxyCapabilities
+	(*GroupGrant)(nil),              // 49: rgproxy.token.v1.GroupGrant
+	(*NotLeader)(nil),               // 50: rgproxy.token.v1.NotLeader
+	(*TokenResponse)(nil),           // 51: rgproxy.token.v1.TokenResponse
+	(*GroupBudget)(nil),             // 52: rgproxy.token.v1.GroupBudget
+	(*StatementSummaryRow)(nil),     // 53: rgproxy.token.v1.StatementSummaryRow
+	(*GroupUsageRow)(nil),           // 54: rgproxy.token.v1.GroupUsageRow
+	(*InspectRequest)(nil),          // 55: rgproxy.token.v1.InspectRequest
+	(*InspectHello)(nil),            // 56: rgproxy.token.v1.InspectHello
+	(*InspectReply)(nil),            // 57: rgproxy.token.v1.InspectReply
+	(*ClusterInspectRequest)(nil),   // 58: rgproxy.token.v1.ClusterInspectRequest
+	(*InstanceRows)(nil),            // 59: rgproxy.token.v1.InstanceRows
+	(*ClusterInspectResponse)(nil),  // 60: rgproxy.token.v1.ClusterInspectResponse
+	(*RunawayEvent)(nil),            // 61: rgproxy.token.v1.RunawayEvent
+	(*RecordRunawaysRequest)(nil),   // 62: rgproxy.token.v1.RecordRunawaysRequest
+	(*RecordRunawaysResponse)(nil),  // 63: rgproxy.token.v1.RecordRunawaysResponse
+	(*ListRunawaysRequest)(nil),     // 64: rgproxy.token.v1.ListRunawaysRequest
+	(*RunawayRow)(nil),              // 65: rgproxy.token.v1.RunawayRow
+	(*ListRunawaysResponse)(nil),    // 66: rgproxy.token.v1.ListRunawaysResponse
+	(*UsageHistoryRequest)(nil),     // 67: rgproxy.token.v1.UsageHistoryRequest
+	(*UsageHistoryRow)(nil),         // 68: rgproxy.token.v1.UsageHistoryRow
+	(*UsageHistoryResponse)(nil),    // 69: rgproxy.token.v1.UsageHistoryResponse
+	(*BudgetsRequest)(nil),          // 70: rgproxy.token.v1.BudgetsRequest
+	(*BudgetRow)(nil),               // 71: rgproxy.token.v1.BudgetRow
+	(*BudgetsResponse)(nil),         // 72: rgproxy.token.v1.BudgetsResponse
+	(*ChargebackRequest)(nil),       // 73: rgproxy.token.v1.ChargebackRequest
+	(*ChargebackRow)(nil),           // 74: rgproxy.token.v1.ChargebackRow
+	(*ChargebackResponse)(nil),      // 75: rgproxy.token.v1.ChargebackResponse
+	(*UsageSegmentPart)(nil),        // 76: rgproxy.token.v1.UsageSegmentPart
+	(*UsageSeriesPoints)(nil),       // 77: rgproxy.token.v1.UsageSeriesPoints
 }
 var file_tokenpb_proto_depIdxs = []int32{
 	2,  // 0: rgproxy.token.v1.QueryLimit.action:type_name -> rgproxy.token.v1.Action
@@ -5743,37 +5984,37 @@ var file_tokenpb_proto_depIdxs = []int32{
 	11, // 23: rgproxy.token.v1.WatchEvent.binding:type_name -> rgproxy.token.v1.Binding
 	30, // 24: rgproxy.token.v1.WatchEvent.watch:type_name -> rgproxy.token.v1.RunawayWatch
 	38, // 25: rgproxy.token.v1.WatchResponse.events:type_name -> rgproxy.token.v1.WatchEvent
-	41, // 26: rgproxy.token.v1.Consumption.chargeback:type_name -> rgproxy.token.v1.ChargebackEntry
-	40, // 27: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
-	42, // 28: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
-	44, // 29: rgproxy.token.v1.TokenRequest.capabilities:type_name -> rgproxy.token.v1.ProxyCapabilities
+	45, // 26: rgproxy.token.v1.Consumption.chargeback:type_name -> rgproxy.token.v1.ChargebackEntry
+	44, // 27: rgproxy.token.v1.GroupTokenRequest.consumption:type_name -> rgproxy.token.v1.Consumption
+	46, // 28: rgproxy.token.v1.TokenRequest.groups:type_name -> rgproxy.token.v1.GroupTokenRequest
+	48, // 29: rgproxy.token.v1.TokenRequest.capabilities:type_name -> rgproxy.token.v1.ProxyCapabilities
 	4,  // 30: rgproxy.token.v1.GroupGrant.error_code:type_name -> rgproxy.token.v1.GrantError
-	45, // 31: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
-	46, // 32: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	48, // 33: rgproxy.token.v1.TokenResponse.budgets:type_name -> rgproxy.token.v1.GroupBudget
+	49, // 31: rgproxy.token.v1.TokenResponse.grants:type_name -> rgproxy.token.v1.GroupGrant
+	50, // 32: rgproxy.token.v1.TokenResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	52, // 33: rgproxy.token.v1.TokenResponse.budgets:type_name -> rgproxy.token.v1.GroupBudget
 	5,  // 34: rgproxy.token.v1.InspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	46, // 35: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	52, // 36: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
-	49, // 37: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	50, // 38: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	50, // 35: rgproxy.token.v1.InspectRequest.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	56, // 36: rgproxy.token.v1.InspectReply.hello:type_name -> rgproxy.token.v1.InspectHello
+	53, // 37: rgproxy.token.v1.InspectReply.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	54, // 38: rgproxy.token.v1.InspectReply.usage:type_name -> rgproxy.token.v1.GroupUsageRow
 	5,  // 39: rgproxy.token.v1.ClusterInspectRequest.kind:type_name -> rgproxy.token.v1.InspectKind
-	49, // 40: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
-	50, // 41: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
-	55, // 42: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
-	46, // 43: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	57, // 44: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
-	46, // 45: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	61, // 46: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
-	46, // 47: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	64, // 48: rgproxy.token.v1.UsageHistoryResponse.rows:type_name -> rgproxy.token.v1.UsageHistoryRow
-	46, // 49: rgproxy.token.v1.UsageHistoryResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	67, // 50: rgproxy.token.v1.BudgetsResponse.rows:type_name -> rgproxy.token.v1.BudgetRow
-	46, // 51: rgproxy.token.v1.BudgetsResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	63, // 52: rgproxy.token.v1.ChargebackRequest.range:type_name -> rgproxy.token.v1.UsageHistoryRequest
-	64, // 53: rgproxy.token.v1.ChargebackRow.usage:type_name -> rgproxy.token.v1.UsageHistoryRow
-	70, // 54: rgproxy.token.v1.ChargebackResponse.rows:type_name -> rgproxy.token.v1.ChargebackRow
-	46, // 55: rgproxy.token.v1.ChargebackResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
-	73, // 56: rgproxy.token.v1.UsageSegmentPart.series:type_name -> rgproxy.token.v1.UsageSeriesPoints
+	53, // 40: rgproxy.token.v1.InstanceRows.statements:type_name -> rgproxy.token.v1.StatementSummaryRow
+	54, // 41: rgproxy.token.v1.InstanceRows.usage:type_name -> rgproxy.token.v1.GroupUsageRow
+	59, // 42: rgproxy.token.v1.ClusterInspectResponse.instances:type_name -> rgproxy.token.v1.InstanceRows
+	50, // 43: rgproxy.token.v1.ClusterInspectResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	61, // 44: rgproxy.token.v1.RecordRunawaysRequest.events:type_name -> rgproxy.token.v1.RunawayEvent
+	50, // 45: rgproxy.token.v1.RecordRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	65, // 46: rgproxy.token.v1.ListRunawaysResponse.rows:type_name -> rgproxy.token.v1.RunawayRow
+	50, // 47: rgproxy.token.v1.ListRunawaysResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	68, // 48: rgproxy.token.v1.UsageHistoryResponse.rows:type_name -> rgproxy.token.v1.UsageHistoryRow
+	50, // 49: rgproxy.token.v1.UsageHistoryResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	71, // 50: rgproxy.token.v1.BudgetsResponse.rows:type_name -> rgproxy.token.v1.BudgetRow
+	50, // 51: rgproxy.token.v1.BudgetsResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	67, // 52: rgproxy.token.v1.ChargebackRequest.range:type_name -> rgproxy.token.v1.UsageHistoryRequest
+	68, // 53: rgproxy.token.v1.ChargebackRow.usage:type_name -> rgproxy.token.v1.UsageHistoryRow
+	74, // 54: rgproxy.token.v1.ChargebackResponse.rows:type_name -> rgproxy.token.v1.ChargebackRow
+	50, // 55: rgproxy.token.v1.ChargebackResponse.not_leader:type_name -> rgproxy.token.v1.NotLeader
+	77, // 56: rgproxy.token.v1.UsageSegmentPart.series:type_name -> rgproxy.token.v1.UsageSeriesPoints
 	12, // 57: rgproxy.token.v1.ResourceGroupService.CreateGroup:input_type -> rgproxy.token.v1.CreateGroupRequest
 	14, // 58: rgproxy.token.v1.ResourceGroupService.AlterGroup:input_type -> rgproxy.token.v1.AlterGroupRequest
 	16, // 59: rgproxy.token.v1.ResourceGroupService.DropGroup:input_type -> rgproxy.token.v1.DropGroupRequest
@@ -5787,37 +6028,41 @@ var file_tokenpb_proto_depIdxs = []int32{
 	33, // 67: rgproxy.token.v1.ResourceGroupService.RemoveWatch:input_type -> rgproxy.token.v1.RemoveWatchRequest
 	35, // 68: rgproxy.token.v1.ResourceGroupService.ListWatches:input_type -> rgproxy.token.v1.ListWatchesRequest
 	37, // 69: rgproxy.token.v1.ResourceGroupService.Watch:input_type -> rgproxy.token.v1.WatchRequest
-	43, // 70: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
-	53, // 71: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
-	54, // 72: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
-	58, // 73: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
-	60, // 74: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
-	63, // 75: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
-	66, // 76: rgproxy.token.v1.UsageService.Budgets:input_type -> rgproxy.token.v1.BudgetsRequest
-	69, // 77: rgproxy.token.v1.UsageService.Chargeback:input_type -> rgproxy.token.v1.ChargebackRequest
-	13, // 78: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
-	15, // 79: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
-	17, // 80: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
-	19, // 81: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
-	21, // 82: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
-	23, // 83: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
-	25, // 84: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
-	27, // 85: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
-	29, // 86: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
-	32, // 87: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
-	34, // 88: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
-	36, // 89: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
-	39, // 90: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
-	47, // 91: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
-	51, // 92: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
-	56, // 93: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
-	59, // 94: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
-	62, // 95: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
-	65, // 96: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
-	68, // 97: rgproxy.token.v1.UsageService.Budgets:output_type -> rgproxy.token.v1.BudgetsResponse
-	71, // 98: rgproxy.token.v1.UsageService.Chargeback:output_type -> rgproxy.token.v1.ChargebackResponse
-	78, // [78:99] is the sub-list for method output_type
-	57, // [57:78] is the sub-list for method input_type
+	40, // 70: rgproxy.token.v1.ResourceGroupService.GetServiceLimit:input_type -> rgproxy.token.v1.GetServiceLimitRequest
+	42, // 71: rgproxy.token.v1.ResourceGroupService.SetServiceLimit:input_type -> rgproxy.token.v1.SetServiceLimitRequest
+	47, // 72: rgproxy.token.v1.TokenService.AcquireTokens:input_type -> rgproxy.token.v1.TokenRequest
+	57, // 73: rgproxy.token.v1.InspectService.Inspect:input_type -> rgproxy.token.v1.InspectReply
+	58, // 74: rgproxy.token.v1.InspectService.ClusterInspect:input_type -> rgproxy.token.v1.ClusterInspectRequest
+	62, // 75: rgproxy.token.v1.RunawayService.RecordRunaways:input_type -> rgproxy.token.v1.RecordRunawaysRequest
+	64, // 76: rgproxy.token.v1.RunawayService.ListRunaways:input_type -> rgproxy.token.v1.ListRunawaysRequest
+	67, // 77: rgproxy.token.v1.UsageService.UsageHistory:input_type -> rgproxy.token.v1.UsageHistoryRequest
+	70, // 78: rgproxy.token.v1.UsageService.Budgets:input_type -> rgproxy.token.v1.BudgetsRequest
+	73, // 79: rgproxy.token.v1.UsageService.Chargeback:input_type -> rgproxy.token.v1.ChargebackRequest
+	13, // 80: rgproxy.token.v1.ResourceGroupService.CreateGroup:output_type -> rgproxy.token.v1.CreateGroupResponse
+	15, // 81: rgproxy.token.v1.ResourceGroupService.AlterGroup:output_type -> rgproxy.token.v1.AlterGroupResponse
+	17, // 82: rgproxy.token.v1.ResourceGroupService.DropGroup:output_type -> rgproxy.token.v1.DropGroupResponse
+	19, // 83: rgproxy.token.v1.ResourceGroupService.GetGroup:output_type -> rgproxy.token.v1.GetGroupResponse
+	21, // 84: rgproxy.token.v1.ResourceGroupService.ListGroups:output_type -> rgproxy.token.v1.ListGroupsResponse
+	23, // 85: rgproxy.token.v1.ResourceGroupService.BindUser:output_type -> rgproxy.token.v1.BindUserResponse
+	25, // 86: rgproxy.token.v1.ResourceGroupService.UnbindUser:output_type -> rgproxy.token.v1.UnbindUserResponse
+	27, // 87: rgproxy.token.v1.ResourceGroupService.GetBinding:output_type -> rgproxy.token.v1.GetBindingResponse
+	29, // 88: rgproxy.token.v1.ResourceGroupService.ListBindings:output_type -> rgproxy.token.v1.ListBindingsResponse
+	32, // 89: rgproxy.token.v1.ResourceGroupService.AddWatch:output_type -> rgproxy.token.v1.AddWatchResponse
+	34, // 90: rgproxy.token.v1.ResourceGroupService.RemoveWatch:output_type -> rgproxy.token.v1.RemoveWatchResponse
+	36, // 91: rgproxy.token.v1.ResourceGroupService.ListWatches:output_type -> rgproxy.token.v1.ListWatchesResponse
+	39, // 92: rgproxy.token.v1.ResourceGroupService.Watch:output_type -> rgproxy.token.v1.WatchResponse
+	41, // 93: rgproxy.token.v1.ResourceGroupService.GetServiceLimit:output_type -> rgproxy.token.v1.GetServiceLimitResponse
+	43, // 94: rgproxy.token.v1.ResourceGroupService.SetServiceLimit:output_type -> rgproxy.token.v1.SetServiceLimitResponse
+	51, // 95: rgproxy.token.v1.TokenService.AcquireTokens:output_type -> rgproxy.token.v1.TokenResponse
+	55, // 96: rgproxy.token.v1.InspectService.Inspect:output_type -> rgproxy.token.v1.InspectRequest
+	60, // 97: rgproxy.token.v1.InspectService.ClusterInspect:output_type -> rgproxy.token.v1.ClusterInspectResponse
+	63, // 98: rgproxy.token.v1.RunawayService.RecordRunaways:output_type -> rgproxy.token.v1.RecordRunawaysResponse
+	66, // 99: rgproxy.token.v1.RunawayService.ListRunaways:output_type -> rgproxy.token.v1.ListRunawaysResponse
+	69, // 100: rgproxy.token.v1.UsageService.UsageHistory:output_type -> rgproxy.token.v1.UsageHistoryResponse
+	72, // 101: rgproxy.token.v1.UsageService.Budgets:output_type -> rgproxy.token.v1.BudgetsResponse
+	75, // 102: rgproxy.token.v1.UsageService.Chargeback:output_type -> rgproxy.token.v1.ChargebackResponse
+	80, // [80:103] is the sub-list for method output_type
+	57, // [57:80] is the sub-list for method input_type
 	57, // [57:57] is the sub-list for extension type_name
 	57, // [57:57] is the sub-list for extension extendee
 	0,  // [0:57] is the sub-list for field type_name
@@ -5834,7 +6079,7 @@ func file_tokenpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tokenpb_proto_rawDesc), len(file_tokenpb_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   67,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

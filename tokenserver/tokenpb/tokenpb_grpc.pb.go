@@ -23,19 +23,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	ResourceGroupService_CreateGroup_FullMethodName  = "/rgproxy.token.v1.ResourceGroupService/CreateGroup"
-	ResourceGroupService_AlterGroup_FullMethodName   = "/rgproxy.token.v1.ResourceGroupService/AlterGroup"
-	ResourceGroupService_DropGroup_FullMethodName    = "/rgproxy.token.v1.ResourceGroupService/DropGroup"
-	ResourceGroupService_GetGroup_FullMethodName     = "/rgproxy.token.v1.ResourceGroupService/GetGroup"
-	ResourceGroupService_ListGroups_FullMethodName   = "/rgproxy.token.v1.ResourceGroupService/ListGroups"
-	ResourceGroupService_BindUser_FullMethodName     = "/rgproxy.token.v1.ResourceGroupService/BindUser"
-	ResourceGroupService_UnbindUser_FullMethodName   = "/rgproxy.token.v1.ResourceGroupService/UnbindUser"
-	ResourceGroupService_GetBinding_FullMethodName   = "/rgproxy.token.v1.ResourceGroupService/GetBinding"
-	ResourceGroupService_ListBindings_FullMethodName = "/rgproxy.token.v1.ResourceGroupService/ListBindings"
-	ResourceGroupService_AddWatch_FullMethodName     = "/rgproxy.token.v1.ResourceGroupService/AddWatch"
-	ResourceGroupService_RemoveWatch_FullMethodName  = "/rgproxy.token.v1.ResourceGroupService/RemoveWatch"
-	ResourceGroupService_ListWatches_FullMethodName  = "/rgproxy.token.v1.ResourceGroupService/ListWatches"
-	ResourceGroupService_Watch_FullMethodName        = "/rgproxy.token.v1.ResourceGroupService/Watch"
+	ResourceGroupService_CreateGroup_FullMethodName     = "/rgproxy.token.v1.ResourceGroupService/CreateGroup"
+	ResourceGroupService_AlterGroup_FullMethodName      = "/rgproxy.token.v1.ResourceGroupService/AlterGroup"
+	ResourceGroupService_DropGroup_FullMethodName       = "/rgproxy.token.v1.ResourceGroupService/DropGroup"
+	ResourceGroupService_GetGroup_FullMethodName        = "/rgproxy.token.v1.ResourceGroupService/GetGroup"
+	ResourceGroupService_ListGroups_FullMethodName      = "/rgproxy.token.v1.ResourceGroupService/ListGroups"
+	ResourceGroupService_BindUser_FullMethodName        = "/rgproxy.token.v1.ResourceGroupService/BindUser"
+	ResourceGroupService_UnbindUser_FullMethodName      = "/rgproxy.token.v1.ResourceGroupService/UnbindUser"
+	ResourceGroupService_GetBinding_FullMethodName      = "/rgproxy.token.v1.ResourceGroupService/GetBinding"
+	ResourceGroupService_ListBindings_FullMethodName    = "/rgproxy.token.v1.ResourceGroupService/ListBindings"
+	ResourceGroupService_AddWatch_FullMethodName        = "/rgproxy.token.v1.ResourceGroupService/AddWatch"
+	ResourceGroupService_RemoveWatch_FullMethodName     = "/rgproxy.token.v1.ResourceGroupService/RemoveWatch"
+	ResourceGroupService_ListWatches_FullMethodName     = "/rgproxy.token.v1.ResourceGroupService/ListWatches"
+	ResourceGroupService_Watch_FullMethodName           = "/rgproxy.token.v1.ResourceGroupService/Watch"
+	ResourceGroupService_GetServiceLimit_FullMethodName = "/rgproxy.token.v1.ResourceGroupService/GetServiceLimit"
+	ResourceGroupService_SetServiceLimit_FullMethodName = "/rgproxy.token.v1.ResourceGroupService/SetServiceLimit"
 )
 
 // ResourceGroupServiceClient is the client API for ResourceGroupService service.
@@ -69,6 +71,12 @@ type ResourceGroupServiceClient interface {
 	// and the docs call it the settings stream, and "watch" names runaway
 	// watches only.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	// GetServiceLimit returns the service limit in force (etcd's, else the
+	// replica's --service-limit) and the groups' RU_PER_SEC sum.
+	GetServiceLimit(ctx context.Context, in *GetServiceLimitRequest, opts ...grpc.CallOption) (*GetServiceLimitResponse, error)
+	// SetServiceLimit stores the service limit in etcd (admin).
+	// InvalidArgument beyond resourcegroup.MaxRU.
+	SetServiceLimit(ctx context.Context, in *SetServiceLimitRequest, opts ...grpc.CallOption) (*SetServiceLimitResponse, error)
 }
 
 type resourceGroupServiceClient struct {
@@ -218,6 +226,26 @@ func (c *resourceGroupServiceClient) Watch(ctx context.Context, in *WatchRequest
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ResourceGroupService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
 
+func (c *resourceGroupServiceClient) GetServiceLimit(ctx context.Context, in *GetServiceLimitRequest, opts ...grpc.CallOption) (*GetServiceLimitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetServiceLimitResponse)
+	err := c.cc.Invoke(ctx, ResourceGroupService_GetServiceLimit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *resourceGroupServiceClient) SetServiceLimit(ctx context.Context, in *SetServiceLimitRequest, opts ...grpc.CallOption) (*SetServiceLimitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetServiceLimitResponse)
+	err := c.cc.Invoke(ctx, ResourceGroupService_SetServiceLimit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ResourceGroupServiceServer is the server API for ResourceGroupService service.
 // All implementations must embed UnimplementedResourceGroupServiceServer
 // for forward compatibility.
@@ -249,6 +277,12 @@ type ResourceGroupServiceServer interface {
 	// and the docs call it the settings stream, and "watch" names runaway
 	// watches only.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	// GetServiceLimit returns the service limit in force (etcd's, else the
+	// replica's --service-limit) and the groups' RU_PER_SEC sum.
+	GetServiceLimit(context.Context, *GetServiceLimitRequest) (*GetServiceLimitResponse, error)
+	// SetServiceLimit stores the service limit in etcd (admin).
+	// InvalidArgument beyond resourcegroup.MaxRU.
+	SetServiceLimit(context.Context, *SetServiceLimitRequest) (*SetServiceLimitResponse, error)
 	mustEmbedUnimplementedResourceGroupServiceServer()
 }
 
@@ -297,6 +331,12 @@ func (UnimplementedResourceGroupServiceServer) ListWatches(context.Context, *Lis
 }
 func (UnimplementedResourceGroupServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedResourceGroupServiceServer) GetServiceLimit(context.Context, *GetServiceLimitRequest) (*GetServiceLimitResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetServiceLimit not implemented")
+}
+func (UnimplementedResourceGroupServiceServer) SetServiceLimit(context.Context, *SetServiceLimitRequest) (*SetServiceLimitResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SetServiceLimit not implemented")
 }
 func (UnimplementedResourceGroupServiceServer) mustEmbedUnimplementedResourceGroupServiceServer() {}
 func (UnimplementedResourceGroupServiceServer) testEmbeddedByValue()                              {}
@@ -546,6 +586,42 @@ func _ResourceGroupService_Watch_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type ResourceGroupService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
 
+func _ResourceGroupService_GetServiceLimit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetServiceLimitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceGroupServiceServer).GetServiceLimit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceGroupService_GetServiceLimit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceGroupServiceServer).GetServiceLimit(ctx, req.(*GetServiceLimitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ResourceGroupService_SetServiceLimit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetServiceLimitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourceGroupServiceServer).SetServiceLimit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ResourceGroupService_SetServiceLimit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourceGroupServiceServer).SetServiceLimit(ctx, req.(*SetServiceLimitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ResourceGroupService_ServiceDesc is the grpc.ServiceDesc for ResourceGroupService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -600,6 +676,14 @@ var ResourceGroupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWatches",
 			Handler:    _ResourceGroupService_ListWatches_Handler,
+		},
+		{
+			MethodName: "GetServiceLimit",
+			Handler:    _ResourceGroupService_GetServiceLimit_Handler,
+		},
+		{
+			MethodName: "SetServiceLimit",
+			Handler:    _ResourceGroupService_SetServiceLimit_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
