@@ -19,6 +19,10 @@ import (
 // Unlimited is the RUPerSec value of RU_PER_SEC = UNLIMITED.
 const Unlimited uint64 = math.MaxUint64
 
+// MaxDepth is the most levels of groups under the service limit: a
+// group, its parent and its parent's parent (PARENT = g).
+const MaxDepth = 3
+
 // DefaultGroup is the name of the group that always exists.
 const DefaultGroup = "default"
 
@@ -137,6 +141,9 @@ type Group struct {
 	// Budgets are the group's BUDGET clauses (budget.go): at most one per
 	// period, in period order (HOUR first); nil = none.
 	Budgets []Budget
+	// Parent is the group whose RU_PER_SEC holds over this group and its
+	// siblings together (PARENT = name, lower case); "" = none.
+	Parent string
 	// Version is the store's revision of this definition (etcd ModRevision);
 	// 0 when not stored yet. It is not part of the definition's identity.
 	Version int64

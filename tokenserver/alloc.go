@@ -71,11 +71,14 @@ type Settings struct {
 	// Priority orders the groups under the service limit
 	// (servicelimit.go): a higher level's demand is met first.
 	Priority resourcegroup.Priority
+	// Parent is the group whose RU_PER_SEC holds over this group and
+	// its siblings together (parents.go); "" = none.
+	Parent string
 }
 
 // SettingsOf extracts the allocator's settings from a definition.
 func SettingsOf(g resourcegroup.Group) Settings {
-	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version, Mode: g.Mode, Priority: g.Priority}
+	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version, Mode: g.Mode, Priority: g.Priority, Parent: g.Parent}
 }
 
 // Unlimited reports whether the group is never throttled.
@@ -874,7 +877,9 @@ type Allocator struct {
 
 // NewAllocator returns an empty allocator.
 func NewAllocator(cfg AllocConfig) *Allocator {
-	return &Allocator{cfg: cfg.withDefaults(), groups: map[string]*Bucket{}}
+	a := &Allocator{cfg: cfg.withDefaults(), groups: map[string]*Bucket{}}
+	a.svc.groups = a.groups
+	return a
 }
 
 // Config returns the allocator's configuration with defaults applied.
@@ -892,6 +897,9 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 			b.tokens = s.Capacity()
 		}
 		a.svc.fillSum += promisedRate(s)
+		if s.Parent != "" {
+			a.svc.nested++
+		}
 		a.groups[name] = b
 		a.gen++
 		return
@@ -900,6 +908,7 @@ func (a *Allocator) SetGroup(name string, s Settings, now time.Time) {
 		a.markDirty(b) // what the saved state predicts depends on the settings
 	}
 	a.svc.fillSum += promisedRate(s) - promisedRate(b.settings)
+	a.svc.nested += nestedDelta(b.settings, s)
 	b.settings = s
 	if !b.svc.active {
 		b.ceil = a.svc.idleCeil(s)
@@ -934,6 +943,7 @@ func (b *Bucket) setEff(eff Settings, now time.Time) {
 func (a *Allocator) RemoveGroup(name string) {
 	if b, ok := a.groups[name]; ok {
 		a.svc.fillSum -= promisedRate(b.settings)
+		a.svc.nested += nestedDelta(b.settings, Settings{})
 		a.svc.remove(b)
 		delete(a.groups, name)
 		a.gen++
@@ -963,9 +973,15 @@ func (a *Allocator) Acquire(group string, req Request, now time.Time) (Grant, er
 	if !req.ReportOnly && req.Wanted > 0 && !b.settings.Unlimited() {
 		a.markDirty(b)
 	}
+	if !a.svc.on() && (b.svc.active || !math.IsInf(b.ceil, 1)) {
+		// The layer went off (the limit lifted, the last parent
+		// detached) since b's last request: b runs as its settings say.
+		a.svc.remove(b)
+		b.setCeil(math.Inf(1), now)
+	}
 	g := b.acquire(req, now, a.cfg)
 	b.svc.seen = now
-	if a.svc.limit > 0 && a.svc.track(b, now) {
+	if a.svc.on() && a.svc.track(b, now) {
 		// A group the service limit had not shared yet: rebalanced now
 		// (at most every minRebalance), its request is served again with
 		// its ceiling rather than left to ask again.

@@ -64,6 +64,9 @@ type svcEntry struct {
 	// level the group's priority level's index (levelOf).
 	demand, fill, burst float64
 	level               int
+	// cap is the service limit's ceiling of the last rebalance (+Inf:
+	// none), before the parents' layer (parents.go) lowers it.
+	cap float64
 }
 
 // serviceLayer shares the service limit between the groups with demand.
@@ -82,7 +85,16 @@ type serviceLayer struct {
 	fillSum float64
 	// figures of the last rebalance.
 	fig ServiceLimitFigures
+	// groups is the allocator's map of buckets, where the parents' layer
+	// finds a group's parent; nested counts the groups with a parent
+	// (while there are some, the layer runs without a service limit too).
+	groups map[string]*Bucket
+	nested int
 }
+
+// on reports whether the layer shares anything: a service limit is set
+// or some group has a parent.
+func (l *serviceLayer) on() bool { return l.limit > 0 || l.nested > 0 }
 
 // ServiceLimitFigures describe the service limit's last rebalance.
 type ServiceLimitFigures struct {
@@ -155,13 +167,13 @@ func effectiveUnder(s Settings, c float64) Settings {
 // group otherwise never throttled while a limit is set, which must ask
 // (and gets its ceiling once it has demand).
 func (l *serviceLayer) idleCeil(s Settings) float64 {
-	if l.limit > 0 && s.Mode == resourcegroup.ModeEnforce && mayBurst(s) {
+	if (l.limit > 0 || s.Parent != "") && s.Mode == resourcegroup.ModeEnforce && mayBurst(s) {
 		return 0
 	}
 	return math.Inf(1)
 }
 
-// track is called after each of b's requests while a limit is set: b
+// track is called after each of b's requests while the layer is on: b
 // joins the groups with demand when it has some, and the limit is
 // rebalanced when due. It reports whether b joined and the rebalance ran.
 func (l *serviceLayer) track(b *Bucket, now time.Time) bool {
@@ -225,7 +237,10 @@ func (l *serviceLayer) rebalance(now time.Time) {
 		// A group's demand counts up to what any proxy may claim,
 		// scaled to the limit: a claim of 1e12 RU/s for an unlimited
 		// group weighs like a saturated one.
-		e.demand = min(b.demand, demandRateFactor*l.limit)
+		e.demand = b.demand
+		if l.limit > 0 {
+			e.demand = min(e.demand, demandRateFactor*l.limit)
+		}
 		e.fill = 0
 		if b.settings.RUPerSec != resourcegroup.Unlimited {
 			e.fill = min(e.demand, float64(b.settings.RUPerSec))
@@ -266,11 +281,21 @@ func (l *serviceLayer) rebalance(now time.Time) {
 	}
 	for _, b := range l.active {
 		e := &b.svc
-		c := e.fill*fillPart[e.level] + e.burst*burstPart[e.level] + e.demand*spare
-		fig.Allocated += c
-		b.setCeil(c, now)
+		e.cap = math.Inf(1)
+		if l.limit > 0 {
+			e.cap = e.fill*fillPart[e.level] + e.burst*burstPart[e.level] + e.demand*spare
+			fig.Allocated += e.cap
+		}
 	}
-	fig.Groups = len(l.active)
+	// The parents' limits over their children lower the ceilings
+	// (parents.go); what a parent leaves unused is not given back to the
+	// service limit's other groups before the next rebalance.
+	l.shareParents(now)
+	if l.limit > 0 {
+		fig.Groups = len(l.active)
+	} else {
+		fig = ServiceLimitFigures{FillRates: l.fillSum, At: now}
+	}
 	l.fig = fig
 }
 
@@ -288,6 +313,14 @@ func (a *Allocator) SetServiceLimit(limit float64, now time.Time) {
 	was := l.limit
 	l.limit = limit
 	switch {
+	case limit == 0 && l.nested > 0:
+		// The parents' layer goes on: the groups it shares keep their
+		// place, the rest lose the ceilings that only the limit set.
+		for _, b := range a.groups {
+			if !b.svc.active {
+				b.setCeil(l.idleCeil(b.settings), now)
+			}
+		}
 	case limit == 0:
 		for _, b := range a.groups {
 			l.remove(b)
@@ -295,7 +328,7 @@ func (a *Allocator) SetServiceLimit(limit float64, now time.Time) {
 		}
 		l.fig = ServiceLimitFigures{FillRates: l.fillSum, At: now}
 		return
-	case was == 0:
+	case was == 0 && l.nested == 0:
 		// Every group otherwise never throttled must ask from now on;
 		// the groups used lately join the limit's sharing at once.
 		for _, b := range a.groups {

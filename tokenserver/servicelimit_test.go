@@ -168,56 +168,7 @@ type svcProxy struct {
 func TestServiceLimitSimulation(t *testing.T) {
 	for _, st := range svcStories {
 		t.Run(st.name, func(t *testing.T) {
-			a := NewAllocator(AllocConfig{})
-			var ps []*svcProxy
-			for _, g := range st.gs {
-				a.SetGroup(g.name, g.settings, t0)
-				n := max(g.proxies, 3)
-				for k := range n {
-					ps = append(ps, &svcProxy{id: fmt.Sprintf("%s-p%d", g.name, k), group: g.name, demand: g.demand / float64(n)})
-				}
-			}
-			a.SetServiceLimit(st.limit, t0)
-			const T, warm, dt = 30.0, 10.0, 0.01
-			for k := 0; k < int(T/dt); k++ {
-				s := float64(k) * dt
-				now := at(s)
-				if k%100 == 0 {
-					a.Expire(now)
-				}
-				for _, p := range ps {
-					left := p.local + p.rate*math.Max(p.end-s, 0)
-					if !p.unlimited && left < p.demand {
-						g, err := a.Acquire(p.group, Request{ProxyID: p.id, Wanted: max(p.demand*5*1.1-p.local, 1), Demand: p.demand, Held: p.local}, now)
-						if err != nil {
-							t.Fatal(err)
-						}
-						p.unlimited = g.Unlimited
-						p.rate, p.end = 0, 0
-						p.local += g.Immediate
-						if g.Trickle > 0 {
-							p.rate, p.end = g.Tokens/g.Trickle.Seconds(), s+g.Trickle.Seconds()
-						} else {
-							p.local += g.Tokens
-						}
-					}
-					if p.end > s {
-						p.local += p.rate * math.Min(dt, p.end-s)
-					}
-					use := p.demand * dt
-					if !p.unlimited {
-						use = math.Min(p.local, use)
-						p.local -= use
-					}
-					if s >= warm {
-						p.spentAfter += use
-					}
-				}
-			}
-			got := map[string]float64{}
-			for _, p := range ps {
-				got[p.group] += p.spentAfter / (T - warm)
-			}
+			got := simulateGroups(t, st.gs, st.limit)
 			var report strings.Builder
 			sum := 0.0
 			for _, g := range st.gs {
@@ -238,6 +189,64 @@ func TestServiceLimitSimulation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// simulateGroups runs groups gs under a service limit (0: none) for 30 s
+// of an injected clock with their proxies (at least 3 a group) asking as
+// tokenclient does, and returns the RU/s each group spent from 10 s on.
+func simulateGroups(t *testing.T, gs []svcGroup, limit float64) map[string]float64 {
+	t.Helper()
+	a := NewAllocator(AllocConfig{})
+	var ps []*svcProxy
+	for _, g := range gs {
+		a.SetGroup(g.name, g.settings, t0)
+		n := max(g.proxies, 3)
+		for k := range n {
+			ps = append(ps, &svcProxy{id: fmt.Sprintf("%s-p%d", g.name, k), group: g.name, demand: g.demand / float64(n)})
+		}
+	}
+	a.SetServiceLimit(limit, t0)
+	const T, warm, dt = 30.0, 10.0, 0.01
+	for k := 0; k < int(T/dt); k++ {
+		s := float64(k) * dt
+		now := at(s)
+		if k%100 == 0 {
+			a.Expire(now)
+		}
+		for _, p := range ps {
+			left := p.local + p.rate*math.Max(p.end-s, 0)
+			if !p.unlimited && left < p.demand {
+				g, err := a.Acquire(p.group, Request{ProxyID: p.id, Wanted: max(p.demand*5*1.1-p.local, 1), Demand: p.demand, Held: p.local}, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.unlimited = g.Unlimited
+				p.rate, p.end = 0, 0
+				p.local += g.Immediate
+				if g.Trickle > 0 {
+					p.rate, p.end = g.Tokens/g.Trickle.Seconds(), s+g.Trickle.Seconds()
+				} else {
+					p.local += g.Tokens
+				}
+			}
+			if p.end > s {
+				p.local += p.rate * math.Min(dt, p.end-s)
+			}
+			use := p.demand * dt
+			if !p.unlimited {
+				use = math.Min(p.local, use)
+				p.local -= use
+			}
+			if s >= warm {
+				p.spentAfter += use
+			}
+		}
+	}
+	got := map[string]float64{}
+	for _, p := range ps {
+		got[p.group] += p.spentAfter / (T - warm)
+	}
+	return got
 }
 
 // TestServiceLimitSetAndLift: setting a limit holds an unlimited group
