@@ -45,6 +45,9 @@ func Execute(ctx context.Context, st Statement, store Store) (*Result, error) {
 		if err := checkNotSwitchTarget(ctx, NormalizeName(s.Name), store); err != nil {
 			return nil, err
 		}
+		if err := checkNoChildren(ctx, NormalizeName(s.Name), store); err != nil {
+			return nil, err
+		}
 		err := store.DropGroup(ctx, s.Name)
 		if s.IfExists && errors.Is(err, ErrNotFound) {
 			return &Result{Warnings: []*Error{NewNotFound(s.Name)}}, nil
@@ -92,6 +95,11 @@ func createGroup(ctx context.Context, s *CreateGroup, store Store) (*Result, err
 	if err := checkSwitchTarget(ctx, g, store); err != nil {
 		return nil, err
 	}
+	if g.Parent != "" {
+		if err := checkTree(ctx, g, store); err != nil {
+			return nil, err
+		}
+	}
 	err := store.CreateGroup(ctx, g)
 	if s.IfNotExists && errors.Is(err, ErrExists) {
 		return &Result{Warnings: []*Error{NewExists(g.Name)}}, nil
@@ -121,6 +129,11 @@ func alterGroup(ctx context.Context, s *AlterGroup, store Store) (*Result, error
 		}
 		if err := checkSwitchTarget(ctx, g, store); err != nil {
 			return nil, err
+		}
+		if s.Fields&(FieldParent|FieldRUPerSec) != 0 {
+			if err := checkTree(ctx, g, store); err != nil {
+				return nil, err
+			}
 		}
 		err = store.AlterGroup(ctx, g)
 		if !errors.Is(err, ErrConflict) {

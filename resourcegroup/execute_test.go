@@ -47,8 +47,8 @@ func TestExecuteScenario(t *testing.T) {
 		wantRows [][]string
 	}{
 		{sql: "SELECT * FROM information_schema.resource_groups",
-			cols:     []string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND", "MODE", "MAX_CONCURRENCY", "BUDGETS"},
-			wantRows: [][]string{{"default", "UNLIMITED", "MEDIUM", "UNLIMITED", "NULL", "NULL", "ENFORCE", "NULL", "NULL"}}},
+			cols:     []string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND", "MODE", "MAX_CONCURRENCY", "BUDGETS", "PARENT"},
+			wantRows: [][]string{{"default", "UNLIMITED", "MEDIUM", "UNLIMITED", "NULL", "NULL", "ENFORCE", "NULL", "NULL", "NULL"}}},
 		{sql: "CREATE RESOURCE GROUP rg1 RU_PER_SEC=500"},
 		{sql: "CREATE RESOURCE GROUP RG1 RU_PER_SEC=100", code: 8248},
 		{sql: "CREATE RESOURCE GROUP IF NOT EXISTS rg1 RU_PER_SEC=100", warn: 8248},
@@ -66,7 +66,7 @@ func TestExecuteScenario(t *testing.T) {
 		{sql: "SELECT burstable, query_limit FROM information_schema.resource_groups WHERE name = 'rg1'",
 			cols: []string{"BURSTABLE", "QUERY_LIMIT"}, wantRows: [][]string{{"MODERATED", "NULL"}}},
 		{sql: "SELECT * FROM information_schema.resource_groups WHERE name = 'nope'",
-			cols: []string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND", "MODE", "MAX_CONCURRENCY", "BUDGETS"}, wantRows: [][]string{}},
+			cols: []string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND", "MODE", "MAX_CONCURRENCY", "BUDGETS", "PARENT"}, wantRows: [][]string{}},
 		{sql: "ALTER RESOURCE GROUP rg1 MODE = WARN MAX_CONCURRENCY = 3"},
 		{sql: "SELECT mode, max_concurrency FROM information_schema.resource_groups WHERE name = 'rg1'",
 			cols: []string{"MODE", "MAX_CONCURRENCY"}, wantRows: [][]string{{"WARN", "3"}}},
@@ -191,7 +191,7 @@ func TestExecuteStoreErrors(t *testing.T) {
 		t.Errorf("bogus column: %v", err)
 	}
 	r, err := Execute(context.Background(), &SelectGroups{}, s)
-	if err != nil || len(r.Columns) != 9 || len(r.Rows) != 3 {
+	if err != nil || len(r.Columns) != 10 || len(r.Rows) != 3 {
 		t.Errorf("no columns = all columns: %v %v", r, err)
 	}
 }

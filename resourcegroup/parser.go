@@ -19,7 +19,7 @@ import (
 // infoSchemaColumns are the columns of information_schema.resource_groups,
 // in TiDB's order.
 var infoSchemaColumns = [...]string{"NAME", "RU_PER_SEC", "PRIORITY", "BURSTABLE", "QUERY_LIMIT", "BACKGROUND",
-	"MODE", "MAX_CONCURRENCY", "BUDGETS"} // the last three are rgproxy's
+	"MODE", "MAX_CONCURRENCY", "BUDGETS", "PARENT"} // the last four are rgproxy's
 
 // InfoSchemaColumns returns the columns of information_schema.resource_groups.
 func InfoSchemaColumns() []string {
@@ -28,7 +28,7 @@ func InfoSchemaColumns() []string {
 }
 
 // selectShape is the message of 1235 for an unsupported query shape.
-const selectShape = "this query on information_schema.resource_groups; use SELECT * | NAME, RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, BACKGROUND, MODE, MAX_CONCURRENCY, BUDGETS FROM information_schema.resource_groups [WHERE NAME = '...']"
+const selectShape = "this query on information_schema.resource_groups; use SELECT * | NAME, RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, BACKGROUND, MODE, MAX_CONCURRENCY, BUDGETS, PARENT FROM information_schema.resource_groups [WHERE NAME = '...']"
 
 // watchesShape is the message of 1235 for other queries on runaway_watches.
 const watchesShape = "this query on information_schema.runaway_watches; use SELECT * FROM information_schema.runaway_watches"
@@ -108,7 +108,7 @@ func (p *parser) atEnd() bool { return p.tok.kind == tkEOF || p.isPunct(";") }
 
 // groupOptions names the options of CREATE/ALTER RESOURCE GROUP, for
 // syntax errors.
-const groupOptions = "RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET"
+const groupOptions = "RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET, PARENT"
 
 // limitOptions names the options inside QUERY_LIMIT = (...).
 const limitOptions = "EXEC_ELAPSED, RU, ACTION, WATCH, DURATION"
@@ -954,6 +954,26 @@ func (p *parser) options() (Group, Field, error) {
 			if err := p.advance(); err != nil {
 				return g, 0, err
 			}
+		case p.isWord("PARENT"):
+			f = FieldParent
+			if err := p.advance(); err != nil {
+				return g, 0, err
+			}
+			if err := p.optionalEq(); err != nil {
+				return g, 0, err
+			}
+			if p.isWord("NULL") { // detach; a group named null is `null`
+				g.Parent = ""
+				if err := p.advance(); err != nil {
+					return g, 0, err
+				}
+				break
+			}
+			name, err := p.groupName()
+			if err != nil {
+				return g, 0, err
+			}
+			g.Parent = name
 		case p.isWord("BUDGET"):
 			// Repeatable: one clause per period (budgetClause refuses
 			// a period given twice).

@@ -123,6 +123,10 @@ func (g Group) SQL() string {
 		b.WriteString(" ")
 		b.WriteString(BudgetsSQL(g.Budgets))
 	}
+	if g.Parent != "" {
+		b.WriteString(" PARENT=")
+		b.WriteString(QuoteName(g.Parent))
+	}
 	return b.String()
 }
 
@@ -184,7 +188,7 @@ func actionText(q *QueryLimit) string {
 // in InfoSchemaColumns' order; nil is SQL NULL. QUERY_LIMIT is
 // QueryLimit.SQL, as in SHOW CREATE RESOURCE GROUP; BUDGETS is BudgetsSQL,
 // the group's BUDGET clauses as SHOW CREATE writes them (NULL for none,
-// as QUERY_LIMIT).
+// as QUERY_LIMIT); PARENT the parent's name (NULL for none).
 func InfoSchemaRow(g Group) []*string {
 	str := func(s string) *string { return &s }
 	row := []*string{
@@ -197,6 +201,10 @@ func InfoSchemaRow(g Group) []*string {
 		str(g.Mode.String()),
 		nil, // MAX_CONCURRENCY: NULL when there is no cap
 		nil, // BUDGETS: NULL when there is none
+		nil, // PARENT: NULL when there is none
+	}
+	if g.Parent != "" {
+		row[9] = str(g.Parent)
 	}
 	if len(g.Budgets) > 0 {
 		row[8] = str(BudgetsSQL(g.Budgets))

@@ -33,6 +33,8 @@ func TestSQL(t *testing.T) {
 		{Group{Name: "w", RUPerSec: 10, Mode: ModeWarn, MaxConcurrency: 4},
 			"CREATE RESOURCE GROUP `w` RU_PER_SEC=10 PRIORITY=MEDIUM MODE=WARN MAX_CONCURRENCY=4"},
 		{Group{Name: "o", RUPerSec: 10, Mode: ModeOff}, "CREATE RESOURCE GROUP `o` RU_PER_SEC=10 PRIORITY=MEDIUM MODE=OFF"},
+		{Group{Name: "app", RUPerSec: 10, Burst: BurstUnlimited, Parent: "team`1"},
+			"CREATE RESOURCE GROUP `app` RU_PER_SEC=10 PRIORITY=MEDIUM BURSTABLE=UNLIMITED PARENT=`team``1`"},
 	}
 	for _, tt := range tests {
 		if got := tt.g.SQL(); got != tt.want {
@@ -46,15 +48,15 @@ func TestInfoSchemaRow(t *testing.T) {
 		g    Group
 		want []*string
 	}{
-		{DefaultGroupDefinition(), []*string{strp("default"), strp("UNLIMITED"), strp("MEDIUM"), strp("UNLIMITED"), nil, nil, strp("ENFORCE"), nil, nil}},
+		{DefaultGroupDefinition(), []*string{strp("default"), strp("UNLIMITED"), strp("MEDIUM"), strp("UNLIMITED"), nil, nil, strp("ENFORCE"), nil, nil, nil}},
 		{Group{Name: "x", RUPerSec: 2000, Priority: PriorityLow, Burst: BurstOff, QueryLimit: &QueryLimit{ExecElapsed: 15 * time.Second, Action: ActionKill}},
-			[]*string{strp("x"), strp("2000"), strp("LOW"), strp("OFF"), strp("EXEC_ELAPSED='15s', ACTION=KILL"), nil, strp("ENFORCE"), nil, nil}},
+			[]*string{strp("x"), strp("2000"), strp("LOW"), strp("OFF"), strp("EXEC_ELAPSED='15s', ACTION=KILL"), nil, strp("ENFORCE"), nil, nil, nil}},
 		{Group{Name: "y", RUPerSec: 1, Burst: BurstModerated, QueryLimit: &QueryLimit{ExecElapsed: time.Second, Action: ActionCooldown, Watch: WatchExact, WatchDuration: time.Hour}},
-			[]*string{strp("y"), strp("1"), strp("MEDIUM"), strp("MODERATED"), strp("EXEC_ELAPSED='1s', ACTION=COOLDOWN, WATCH=EXACT DURATION='1h0m0s'"), nil, strp("ENFORCE"), nil, nil}},
+			[]*string{strp("y"), strp("1"), strp("MEDIUM"), strp("MODERATED"), strp("EXEC_ELAPSED='1s', ACTION=COOLDOWN, WATCH=EXACT DURATION='1h0m0s'"), nil, strp("ENFORCE"), nil, nil, nil}},
 		{Group{Name: "z", RUPerSec: 1, QueryLimit: &QueryLimit{RU: 9, Action: ActionSwitchGroup, SwitchGroup: "q", Watch: WatchSimilar}},
-			[]*string{strp("z"), strp("1"), strp("MEDIUM"), strp("OFF"), strp("RU=9, ACTION=SWITCH_GROUP(q), WATCH=SIMILAR DURATION=UNLIMITED"), nil, strp("ENFORCE"), nil, nil}},
+			[]*string{strp("z"), strp("1"), strp("MEDIUM"), strp("OFF"), strp("RU=9, ACTION=SWITCH_GROUP(q), WATCH=SIMILAR DURATION=UNLIMITED"), nil, strp("ENFORCE"), nil, nil, nil}},
 		{Group{Name: "w", RUPerSec: 10, Mode: ModeWarn, MaxConcurrency: 4},
-			[]*string{strp("w"), strp("10"), strp("MEDIUM"), strp("OFF"), nil, nil, strp("WARN"), strp("4"), nil}},
+			[]*string{strp("w"), strp("10"), strp("MEDIUM"), strp("OFF"), nil, nil, strp("WARN"), strp("4"), nil, nil}},
 	}
 	for _, tt := range tests {
 		if got := InfoSchemaRow(tt.g); !reflect.DeepEqual(got, tt.want) {

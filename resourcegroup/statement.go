@@ -20,6 +20,8 @@ const (
 	// FieldBudget: one or more BUDGET clauses (AlterGroup.Budgets says
 	// what they do).
 	FieldBudget
+	// FieldParent: PARENT = name or PARENT = NULL (Options.Parent "").
+	FieldParent
 )
 
 // CreateGroup is CREATE RESOURCE GROUP [IF NOT EXISTS] name options.
@@ -72,6 +74,9 @@ func (a *AlterGroup) Apply(g Group) Group {
 	}
 	if a.Fields&FieldMaxConcurrency != 0 {
 		g.MaxConcurrency = a.Options.MaxConcurrency
+	}
+	if a.Fields&FieldParent != 0 {
+		g.Parent = a.Options.Parent
 	}
 	if a.Fields&FieldQueryLimit != 0 {
 		g.QueryLimit = nil

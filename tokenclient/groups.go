@@ -192,9 +192,10 @@ func isUnlimited(g resourcegroup.Group) bool {
 
 // unlimitedLocked reports whether g is never throttled here now: by its
 // definition, unless rgserver shares a service limit (its answers say
-// so), which throttles every MODE ENFORCE group.
+// so), which throttles every MODE ENFORCE group, or g has a PARENT, whose
+// rate rgserver shares among its children.
 func (t *groupTable) unlimitedLocked(g resourcegroup.Group) bool {
-	return isUnlimited(g) && !(t.serviceLimited && g.Mode == resourcegroup.ModeEnforce)
+	return isUnlimited(g) && !((t.serviceLimited || g.Parent != "") && g.Mode == resourcegroup.ModeEnforce)
 }
 
 // heldToServiceLimitLocked reports whether g, never throttled by its

@@ -54,6 +54,8 @@ type groupRecord struct {
 	MaxConcurrency uint64 `json:"max_concurrency,omitempty"`
 	// Budgets in period order; absent = none (docs/budgets.md).
 	Budgets []budgetRecord `json:"budgets,omitempty"`
+	// Parent is PARENT's group; absent = none.
+	Parent string `json:"parent,omitempty"`
 }
 
 // budgetRecord is a resourcegroup.Budget; period and actions by name, as
@@ -86,7 +88,7 @@ type bindingRecord struct {
 
 func encodeGroup(g resourcegroup.Group) ([]byte, error) {
 	r := groupRecord{RUPerSec: g.RUPerSec, Priority: uint8(g.Priority), Burst: uint8(g.Burst),
-		Mode: uint8(g.Mode), MaxConcurrency: g.MaxConcurrency}
+		Mode: uint8(g.Mode), MaxConcurrency: g.MaxConcurrency, Parent: g.Parent}
 	if g.RUPerSec == resourcegroup.Unlimited {
 		r.RUPerSec, r.Unlimited = 0, true
 	}
@@ -113,7 +115,7 @@ func decodeGroup(name string, data []byte, version int64) (resourcegroup.Group, 
 	}
 	g := resourcegroup.Group{Name: name, RUPerSec: r.RUPerSec, Priority: resourcegroup.Priority(r.Priority),
 		Burst: resourcegroup.BurstMode(r.Burst), Version: version,
-		Mode: resourcegroup.Mode(r.Mode), MaxConcurrency: r.MaxConcurrency}
+		Mode: resourcegroup.Mode(r.Mode), MaxConcurrency: r.MaxConcurrency, Parent: r.Parent}
 	if r.Unlimited {
 		g.RUPerSec = resourcegroup.Unlimited
 	}

@@ -24,6 +24,7 @@ func GroupToPB(g resourcegroup.Group) *ResourceGroup {
 		Mode:     uint32(g.Mode),
 
 		MaxConcurrency: g.MaxConcurrency,
+		Parent:         g.Parent,
 	}
 	if g.RUPerSec == resourcegroup.Unlimited {
 		out.RuPerSec, out.Unlimited = 0, true
@@ -62,6 +63,7 @@ func GroupFromPB(p *ResourceGroup) resourcegroup.Group {
 		Mode:     resourcegroup.Mode(min(p.GetMode(), 255)),
 
 		MaxConcurrency: p.GetMaxConcurrency(),
+		Parent:         p.GetParent(),
 	}
 	if p.GetUnlimited() {
 		g.RUPerSec = resourcegroup.Unlimited

@@ -502,7 +502,10 @@ type ResourceGroup struct {
 	// MAX_CONCURRENCY across all proxies; 0 = no cap.
 	MaxConcurrency uint64 `protobuf:"varint,9,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
 	// BUDGET clauses: at most one per period (docs/budgets.md).
-	Budgets       []*Budget `protobuf:"bytes,10,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	Budgets []*Budget `protobuf:"bytes,10,rep,name=budgets,proto3" json:"budgets,omitempty"`
+	// PARENT: the group whose RU_PER_SEC holds over this group and its
+	// siblings together (lower case); empty = none.
+	Parent        string `protobuf:"bytes,11,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -605,6 +608,13 @@ func (x *ResourceGroup) GetBudgets() []*Budget {
 		return x.Budgets
 	}
 	return nil
+}
+
+func (x *ResourceGroup) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
 }
 
 // Budget is the RU a group may spend in each calendar window of a period
@@ -5392,7 +5402,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x06action\x18\x03 \x01(\x0e2\x18.rgproxy.token.v1.ActionR\x06action\x12!\n" +
 	"\fswitch_group\x18\x04 \x01(\tR\vswitchGroup\x121\n" +
 	"\x05watch\x18\x05 \x01(\x0e2\x1b.rgproxy.token.v1.WatchTypeR\x05watch\x12*\n" +
-	"\x11watch_duration_ms\x18\x06 \x01(\x03R\x0fwatchDurationMs\"\x94\x03\n" +
+	"\x11watch_duration_ms\x18\x06 \x01(\x03R\x0fwatchDurationMs\"\xac\x03\n" +
 	"\rResourceGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\n" +
@@ -5406,7 +5416,8 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x04mode\x18\b \x01(\rR\x04mode\x12'\n" +
 	"\x0fmax_concurrency\x18\t \x01(\x04R\x0emaxConcurrency\x122\n" +
 	"\abudgets\x18\n" +
-	" \x03(\v2\x18.rgproxy.token.v1.BudgetR\abudgets\"m\n" +
+	" \x03(\v2\x18.rgproxy.token.v1.BudgetR\abudgets\x12\x16\n" +
+	"\x06parent\x18\v \x01(\tR\x06parent\"m\n" +
 	"\x06Budget\x12\x0e\n" +
 	"\x02ru\x18\x01 \x01(\x04R\x02ru\x12\x16\n" +
 	"\x06period\x18\x02 \x01(\tR\x06period\x12;\n" +
