@@ -1,6 +1,6 @@
 // Package resourcegroup owns what a resource group is: its definition
 // (name, RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE,
-// MAX_CONCURRENCY, BUDGET and the budgets' windows), its validation, user
+// MAX_CONCURRENCY, BUDGET and the budgets' windows, PARENT), its validation, user
 // bindings, and the SQL statements that manage groups (parse, render, execute
 // against a Store). It knows nothing of gRPC or sockets.
 package resourcegroup
