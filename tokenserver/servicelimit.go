@@ -288,8 +288,8 @@ func (l *serviceLayer) rebalance(now time.Time) {
 		}
 	}
 	// The parents' limits over their children lower the ceilings
-	// (parents.go); what a parent leaves unused is not given back to the
-	// service limit's other groups before the next rebalance.
+	// (parents.go); what a parent's cap leaves unused of a child's share
+	// of the limit is not given to the limit's other groups.
 	l.shareParents(now)
 	if l.limit > 0 {
 		fig.Groups = len(l.active)
