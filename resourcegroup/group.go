@@ -144,6 +144,12 @@ type Group struct {
 	// Parent is the group whose RU_PER_SEC holds over this group and its
 	// siblings together (PARENT = name, lower case); "" = none.
 	Parent string
+	// Background is BACKGROUND's UTILIZATION_LIMIT, in percent of the
+	// service limit (1 to 100); 0 = a foreground group. Under a service
+	// limit a background group gets its RU_PER_SEC first (its floor) and
+	// beyond it only what the foreground leaves, up to this share of the
+	// limit; without one it runs as any group.
+	Background uint8
 	// Version is the store's revision of this definition (etcd ModRevision);
 	// 0 when not stored yet. It is not part of the definition's identity.
 	Version int64

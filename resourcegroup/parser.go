@@ -982,7 +982,10 @@ func (p *parser) options() (Group, Field, error) {
 				return g, 0, err
 			}
 		case p.isWord("BACKGROUND"):
-			return g, 0, NewUnsupported("BACKGROUND")
+			f = FieldBackground
+			if err := p.backgroundClause(&g); err != nil {
+				return g, 0, err
+			}
 		case p.isWord("CPU"), p.isWord("IO_READ_BANDWIDTH"), p.isWord("IO_WRITE_BANDWIDTH"):
 			return g, 0, NewUnsupported(strings.ToUpper(p.tok.text) + " (raw resource mode)")
 		default:
@@ -1451,4 +1454,46 @@ func (p *parser) budgetTrigger(name string) (BudgetTrigger, error) {
 	}
 	t.ThrottleRUPerSec = r
 	return t, p.expectPunct(")")
+}
+
+// backgroundClause reads BACKGROUND [=] (UTILIZATION_LIMIT [=] n) or
+// BACKGROUND [=] NULL into g, the current token being BACKGROUND. TiDB's
+// TASK_TYPES has no place here: a background group is a group like any
+// other, and work reaches it as it reaches any group (a binding, a hint,
+// a tag or a statement shape).
+func (p *parser) backgroundClause(g *Group) error {
+	if err := p.advance(); err != nil {
+		return err
+	}
+	if err := p.optionalEq(); err != nil {
+		return err
+	}
+	if p.isWord("NULL") {
+		g.Background = 0
+		return p.advance()
+	}
+	if err := p.expectPunct("("); err != nil {
+		return err
+	}
+	if p.isWord("TASK_TYPES") {
+		return NewUnsupported("BACKGROUND's TASK_TYPES (a background group's work is what is bound to it, as for any group)")
+	}
+	if err := p.expectWords("UTILIZATION_LIMIT"); err != nil {
+		return err
+	}
+	if err := p.optionalEq(); err != nil {
+		return err
+	}
+	if p.tok.kind != tkNumber {
+		return p.failWhy("UTILIZATION_LIMIT is a whole number of percent, 1 to 100, not %s")
+	}
+	v, err := strconv.ParseUint(p.tok.text, 10, 8)
+	if err != nil || v < 1 || v > 100 {
+		return errBackground(p.tok.text)
+	}
+	g.Background = uint8(v)
+	if err := p.advance(); err != nil {
+		return err
+	}
+	return p.expectPunct(")")
 }

@@ -127,6 +127,9 @@ func (g Group) SQL() string {
 		b.WriteString(" PARENT=")
 		b.WriteString(QuoteName(g.Parent))
 	}
+	if g.Background > 0 {
+		b.WriteString(" BACKGROUND=(" + backgroundText(g.Background) + ")")
+	}
 	return b.String()
 }
 
@@ -197,7 +200,7 @@ func InfoSchemaRow(g Group) []*string {
 		str(g.Priority.String()),
 		str(g.Burst.String()),
 		nil,
-		nil, // BACKGROUND: rgproxy has no background tasks.
+		nil, // BACKGROUND: NULL for a foreground group
 		str(g.Mode.String()),
 		nil, // MAX_CONCURRENCY: NULL when there is no cap
 		nil, // BUDGETS: NULL when there is none
@@ -205,6 +208,9 @@ func InfoSchemaRow(g Group) []*string {
 	}
 	if g.Parent != "" {
 		row[9] = str(g.Parent)
+	}
+	if g.Background > 0 {
+		row[5] = str(backgroundText(g.Background))
 	}
 	if len(g.Budgets) > 0 {
 		row[8] = str(BudgetsSQL(g.Budgets))
@@ -216,4 +222,10 @@ func InfoSchemaRow(g Group) []*string {
 		row[4] = str(q.SQL())
 	}
 	return row
+}
+
+// backgroundText is BACKGROUND's inside, as SHOW CREATE and
+// information_schema.resource_groups write it.
+func backgroundText(pct uint8) string {
+	return "UTILIZATION_LIMIT=" + strconv.Itoa(int(pct))
 }

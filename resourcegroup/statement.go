@@ -7,7 +7,7 @@ import "strings"
 type Statement interface{ statement() }
 
 // Field is a bit set of the options an ALTER RESOURCE GROUP names.
-type Field uint8
+type Field uint16
 
 // Options of CREATE/ALTER RESOURCE GROUP.
 const (
@@ -22,6 +22,9 @@ const (
 	FieldBudget
 	// FieldParent: PARENT = name or PARENT = NULL (Options.Parent "").
 	FieldParent
+	// FieldBackground: BACKGROUND = (UTILIZATION_LIMIT = n) or
+	// BACKGROUND = NULL (Options.Background 0).
+	FieldBackground
 )
 
 // CreateGroup is CREATE RESOURCE GROUP [IF NOT EXISTS] name options.
@@ -77,6 +80,9 @@ func (a *AlterGroup) Apply(g Group) Group {
 	}
 	if a.Fields&FieldParent != 0 {
 		g.Parent = a.Options.Parent
+	}
+	if a.Fields&FieldBackground != 0 {
+		g.Background = a.Options.Background
 	}
 	if a.Fields&FieldQueryLimit != 0 {
 		g.QueryLimit = nil

@@ -190,6 +190,12 @@ func errRU(field, typed string, unlimited bool) *Error {
 	return NewInvalid(fmt.Sprintf("%s: %s = %s is out of range; %s is 1 to %d%s", msgInvalidSetting, field, typed, field, MaxRU, or))
 }
 
+// errBackground is 1105 for a UTILIZATION_LIMIT out of its range.
+func errBackground(typed string) *Error {
+	return NewInvalid(fmt.Sprintf("%s: BACKGROUND's UTILIZATION_LIMIT = %s is out of range; it is a percent of the service limit, 1 to 100 "+
+		"(BACKGROUND = NULL: a foreground group)", msgInvalidSetting, typed))
+}
+
 // errMaxConcurrency is 1105 for a MAX_CONCURRENCY out of its range.
 func errMaxConcurrency(typed string) *Error {
 	return NewInvalid(fmt.Sprintf("%s: MAX_CONCURRENCY = %s is out of range; MAX_CONCURRENCY is 0 to %d "+

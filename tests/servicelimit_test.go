@@ -207,3 +207,84 @@ func TestServiceLimitSQL(t *testing.T) {
 		t.Errorf("after UNLIMITED: %v", got)
 	}
 }
+
+// TestBackgroundUsesWhatForegroundLeaves: under a service limit of 300
+// RU/s, a BACKGROUND group (RU_PER_SEC = 10, UTILIZATION_LIMIT = 80)
+// saturated through three proxies beside a saturated HIGH group of 250
+// gets its floor and what the foreground leaves (300 - 250 = 50); when
+// the foreground's load stops it grows towards its 80% of the limit
+// (240). The test logs how soon, second by second.
+func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
+	const limit = 300.0
+	ts := startTokenServer(t)
+	pxs := []*proxy{
+		startMeteredProxy(t, ts, "--max-wait", "500ms"),
+		startMeteredProxy(t, ts, "--max-wait", "500ms"),
+		startMeteredProxy(t, ts, "--max-wait", "500ms"),
+	}
+	appUser(t, "bgt_fg")
+	appUser(t, "bgt_bg")
+	adminExec(t, pxs[0].Addr, fmt.Sprintf("ALTER RESOURCE CONTROL SERVICE LIMIT = %d", int(limit)),
+		"DROP RESOURCE GROUP IF EXISTS rg_bgt_fg", "DROP RESOURCE GROUP IF EXISTS rg_bgt_bg",
+		"CREATE RESOURCE GROUP rg_bgt_fg RU_PER_SEC = 250 PRIORITY = HIGH",
+		"CREATE RESOURCE GROUP rg_bgt_bg RU_PER_SEC = 10 BACKGROUND = (UTILIZATION_LIMIT = 80)",
+		"ALTER USER 'bgt_fg'@'%' RESOURCE GROUP rg_bgt_fg", "ALTER USER 'bgt_bg'@'%' RESOURCE GROUP rg_bgt_bg")
+	time.Sleep(time.Second) // the bindings reach every proxy's settings cache
+	rows, err := queryStrings(t, openDB(t, pxs[2].Addr), "SELECT BACKGROUND FROM information_schema.resource_groups WHERE NAME = 'rg_bgt_bg'")
+	if err != nil || len(rows) != 1 || rows[0][0] != "UTILIZATION_LIMIT=80" {
+		t.Fatalf("information_schema.resource_groups' BACKGROUND through another proxy: %q, %v", rows, err)
+	}
+
+	proxyRU := func(group string) float64 {
+		sum := 0.0
+		for _, px := range pxs {
+			sum += metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+group+`"`)
+		}
+		return sum
+	}
+	const warm, measure = 6 * time.Second, 12 * time.Second
+	fgDone := make(chan *loadResult, 1)
+	bgDone := make(chan *loadResult, 1)
+	go func() { fgDone <- runLoad(t, pxs, []int{3, 3, 3}, "bgt_fg", "SELECT 1", warm+measure) }()
+	go func() { bgDone <- runLoad(t, pxs, []int{3, 3, 3}, "bgt_bg", "SELECT 1", warm+measure+8*time.Second) }()
+	time.Sleep(warm)
+	fg0, bg0 := proxyRU("rg_bgt_fg"), proxyRU("rg_bgt_bg")
+	start := time.Now()
+	time.Sleep(measure - time.Second)
+	el := time.Since(start).Seconds()
+	fgRate, bgRate := (proxyRU("rg_bgt_fg")-fg0)/el, (proxyRU("rg_bgt_bg")-bg0)/el
+	<-fgDone
+	stopped := time.Now()
+	// The background group second by second after the foreground stopped.
+	var perSecond []string
+	var after2 []float64
+	prev := proxyRU("rg_bgt_bg")
+	for s := 1; s <= 6; s++ {
+		time.Sleep(time.Until(stopped.Add(time.Duration(s) * time.Second)))
+		cur := proxyRU("rg_bgt_bg")
+		perSecond = append(perSecond, fmt.Sprintf("%.0f", cur-prev))
+		if s > 2 {
+			after2 = append(after2, cur-prev)
+		}
+		prev = cur
+	}
+	<-bgDone
+	t.Logf("under load: foreground %.1f RU/s, background %.1f (want 250 and 50); after the foreground stopped, the background by second: %s RU (its cap 240)",
+		fgRate, bgRate, strings.Join(perSecond, " "))
+	if !within(fgRate, 250, 0.15) {
+		t.Errorf("the foreground spent %.1f RU/s, want 250 ± 15%%", fgRate)
+	}
+	if bgRate < 0.9*10 || bgRate > 1.5*50 {
+		t.Errorf("the background spent %.1f RU/s beside the foreground, want its floor 10 and what the foreground leaves: at most 50 (+50%%)", bgRate)
+	}
+	if total := fgRate + bgRate; !within(total, limit, 0.10) {
+		t.Errorf("together %.1f RU/s, not within ±10%% of the limit %.0f", total, limit)
+	}
+	late := 0.0
+	for _, v := range after2 {
+		late += v
+	}
+	if late /= float64(len(after2)); late < 0.8*240 || late > 240*1.1 {
+		t.Errorf("from 2 s after the foreground stopped the background spent %.1f RU/s, want above 80%% of its 240", late)
+	}
+}

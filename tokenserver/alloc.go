@@ -74,11 +74,17 @@ type Settings struct {
 	// Parent is the group whose RU_PER_SEC holds over this group and
 	// its siblings together (parents.go); "" = none.
 	Parent string
+	// Background is BACKGROUND's UTILIZATION_LIMIT in percent (0: a
+	// foreground group): under the service limit its RU_PER_SEC comes
+	// first and beyond it only what the foreground leaves
+	// (servicelimit.go).
+	Background uint8
 }
 
 // SettingsOf extracts the allocator's settings from a definition.
 func SettingsOf(g resourcegroup.Group) Settings {
-	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version, Mode: g.Mode, Priority: g.Priority, Parent: g.Parent}
+	return Settings{RUPerSec: g.RUPerSec, Burst: g.Burst, Version: g.Version, Mode: g.Mode, Priority: g.Priority, Parent: g.Parent,
+		Background: g.Background}
 }
 
 // Unlimited reports whether the group is never throttled.

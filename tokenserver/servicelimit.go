@@ -107,6 +107,10 @@ type ServiceLimitFigures struct {
 	// Levels is what each priority level got of the limit (HIGH,
 	// MEDIUM, LOW), RU/s: RU_PER_SEC first, then burst.
 	Levels [numLevels]float64
+	// Background is what the background groups got (RU/s): their
+	// RU_PER_SEC before every level, beyond it what LOW left, each at
+	// most its UTILIZATION_LIMIT of the limit.
+	Background float64
 	// Groups is how many groups had demand.
 	Groups int
 	// FillRates is the sum of the ENFORCE groups' RU_PER_SEC.
@@ -115,8 +119,13 @@ type ServiceLimitFigures struct {
 	At time.Time
 }
 
-// numLevels is the number of PRIORITY levels.
-const numLevels = 3
+// numLevels is the number of PRIORITY levels; bgLevel is the background
+// groups' place, after them (their RU_PER_SEC, their floor, is met
+// before every level's).
+const (
+	numLevels = 3
+	bgLevel   = numLevels
+)
 
 // levelOf is a priority's place in the order the limit is shared in:
 // HIGH first, then MEDIUM, then LOW.
@@ -143,7 +152,7 @@ func promisedRate(s Settings) float64 {
 // demand beyond it is burst demand: BURSTABLE = UNLIMITED, or RU_PER_SEC
 // = UNLIMITED (which promises nothing: all its demand is burst).
 func mayBurst(s Settings) bool {
-	return s.RUPerSec == resourcegroup.Unlimited || s.Burst == resourcegroup.BurstUnlimited
+	return s.RUPerSec == resourcegroup.Unlimited || s.Burst == resourcegroup.BurstUnlimited || s.Background > 0
 }
 
 // effectiveUnder is what a group with settings s runs with under a
@@ -225,7 +234,8 @@ func (b *Bucket) setCeil(c float64, now time.Time) {
 func (l *serviceLayer) rebalance(now time.Time) {
 	l.stale, l.last, l.due = false, now, now.Add(rebalanceEvery)
 	fig := ServiceLimitFigures{Limit: l.limit, FillRates: l.fillSum, At: now}
-	var fills, bursts [numLevels]float64
+	var fills, bursts [numLevels + 1]float64
+	fgDemand := 0.0 // the foreground's, which what nobody asks for goes to
 	for i := 0; i < len(l.active); {
 		b := l.active[i]
 		if b.demand <= 0 || now.Sub(b.svc.seen) > activeFor || b.settings.Mode != resourcegroup.ModeEnforce {
@@ -250,6 +260,11 @@ func (l *serviceLayer) rebalance(now time.Time) {
 			e.burst = e.demand - e.fill
 		}
 		e.level = levelOf(b.settings.Priority)
+		if b.settings.Background > 0 {
+			e.level = bgLevel
+		} else {
+			fgDemand += e.demand
+		}
 		fills[e.level] += e.fill
 		bursts[e.level] += e.burst
 		fig.Demand += e.demand
@@ -257,7 +272,7 @@ func (l *serviceLayer) rebalance(now time.Time) {
 	}
 	// What each level's fill rates and bursts get, as a fraction of what
 	// they ask.
-	var fillPart, burstPart [numLevels]float64
+	var fillPart, burstPart [numLevels + 1]float64
 	left := l.limit
 	part := func(ask float64) float64 {
 		if ask <= 0 {
@@ -267,23 +282,46 @@ func (l *serviceLayer) rebalance(now time.Time) {
 		left = max(left-ask*f, 0)
 		return f
 	}
+	// The background groups' floors first, then each level's rates and
+	// bursts, then what the background groups want beyond their floors:
+	// only what the foreground leaves.
+	fillPart[bgLevel] = part(fills[bgLevel])
 	for k := range numLevels {
 		fillPart[k] = part(fills[k])
 		burstPart[k] = part(bursts[k])
 		fig.Levels[k] = fills[k]*fillPart[k] + bursts[k]*burstPart[k]
 	}
-	// What nobody asks for goes to the groups in proportion to their
-	// demand (a non-burstable group's part above RU_PER_SEC stays
-	// unused).
+	// A background group asks beyond its floor up to its
+	// UTILIZATION_LIMIT of the limit; what it does not take goes to the
+	// foreground as spare.
+	if fills[bgLevel]+bursts[bgLevel] > 0 {
+		bursts[bgLevel] = 0
+		for _, b := range l.active {
+			if e := &b.svc; e.level == bgLevel {
+				room := float64(b.settings.Background)/100*l.limit - e.fill*fillPart[bgLevel]
+				e.burst = min(e.burst, max(room, 0))
+				bursts[bgLevel] += e.burst
+			}
+		}
+	}
+	burstPart[bgLevel] = part(bursts[bgLevel])
+	// What nobody asks for goes to the foreground groups in proportion
+	// to their demand (a non-burstable group's part above RU_PER_SEC
+	// stays unused; a background group has had all it asked for).
 	spare := 0.0
-	if fig.Demand > 0 {
-		spare = left / fig.Demand
+	if fgDemand > 0 {
+		spare = left / fgDemand
 	}
 	for _, b := range l.active {
 		e := &b.svc
 		e.cap = math.Inf(1)
 		if l.limit > 0 {
-			e.cap = e.fill*fillPart[e.level] + e.burst*burstPart[e.level] + e.demand*spare
+			e.cap = e.fill*fillPart[e.level] + e.burst*burstPart[e.level]
+			if e.level == bgLevel {
+				fig.Background += e.cap
+			} else {
+				e.cap += e.demand * spare
+			}
 			fig.Allocated += e.cap
 		}
 	}
@@ -370,7 +408,7 @@ func (f ServiceLimitFigures) String() string {
 		return "no service limit"
 	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "service limit %.0f RU/s: %d groups want %.1f, given %.1f (HIGH %.1f, MEDIUM %.1f, LOW %.1f); RU_PER_SEC sum %.0f",
-		f.Limit, f.Groups, f.Demand, f.Allocated, f.Levels[0], f.Levels[1], f.Levels[2], f.FillRates)
+	fmt.Fprintf(&sb, "service limit %.0f RU/s: %d groups want %.1f, given %.1f (HIGH %.1f, MEDIUM %.1f, LOW %.1f, background %.1f); RU_PER_SEC sum %.0f",
+		f.Limit, f.Groups, f.Demand, f.Allocated, f.Levels[0], f.Levels[1], f.Levels[2], f.Background, f.FillRates)
 	return sb.String()
 }

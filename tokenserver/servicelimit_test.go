@@ -35,6 +35,12 @@ func limited(rate uint64, burst resourcegroup.BurstMode, p resourcegroup.Priorit
 	return Settings{RUPerSec: rate, Burst: burst, Priority: p}
 }
 
+// background is a background group's settings: RU_PER_SEC rate (its
+// floor) and UTILIZATION_LIMIT pct.
+func background(rate uint64, pct uint8) Settings {
+	return Settings{RUPerSec: rate, Burst: bOff, Priority: med, Background: pct}
+}
+
 // svcStories are the sharing rules, each story a limit and its groups
 // with what each should get.
 var svcStories = []struct {
@@ -94,6 +100,36 @@ var svcStories = []struct {
 		gs: []svcGroup{
 			{name: "a", settings: limited(300, bOff, low), demand: 200, want: 200 + 500*200.0/500},
 			{name: "b", settings: limited(unl, bUnl, med), demand: 300, want: 300 + 500*300.0/500},
+		},
+	},
+	{
+		name:  "background under foreground saturation: its RU_PER_SEC (its floor), nothing beyond",
+		limit: 1000,
+		gs: []svcGroup{
+			{name: "a", settings: limited(600, bOff, high), demand: 2000, want: 600},
+			{name: "b", settings: limited(unl, bUnl, med), demand: 2000, want: 300},
+			{name: "bg", settings: background(100, 30), demand: 2000, want: 100},
+		},
+	},
+	{
+		name:  "background beside idle foreground: up to its UTILIZATION_LIMIT, the rest the foreground's spare",
+		limit: 1000,
+		gs: []svcGroup{
+			// floor 100, then 200 more (30% of 1000); a's 100 and the
+			// 600 nobody took, in proportion to its demand.
+			{name: "a", settings: limited(600, bOff, high), demand: 100, want: 100 + 600},
+			{name: "bg", settings: background(100, 30), demand: 2000, want: 300},
+		},
+	},
+	{
+		name:  "two background groups share what LOW leaves in proportion, each within its UTILIZATION_LIMIT",
+		limit: 1000,
+		gs: []svcGroup{
+			{name: "a", settings: limited(400, bOff, low), demand: 400, want: 400},
+			// floors 0 and 50; bursts 500 (cap 50%) and 150 (cap 20%:
+			// 200 - 50) share the 550 left as 500:150.
+			{name: "bg1", settings: background(unl, 50), demand: 5000, want: 550 * 500.0 / 650},
+			{name: "bg2", settings: background(50, 20), demand: 5000, want: 50 + 550*150.0/650},
 		},
 	},
 	{

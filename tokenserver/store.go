@@ -56,6 +56,8 @@ type groupRecord struct {
 	Budgets []budgetRecord `json:"budgets,omitempty"`
 	// Parent is PARENT's group; absent = none.
 	Parent string `json:"parent,omitempty"`
+	// Background is BACKGROUND's UTILIZATION_LIMIT; absent = foreground.
+	Background uint8 `json:"background,omitempty"`
 }
 
 // budgetRecord is a resourcegroup.Budget; period and actions by name, as
@@ -88,7 +90,7 @@ type bindingRecord struct {
 
 func encodeGroup(g resourcegroup.Group) ([]byte, error) {
 	r := groupRecord{RUPerSec: g.RUPerSec, Priority: uint8(g.Priority), Burst: uint8(g.Burst),
-		Mode: uint8(g.Mode), MaxConcurrency: g.MaxConcurrency, Parent: g.Parent}
+		Mode: uint8(g.Mode), MaxConcurrency: g.MaxConcurrency, Parent: g.Parent, Background: g.Background}
 	if g.RUPerSec == resourcegroup.Unlimited {
 		r.RUPerSec, r.Unlimited = 0, true
 	}
@@ -115,7 +117,7 @@ func decodeGroup(name string, data []byte, version int64) (resourcegroup.Group, 
 	}
 	g := resourcegroup.Group{Name: name, RUPerSec: r.RUPerSec, Priority: resourcegroup.Priority(r.Priority),
 		Burst: resourcegroup.BurstMode(r.Burst), Version: version,
-		Mode: resourcegroup.Mode(r.Mode), MaxConcurrency: r.MaxConcurrency, Parent: r.Parent}
+		Mode: resourcegroup.Mode(r.Mode), MaxConcurrency: r.MaxConcurrency, Parent: r.Parent, Background: min(r.Background, 100)}
 	if r.Unlimited {
 		g.RUPerSec = resourcegroup.Unlimited
 	}

@@ -25,6 +25,7 @@ func GroupToPB(g resourcegroup.Group) *ResourceGroup {
 
 		MaxConcurrency: g.MaxConcurrency,
 		Parent:         g.Parent,
+		Background:     uint32(g.Background),
 	}
 	if g.RUPerSec == resourcegroup.Unlimited {
 		out.RuPerSec, out.Unlimited = 0, true
@@ -64,6 +65,7 @@ func GroupFromPB(p *ResourceGroup) resourcegroup.Group {
 
 		MaxConcurrency: p.GetMaxConcurrency(),
 		Parent:         p.GetParent(),
+		Background:     uint8(min(p.GetBackground(), 100)),
 	}
 	if p.GetUnlimited() {
 		g.RUPerSec = resourcegroup.Unlimited

@@ -505,7 +505,10 @@ type ResourceGroup struct {
 	Budgets []*Budget `protobuf:"bytes,10,rep,name=budgets,proto3" json:"budgets,omitempty"`
 	// PARENT: the group whose RU_PER_SEC holds over this group and its
 	// siblings together (lower case); empty = none.
-	Parent        string `protobuf:"bytes,11,opt,name=parent,proto3" json:"parent,omitempty"`
+	Parent string `protobuf:"bytes,11,opt,name=parent,proto3" json:"parent,omitempty"`
+	// BACKGROUND's UTILIZATION_LIMIT, percent of the service limit (1 to
+	// 100); 0 = a foreground group.
+	Background    uint32 `protobuf:"varint,12,opt,name=background,proto3" json:"background,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -615,6 +618,13 @@ func (x *ResourceGroup) GetParent() string {
 		return x.Parent
 	}
 	return ""
+}
+
+func (x *ResourceGroup) GetBackground() uint32 {
+	if x != nil {
+		return x.Background
+	}
+	return 0
 }
 
 // Budget is the RU a group may spend in each calendar window of a period
@@ -5402,7 +5412,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x06action\x18\x03 \x01(\x0e2\x18.rgproxy.token.v1.ActionR\x06action\x12!\n" +
 	"\fswitch_group\x18\x04 \x01(\tR\vswitchGroup\x121\n" +
 	"\x05watch\x18\x05 \x01(\x0e2\x1b.rgproxy.token.v1.WatchTypeR\x05watch\x12*\n" +
-	"\x11watch_duration_ms\x18\x06 \x01(\x03R\x0fwatchDurationMs\"\xac\x03\n" +
+	"\x11watch_duration_ms\x18\x06 \x01(\x03R\x0fwatchDurationMs\"\xcc\x03\n" +
 	"\rResourceGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\n" +
@@ -5417,7 +5427,10 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x0fmax_concurrency\x18\t \x01(\x04R\x0emaxConcurrency\x122\n" +
 	"\abudgets\x18\n" +
 	" \x03(\v2\x18.rgproxy.token.v1.BudgetR\abudgets\x12\x16\n" +
-	"\x06parent\x18\v \x01(\tR\x06parent\"m\n" +
+	"\x06parent\x18\v \x01(\tR\x06parent\x12\x1e\n" +
+	"\n" +
+	"background\x18\f \x01(\rR\n" +
+	"background\"m\n" +
 	"\x06Budget\x12\x0e\n" +
 	"\x02ru\x18\x01 \x01(\x04R\x02ru\x12\x16\n" +
 	"\x06period\x18\x02 \x01(\tR\x06period\x12;\n" +
