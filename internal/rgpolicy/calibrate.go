@@ -49,9 +49,11 @@ import (
 // fewer than two points is errCalibrateLow.
 
 const (
-	// calibRing is how many one-second samples the sampler keeps: the
-	// live answer's window (10 minutes).
-	calibRing = 600
+	// calibRing is how many one-second samples the sampler keeps (an
+	// hour: a window in it gets the host's utilisation at its seconds);
+	// calibLive is the live answer's window.
+	calibRing = 3600
+	calibLive = 10 * time.Minute
 	// calibEvery is the sampler's period; calibMetricsEvery how often the
 	// capacity gauges are recomputed.
 	calibEvery        = time.Second
@@ -193,8 +195,11 @@ func tidbRule(est []float64) (float64, error) {
 }
 
 // live answers the capacity from the samples.
-func (c *calibrator) live() (capacity, error) {
+func (c *calibrator) live(now time.Time) (capacity, error) {
 	ss := c.samples()
+	for len(ss) > 0 && ss[0].at.Before(now.Add(-calibLive)) {
+		ss = ss[1:]
+	}
 	var est []float64
 	var sRU, sBackend, sBusy, sCPU, sAll float64
 	hostCPUs, pid := 0, int64(0)
@@ -271,6 +276,41 @@ func (c *calibrator) live() (capacity, error) {
 	out.basis = fmt.Sprintf("live, %d one-second points of the last 10 min with the backend's CPU above 20%% of %s CPUs (--backend-cpus), top and bottom 10%% dropped; "+
 		"%.1f RU per backend CPU-second of CPU-true statements (the ledger's)", len(est), trimFloat(cpus), out.ruPerCPU)
 	return out, nil
+}
+
+// hostUtil is the host's utilisation per interval of gran (by its start,
+// unix seconds) over the samples, where the samples cover at least half
+// of the interval and the backend was read; the host's CPUs; and the
+// first interval the samples reach (intervals from it on that have no
+// utilisation are left out rather than estimated otherwise).
+func (c *calibrator) hostUtil(gran time.Duration) (map[int64]float64, int, int64) {
+	ss := c.samples()
+	first := int64(math.MaxInt64)
+	type acc struct{ busy, all, dt float64 }
+	by := map[int64]*acc{}
+	cpus := 0
+	for i := 1; i < len(ss); i++ {
+		a, b := &ss[i-1], &ss[i]
+		dt := b.at.Sub(a.at).Seconds()
+		if !a.host || !b.host || a.pid != b.pid || dt <= 0 || b.all <= a.all {
+			continue
+		}
+		k := b.at.Add(-time.Nanosecond).Truncate(gran).Unix()
+		x := by[k]
+		if x == nil {
+			x = &acc{}
+			by[k] = x
+		}
+		x.busy, x.all, x.dt = x.busy+b.busy-a.busy, x.all+b.all-a.all, x.dt+dt
+		cpus, first = b.hostCPUs, min(first, k)
+	}
+	out := make(map[int64]float64, len(by))
+	for k, x := range by {
+		if x.dt >= gran.Seconds()/2 {
+			out[k] = x.busy / x.all
+		}
+	}
+	return out, cpus, first
 }
 
 // backendCPUs are the CPUs the backend process may use: --backend-cpus,

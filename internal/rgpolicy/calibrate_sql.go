@@ -51,8 +51,8 @@ func (s *session) calibrate(ctx context.Context, a *resourcegroup.CalibrateResou
 // mode's name.
 func (s *session) capacity(ctx context.Context, a *resourcegroup.CalibrateResource, now time.Time) (capacity, time.Time, time.Time, string, error) {
 	if !a.Window {
-		c, err := s.p.calib.live()
-		return c, now.Add(-calibRing * calibEvery), now, "live", err
+		c, err := s.p.calib.live(now)
+		return c, now.Add(-calibLive), now, "live", err
 	}
 	from, to, err := calibrateSpan(a, now)
 	if err != nil {
@@ -92,7 +92,7 @@ func (s *session) history(ctx context.Context, groups []string, from, to, now ti
 	gran := calibrateGranularity(from, now)
 	from = from.Truncate(gran)
 	rows, truncated, err := s.p.usage.UsageHistory(ctx, &tokenpb.UsageHistoryRequest{
-		Groups: groups, FromUnixMs: from.UnixMilli(), ToUnixMs: to.UnixMilli(),
+		Groups: groups, AllGroups: groups == nil, FromUnixMs: from.UnixMilli(), ToUnixMs: to.UnixMilli(),
 		GranularityS: uint32(gran / time.Second), Limit: calibrateRows,
 	})
 	if err != nil {
@@ -128,11 +128,28 @@ func (s *session) windowCapacity(ctx context.Context, from, to, now time.Time) (
 		p.ru += r.RRU + r.WRU
 		p.cpu += r.CPUSeconds
 	}
+	// The host's utilisation at the window's intervals, where the sampler
+	// holds them.
+	hostUtil, hostCPUs, sampled := s.p.calib.hostUtil(gran)
 	var est []float64
 	var sRU, sCPU float64
+	nHost := 0
 	secs := gran.Seconds()
-	for _, p := range byStart {
-		if p.cpu <= 0 || p.ru <= 0 || p.cpu/secs/cpus <= calibMinUtil {
+	for start, p := range byStart {
+		if p.ru <= 0 {
+			continue
+		}
+		if u, ok := hostUtil[start]; ok && hostCPUs > 0 {
+			if u > calibMinUtil {
+				est = append(est, p.ru/secs/u*cpus/float64(hostCPUs))
+				nHost++
+			}
+			continue
+		}
+		if hostCPUs > 0 && start >= sampled {
+			continue // sampled, but too little of it: no estimate
+		}
+		if p.cpu <= 0 || p.cpu/secs/cpus <= calibMinUtil {
 			continue
 		}
 		est = append(est, p.ru/p.cpu*cpus)
@@ -142,9 +159,25 @@ func (s *session) windowCapacity(ctx context.Context, from, to, now time.Time) (
 	if err != nil {
 		return capacity{}, err
 	}
-	c := capacity{quota: quota, points: len(est), cpus: cpus, ruPerCPU: sRU / sCPU}
-	c.basis = fmt.Sprintf("the usage history at %d s, all groups: %d points with the backend's CPU (its CPU-true statements' CPU-seconds) above 20%% of %s CPUs (%s), top and bottom 10%% dropped; "+
-		"%.1f RU per backend CPU-second; assumes the backend has those CPUs to itself", int(secs), len(est), trimFloat(cpus), why, c.ruPerCPU)
+	c := capacity{quota: quota, points: len(est), cpus: cpus}
+	var all float64
+	for _, p := range byStart {
+		all += p.cpu
+		c.ruPerCPU += p.ru
+	}
+	if all > 0 {
+		c.ruPerCPU /= all
+	} else {
+		c.ruPerCPU = 0
+	}
+	c.basis = fmt.Sprintf("the usage history at %d s, all groups: %d points, top and bottom 10%% dropped; the backend's CPUs %s (%s); %.1f RU per backend CPU-second of its CPU-true statements",
+		int(secs), len(est), trimFloat(cpus), why, c.ruPerCPU)
+	if nHost > 0 {
+		c.basis += fmt.Sprintf("; %d points at seconds this proxy sampled (the last hour): RU/s over the host's utilisation above 20%% (the backend shares this host of %d CPUs with rgproxy and the clients)", nHost, hostCPUs)
+	}
+	if n := len(est) - nHost; n > 0 {
+		c.basis += fmt.Sprintf("; %d points beyond them: RU per backend CPU-second times the backend's CPUs where its statements' CPU was above 20%% of them, the backend assumed to have them to itself", n)
+	}
 	if truncated {
 		c.basis += "; the history was cut to its newest rows"
 	}
@@ -313,7 +346,7 @@ func (p *Policy) runCalibrator(ctx context.Context) {
 // cannot be told), the groups' RU_PER_SEC summed, and whether they exceed
 // it. It returns them for the console.
 func (p *Policy) refreshCapacity(ctx context.Context) (capacityRU, limits float64, over bool) {
-	if c, err := p.calib.live(); err == nil {
+	if c, err := p.calib.live(p.clk.Now()); err == nil {
 		capacityRU = c.quota
 	}
 	if groups, err := p.tokens.Store().ListGroups(ctx); err == nil {
