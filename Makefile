@@ -76,7 +76,7 @@ demo-load: build
 fuzz:
 	bash scripts/fuzz.sh $(FUZZTIME)
 
-bench: bench-proxy bench-server bench-metering bench-isolation bench-cluster-views
+bench: bench-proxy bench-server bench-metering bench-calibrate bench-isolation bench-cluster-views
 
 # What the benchmarks drive (sysbench, HAProxy, Connector/J, MariaDB).
 bench-deps:
