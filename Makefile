@@ -8,7 +8,7 @@ FUZZTIME  ?= 60s
 # How long `make soak` loads the system.
 SOAK_DURATION ?= 10m
 
-.PHONY: all build run test test-deps tidy-check test-rules test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-deps bench-proxy bench-server bench-metering bench-isolation bench-cluster-views soak demo-load generate tools clean
+.PHONY: all build run test test-deps tidy-check test-rules test-unit test-failpoints test-e2e vet fmt-check fuzz bench bench-deps bench-proxy bench-server bench-metering bench-calibrate bench-isolation bench-cluster-views soak demo-load generate tools clean
 
 all: build
 
@@ -76,7 +76,7 @@ demo-load: build
 fuzz:
 	bash scripts/fuzz.sh $(FUZZTIME)
 
-bench: bench-proxy bench-server bench-metering bench-isolation bench-cluster-views
+bench: bench-proxy bench-server bench-metering bench-calibrate bench-isolation bench-cluster-views
 
 # What the benchmarks drive (sysbench, HAProxy, Connector/J, MariaDB).
 bench-deps:
@@ -100,6 +100,12 @@ bench-server: build
 # vs --metering=false; token requests per 1,000 statements; 3-proxy accuracy.
 bench-metering: build bench-deps
 	bash scripts/bench-metering.sh
+
+# CALIBRATE RESOURCE's answer (live and over a window of the usage
+# history, from a light run) beside the RU/s a saturating sysbench
+# oltp_read_write run achieves through rgproxy (target within 20%).
+bench-calibrate: build bench-deps
+	bash scripts/bench-calibrate.sh
 
 # The noisy-neighbour experiment: a victim's p99 alone and beside a heavy
 # aggressor (scan, sort), directly and through rgproxy; the aggressor group's

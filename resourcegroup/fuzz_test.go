@@ -34,6 +34,10 @@ var fuzzSeeds = []string{
 	"SHOW CLUSTER RESOURCE GROUP USAGE WHERE THROTTLED > 0",
 	"SHOW LAST STATEMENT RU",
 	"EXPLAIN RESOURCE GROUP rg1 WITH (RU_PER_SEC = 200, BURSTABLE = OFF) FOR LAST 7 DAYS",
+	"CALIBRATE RESOURCE",
+	"CALIBRATE RESOURCE START_TIME '2026-11-28 10:00:00' DURATION '10m'",
+	"calibrate resource for groups (a, `b`) start_time = '2026-11-28 10:00:00' end_time = '2026-11-29 10:00:00'",
+	"CALIBRATE RESOURCE WORKLOAD = TPCC",
 	"/* c */ -- x\n# y\nSELECT /*+ RESOURCE_GROUP(rg1) */ 1",
 	"/*!40101 SET NAMES utf8 */",
 	"select 'a\\'b' from t",
@@ -65,6 +69,22 @@ func FuzzParse(f *testing.F) {
 			if err := g.Validate(); err != nil {
 				t.Fatalf("Parse(%q) returned an invalid group: %v", sql, err)
 			}
+		case *CalibrateResource:
+			// A window that parses is within its bounds; names are valid.
+			if s.Window && !s.End.IsZero() {
+				if d := s.End.Sub(s.Start); d < CalibrateMinWindow || d > CalibrateMaxWindow {
+					t.Fatalf("Parse(%q): window of %s", sql, d)
+				}
+			}
+			if len(s.Groups) > calibrateMaxGroups || s.Window && s.Start.Year() < 1970 {
+				t.Fatalf("Parse(%q) = %+v", sql, s)
+			}
+			for _, n := range s.Groups {
+				if ValidateName(n) != nil {
+					t.Fatalf("Parse(%q): group %q", sql, n)
+				}
+			}
+			return
 		case *AlterGroup:
 			g = s.Apply(fuzzAlterBase(s.Name))
 			if g.Validate() != nil {

@@ -133,7 +133,7 @@ func IsAdmin(query string, m sqltext.Mode) bool {
 		return false
 	case first.isKw("QUERY"):
 		return sc.next().isKw("WATCH")
-	case first.isKw("EXPLAIN"):
+	case first.isKw("EXPLAIN"), first.isKw("CALIBRATE"):
 		return sc.next().isKw("RESOURCE")
 	case first.isKw("SELECT"):
 		// Most SELECTs name neither table nor function: a byte scan rules

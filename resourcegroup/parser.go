@@ -192,6 +192,8 @@ func (p *parser) statement() (Statement, error) {
 		return p.queryWatch()
 	case p.isWord("EXPLAIN"):
 		return p.explain()
+	case p.isWord("CALIBRATE"):
+		return p.calibrate()
 	}
 	return nil, p.fail()
 }

@@ -22,6 +22,11 @@ type Consumption struct {
 	// Statements counts the statements charged (each counts once, in
 	// BeforeCost).
 	Statements float64
+	// CPUSeconds is the backend CPU time charged for, in seconds: the
+	// backend thread's CPU time (or a short statement's capped wall time)
+	// where the CPU part was CPU-true (ResponseInfo.CPUKnown), else 0. RU
+	// per backend CPU-second (CALIBRATE RESOURCE) is RU over it.
+	CPUSeconds float64
 }
 
 // Add adds o to c field by field.
@@ -32,6 +37,7 @@ func (c *Consumption) Add(o Consumption) {
 	c.WriteBytes += o.WriteBytes
 	c.BackendSeconds += o.BackendSeconds
 	c.Statements += o.Statements
+	c.CPUSeconds += o.CPUSeconds
 }
 
 // Sub subtracts o from c field by field, e.g. to get the consumption since
@@ -43,13 +49,14 @@ func (c *Consumption) Sub(o Consumption) {
 	c.WriteBytes -= o.WriteBytes
 	c.BackendSeconds -= o.BackendSeconds
 	c.Statements -= o.Statements
+	c.CPUSeconds -= o.CPUSeconds
 }
 
 // Scale returns c with every field multiplied by f, e.g. the part f of a
 // debt split off to be paid now.
 func (c Consumption) Scale(f float64) Consumption {
 	return Consumption{RRU: c.RRU * f, WRU: c.WRU * f, ReadBytes: c.ReadBytes * f, WriteBytes: c.WriteBytes * f,
-		BackendSeconds: c.BackendSeconds * f, Statements: c.Statements * f}
+		BackendSeconds: c.BackendSeconds * f, Statements: c.Statements * f, CPUSeconds: c.CPUSeconds * f}
 }
 
 // RU is the total Request Units: RRU + WRU.

@@ -120,6 +120,7 @@ func (c Config) AfterCost(req RequestInfo, res ResponseInfo) Consumption {
 	cpu := bt
 	if res.CPUKnown {
 		cpu = max(res.CPUTime, 0)
+		out.CPUSeconds = cpu.Seconds()
 	}
 	// Dividing the integer nanoseconds keeps whole milliseconds exact.
 	out.RRU += c.CPUMsCost * (float64(cpu) / float64(time.Millisecond))

@@ -602,7 +602,7 @@ func (gs *groupState) held(now time.Time) float64 {
 // demand that waited can be reported.
 func (gs *groupState) hasReport() bool {
 	p := gs.pending
-	return p.RRU > 0 || p.WRU > 0 || p.ReadBytes >= 1 || p.WriteBytes >= 1 || p.BackendSeconds > 0 || p.Statements >= 1 ||
+	return p.RRU > 0 || p.WRU > 0 || p.ReadBytes >= 1 || p.WriteBytes >= 1 || p.BackendSeconds > 0 || p.CPUSeconds > 0 || p.Statements >= 1 ||
 		gs.counts != (reportCounts{}) || !gs.charge.empty()
 }
 
@@ -618,6 +618,7 @@ func (gs *groupState) takeReport() ru.Consumption {
 		WriteBytes:     max(math.Floor(p.WriteBytes), 0),
 		BackendSeconds: max(p.BackendSeconds, 0),
 		Statements:     max(math.Floor(p.Statements), 0),
+		CPUSeconds:     max(p.CPUSeconds, 0),
 	}
 	p.Sub(sent)
 	gs.pending = p
@@ -626,12 +627,13 @@ func (gs *groupState) takeReport() ru.Consumption {
 
 func consumptionToPB(c ru.Consumption) *tokenpb.Consumption {
 	return &tokenpb.Consumption{
-		Rru:            c.RRU,
-		Wru:            c.WRU,
-		ReadBytes:      uint64(c.ReadBytes),
-		WriteBytes:     uint64(c.WriteBytes),
-		BackendSeconds: c.BackendSeconds,
-		Statements:     uint64(c.Statements),
+		Rru:               c.RRU,
+		Wru:               c.WRU,
+		ReadBytes:         uint64(c.ReadBytes),
+		WriteBytes:        uint64(c.WriteBytes),
+		BackendSeconds:    c.BackendSeconds,
+		Statements:        uint64(c.Statements),
+		BackendCpuSeconds: c.CPUSeconds,
 	}
 }
 

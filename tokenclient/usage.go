@@ -44,6 +44,9 @@ type UsageRowHistory struct {
 	Statements         uint64
 	Throttled, Refused uint64
 	WaitedRU, DeniedRU float64
+	// CPUSeconds is the backend CPU-seconds of the interval's CPU-true
+	// statements (0 from an rgserver older than the figure).
+	CPUSeconds float64
 }
 
 // UsageHistory asks rgserver's leader for the usage history req names
@@ -91,7 +94,7 @@ func (c *Client) UsageHistory(ctx context.Context, req *tokenpb.UsageHistoryRequ
 		out = append(out, UsageRowHistory{Group: g, Start: time.UnixMilli(r.GetStartUnixMs()),
 			Granularity: time.Duration(gran) * time.Second, RRU: figure(r.GetRru()), WRU: figure(r.GetWru()),
 			Statements: r.GetStatements(), Throttled: r.GetThrottled(), Refused: r.GetRefused(),
-			WaitedRU: figure(r.GetWaitedRu()), DeniedRU: figure(r.GetDeniedRu())})
+			WaitedRU: figure(r.GetWaitedRu()), DeniedRU: figure(r.GetDeniedRu()), CPUSeconds: figure(r.GetBackendCpuSeconds())})
 	}
 	return out, truncated, nil
 }

@@ -362,7 +362,8 @@ func (b *credBook) reportLocked(e *credEntry, p Principal, group string, gb boun
 				f := allowed / total
 				dRU = total - allowed
 				u = ru.Consumption{RRU: u.RRU * f, WRU: u.WRU * f, ReadBytes: math.Floor(u.ReadBytes * f),
-					WriteBytes: math.Floor(u.WriteBytes * f), BackendSeconds: u.BackendSeconds * f, Statements: u.Statements}
+					WriteBytes: math.Floor(u.WriteBytes * f), BackendSeconds: u.BackendSeconds * f, Statements: u.Statements,
+					CPUSeconds: u.CPUSeconds * f}
 			}
 			a.balance -= u.RU()
 		}

@@ -404,7 +404,7 @@ const (
 // clamped to the bounds above; clamped says whether any field was.
 func usageOf(c *pb.Consumption) (u ru.Consumption, throttled float64, clamped bool) {
 	u = ru.Consumption{RRU: c.GetRru(), WRU: c.GetWru(), ReadBytes: float64(c.GetReadBytes()), WriteBytes: float64(c.GetWriteBytes()),
-		BackendSeconds: c.GetBackendSeconds(), Statements: float64(c.GetStatements())}
+		BackendSeconds: c.GetBackendSeconds(), Statements: float64(c.GetStatements()), CPUSeconds: c.GetBackendCpuSeconds()}
 	bound := func(v *float64, hi float64) {
 		switch {
 		case !(*v >= 0):
@@ -419,6 +419,7 @@ func usageOf(c *pb.Consumption) (u ru.Consumption, throttled float64, clamped bo
 	bound(&u.ReadBytes, maxReportBytes)
 	bound(&u.WriteBytes, maxReportBytes)
 	bound(&u.BackendSeconds, maxReportSeconds)
+	bound(&u.CPUSeconds, maxReportSeconds)
 	throttled = float64(c.GetThrottled())
 	bound(&throttled, maxReportRU)
 	return u, throttled, clamped

@@ -95,6 +95,10 @@ const (
 	figRefused
 	figWaited
 	figDenied
+	// figCPU is the backend CPU-seconds of the CPU-true statements
+	// (Consumption.backend_cpu_seconds), kept in microseconds. It is the
+	// eighth figure: a point's mask byte has room for no more.
+	figCPU
 	numFigs
 )
 
@@ -104,6 +108,8 @@ func figScale(i int) float64 {
 	switch i {
 	case figStatements, figThrottled, figRefused:
 		return 1
+	case figCPU:
+		return 1e6
 	}
 	return 1000
 }
@@ -621,7 +627,7 @@ func readUsagePoint(b []byte, prev int64) (usagePoint, []byte, error) {
 	p := usagePoint{idx: prev + int64(d)}
 	mask := b[n]
 	b = b[n+1:]
-	if mask >= 1<<numFigs {
+	if int(mask) >= 1<<numFigs {
 		return usagePoint{}, nil, errUsageEncoding
 	}
 	for i := range p.v {
@@ -741,7 +747,7 @@ func rowToPB(r usageRow, k int) *pb.UsageHistoryRow {
 	return &pb.UsageHistoryRow{ResourceGroup: r.group, StartUnixMs: r.p.idx * g * 1000, GranularityS: uint32(g),
 		Rru: r.p.v[figRRU], Wru: r.p.v[figWRU], Statements: uint64(r.p.v[figStatements]),
 		Throttled: uint64(r.p.v[figThrottled]), Refused: uint64(r.p.v[figRefused]),
-		WaitedRu: r.p.v[figWaited], DeniedRu: r.p.v[figDenied]}
+		WaitedRu: r.p.v[figWaited], DeniedRu: r.p.v[figDenied], BackendCpuSeconds: r.p.v[figCPU]}
 }
 
 // String is the history's state at now in one line, for tests: per tier

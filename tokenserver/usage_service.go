@@ -82,6 +82,7 @@ func (s *Server) reportUsage(name string, u ru.Consumption, throttled, refused f
 	f[figRRU], f[figWRU], f[figStatements], f[figThrottled] = u.RRU, u.WRU, u.Statements, throttled
 	f[figRefused] = refused
 	f[figWaited], f[figDenied] = c.GetWaitedRu(), c.GetDeniedRu()
+	f[figCPU] = min(u.CPUSeconds, maxReportSeconds) // as the credential book let it count
 	for i := range f {
 		switch {
 		case !(f[i] >= 0):

@@ -143,7 +143,7 @@ func TestUsageTiersAndRetention(t *testing.T) {
 	// Seconds: the last hour, and the rest of the oldest chunk (whole
 	// chunks roll off); minutes: 180, one open; hours: 2 and the open one.
 	// "once" keeps its minute and hour.
-	if got, want := h.String(now), "open@-5 points 3608/181/4 busy:3603+5/179+1/2+1 once:0+0/1+0/1+0"; got != want {
+	if got, want := h.String(now), "open@-5 points 3602/181/4 busy:3597+5/179+1/2+1 once:0+0/1+0/1+0"; got != want {
 		t.Errorf("after 3 h:\n got %s\nwant %s", got, want)
 	}
 	rows, _ := h.query(map[string]bool{"busy": true}, usageMin, start.Unix()/60, now.Unix()/60, maxUsageRows)

@@ -134,6 +134,9 @@ type config struct {
 	// backend thread's CPU time when the backend runs here, else wall
 	// time), wall or proc. Default auto.
 	CPUSource string
+	// BackendCPUs is the backend host's CPUs for CALIBRATE RESOURCE; 0 =
+	// read them where the backend runs on this host.
+	BackendCPUs float64
 	// WriteSource is where the bytes a statement wrote come from: auto
 	// (the backend's row-based binary log, read with --admin-user, while
 	// rgproxy can follow it; else the estimate), binlog, estimate or
@@ -208,6 +211,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.StringVar(&cfg.AdminUser, "admin-user", "", "rgproxy's service `account` on the backend (CONNECTION ADMIN or SUPER), for KILL QUERY of runaway statements; without it ACTION=KILL is refused")
 	fs.StringVar(&cfg.AdminPasswordFile, "admin-password-file", "", "`file` holding --admin-user's password")
 	fs.StringVar(&cfg.CacheDir, "cache-dir", "rgproxy-cache", "`directory` keeping the last snapshot of groups and bindings, for starts while rgserver is down (empty = none)")
+	fs.Float64Var(&cfg.BackendCPUs, "backend-cpus", 0, "the backend host's CPUs, for CALIBRATE RESOURCE (fractions allowed, e.g. a quota of 2.5); 0 reads them where the backend runs on this host")
 	fs.StringVar(&cfg.CPUSource, "cpu-source", "auto", "CPU time charged per statement: auto (the backend thread's CPU time when the backend runs on this host, else wall time), wall, or proc")
 	fs.StringVar(&cfg.WriteSource, "write-source", "auto", "where the bytes a statement wrote come from: auto (the backend's row-based binary log, read as --admin-user, while rgproxy follows it; else the estimate), binlog, estimate (affected rows × the table's average row length) or packet (the statement's own bytes only)")
 	fs.DurationVar(&cfg.GroupIdleExpiry, "group-idle-expiry", time.Hour, "a group with no statement here this long loses its per-group metric series until it is used again")
@@ -341,6 +345,9 @@ func (c *config) validate() error {
 	}
 	if (c.AdminUser == "") != (c.AdminPasswordFile == "") {
 		errs = append(errs, errors.New("--admin-user and --admin-password-file go together"))
+	}
+	if !(c.BackendCPUs >= 0 && c.BackendCPUs <= 1<<20) {
+		errs = append(errs, fmt.Errorf("--backend-cpus must be from 0 (read them) to 1048576, not %v", c.BackendCPUs))
 	}
 	if _, err := rgpolicy.ParseCPUSource(c.CPUSource); err != nil {
 		errs = append(errs, fmt.Errorf("--cpu-source must be auto, wall or proc, not %q", c.CPUSource))

@@ -138,6 +138,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger, rl *reloader, hup
 			SummaryWindows:  cfg.StmtSummaryHistorySize,
 			IdleGroupExpiry: cfg.GroupIdleExpiry,
 			CPU:             cpu,
+			BackendCPUs:     cfg.BackendCPUs,
 			BackendAddr:     cfg.Backend,
 			Registerer:      metrics.reg,
 			Logger:          logger,

@@ -76,6 +76,8 @@ func (s *session) admin(ctx context.Context, st *mysqlproto.Statement, be mysqlp
 		return s.selectVirtual(ctx, be, vtRunawayWatches, nil, false, "")
 	case *resourcegroup.ExplainGroup:
 		return s.explainGroup(ctx, a, be)
+	case *resourcegroup.CalibrateResource:
+		return s.calibrate(ctx, a, be)
 	}
 	if resourcegroup.RequiresSuper(stmt) && !s.hasSuperFresh(ctx, be) {
 		return errReply(s.deniedStatement(stmt))

@@ -73,6 +73,9 @@ type cpuSource struct {
 	last atomic.Uint32
 	// onChange is called when last changes (the metric); may be nil.
 	onChange atomic.Pointer[func(CPUSource)]
+	// backendPID is the process of the backend thread a session read last
+	// (0: none yet): CALIBRATE RESOURCE reads its CPU time and CPUs.
+	backendPID atomic.Int64
 }
 
 func newCPUSource(mode CPUSource, backendAddr, procRoot string, log *slog.Logger) *cpuSource {
@@ -200,8 +203,11 @@ func (r *cpuReader) open(ctx context.Context, src *cpuSource, be mysqlproto.Back
 		return
 	}
 	tid, err := src.threadID(ctx, be)
+	pid := 0
 	if err == nil {
-		err = r.use(openSchedstat(src.procRoot, tid))
+		var f *os.File
+		f, pid, err = openSchedstat(src.procRoot, tid)
+		err = r.use(f, err)
 	}
 	if err != nil {
 		src.log.Debug("backend thread CPU not readable: charging wall time", "err", err)
@@ -213,6 +219,7 @@ func (r *cpuReader) open(ctx context.Context, src *cpuSource, be mysqlproto.Back
 		src.note(CPUWall)
 		return
 	}
+	src.backendPID.Store(int64(pid))
 	src.note(CPUProc)
 }
 
@@ -253,15 +260,15 @@ func (c *cpuSource) threadID(ctx context.Context, be mysqlproto.Backend) (int, e
 }
 
 // openSchedstat opens <root>/<tid>/schedstat after checking that the
-// thread belongs to a mariadbd or mysqld process.
-func openSchedstat(root string, tid int) (*os.File, error) {
+// thread belongs to a mariadbd or mysqld process, whose id it returns.
+func openSchedstat(root string, tid int) (*os.File, int, error) {
 	if tid <= 0 {
-		return nil, fmt.Errorf("rgpolicy: thread id %d", tid)
+		return nil, 0, fmt.Errorf("rgpolicy: thread id %d", tid)
 	}
 	dir := filepath.Join(root, strconv.Itoa(tid))
 	status, err := os.ReadFile(filepath.Join(dir, "status"))
 	if err != nil {
-		return nil, fmt.Errorf("rgpolicy: thread %d: %w", tid, err)
+		return nil, 0, fmt.Errorf("rgpolicy: thread %d: %w", tid, err)
 	}
 	tgid := ""
 	for _, line := range strings.Split(string(status), "\n") {
@@ -271,14 +278,16 @@ func openSchedstat(root string, tid int) (*os.File, error) {
 	}
 	comm, err := os.ReadFile(filepath.Join(root, tgid, "comm"))
 	if err != nil {
-		return nil, fmt.Errorf("rgpolicy: thread %d: process %q: %w", tid, tgid, err)
+		return nil, 0, fmt.Errorf("rgpolicy: thread %d: process %q: %w", tid, tgid, err)
 	}
 	switch name := strings.TrimSpace(string(comm)); name {
 	case "mariadbd", "mysqld":
 	default:
-		return nil, fmt.Errorf("rgpolicy: thread %d belongs to %q, not a MySQL server", tid, name)
+		return nil, 0, fmt.Errorf("rgpolicy: thread %d belongs to %q, not a MySQL server", tid, name)
 	}
-	return os.Open(filepath.Join(dir, "schedstat"))
+	pid, _ := strconv.Atoi(tgid)
+	f, err := os.Open(filepath.Join(dir, "schedstat"))
+	return f, pid, err
 }
 
 // read returns the thread's CPU time so far: schedstat's first field, in

@@ -114,7 +114,7 @@ func TestCPUReaderRemembersTheDialect(t *testing.T) {
 
 func TestCPUReaderReadAllocatesNothing(t *testing.T) {
 	root := fakeProc(t)
-	f, err := openSchedstat(root, 123)
+	f, _, err := openSchedstat(root, 123)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func (brokenBackend) Query(context.Context, string) ([]string, [][]*string, erro
 func TestCPUReaderReusesTheLastEnd(t *testing.T) {
 	root := fakeProc(t)
 	r := cpuReader{tried: true}
-	if err := r.use(openSchedstat(root, 123)); err != nil {
+	if f, _, err := openSchedstat(root, 123); r.use(f, err) != nil {
 		t.Fatal(err)
 	}
 	defer r.close()

@@ -146,6 +146,7 @@ func (lg *stmtLedger) settle(cur *statement, own *groupSeries, memo *shapeMemo, 
 			tok.Charge(l.group, settle)
 		}
 	}
+	lg.p.calib.totals.add(total) // once per statement, however many legs paid it
 	*lg.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would,
 		estimate: cur.prepaid, errCode: st.errCode}
 	for _, l := range cur.legs[1:cur.nlegs] {
@@ -230,6 +231,7 @@ func (lg *stmtLedger) late(to *lateTo, extra ru.Consumption, src wsrc, session b
 	if extra.IsZero() {
 		return
 	}
+	lg.p.calib.totals.add(extra)
 	for i, g := range to.groups[:to.ngroups] {
 		if i == 0 && session {
 			lg.p.tokens.ChargePurse(lg.purse, g.name, extra)

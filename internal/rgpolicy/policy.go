@@ -187,6 +187,9 @@ type Config struct {
 	BackendAddr string
 	// ProcRoot is where the proc file system is mounted. Default /proc.
 	ProcRoot string
+	// BackendCPUs is the backend host's CPUs for CALIBRATE RESOURCE
+	// (--backend-cpus); 0 = read them where the backend is co-located.
+	BackendCPUs float64
 	// IdleGroupExpiry: a group with no statement on this proxy for this
 	// long loses its per-group series until it is used again, so that many groups do not mean many series on every proxy.
 	// Default 1 h.
@@ -229,6 +232,7 @@ type Policy struct {
 	gates     *gates
 	shapes    *shapes
 	cpu       *cpuSource
+	calib     *calibrator
 	metrics   *metrics
 	writes    *writes
 	logger    *slog.Logger
@@ -296,6 +300,9 @@ func New(cfg Config) (*Policy, error) {
 		clk:        cfg.Clock,
 		idle:       cfg.IdleGroupExpiry,
 	}
+	if p.calib, err = newCalibrator(cfg.ProcRoot, cfg.BackendCPUs, cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("rgpolicy: calibration metrics: %w", err)
+	}
 	if p.writes, err = newWrites(cfg.Writes, cfg.Binlog, cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("rgpolicy: write source: %w", err)
 	}
@@ -323,6 +330,7 @@ func (p *Policy) Run(ctx context.Context) {
 	}
 	wg.Go(func() { p.addWatches(ctx) })
 	wg.Go(func() { p.rollSummaries(ctx) })
+	wg.Go(func() { p.runCalibrator(ctx) })
 	every := min(p.idle/4, time.Minute)
 	for {
 		t := p.clk.NewTimer(every)

@@ -2482,9 +2482,15 @@ type Consumption struct {
 	// (--chargeback-tag-keys) and by account (docs/budgets.md,
 	// Chargeback): per key its top values and an "other" entry, per
 	// account likewise. Empty from a proxy that does not say.
-	Chargeback    []*ChargebackEntry `protobuf:"bytes,13,rep,name=chargeback,proto3" json:"chargeback,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Chargeback []*ChargebackEntry `protobuf:"bytes,13,rep,name=chargeback,proto3" json:"chargeback,omitempty"`
+	// The backend CPU time, in seconds, of the statements whose CPU part
+	// was CPU-true (the backend thread's CPU time read by a co-located
+	// proxy), since the last report: the usage history keeps it beside the
+	// RU, for CALIBRATE RESOURCE's RU per backend CPU-second. 0 from a
+	// proxy that does not say or that meters wall time.
+	BackendCpuSeconds float64 `protobuf:"fixed64,14,opt,name=backend_cpu_seconds,json=backendCpuSeconds,proto3" json:"backend_cpu_seconds,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Consumption) Reset() {
@@ -2606,6 +2612,13 @@ func (x *Consumption) GetChargeback() []*ChargebackEntry {
 		return x.Chargeback
 	}
 	return nil
+}
+
+func (x *Consumption) GetBackendCpuSeconds() float64 {
+	if x != nil {
+		return x.BackendCpuSeconds
+	}
+	return 0
 }
 
 // ChargebackEntry is what one tag value (tag_key and tag_value) or one
@@ -4630,16 +4643,19 @@ type UsageHistoryRow struct {
 	ResourceGroup string                 `protobuf:"bytes,1,opt,name=resource_group,json=resourceGroup,proto3" json:"resource_group,omitempty"`
 	StartUnixMs   int64                  `protobuf:"varint,2,opt,name=start_unix_ms,json=startUnixMs,proto3" json:"start_unix_ms,omitempty"`
 	// 1, 60 or 3600.
-	GranularityS  uint32  `protobuf:"varint,3,opt,name=granularity_s,json=granularityS,proto3" json:"granularity_s,omitempty"`
-	Rru           float64 `protobuf:"fixed64,4,opt,name=rru,proto3" json:"rru,omitempty"`
-	Wru           float64 `protobuf:"fixed64,5,opt,name=wru,proto3" json:"wru,omitempty"`
-	Statements    uint64  `protobuf:"varint,6,opt,name=statements,proto3" json:"statements,omitempty"`
-	Throttled     uint64  `protobuf:"varint,7,opt,name=throttled,proto3" json:"throttled,omitempty"`
-	Refused       uint64  `protobuf:"varint,8,opt,name=refused,proto3" json:"refused,omitempty"`
-	WaitedRu      float64 `protobuf:"fixed64,9,opt,name=waited_ru,json=waitedRu,proto3" json:"waited_ru,omitempty"`
-	DeniedRu      float64 `protobuf:"fixed64,10,opt,name=denied_ru,json=deniedRu,proto3" json:"denied_ru,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	GranularityS uint32  `protobuf:"varint,3,opt,name=granularity_s,json=granularityS,proto3" json:"granularity_s,omitempty"`
+	Rru          float64 `protobuf:"fixed64,4,opt,name=rru,proto3" json:"rru,omitempty"`
+	Wru          float64 `protobuf:"fixed64,5,opt,name=wru,proto3" json:"wru,omitempty"`
+	Statements   uint64  `protobuf:"varint,6,opt,name=statements,proto3" json:"statements,omitempty"`
+	Throttled    uint64  `protobuf:"varint,7,opt,name=throttled,proto3" json:"throttled,omitempty"`
+	Refused      uint64  `protobuf:"varint,8,opt,name=refused,proto3" json:"refused,omitempty"`
+	WaitedRu     float64 `protobuf:"fixed64,9,opt,name=waited_ru,json=waitedRu,proto3" json:"waited_ru,omitempty"`
+	DeniedRu     float64 `protobuf:"fixed64,10,opt,name=denied_ru,json=deniedRu,proto3" json:"denied_ru,omitempty"`
+	// The backend CPU-seconds of the interval's CPU-true statements
+	// (Consumption.backend_cpu_seconds).
+	BackendCpuSeconds float64 `protobuf:"fixed64,11,opt,name=backend_cpu_seconds,json=backendCpuSeconds,proto3" json:"backend_cpu_seconds,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *UsageHistoryRow) Reset() {
@@ -4738,6 +4754,13 @@ func (x *UsageHistoryRow) GetWaitedRu() float64 {
 func (x *UsageHistoryRow) GetDeniedRu() float64 {
 	if x != nil {
 		return x.DeniedRu
+	}
+	return 0
+}
+
+func (x *UsageHistoryRow) GetBackendCpuSeconds() float64 {
+	if x != nil {
+		return x.BackendCpuSeconds
 	}
 	return 0
 }
@@ -5533,7 +5556,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x16SetServiceLimitRequest\x12\x1c\n" +
 	"\n" +
 	"ru_per_sec\x18\x01 \x01(\x04R\bruPerSec\"\x19\n" +
-	"\x17SetServiceLimitResponse\"\xa9\x03\n" +
+	"\x17SetServiceLimitResponse\"\xd9\x03\n" +
 	"\vConsumption\x12\x10\n" +
 	"\x03rru\x18\x01 \x01(\x01R\x03rru\x12\x10\n" +
 	"\x03wru\x18\x02 \x01(\x01R\x03wru\x12\x1d\n" +
@@ -5555,7 +5578,8 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\aidle_ms\x18\f \x01(\rR\x06idleMs\x12A\n" +
 	"\n" +
 	"chargeback\x18\r \x03(\v2!.rgproxy.token.v1.ChargebackEntryR\n" +
-	"chargeback\"\xbb\x01\n" +
+	"chargeback\x12.\n" +
+	"\x13backend_cpu_seconds\x18\x0e \x01(\x01R\x11backendCpuSeconds\"\xbb\x01\n" +
 	"\x0fChargebackEntry\x12\x17\n" +
 	"\atag_key\x18\x01 \x01(\tR\x06tagKey\x12\x1b\n" +
 	"\ttag_value\x18\x02 \x01(\tR\btagValue\x12\x18\n" +
@@ -5757,7 +5781,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"to_unix_ms\x18\x04 \x01(\x03R\btoUnixMs\x12#\n" +
 	"\rgranularity_s\x18\x05 \x01(\rR\fgranularityS\x12\x14\n" +
-	"\x05limit\x18\x06 \x01(\rR\x05limit\"\xb7\x02\n" +
+	"\x05limit\x18\x06 \x01(\rR\x05limit\"\xe7\x02\n" +
 	"\x0fUsageHistoryRow\x12%\n" +
 	"\x0eresource_group\x18\x01 \x01(\tR\rresourceGroup\x12\"\n" +
 	"\rstart_unix_ms\x18\x02 \x01(\x03R\vstartUnixMs\x12#\n" +
@@ -5771,7 +5795,8 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\arefused\x18\b \x01(\x04R\arefused\x12\x1b\n" +
 	"\twaited_ru\x18\t \x01(\x01R\bwaitedRu\x12\x1b\n" +
 	"\tdenied_ru\x18\n" +
-	" \x01(\x01R\bdeniedRu\"\xa7\x01\n" +
+	" \x01(\x01R\bdeniedRu\x12.\n" +
+	"\x13backend_cpu_seconds\x18\v \x01(\x01R\x11backendCpuSeconds\"\xa7\x01\n" +
 	"\x14UsageHistoryResponse\x125\n" +
 	"\x04rows\x18\x01 \x03(\v2!.rgproxy.token.v1.UsageHistoryRowR\x04rows\x12\x1c\n" +
 	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12:\n" +
