@@ -514,17 +514,9 @@ func TestHostileUsageReportsAndQueries(t *testing.T) {
 	}
 	lie := &pb.Consumption{Rru: 1e15, Wru: 1e15, Statements: math.MaxUint64, Throttled: math.MaxUint64, Refused: math.MaxUint64,
 		WaitedRu: 1e300, DeniedRu: 1e300, IntervalMs: math.MaxUint32, IdleMs: math.MaxUint32}
-	// Modest figures whose chargeback parts claim far more, at the most
-	// an entry may say (1e12; beyond, an entry is dropped).
-	parts := &pb.Consumption{Rru: 1, Statements: 1, IntervalMs: 1000,
-		Chargeback: []*pb.ChargebackEntry{
-			{TagKey: "app", TagValue: "a1", Rru: 1e12, Wru: 1e12, Statements: 1e12},
-			{TagKey: "app", TagValue: "a2", Rru: 1e12, Wru: 1e12, Statements: 1e12},
-			{Account: "evil@%", Rru: 1e12, Wru: 1e12, Statements: 1e12},
-		}}
 	const lies = 3
-	for _, c := range []*pb.Consumption{lie, lie, lie, parts, parts, parts} {
-		if err := st.Send(&pb.TokenRequest{ProxyId: "evil-1", Groups: []*pb.GroupTokenRequest{{Group: "adv_hist", TokensWanted: 1, Consumption: c}}}); err != nil {
+	for range lies {
+		if err := st.Send(&pb.TokenRequest{ProxyId: "evil-1", Groups: []*pb.GroupTokenRequest{{Group: "adv_hist", TokensWanted: 1, Consumption: lie}}}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := st.Recv(); err != nil {
@@ -577,26 +569,6 @@ func TestHostileUsageReportsAndQueries(t *testing.T) {
 		}
 	}
 	t.Logf("the history after %d lying reports: %q; the honest group: %q", lies, rows[0], rows[1])
-	// The chargeback parts add up to at most the group's figures.
-	groupRU, groupStmts := num(rows[0][1]), num(rows[0][2])
-	for _, table := range []string{"resource_usage_by_tag", "resource_usage_by_account"} {
-		var parts [][]string
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(300 * time.Millisecond) {
-			parts, err = queryStrings(t, db, "SELECT COALESCE(SUM(RU), 0), COALESCE(SUM(STATEMENTS), 0) FROM information_schema."+table+
-				" WHERE NAME = 'adv_hist' AND GRANULARITY = 1")
-			if err == nil && len(parts) == 1 && num(parts[0][0]) > 0 || time.Now().After(deadline) {
-				break
-			}
-		}
-		if err != nil || len(parts) != 1 {
-			t.Fatalf("%s: %q, %v", table, parts, err)
-		}
-		ru, stmts := num(parts[0][0]), num(parts[0][1])
-		t.Logf("%s of adv_hist: %v RU, %v statements (the group's: %v, %v)", table, ru, stmts, groupRU, groupStmts)
-		if !(ru > 0) || ru > groupRU*1.000001+0.01 || stmts > groupStmts {
-			t.Errorf("%s of adv_hist: %v RU, %v statements, beyond the group's %v RU, %v statements", table, ru, stmts, groupRU, groupStmts)
-		}
-	}
 
 	// UsageHistory out of bounds.
 	us := pb.NewUsageServiceClient(conn)

@@ -193,8 +193,7 @@ func newChargeDropped() prometheus.Counter {
 // reportChargeback records the chargeback of one report of group, after
 // reportUsage recorded its figures u: each entry spread over the same
 // seconds. When the credential book bounded the report's figures (u below
-// what c says), or a key's parts add up to more than u, the parts are
-// scaled down to u. Called with s.mu held.
+// what c says), its parts are scaled down alike. Called with s.mu held.
 func (s *Server) reportChargeback(name string, u usageFigures, c *pb.Consumption, interval, idle time.Duration, now time.Time) {
 	entries := c.GetChargeback()
 	if len(entries) == 0 {
@@ -205,40 +204,22 @@ func (s *Server) reportChargeback(name string, u usageFigures, c *pb.Consumption
 		dropped += len(entries) - chargebackMaxEntries
 		entries = entries[:chargebackMaxEntries]
 	}
-	// A key's parts (the accounts' too, key "") add up to at most what
-	// the group's figures say; a proxy credential that sends parts above
-	// its consumption has them scaled down to it. The credential book's
-	// bound (u below what c says) scales them alike.
-	keySums := make(map[string]*usageFigures, 2)
-	for _, e := range entries {
-		if !validChargeEntry(e) {
-			continue
-		}
-		ks := keySums[e.GetTagKey()]
-		if ks == nil {
-			ks = new(usageFigures)
-			keySums[e.GetTagKey()] = ks
-		}
-		ks[figRRU] += e.GetRru()
-		ks[figWRU] += e.GetWru()
-		ks[figStatements] += float64(e.GetStatements())
-	}
-	scale := func(bounded, sent, parts float64) float64 {
-		if sent = max(sent, parts); !(sent > bounded) {
+	// The credential book's bound, per figure.
+	scale := func(bounded, sent float64) float64 {
+		if !(sent > bounded) {
 			return 1
 		}
 		return bounded / sent
 	}
+	sr, sw, ss := scale(u[figRRU], c.GetRru()), scale(u[figWRU], c.GetWru()), scale(u[figStatements], float64(c.GetStatements()))
 	for _, e := range entries {
 		if !validChargeEntry(e) {
 			dropped++
 			continue
 		}
-		ks := keySums[e.GetTagKey()]
 		var f usageFigures
-		f[figRRU] = e.GetRru() * scale(u[figRRU], c.GetRru(), ks[figRRU])
-		f[figWRU] = e.GetWru() * scale(u[figWRU], c.GetWru(), ks[figWRU])
-		f[figStatements] = math.Floor(float64(e.GetStatements()) * scale(u[figStatements], float64(c.GetStatements()), ks[figStatements]))
+		f[figRRU], f[figWRU] = e.GetRru()*sr, e.GetWru()*sw
+		f[figStatements] = math.Floor(float64(e.GetStatements()) * ss)
 		other := e.GetOther()
 		value := e.GetTagValue()
 		if e.GetTagKey() == "" {
