@@ -108,7 +108,7 @@ func (p *parser) atEnd() bool { return p.tok.kind == tkEOF || p.isPunct(";") }
 
 // groupOptions names the options of CREATE/ALTER RESOURCE GROUP, for
 // syntax errors.
-const groupOptions = "RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET, PARENT"
+const groupOptions = "RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET, PARENT, BACKGROUND"
 
 // limitOptions names the options inside QUERY_LIMIT = (...).
 const limitOptions = "EXEC_ELAPSED, RU, ACTION, WATCH, DURATION"

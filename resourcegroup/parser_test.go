@@ -343,7 +343,7 @@ func TestStatementKinds(t *testing.T) {
 // A syntax error says why after MySQL's text, and points at the token.
 func TestSyntaxSaysWhy(t *testing.T) {
 	tests := []struct{ sql, near, why string }{
-		{"CREATE RESOURCE GROUP t6", "", "CREATE RESOURCE GROUP needs at least one option (RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET, PARENT) after `t6`"},
+		{"CREATE RESOURCE GROUP t6", "", "CREATE RESOURCE GROUP needs at least one option (RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET, PARENT, BACKGROUND) after `t6`"},
 		{"CREATE RESOURCE GROUP t6;", ";", "CREATE RESOURCE GROUP needs at least one option"},
 		{"ALTER RESOURCE GROUP t6", "", "ALTER RESOURCE GROUP needs at least one option"},
 		{"CREATE RESOURCE GROUP t6 RU_PER_SECOND = 10", "RU_PER_SECOND = 10", "unknown option 'RU_PER_SECOND'; the options are RU_PER_SEC,"},

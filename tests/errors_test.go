@@ -187,7 +187,7 @@ func TestSyntaxErrorSaysWhy(t *testing.T) {
 	px := startMeteredProxy(t, ts)
 	db := openDB(t, px.Addr)
 	tests := []struct{ sql, want string }{
-		{"CREATE RESOURCE GROUP t6", "near '' at line 1: CREATE RESOURCE GROUP needs at least one option (RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET) after `t6`"},
+		{"CREATE RESOURCE GROUP t6", "near '' at line 1: CREATE RESOURCE GROUP needs at least one option (RU_PER_SEC, PRIORITY, BURSTABLE, QUERY_LIMIT, MODE, MAX_CONCURRENCY, BUDGET, PARENT, BACKGROUND) after `t6`"},
 		{"ALTER RESOURCE GROUP t6", "ALTER RESOURCE GROUP needs at least one option"},
 		{"CREATE RESOURCE GROUP t6 RU_PER_SECOND = 10", "unknown option 'RU_PER_SECOND'; the options are RU_PER_SEC, PRIORITY"},
 		{"CREATE RESOURCE GROUP t6 RU_PER_SEC = '100'", "RU_PER_SEC is a whole number or UNLIMITED without quotes, not '100'"},
