@@ -212,8 +212,10 @@ func TestServiceLimitSQL(t *testing.T) {
 // RU/s, a BACKGROUND group (RU_PER_SEC = 10, UTILIZATION_LIMIT = 80)
 // saturated through three proxies beside a saturated HIGH group of 250
 // gets its floor and what the foreground leaves (300 - 250 = 50); when
-// the foreground's load stops it grows towards its 80% of the limit
-// (240). The test logs how soon, second by second.
+// the foreground's load stops it grows to its 80% of the limit (240):
+// the test logs how soon, second by second, and wants it there in the
+// 5th and 6th seconds (rgserver counts a stopped group's demand until
+// its proxies' next messages: 4-5 s, not the 2).
 func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 	const limit = 300.0
 	ts := startTokenServer(t)
@@ -263,7 +265,7 @@ func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 		time.Sleep(time.Until(stopped.Add(time.Duration(s) * time.Second)))
 		cur := proxyRU("rg_bgt_bg")
 		perSecond = append(perSecond, fmt.Sprintf("%.0f", cur-prev))
-		if s > 2 {
+		if s > 4 {
 			after2 = append(after2, cur-prev)
 		}
 		prev = cur
@@ -285,6 +287,6 @@ func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 		late += v
 	}
 	if late /= float64(len(after2)); late < 0.8*240 || late > 240*1.1 {
-		t.Errorf("from 2 s after the foreground stopped the background spent %.1f RU/s, want above 80%% of its 240", late)
+		t.Errorf("from 4 s after the foreground stopped the background spent %.1f RU/s, want above 80%% of its 240", late)
 	}
 }
