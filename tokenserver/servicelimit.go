@@ -149,8 +149,10 @@ func promisedRate(s Settings) float64 {
 }
 
 // mayBurst reports whether a group may run above RU_PER_SEC, so that its
-// demand beyond it is burst demand: BURSTABLE = UNLIMITED, or RU_PER_SEC
-// = UNLIMITED (which promises nothing: all its demand is burst).
+// demand beyond it is burst demand: BURSTABLE = UNLIMITED, RU_PER_SEC =
+// UNLIMITED (which promises nothing: all its demand is burst), or a
+// BACKGROUND group (its RU_PER_SEC is a floor; beyond it, what the
+// foreground leaves).
 func mayBurst(s Settings) bool {
 	return s.RUPerSec == resourcegroup.Unlimited || s.Burst == resourcegroup.BurstUnlimited || s.Background > 0
 }
