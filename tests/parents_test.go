@@ -65,13 +65,7 @@ func TestParentSharedByChildrenAcrossThreeProxies(t *testing.T) {
 	for _, u := range users {
 		go func() { done <- runLoad(t, pxs, []int{3, 3, 3}, u.user, "SELECT 1", warm+measure+time.Second) }()
 	}
-	proxyRU := func(group string) float64 {
-		sum := 0.0
-		for _, px := range pxs {
-			sum += metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+group+`"`)
-		}
-		return sum
-	}
+	proxyRU := func(group string) float64 { return groupRUOnProxies(t, pxs, group) }
 	time.Sleep(warm)
 	before := map[string]float64{}
 	for _, u := range users {

@@ -39,6 +39,15 @@ func showResourceControl(t testing.TB, addr string, params ...string) map[string
 	return out
 }
 
+// groupRUOnProxies is rgproxy_ru_consumed_total of group summed over pxs.
+func groupRUOnProxies(t testing.TB, pxs []*proxy, group string) float64 {
+	sum := 0.0
+	for _, px := range pxs {
+		sum += metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+group+`"`)
+	}
+	return sum
+}
+
 // TestServiceLimitSharedByPriorityAcrossThreeProxies is the service
 // limit's "done when": four groups saturated through three proxies under
 // ALTER RESOURCE CONTROL SERVICE LIMIT = 300 spend 300 RU/s together
@@ -81,13 +90,7 @@ func TestServiceLimitSharedByPriorityAcrossThreeProxies(t *testing.T) {
 	for _, g := range groups {
 		go func() { done <- runLoad(t, pxs, []int{3, 3, 3}, g.user, "SELECT 1", warm+measure+time.Second) }()
 	}
-	proxyRU := func(group string) float64 {
-		sum := 0.0
-		for _, px := range pxs {
-			sum += metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+group+`"`)
-		}
-		return sum
-	}
+	proxyRU := func(group string) float64 { return groupRUOnProxies(t, pxs, group) }
 	time.Sleep(warm)
 	before := map[string]float64{}
 	for _, g := range groups {
@@ -237,13 +240,7 @@ func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 		t.Fatalf("information_schema.resource_groups' BACKGROUND through another proxy: %q, %v", rows, err)
 	}
 
-	proxyRU := func(group string) float64 {
-		sum := 0.0
-		for _, px := range pxs {
-			sum += metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+group+`"`)
-		}
-		return sum
-	}
+	proxyRU := func(group string) float64 { return groupRUOnProxies(t, pxs, group) }
 	const warm, measure = 6 * time.Second, 12 * time.Second
 	fgDone := make(chan *loadResult, 1)
 	bgDone := make(chan *loadResult, 1)
