@@ -16,29 +16,15 @@ import (
 func TestParentSharedByChildrenAcrossThreeProxies(t *testing.T) {
 	const parentRate = 200.0
 	ts := startTokenServer(t)
-	pxs := []*proxy{
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-	}
-	groups := []struct {
-		name, def string
-		user      string
-	}{
+	pxs := threeLimitProxies(t, ts)
+	groups := []groupDef{
 		{"rg_pt_team", fmt.Sprintf("RU_PER_SEC = %d", int(parentRate)), ""},
 		{"rg_pt_a", "RU_PER_SEC = 80 BURSTABLE = UNLIMITED PARENT = rg_pt_team", "pt_a"},
 		{"rg_pt_b", "RU_PER_SEC = 50 BURSTABLE = UNLIMITED PARENT = rg_pt_team", "pt_b"},
 		{"rg_pt_solo", "RU_PER_SEC = 100", "pt_solo"},
 	}
-	stmts := []string{"DROP RESOURCE GROUP IF EXISTS rg_pt_a", "DROP RESOURCE GROUP IF EXISTS rg_pt_b"}
-	for _, g := range groups {
-		stmts = append(stmts, "DROP RESOURCE GROUP IF EXISTS "+g.name, "CREATE RESOURCE GROUP "+g.name+" "+g.def)
-		if g.user != "" {
-			appUser(t, g.user)
-			stmts = append(stmts, fmt.Sprintf("ALTER USER '%s'@'%%' RESOURCE GROUP %s", g.user, g.name))
-		}
-	}
-	adminExec(t, pxs[0].Addr, stmts...)
+	adminExec(t, pxs[0].Addr, append([]string{"DROP RESOURCE GROUP IF EXISTS rg_pt_a", "DROP RESOURCE GROUP IF EXISTS rg_pt_b"}, // the children before their parent
+		groupStatements(t, groups)...)...)
 	time.Sleep(time.Second) // the bindings reach every proxy's settings cache
 
 	db := openDB(t, pxs[1].Addr)

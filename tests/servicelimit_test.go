@@ -39,6 +39,37 @@ func showResourceControl(t testing.TB, addr string, params ...string) map[string
 	return out
 }
 
+// threeLimitProxies starts the three metered proxies the service limit's
+// and the parents' tests share ts through, with a 500 ms --max-wait.
+func threeLimitProxies(t testing.TB, ts *tokenServer) []*proxy {
+	t.Helper()
+	pxs := make([]*proxy, 3)
+	for i := range pxs {
+		pxs[i] = startMeteredProxy(t, ts, "--max-wait", "500ms")
+	}
+	return pxs
+}
+
+// groupDef is a group a test creates: its name, its options, and the
+// account bound to it ("": none).
+type groupDef struct{ name, def, user string }
+
+// groupStatements creates each group's account and returns the
+// statements that create the groups afresh, in order, and bind the
+// accounts.
+func groupStatements(t testing.TB, groups []groupDef) []string {
+	t.Helper()
+	var stmts []string
+	for _, g := range groups {
+		stmts = append(stmts, "DROP RESOURCE GROUP IF EXISTS "+g.name, "CREATE RESOURCE GROUP "+g.name+" "+g.def)
+		if g.user != "" {
+			appUser(t, g.user)
+			stmts = append(stmts, fmt.Sprintf("ALTER USER '%s'@'%%' RESOURCE GROUP %s", g.user, g.name))
+		}
+	}
+	return stmts
+}
+
 // groupRUOnProxies is rgproxy_ru_consumed_total of group summed over pxs.
 func groupRUOnProxies(t testing.TB, pxs []*proxy, group string) float64 {
 	sum := 0.0
@@ -58,27 +89,15 @@ func groupRUOnProxies(t testing.TB, pxs []*proxy, group string) float64 {
 func TestServiceLimitSharedByPriorityAcrossThreeProxies(t *testing.T) {
 	const limit = 300.0
 	ts := startTokenServer(t)
-	pxs := []*proxy{
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-	}
-	groups := []struct {
-		name, def string
-		user      string
-	}{
+	pxs := threeLimitProxies(t, ts)
+	groups := []groupDef{
 		{"rg_sl_hi", "RU_PER_SEC = 100 PRIORITY = HIGH", "sl_hi"},
 		{"rg_sl_m1", "RU_PER_SEC = 50 PRIORITY = MEDIUM BURSTABLE = UNLIMITED", "sl_m1"},
 		{"rg_sl_m2", "RU_PER_SEC = 100 PRIORITY = MEDIUM BURSTABLE = UNLIMITED", "sl_m2"},
 		{"rg_sl_lo", "RU_PER_SEC = UNLIMITED PRIORITY = LOW", "sl_lo"},
 	}
-	stmts := []string{fmt.Sprintf("ALTER RESOURCE CONTROL SERVICE LIMIT = %d", int(limit))}
-	for _, g := range groups {
-		appUser(t, g.user)
-		stmts = append(stmts, "DROP RESOURCE GROUP IF EXISTS "+g.name, "CREATE RESOURCE GROUP "+g.name+" "+g.def,
-			fmt.Sprintf("ALTER USER '%s'@'%%' RESOURCE GROUP %s", g.user, g.name))
-	}
-	adminExec(t, pxs[0].Addr, stmts...)
+	adminExec(t, pxs[0].Addr, append([]string{fmt.Sprintf("ALTER RESOURCE CONTROL SERVICE LIMIT = %d", int(limit))},
+		groupStatements(t, groups)...)...)
 	time.Sleep(time.Second) // the bindings reach every proxy's settings cache
 	if got := showResourceControl(t, pxs[1].Addr); got["SERVICE_LIMIT"] != "300" || got["SOURCE"] != "SQL" || got["RU_PER_SEC_SUM"] != "250.0" {
 		t.Fatalf("SHOW RESOURCE CONTROL through another proxy: %v", got)
@@ -222,11 +241,7 @@ func TestServiceLimitSQL(t *testing.T) {
 func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 	const limit = 300.0
 	ts := startTokenServer(t)
-	pxs := []*proxy{
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-		startMeteredProxy(t, ts, "--max-wait", "500ms"),
-	}
+	pxs := threeLimitProxies(t, ts)
 	appUser(t, "bgt_fg")
 	appUser(t, "bgt_bg")
 	adminExec(t, pxs[0].Addr, fmt.Sprintf("ALTER RESOURCE CONTROL SERVICE LIMIT = %d", int(limit)),
@@ -262,7 +277,7 @@ func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 		time.Sleep(time.Until(stopped.Add(time.Duration(s) * time.Second)))
 		cur := proxyRU("rg_bgt_bg")
 		perSecond = append(perSecond, fmt.Sprintf("%.0f", cur-prev))
-		if s > 4 {
+		if s >= 2 { // from the second second on: the quiet report and ask_again took effect
 			after2 = append(after2, cur-prev)
 		}
 		prev = cur
@@ -284,6 +299,112 @@ func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 		late += v
 	}
 	if late /= float64(len(after2)); late < 0.8*240 || late > 240*1.1 {
-		t.Errorf("from 4 s after the foreground stopped the background spent %.1f RU/s, want above 80%% of its 240", late)
+		t.Errorf("from 1 s after the foreground stopped the background spent %.1f RU/s, want above 80%% of its 240", late)
+	}
+}
+
+// TestLimitTreeAndBackgroundAcrossThreeProxies is the capacity work's
+// "done when": three proxies, five groups under ALTER RESOURCE CONTROL
+// SERVICE LIMIT = 400, all saturated through every proxy —
+//
+//	rg_ct_team  RU_PER_SEC = 150 (a parent: no sessions of its own)
+//	  rg_ct_a   RU_PER_SEC = 100 PRIORITY = HIGH BURSTABLE = UNLIMITED
+//	  rg_ct_b   RU_PER_SEC =  50 PRIORITY = HIGH BURSTABLE = UNLIMITED
+//	rg_ct_low   RU_PER_SEC = 400 PRIORITY = LOW
+//	rg_ct_bg    RU_PER_SEC =  20 BACKGROUND = (UTILIZATION_LIMIT = 60)
+//
+// The groups spend the limit together (±10%); the children their
+// parent's 150 (±10%), though they could burst beyond it; priorities
+// hold: the HIGH children get all of it while LOW gets only what is left,
+// 400 − 20 − 150 = 230 (shared by rates instead, the children would get
+// 104 and LOW 276); the background group its floor, 20. When the
+// foreground stops, the background group is above 80% of what it may
+// take (60% of 400 = 240) within 2 s, and stays within it.
+func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
+	const limit, parentRate, bgFloor, bgCap = 400.0, 150.0, 20.0, 240.0
+	const lowShare = limit - bgFloor - parentRate
+	ts := startTokenServer(t)
+	pxs := threeLimitProxies(t, ts)
+	groups := []groupDef{
+		{"rg_ct_team", fmt.Sprintf("RU_PER_SEC = %d", int(parentRate)), ""},
+		{"rg_ct_a", "RU_PER_SEC = 100 PRIORITY = HIGH BURSTABLE = UNLIMITED PARENT = rg_ct_team", "ct_a"},
+		{"rg_ct_b", "RU_PER_SEC = 50 PRIORITY = HIGH BURSTABLE = UNLIMITED PARENT = rg_ct_team", "ct_b"},
+		{"rg_ct_low", "RU_PER_SEC = 400 PRIORITY = LOW", "ct_low"},
+		{"rg_ct_bg", fmt.Sprintf("RU_PER_SEC = %d BACKGROUND = (UTILIZATION_LIMIT = 60)", int(bgFloor)), "ct_bg"},
+	}
+	adminExec(t, pxs[0].Addr, append([]string{fmt.Sprintf("ALTER RESOURCE CONTROL SERVICE LIMIT = %d", int(limit)),
+		"DROP RESOURCE GROUP IF EXISTS rg_ct_a", "DROP RESOURCE GROUP IF EXISTS rg_ct_b"}, // the children before their parent
+		groupStatements(t, groups)...)...)
+	time.Sleep(time.Second) // the bindings reach every proxy's settings cache
+
+	const warm, measure = 6 * time.Second, 15 * time.Second
+	fg := []string{"ct_a", "ct_b", "ct_low"}
+	fgDone := make(chan *loadResult, len(fg))
+	for _, u := range fg {
+		go func() { fgDone <- runLoad(t, pxs, []int{3, 3, 3}, u, "SELECT 1", warm+measure) }()
+	}
+	bgDone := make(chan *loadResult, 1)
+	go func() { bgDone <- runLoad(t, pxs, []int{3, 3, 3}, "ct_bg", "SELECT 1", warm+measure+6*time.Second) }()
+	proxyRU := func(group string) float64 { return groupRUOnProxies(t, pxs, group) }
+	leaves := []string{"rg_ct_a", "rg_ct_b", "rg_ct_low", "rg_ct_bg"}
+	time.Sleep(warm)
+	before := map[string]float64{}
+	for _, g := range leaves {
+		before[g] = proxyRU(g)
+	}
+	start := time.Now()
+	time.Sleep(measure - time.Second)
+	el := time.Since(start).Seconds()
+	rate := map[string]float64{}
+	total := 0.0
+	for _, g := range leaves {
+		rate[g] = (proxyRU(g) - before[g]) / el
+		total += rate[g]
+	}
+	var ran []string
+	for range fg {
+		res := <-fgDone
+		ran = append(ran, fmt.Sprintf("%d ran, %d refused", res.statements.Load(), res.errors.Load()))
+	}
+	// Every foreground session has returned: the load stopped. The
+	// background group second by second from then on.
+	stopped := time.Now()
+	var perSecond []float64
+	prev := proxyRU("rg_ct_bg")
+	for s := 1; s <= 4; s++ {
+		time.Sleep(time.Until(stopped.Add(time.Duration(s) * time.Second)))
+		cur := proxyRU("rg_ct_bg")
+		perSecond = append(perSecond, cur-prev)
+		prev = cur
+	}
+	<-bgDone
+	children := rate["rg_ct_a"] + rate["rg_ct_b"]
+	t.Logf("under load over %.1f s: children %.1f + %.1f = %.1f RU/s of the parent's %.0f (%+.1f%%); LOW %.1f (want %.0f); background %.1f (floor %.0f); together %.1f of the limit %.0f (%+.1f%%); sessions: %s",
+		el, rate["rg_ct_a"], rate["rg_ct_b"], children, parentRate, 100*(children-parentRate)/parentRate,
+		rate["rg_ct_low"], lowShare, rate["rg_ct_bg"], bgFloor, total, limit, 100*(total-limit)/limit, strings.Join(ran, "; "))
+	t.Logf("after the foreground stopped, the background by second: %.0f %.0f %.0f %.0f RU (may take %.0f)",
+		perSecond[0], perSecond[1], perSecond[2], perSecond[3], bgCap)
+	if !within(total, limit, 0.10) {
+		t.Errorf("the groups spent %.1f RU/s together, not within ±10%% of the service limit %.0f", total, limit)
+	}
+	if !within(children, parentRate, 0.10) {
+		t.Errorf("the children spent %.1f RU/s together, not within ±10%% of their parent's %.0f", children, parentRate)
+	}
+	if rate["rg_ct_a"] < 0.9*100 || rate["rg_ct_b"] < 0.9*50 {
+		t.Errorf("a child below its RU_PER_SEC: %.1f of 100, %.1f of 50", rate["rg_ct_a"], rate["rg_ct_b"])
+	}
+	if !within(rate["rg_ct_low"], lowShare, 0.15) {
+		t.Errorf("LOW spent %.1f RU/s, want what HIGH and the background's floor leave, %.0f ± 15%%", rate["rg_ct_low"], lowShare)
+	}
+	if r := rate["rg_ct_bg"]; r < 0.8*bgFloor || r > 1.5*bgFloor {
+		t.Errorf("the background group spent %.1f RU/s under load, want its floor %.0f", r, bgFloor)
+	}
+	if perSecond[1] < 0.8*bgCap {
+		t.Errorf("in the second second after the foreground stopped the background spent %.0f RU, want above 80%% of %.0f", perSecond[1], bgCap)
+	}
+	for _, v := range perSecond[1:] {
+		if v > 1.1*bgCap {
+			t.Errorf("the background spent %.0f RU in a second, above its UTILIZATION_LIMIT's %.0f (+10%%)", v, bgCap)
+		}
 	}
 }

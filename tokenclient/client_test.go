@@ -1389,3 +1389,110 @@ func TestAcquireRefusalCarriesTheDebt(t *testing.T) {
 		t.Fatalf("the refusal's share holds %v tokens, want the bucket's -490", sh.Tokens)
 	}
 }
+
+// Under a service limit (or a PARENT), a group that stops says so within
+// quietAfter: one report-only message with demand 0, not its EWMA a
+// report period later, so that rgserver gives its part to the groups
+// still running. Then nothing more; without a limit, nothing changes.
+func TestQuietGroupReportsNoDemandAtOnce(t *testing.T) {
+	for _, limited := range []bool{true, false} {
+		t.Run(fmt.Sprintf("service limit %v", limited), func(t *testing.T) {
+			c, clk := newTestClient(t, nil)
+			answer := func(req *tokenpb.TokenRequest) {
+				t.Helper()
+				resp := grantAll(req, 100)
+				resp.ServiceLimited = limited
+				if err := c.applyResponse(resp); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range 10 {
+				c.Charge("a", rruOf(10))
+				clk.Advance(100 * time.Millisecond)
+			}
+			req := build(c, false) // in debt: an ask, its demand the rate it ran at
+			g := groupEntry(req, "a")
+			if g == nil || g.GetReportOnly() || !(g.GetDemandRuPerSec() > 50) {
+				t.Fatalf("entry %v, want an ask with demand about 100", g)
+			}
+			answer(req)
+			quiet := "report 0"
+			if !limited {
+				quiet = ""
+			}
+			steps := []struct {
+				advance time.Duration
+				want    string // "" = no message
+			}{
+				// What it holds moved (the grant); 200 ms since its last
+				// statement: not quiet yet.
+				{100 * time.Millisecond, "report 100"},
+				{150 * time.Millisecond, quiet}, // 350 ms: quiet
+				{100 * time.Millisecond, ""},    // said once
+				{3 * time.Second, ""},           // and nothing more while quiet
+			}
+			for i, st := range steps {
+				clk.Advance(st.advance)
+				got := ""
+				if req := build(c, false); req != nil {
+					g := groupEntry(req, "a")
+					got = fmt.Sprintf("report %v", g.GetDemandRuPerSec())
+					if !g.GetReportOnly() {
+						got = fmt.Sprintf("ask %v", g.GetDemandRuPerSec())
+					}
+					answer(req)
+				}
+				if got != st.want {
+					t.Fatalf("step %d (+%v): %q, want %q", i, st.advance, got, st.want)
+				}
+			}
+			// It runs again: its next ask carries its demand again.
+			c.Charge("a", rruOf(500))
+			clk.Advance(200 * time.Millisecond)
+			if g := groupEntry(build(c, false), "a"); g == nil || g.GetReportOnly() || !(g.GetDemandRuPerSec() > 0) {
+				t.Fatalf("after it ran again: %v, want an ask with demand", g)
+			}
+		})
+	}
+}
+
+// ask_again: a group fed by a trickle asks again at once when rgserver
+// names it (its rate moved at a rebalance), rather than when the trickle
+// nears its end; a named group that needs nothing, and a name this proxy
+// does not run, send nothing.
+func TestAskAgainReplacesTheTrickleAtOnce(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	setGroups(c, resourcegroup.Group{Name: "g", RUPerSec: 100}, resourcegroup.Group{Name: "h", RUPerSec: 100})
+	for _, name := range []string{"g", "h"} {
+		wantTokens(c, name)
+	}
+	req := build(c, false)
+	resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId()}
+	for _, name := range []string{"g", "h"} {
+		resp.Grants = append(resp.Grants, &tokenpb.GroupGrant{Group: name, Tokens: 100, TrickleMs: 2000, FillRate: 50, Proxies: 2, RuPerSec: 100})
+	}
+	if err := c.applyResponse(resp); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(200 * time.Millisecond)
+	c.Charge("g", rruOf(60)) // g runs short: it wants tokens, its trickle has 1.8 s left
+	if req := build(c, false); req != nil {
+		t.Fatalf("asked with 1.8 s of trickle left: %v", req)
+	}
+	if err := c.applyResponse(&tokenpb.TokenResponse{AskAgain: []string{"g", "h", "nosuch"}}); err != nil {
+		t.Fatal(err)
+	}
+	req = build(c, false)
+	if g := groupEntry(req, "g"); g == nil || g.GetReportOnly() || !(g.GetTokensWanted() > 0) {
+		t.Fatalf("after ask_again: %v, want g to ask", req)
+	}
+	if h := groupEntry(req, "h"); h != nil {
+		t.Fatalf("h, which needs nothing, sent %v", h)
+	}
+	c.groups.mu.Lock()
+	askNow := c.groups.byName["h"].askNow || c.groups.byName["g"].askNow
+	c.groups.mu.Unlock()
+	if askNow {
+		t.Fatal("ask_again still pending after the ask (g) or after nothing was needed (h)")
+	}
+}

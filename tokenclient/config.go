@@ -60,6 +60,14 @@ const (
 	// tick is the period of the stream loop's housekeeping (periodic
 	// reports, low-token polling, degraded-mode checks).
 	tick = 100 * time.Millisecond
+	// quietAfter: a group with nothing waiting and no statement for this
+	// long wants nothing now, whatever its EWMA remembers, and says so
+	// to rgserver at once (demand 0). Above the purse sweep (purseSweep)
+	// plus a tick, so a busy group's purses never make it look quiet;
+	// short enough that a service limit's spare capacity moves to the
+	// groups still running (a BACKGROUND group) within a second of the
+	// others stopping, not a report period later.
+	quietAfter = 300 * time.Millisecond
 	// ewmaInterval is the sampling period of the demand EWMA.
 	ewmaInterval = time.Second
 	// ewmaAlpha is the weight of the newest sample in the demand EWMA.

@@ -56,6 +56,7 @@ func (c *Client) HoldDemand(h *DemandHold, group string, ru float64) {
 	}
 	gs := c.groups.stateLocked(group, now)
 	gs.addWaiting(now, ru)
+	gs.heldRU += ru
 	gs.want = true
 	c.groups.kickLocked()
 	*h = DemandHold{group: group, ru: ru, until: now.Add(holdFor)}
@@ -76,6 +77,7 @@ func (t *groupTable) releaseDemandLocked(h *DemandHold, at time.Time) {
 	}
 	if gs, ok := t.byName[h.group]; ok {
 		gs.addWaiting(at, -h.ru)
+		gs.heldRU = max(gs.heldRU-h.ru, 0)
 	}
 	*h = DemandHold{}
 }
@@ -169,6 +171,40 @@ func (gs *groupState) demand(now time.Time) float64 {
 		rate = max(rate, gs.ewmaAcc/el.Seconds())
 	}
 	return max(rate, gs.avgWaiting(now)/waitLead.Seconds(), 0)
+}
+
+// reportedDemand is the demand a message tells rgserver for gs: demand,
+// but 0 for a quiet group that asks for nothing while rgserver shares a
+// rate above the group's own (shares, see sharesLocked): the EWMA would
+// go on claiming its past rate for seconds, and rgserver would keep its
+// part of the service limit or of its parent's rate from the groups still
+// running. An ask always carries demand: its tokens are sized by it.
+// Called with t.mu held.
+func (t *groupTable) reportedDemandLocked(gs *groupState, now time.Time, ask bool) float64 {
+	if !ask && gs.quiet(now) && t.sharesLocked(gs) {
+		return 0
+	}
+	return gs.demand(now)
+}
+
+// sharesLocked reports whether rgserver shares a rate above gs's own by
+// the groups' demands: a service limit is in force, or the group has a
+// PARENT. Called with t.mu held.
+func (t *groupTable) sharesLocked(gs *groupState) bool {
+	if t.serviceLimited {
+		return true
+	}
+	g, ok := t.cache.group(gs.name)
+	return ok && g.Parent != ""
+}
+
+// quiet reports whether no statement of the group waits and none used it
+// (ran, or was refused) for quietAfter. The demand refused statements
+// hold (HoldDemand) does not count: a client that retries after 8252
+// uses the group again within it, one that stopped should not keep the
+// group's part of the service limit for holdFor.
+func (gs *groupState) quiet(now time.Time) bool {
+	return len(gs.queue) == 0 && gs.waiting-gs.heldRU <= 1e-9 && now.Sub(gs.lastUsed) >= quietAfter
 }
 
 // addWaiting changes the RU of waiting statements by d at now.

@@ -114,7 +114,10 @@ type groupState struct {
 	// Request state.
 	inFlight bool
 	want     bool // the bucket signalled low tokens since the last request
-	nextAsk  time.Time
+	// askNow: rgserver moved the group's rate (ask_again): the next
+	// ask need not wait for the running trickle to near its end.
+	askNow  bool
+	nextAsk time.Time
 
 	// Demand.
 	ewma        float64 // RU/s
@@ -124,6 +127,9 @@ type groupState struct {
 	// waiting is the RU of the statements waiting now: for tokens, or
 	// sleeping on a reservation until the debt it made is paid.
 	waiting float64
+	// heldRU is the part of waiting that refused statements' demand
+	// holds are (HoldDemand).
+	heldRU float64
 	// waitArea integrates waiting over time (RU·s) since waitSince, so that
 	// demand reports the average over the period, not a noisy sample.
 	waitArea  float64
@@ -150,8 +156,10 @@ type groupState struct {
 	// lastFigure is when the last figure of the next report came in: the
 	// report's idle_ms is the time since.
 	lastFigure time.Time
-	// heldSent is the held_tokens of the last message for the group.
-	heldSent float64
+	// heldSent is the held_tokens of the last message for the group,
+	// demandSent its demand_ru_per_sec.
+	heldSent   float64
+	demandSent float64
 
 	usage     usageRing
 	throttled uint64

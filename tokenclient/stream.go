@@ -486,12 +486,18 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 		}
 		gs.updateEWMA(now)
 		trickleLeft, _ := gs.trickleLeft(now)
-		if !final && !gs.bucket.Unlimited() && !now.Before(gs.nextAsk) && trickleLeft <= trickleLead &&
-			(gs.want || gs.unavailable || len(gs.queue) > 0 || gs.bucket.LowTokens(now)) {
-			asks = append(asks, gs)
-			continue
+		if !final && !gs.bucket.Unlimited() && !now.Before(gs.nextAsk) && (trickleLeft <= trickleLead || gs.askNow) {
+			if gs.want || gs.unavailable || len(gs.queue) > 0 || gs.bucket.LowTokens(now) {
+				asks = append(asks, gs)
+				continue
+			}
+			gs.askNow = false // nothing to ask for: its next ask gets the new rate
 		}
 		due := gs.hasReport() && now.Sub(gs.lastReport) >= t.reportPeriodLocked(gs)
+		// A group that went quiet says at once that it wants nothing
+		// more: rgserver shares its part of a parent's rate or of the
+		// service limit among the groups still running.
+		due = due || (!final && gs.demandSent > 0 && !gs.bucket.Unlimited() && gs.quiet(now) && t.sharesLocked(gs))
 		if !final && trickleLeft == 0 && !gs.bucket.Unlimited() && !t.degraded && len(gs.queue) == 0 && !gs.hasReport() {
 			// Idle, its trickle over: what the bucket holds no longer
 			// changes. After releaseAfter it is given back; either way
@@ -523,7 +529,7 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 		cons := gs.takeReport()
 		gr := &tokenpb.GroupTokenRequest{
 			Group:          gs.name,
-			DemandRuPerSec: gs.demand(now),
+			DemandRuPerSec: t.reportedDemandLocked(gs, now, ask),
 			WaitingTokens:  max(gs.waiting, 0),
 			Consumption:    consumptionToPB(cons),
 			ReportOnly:     !ask,
@@ -538,10 +544,10 @@ func (t *groupTable) buildRequestLocked(now time.Time, force, final bool) (*toke
 		sent.extras[gs.name] = sentExtras{counts: gs.counts, from: gs.reportFrom, charge: gr.Consumption.Chargeback}
 		gs.counts = reportCounts{}
 		gs.reportFrom = now
-		gs.heldSent = gr.HeldTokens
+		gs.heldSent, gs.demandSent = gr.HeldTokens, gr.DemandRuPerSec
 		if ask {
 			gr.TokensWanted = gs.wanted(now, t.cfg.TargetPeriod)
-			gs.want = false
+			gs.want, gs.askNow = false, false
 		}
 		gs.resetWaiting(now)
 		gs.lastReport = now
@@ -787,7 +793,27 @@ func (t *groupTable) apply(now time.Time, resp *tokenpb.TokenResponse, sent *sen
 		}
 		gs.wake()
 	}
+	t.askAgainLocked(resp.GetAskAgain())
 	return nil
+}
+
+// maxAskAgain bounds the names of an ask_again list that are read.
+const maxAskAgain = 256
+
+// askAgainLocked marks the groups rgserver named in ask_again (their rate
+// moved at a rebalance) to ask again at the next send, without waiting
+// for the running trickle to near its end. Names this proxy does not run
+// are ignored. Called with t.mu held.
+func (t *groupTable) askAgainLocked(names []string) {
+	kick := false
+	for _, name := range names[:min(len(names), maxAskAgain)] {
+		if gs, ok := t.byName[name]; ok && !gs.dead {
+			gs.askNow, kick = true, true
+		}
+	}
+	if kick {
+		t.kickLocked()
+	}
 }
 
 // unavailableRetry spaces the asks of a group rgserver could not serve

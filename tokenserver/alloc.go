@@ -417,6 +417,9 @@ func (b *Bucket) reweigh(p *party, now time.Time) {
 		b.runningStale = true
 	}
 	b.demand += w - p.weight
+	if b.demand < 1e-9 {
+		b.demand = 0 // no float residue: a group whose proxies all went quiet has none
+	}
 	p.weight, p.inner = w, inner
 }
 

@@ -31,17 +31,19 @@ import (
 // this of its window's end.
 const budgetTick = 100 * time.Millisecond
 
-// budgetHub wakes the token streams when a group's verdict changed.
-type budgetHub struct {
+// pushHub wakes the token streams when they have something to push: a
+// group's budget verdict changed, or the service limit's layer wants
+// their proxies to ask again (Allocator.TakeReasks).
+type pushHub struct {
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
 }
 
-func newBudgetHub() *budgetHub { return &budgetHub{subs: map[chan struct{}]struct{}{}} }
+func newPushHub() *pushHub { return &pushHub{subs: map[chan struct{}]struct{}{}} }
 
-// subscribe returns a channel that receives when verdicts changed, and
+// subscribe returns a channel that receives when there is news, and
 // the function that ends the subscription.
-func (h *budgetHub) subscribe() (<-chan struct{}, func()) {
+func (h *pushHub) subscribe() (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	h.mu.Lock()
 	h.subs[ch] = struct{}{}
@@ -54,7 +56,7 @@ func (h *budgetHub) subscribe() (<-chan struct{}, func()) {
 }
 
 // wake tells every stream, without waiting on any.
-func (h *budgetHub) wake() {
+func (h *pushHub) wake() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for ch := range h.subs {
@@ -89,7 +91,7 @@ func (s *Server) setGroupLocked(g resourcegroup.Group, now time.Time) {
 		// hear it again.
 		s.budgets.gen++
 		e.gen = s.budgets.gen
-		s.budgetHub.wake()
+		s.pushHub.wake()
 	}
 	s.alloc.SetGroup(g.Name, effective(e.base, e.verdict), now)
 }
@@ -108,7 +110,7 @@ func (s *Server) removeGroupLocked(name string) {
 // lifts.
 func (s *Server) budgetVerdictGone(name string) {
 	s.budgets.gen++
-	s.budgetHub.wake()
+	s.pushHub.wake()
 	s.log.Info("budget verdict lifted: the group has no budgets now", "resource_group", name)
 }
 
@@ -139,7 +141,7 @@ func (s *Server) applyVerdictLocked(name string, now time.Time) {
 	} else if v.Action == 0 {
 		s.log.Info("budget action lifted: its window rolled over", "resource_group", name, "was", old.String())
 	}
-	s.budgetHub.wake()
+	s.pushHub.wake()
 }
 
 // spendBudgetLocked adds ru spent by group (the bounded figures the
@@ -176,7 +178,7 @@ func (s *Server) budgetChores(now time.Time) {
 		s.applyVerdictLocked(name, now)
 	}
 	s.budgets.seeded = true
-	s.budgetHub.wake() // the verdicts held back until now
+	s.pushHub.wake() // the verdicts held back until now
 	s.log.Info("budgets seeded from the usage history", "groups", len(s.budgets.groups))
 }
 
@@ -193,7 +195,7 @@ func (s *Server) newTermBudgetsLocked(now time.Time) {
 			s.alloc.SetGroup(name, e.base, now)
 		}
 	}
-	s.budgetHub.wake()
+	s.pushHub.wake()
 }
 
 // budgetSent is what a token stream told its proxy of each group's

@@ -2,7 +2,6 @@ package tokenserver
 
 import (
 	"math"
-	"time"
 
 	"github.com/rgproxy/rgproxy/resourcegroup"
 )
@@ -54,15 +53,15 @@ type poolNode struct {
 	parented bool
 }
 
-// shareParents lowers the ceilings of the groups with demand (svc.cap,
-// set by the service limit) to their parts of their parents' pools, and
-// sets them.
-func (l *serviceLayer) shareParents(now time.Time) {
+// parentCeilings returns each group with demand under a parent, with its
+// part of its parents' pools (RU/s), from the demands of the last
+// rebalance (svc.demand); nil while no group has a parent. The service
+// limit counts a group's demand only up to it, so that what a parent
+// holds back of its children is shared among the limit's other groups,
+// and each group's ceiling is the least of the two.
+func (l *serviceLayer) parentCeilings() map[*Bucket]float64 {
 	if l.nested == 0 {
-		for _, b := range l.active {
-			b.setCeil(b.svc.cap, now)
-		}
-		return
+		return nil
 	}
 	nodes := make(map[*Bucket]*poolNode, len(l.active))
 	node := func(b *Bucket) *poolNode {
@@ -98,13 +97,7 @@ func (l *serviceLayer) shareParents(now time.Time) {
 			sharePool(n, poolOf(n.b.settings, math.Inf(1)), ceil)
 		}
 	}
-	for _, b := range l.active {
-		c := b.svc.cap
-		if pc, ok := ceil[b]; ok {
-			c = min(c, pc)
-		}
-		b.setCeil(c, now)
-	}
+	return ceil
 }
 
 // poolOf is what a parent with settings s shares among its members when

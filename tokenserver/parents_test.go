@@ -61,11 +61,28 @@ var parentStories = []struct {
 		limit: 2000,
 		gs: []svcGroup{
 			{name: "team", settings: limited(1000, bOff, med), want: math.Inf(1)},
-			// the service limit would give a and b 2000×800/2100 each,
-			// the team 500 each; c, outside it, 2000×500/2100.
+			// the team gives a and b 500 each, and the service limit
+			// counts their demands only up to that: the rates fill
+			// 500 + 500 + 500, the 500 left is spread by demand
+			// (500, 500, 2000), so c's ceiling is 500 + 2000×500/3000
+			// (it runs at its own 500). Before, the limit counted a's
+			// and b's demand in full and c's ceiling was 2000×500/2100,
+			// below its rate, with 500 of the limit given to nobody.
 			{name: "a", settings: under("team", 800, bUnl), demand: 2000, want: 500},
 			{name: "b", settings: under("team", 800, bUnl), demand: 2000, want: 500},
-			{name: "c", settings: limited(500, bOff, med), demand: 2000, want: 2000 * 500.0 / 2100},
+			{name: "c", settings: limited(500, bOff, med), demand: 2000, want: 500 + 2000*500.0/3000},
+		},
+	},
+	{
+		name:  "what a parent holds back of its HIGH children goes to the limit's LOW group",
+		limit: 400,
+		gs: []svcGroup{
+			{name: "team", settings: limited(150, bOff, med), want: math.Inf(1)},
+			{name: "a", settings: Settings{RUPerSec: 100, Burst: bUnl, Priority: high, Parent: "team"}, demand: 2000, want: 100},
+			{name: "b", settings: Settings{RUPerSec: 50, Burst: bUnl, Priority: high, Parent: "team"}, demand: 2000, want: 50},
+			// 400 − the background's floor 20 − the team's 150.
+			{name: "low", settings: limited(400, bOff, low), demand: 2000, want: 230},
+			{name: "bg", settings: background(20, 60), demand: 2000, want: 20},
 		},
 	},
 	{

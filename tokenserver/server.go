@@ -171,11 +171,12 @@ type Server struct {
 	runaways *runawayHistory
 	// usage is the usage history (usage.go).
 	usage *usageHistory
-	// budgets is the budget book (budgets.go), guarded by mu; budgetHub
-	// wakes the token streams when a verdict changes; budgetActions
-	// counts the triggers crossed (budget_service.go).
+	// budgets is the budget book (budgets.go), guarded by mu; pushHub
+	// wakes the token streams when a verdict changes or proxies are to
+	// ask again; budgetActions counts the triggers crossed
+	// (budget_service.go).
 	budgets       *budgetBook
-	budgetHub     *budgetHub
+	pushHub       *pushHub
 	budgetActions *prometheus.CounterVec
 	// chargeAdmit bounds the chargeback's values per group, key and hour;
 	// chargeDropped counts the entries dropped (chargeback.go). Guarded by
@@ -224,23 +225,23 @@ func New(cli *clientv3.Client, cfg Config) (*Server, error) {
 		cfg.Auth = a
 	}
 	s := &Server{
-		cli:       cli,
-		store:     &EtcdStore{cli: cli, now: cfg.Now, maxDigests: cfg.MaxDigestBindings},
-		cfg:       cfg,
-		log:       cfg.Logger,
-		m:         newMetrics(),
-		alloc:     NewAllocator(cfg.Alloc),
-		synced:    make(chan struct{}),
-		auth:      cfg.Auth,
-		proxies:   newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
-		misses:    newMissCache(),
-		inspect:   newInspectHub(clock.Real{}),
-		caps:      newCapsRegistry(),
-		runaways:  newRunawayHistory(cfg.RunawayRetention),
-		usage:     newUsageHistory(),
-		creds:     newCredBook(),
-		budgets:   newBudgetBook(resourcegroup.BudgetCalendar{Loc: cfg.BudgetLocation, DayLength: cfg.BudgetDayLength}),
-		budgetHub: newBudgetHub(),
+		cli:      cli,
+		store:    &EtcdStore{cli: cli, now: cfg.Now, maxDigests: cfg.MaxDigestBindings},
+		cfg:      cfg,
+		log:      cfg.Logger,
+		m:        newMetrics(),
+		alloc:    NewAllocator(cfg.Alloc),
+		synced:   make(chan struct{}),
+		auth:     cfg.Auth,
+		proxies:  newProxyRegistry(cfg.Alloc.withDefaults().ClientExpiry),
+		misses:   newMissCache(),
+		inspect:  newInspectHub(clock.Real{}),
+		caps:     newCapsRegistry(),
+		runaways: newRunawayHistory(cfg.RunawayRetention),
+		usage:    newUsageHistory(),
+		creds:    newCredBook(),
+		budgets:  newBudgetBook(resourcegroup.BudgetCalendar{Loc: cfg.BudgetLocation, DayLength: cfg.BudgetDayLength}),
+		pushHub:  newPushHub(),
 		budgetActions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rgserver_budget_actions_total",
 			Help: "Budget triggers crossed, by the budget's period and the trigger's action (notify, throttle, refuse); counted for MODE WARN groups too, which only report them.",
@@ -646,6 +647,9 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 	// loaded) on their own tick.
 	budgetTicker := time.NewTicker(budgetTick)
 	defer budgetTicker.Stop()
+	// The service limit's rebalances fall due between requests too.
+	serviceTicker := time.NewTicker(serviceTick)
+	defer serviceTicker.Stop()
 	lease := sess.Lease()
 	lapsed := sess.Done()
 	var probe <-chan time.Time // ticks while orphaned
@@ -737,6 +741,14 @@ func (s *Server) lead(ctx context.Context, sess *concurrency.Session, el *concur
 			}
 		case <-budgetTicker.C:
 			s.budgetChores(s.now())
+		case <-serviceTicker.C:
+			s.mu.Lock()
+			ran := s.alloc.RebalanceIfDue(s.now())
+			wake := ran && s.alloc.Reasks()
+			s.mu.Unlock()
+			if wake {
+				s.pushHub.wake() // proxies to ask again at their new rates
+			}
 		case <-expire.C:
 			now := s.now()
 			expiry := s.cfg.Alloc.withDefaults().ClientExpiry

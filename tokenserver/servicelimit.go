@@ -3,6 +3,7 @@ package tokenserver
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,6 +52,9 @@ const (
 	// the service limit (a consuming group's proxies report at least
 	// every reportPeriod; one waiting for tokens asks every trickle).
 	activeFor = reportPeriod + time.Second
+	// serviceTick is how often the leader runs a rebalance that fell due
+	// between requests (Allocator.RebalanceIfDue).
+	serviceTick = 50 * time.Millisecond
 )
 
 // svcEntry is a bucket's part in the service limit's layer.
@@ -90,6 +94,9 @@ type serviceLayer struct {
 	// (while there are some, the layer runs without a service limit too).
 	groups map[string]*Bucket
 	nested int
+	// reask: for each proxy slot, the groups it is to ask again for
+	// (setActiveCeil), until its token stream pushes them.
+	reask map[string]map[string]struct{}
 }
 
 // on reports whether the layer shares anything: a service limit is set
@@ -189,11 +196,30 @@ func (l *serviceLayer) idleCeil(s Settings) float64 {
 // rebalanced when due. It reports whether b joined and the rebalance ran.
 func (l *serviceLayer) track(b *Bucket, now time.Time) bool {
 	joined := l.join(b)
+	if b.svc.active && !(b.demand > 0) {
+		// It stopped: what it had goes to the others at the next
+		// rebalance, minRebalance away rather than rebalanceEvery.
+		l.stale = true
+	}
 	if !now.Before(l.due) || (l.stale && now.Sub(l.last) >= minRebalance) {
 		l.rebalance(now)
 		return joined
 	}
 	return false
+}
+
+// RebalanceIfDue rebalances the service limit's layer at now when a
+// rebalance is due (rebalanceEvery passed, or a group joined or stopped
+// minRebalance ago) and the layer is on. The leader calls it on a tick
+// (serviceTick), so that a rebalance a stopped group made due is not
+// left waiting for the next request. It reports whether it ran.
+func (a *Allocator) RebalanceIfDue(now time.Time) bool {
+	l := &a.svc
+	if !l.on() || (now.Before(l.due) && !(l.stale && now.Sub(l.last) >= minRebalance)) {
+		return false
+	}
+	l.rebalance(now)
+	return true
 }
 
 // join makes b one of the groups with demand when it has some; it
@@ -221,6 +247,73 @@ func (l *serviceLayer) remove(b *Bucket) {
 	b.svc.active = false
 }
 
+// Proxies fed by a trickle ask again only when it nears its end, up to
+// a trickle period after a rebalance moved their group's ceiling: a
+// BACKGROUND group would reach the capacity the foreground left a second
+// or two late, and run above its new ceiling as long when the foreground
+// comes back. So when a rebalance moves an active group's ceiling by at
+// least reaskChange, every proxy with a running trickle of the group is
+// told to ask again now (TokenResponse.ask_again, pushed on its stream),
+// and its next grant replaces the trickle at the new rate.
+const (
+	// reaskChange is the least relative move of a ceiling worth a
+	// message to each of the group's trickle-fed proxies.
+	reaskChange = 0.2
+	// maxReaskGroups bounds the groups waiting to be pushed to one proxy
+	// (more wait for their own next ask); maxReaskProxies the proxies.
+	maxReaskGroups  = 256
+	maxReaskProxies = 4096
+)
+
+// setActiveCeil gives b, a group with demand, its ceiling c at now from
+// a rebalance, and notes b for its trickle-fed proxies when c moved by
+// reaskChange or more.
+func (l *serviceLayer) setActiveCeil(b *Bucket, c float64, now time.Time) {
+	was := b.ceil
+	b.setCeil(c, now)
+	if was == c || (!math.IsInf(was, 1) && !math.IsInf(c, 1) && math.Abs(c-was) < reaskChange*max(was, c)) {
+		return
+	}
+	for id, s := range b.slots {
+		if s.rate <= 0 || !s.trickleEnd.After(now) {
+			continue
+		}
+		groups := l.reask[id]
+		if groups == nil {
+			if len(l.reask) >= maxReaskProxies {
+				continue
+			}
+			if l.reask == nil {
+				l.reask = map[string]map[string]struct{}{}
+			}
+			groups = map[string]struct{}{}
+			l.reask[id] = groups
+		}
+		if len(groups) < maxReaskGroups {
+			groups[b.name] = struct{}{}
+		}
+	}
+}
+
+// Reasks reports whether some proxy is to be told to ask again.
+func (a *Allocator) Reasks() bool { return len(a.svc.reask) > 0 }
+
+// TakeReasks returns the groups whose proxy slot is to ask again for
+// (sorted), and forgets them.
+func (a *Allocator) TakeReasks(slot string) []string {
+	groups := a.svc.reask[slot]
+	if len(groups) == 0 {
+		return nil
+	}
+	delete(a.svc.reask, slot)
+	names := make([]string, 0, len(groups))
+	for g := range groups {
+		names = append(names, g)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // setCeil gives b a ceiling of c RU/s at now.
 func (b *Bucket) setCeil(c float64, now time.Time) {
 	if c == b.ceil {
@@ -245,13 +338,24 @@ func (l *serviceLayer) rebalance(now time.Time) {
 			b.setCeil(l.idleCeil(b.settings), now)
 			continue // the last one moved to i
 		}
-		e := &b.svc
 		// A group's demand counts up to what any proxy may claim,
 		// scaled to the limit: a claim of 1e12 RU/s for an unlimited
 		// group weighs like a saturated one.
-		e.demand = b.demand
+		b.svc.demand = b.demand
 		if l.limit > 0 {
-			e.demand = min(e.demand, demandRateFactor*l.limit)
+			b.svc.demand = min(b.svc.demand, demandRateFactor*l.limit)
+		}
+		i++
+	}
+	// The parents' limits over their children (parents.go): a child's
+	// demand counts for the service limit only up to its part of its
+	// parents' pools, so that what a parent holds back goes to the
+	// limit's other groups.
+	pc := l.parentCeilings()
+	for _, b := range l.active {
+		e := &b.svc
+		if c, ok := pc[b]; ok {
+			e.demand = min(e.demand, c)
 		}
 		e.fill = 0
 		if b.settings.RUPerSec != resourcegroup.Unlimited {
@@ -270,7 +374,6 @@ func (l *serviceLayer) rebalance(now time.Time) {
 		fills[e.level] += e.fill
 		bursts[e.level] += e.burst
 		fig.Demand += e.demand
-		i++
 	}
 	// What each level's fill rates and bursts get, as a fraction of what
 	// they ask.
@@ -327,16 +430,22 @@ func (l *serviceLayer) rebalance(now time.Time) {
 			fig.Allocated += e.cap
 		}
 	}
-	// The parents' limits over their children lower the ceilings
-	// (parents.go); what a parent's cap leaves unused of a child's share
-	// of the limit is not given to the limit's other groups.
-	l.shareParents(now)
+	// Each group's ceiling: the least of the limit's part and its part
+	// of its parents' pools.
+	for _, b := range l.active {
+		c := b.svc.cap
+		if p, ok := pc[b]; ok {
+			c = min(c, p)
+		}
+		l.setActiveCeil(b, c, now)
+	}
 	if l.limit > 0 {
 		fig.Groups = len(l.active)
 	} else {
 		fig = ServiceLimitFigures{FillRates: l.fillSum, At: now}
 	}
 	l.fig = fig
+
 }
 
 // SetServiceLimit sets the service limit to limit RU/s at now (0: none).

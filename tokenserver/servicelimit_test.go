@@ -398,3 +398,86 @@ func BenchmarkAcquireUnderServiceLimit(b *testing.B) {
 		}
 	}
 }
+
+// TestServiceLimitReasks: when the foreground group stops (its proxy
+// reports demand 0), the next due rebalance runs on the leader's tick,
+// with no request, raises the background group's ceiling to its
+// UTILIZATION_LIMIT and names the group to each proxy running a trickle
+// of it, once; a proxy without a trickle and the stopped group are not
+// told. When the foreground comes back the background's proxies are told
+// again, to take their lowered rate at once.
+func TestServiceLimitReasks(t *testing.T) {
+	a := NewAllocator(AllocConfig{})
+	a.SetGroup("fg", limited(250, bOff, high), t0)
+	a.SetGroup("bg", background(10, 80), t0)
+	a.SetServiceLimit(300, t0)
+	ask := func(group, proxy string, demand float64, sec float64) Grant {
+		t.Helper()
+		r := Request{ProxyID: proxy, Wanted: demand * 5.5, Demand: demand}
+		if demand == 0 {
+			r = Request{ProxyID: proxy, ReportOnly: true}
+		}
+		g, err := a.Acquire(group, r, at(sec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	told := func() string {
+		var s []string
+		for _, p := range []string{"f", "b1", "b2", "idle"} {
+			s = append(s, fmt.Sprintf("%s%v", p, a.TakeReasks(p)))
+		}
+		return strings.Join(s, " ")
+	}
+	ceil := func(group string) float64 { c, _ := a.Ceiling(group); return math.Round(c) }
+	ask("fg", "f", 1000, 0)
+	ask("bg", "b1", 500, 0)
+	ask("bg", "b2", 500, 0)
+	ask("bg", "idle", 0, 0)            // a proxy of bg that only reports
+	for s := 0.25; s <= 3; s += 0.25 { // the proxies ask as their trickles end
+		ask("fg", "f", 1000, s)
+		ask("bg", "b1", 500, s)
+		ask("bg", "b2", 500, s)
+	}
+	told()
+	if c := ceil("bg"); c != 50 {
+		t.Fatalf("bg's ceiling beside a saturated foreground %v, want 50 (its floor 10, and 40 the foreground leaves)", c)
+	}
+	// The foreground stops: its proxy says demand 0 (tokenclient's quiet
+	// report), then nothing more comes. It says so 10 ms after the last
+	// rebalance (3 s), within minRebalance: the rebalance it makes due
+	// runs on the tick, with no request.
+	ask("fg", "f", 0, 3.01)
+	if c := ceil("bg"); c != 50 {
+		t.Fatalf("bg's ceiling right after the report %v, want still 50", c)
+	}
+	if !a.RebalanceIfDue(at(3.05)) {
+		t.Fatal("no rebalance due after the foreground stopped")
+	}
+	if c := ceil("bg"); c != 240 {
+		t.Fatalf("bg's ceiling once the foreground stopped %v, want 240 (80%% of 300)", c)
+	}
+	if got, want := told(), "f[] b1[bg] b2[bg] idle[]"; got != want {
+		t.Fatalf("told %s, want %s", got, want)
+	}
+	if a.RebalanceIfDue(at(3.16)) || a.Reasks() {
+		t.Fatal("a rebalance ran again at once, or something left to tell")
+	}
+	// b1 takes its new rate: about half of 240.
+	if g := ask("bg", "b1", 500, 3.2); g.Trickle <= 0 || g.Tokens/g.Trickle.Seconds() < 100 {
+		t.Fatalf("b1's grant after the raise: %+v, want a trickle at about 120 RU/s", g)
+	}
+	// The foreground comes back: the background's proxies are told again.
+	ask("fg", "f", 1000, 3.5)
+	a.RebalanceIfDue(at(3.6))
+	if c := ceil("bg"); c != 50 {
+		t.Fatalf("bg's ceiling once the foreground is back %v, want 50", c)
+	}
+	// f is named too (its trickle, from before the rebalance its own
+	// request ran, is at the old ceiling): the server leaves out of an
+	// answer the groups the request asked for (askedElsewhere).
+	if got, want := told(), "f[fg] b1[bg] b2[bg] idle[]"; got != want {
+		t.Fatalf("told %s, want %s", got, want)
+	}
+}

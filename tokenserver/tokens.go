@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -196,7 +197,7 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 	// What the stream told its proxy of its groups' budget verdicts; a
 	// changed verdict wakes the stream (budget_service.go).
 	verdicts := newBudgetSent()
-	budgetWake, unsubscribe := s.budgetHub.subscribe()
+	pushWake, unsubscribe := s.pushHub.subscribe()
 	defer unsubscribe()
 	// The stream's messages come through a goroutine, so that the stream
 	// ends when its context does (a reload revoked its credential) even
@@ -214,17 +215,19 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 			return err
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
-		case <-budgetWake:
+		case <-pushWake:
 			if ticket == nil || !s.IsLeader() {
 				continue
 			}
 			s.mu.Lock()
 			ups := s.budgetUpdatesLocked(verdicts, nil, s.now())
+			again := s.alloc.TakeReasks(slot)
 			s.mu.Unlock()
-			if len(ups) == 0 {
+			if len(ups) == 0 && len(again) == 0 {
 				continue
 			}
-			if err := stream.Send(&pb.TokenResponse{Budgets: ups}); err != nil {
+
+			if err := stream.Send(&pb.TokenResponse{Budgets: ups, AskAgain: again}); err != nil {
 				return err
 			}
 			continue
@@ -241,6 +244,11 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 			}
 			defer func() { release(s.now()) }()
 			ticket, proxyID, slot = t, req.GetProxyId(), slotID(p, req.GetProxyId())
+			defer func() {
+				s.mu.Lock()
+				s.alloc.TakeReasks(slot) // nobody left to tell
+				s.mu.Unlock()
+			}()
 			if len(evict) > 0 {
 				s.removeSlots(evict)
 			}
@@ -265,6 +273,21 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 		}
 		s.m.acquireSeconds.Observe(time.Since(start).Seconds())
 	}
+}
+
+// askedElsewhere returns the groups of again that req did not ask tokens
+// for: its grants already replace those trickles.
+func askedElsewhere(again []string, req *pb.TokenRequest) []string {
+	if len(again) == 0 {
+		return nil
+	}
+	asked := map[string]bool{}
+	for _, gr := range req.GetGroups() {
+		if !gr.GetReportOnly() {
+			asked[resourcegroup.NormalizeName(gr.GetGroup())] = true
+		}
+	}
+	return slices.DeleteFunc(again, func(g string) bool { return asked[g] })
 }
 
 // removeSlots drops the slots of the given slot ids from every group.
@@ -322,7 +345,12 @@ func (s *Server) serveTokens(ctx context.Context, p Principal, slot string, req 
 		}
 	}
 	resp.ServiceLimited = s.alloc.ServiceLimited()
+	resp.AskAgain = askedElsewhere(s.alloc.TakeReasks(slot), req)
+	wake := s.alloc.Reasks() // other proxies are to ask again
 	s.mu.Unlock()
+	if wake {
+		s.pushHub.wake()
+	}
 	for _, i := range missing {
 		gr := req.GetGroups()[i]
 		name := resourcegroup.NormalizeName(gr.GetGroup())

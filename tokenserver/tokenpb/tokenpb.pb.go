@@ -3178,8 +3178,15 @@ type TokenResponse struct {
 	// its tokens, those otherwise never throttled (RU_PER_SEC or BURSTABLE
 	// UNLIMITED) too, and follows its grants. Sent on every answer.
 	ServiceLimited bool `protobuf:"varint,5,opt,name=service_limited,json=serviceLimited,proto3" json:"service_limited,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Groups whose rate the leader changed by a fifth or more at a
+	// rebalance of the service limit or of a parent's rate, while this
+	// proxy runs a trickle of them: the proxy asks again for each that
+	// still wants tokens at once, rather than when the trickle nears its
+	// end, and the grant replaces the trickle at the new rate. Pushed in an
+	// answer of its own (request_id 0) or with one; at most 256 names.
+	AskAgain      []string `protobuf:"bytes,6,rep,name=ask_again,json=askAgain,proto3" json:"ask_again,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TokenResponse) Reset() {
@@ -3245,6 +3252,13 @@ func (x *TokenResponse) GetServiceLimited() bool {
 		return x.ServiceLimited
 	}
 	return false
+}
+
+func (x *TokenResponse) GetAskAgain() []string {
+	if x != nil {
+		return x.AskAgain
+	}
+	return nil
 }
 
 // GroupBudget is the strongest action a group's budgets are taking: the
@@ -5629,7 +5643,7 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\x10immediate_tokens\x18\v \x01(\x01R\x0fimmediateTokens\",\n" +
 	"\tNotLeader\x12\x1f\n" +
 	"\vleader_addr\x18\x01 \x01(\tR\n" +
-	"leaderAddr\"\x82\x02\n" +
+	"leaderAddr\"\x9f\x02\n" +
 	"\rTokenResponse\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x124\n" +
@@ -5637,7 +5651,8 @@ const file_tokenpb_proto_rawDesc = "" +
 	"\n" +
 	"not_leader\x18\x03 \x01(\v2\x1b.rgproxy.token.v1.NotLeaderR\tnotLeader\x127\n" +
 	"\abudgets\x18\x04 \x03(\v2\x1d.rgproxy.token.v1.GroupBudgetR\abudgets\x12'\n" +
-	"\x0fservice_limited\x18\x05 \x01(\bR\x0eserviceLimited\"\xa2\x02\n" +
+	"\x0fservice_limited\x18\x05 \x01(\bR\x0eserviceLimited\x12\x1b\n" +
+	"\task_again\x18\x06 \x03(\tR\baskAgain\"\xa2\x02\n" +
 	"\vGroupBudget\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
 	"\x06action\x18\x02 \x01(\tR\x06action\x12-\n" +
