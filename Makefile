@@ -94,7 +94,7 @@ bench-proxy: build bench-deps
 bench-server: build
 	$(BIN)/bench-server --rgserver $(BIN)/rgserver --groups-per-message 10
 	$(BIN)/bench-server --rgserver $(BIN)/rgserver --groups-per-message 50
-	$(BIN)/bench-server --rgserver $(BIN)/rgserver --groups 1000,100000 --proxies 200 --rate 20000 --duration 20s --scrape-every 5s
+	$(BIN)/bench-server --rgserver $(BIN)/rgserver --groups 1000,100000 --proxies 200 --rate 20000 --duration 20s --scrape-every 5s --parent-every 10
 
 # sysbench through rgproxy, metering on (a limited group at >= 2x demand)
 # vs --metering=false; token requests per 1,000 statements; 3-proxy accuracy.

@@ -97,6 +97,8 @@ type serviceLayer struct {
 	// reask: for each proxy slot, the groups it is to ask again for
 	// (setActiveCeil), until its token stream pushes them.
 	reask map[string]map[string]struct{}
+	// tree is the parents' layer's scratch (parents.go).
+	tree treeScratch
 }
 
 // on reports whether the layer shares anything: a service limit is set

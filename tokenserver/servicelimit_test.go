@@ -369,16 +369,25 @@ func TestServiceLimitHostileDemand(t *testing.T) {
 // BenchmarkAcquireUnderServiceLimit: one grant's cost, rebalances
 // included, with n groups asking in turn under a service limit (every
 // group has demand: the rebalance walks all of them every 250 ms of the
-// injected clock, which advances 10 µs per grant) and without one.
+// injected clock, which advances 10 µs per grant) and without one; with
+// parents, the first of every 10 groups is the PARENT of the other 9.
 func BenchmarkAcquireUnderServiceLimit(b *testing.B) {
 	for _, n := range []int{1000, 100000} {
-		for _, limit := range []float64{0, 1e6} {
-			b.Run(fmt.Sprintf("groups=%d/limit=%g", n, limit), func(b *testing.B) {
+		for _, c := range []struct {
+			limit   float64
+			parents bool
+		}{{0, false}, {1e6, false}, {1e6, true}} {
+			b.Run(fmt.Sprintf("groups=%d/limit=%g/parents=%v", n, c.limit, c.parents), func(b *testing.B) {
+				limit := c.limit
 				a := NewAllocator(AllocConfig{})
 				names := make([]string, n)
 				for i := range names {
 					names[i] = fmt.Sprintf("g%06d", i)
-					a.SetGroup(names[i], limited(100, bUnl, resourcegroup.Priority(i%3)), t0)
+					st := limited(100, bUnl, resourcegroup.Priority(i%3))
+					if c.parents && i%10 != 0 {
+						st.Parent = names[i-i%10]
+					}
+					a.SetGroup(names[i], st, t0)
 				}
 				a.SetServiceLimit(limit, t0)
 				now := t0

@@ -226,7 +226,6 @@ func (s *Server) AcquireTokens(stream grpc.BidiStreamingServer[pb.TokenRequest, 
 			if len(ups) == 0 && len(again) == 0 {
 				continue
 			}
-
 			if err := stream.Send(&pb.TokenResponse{Budgets: ups, AskAgain: again}); err != nil {
 				return err
 			}

@@ -80,6 +80,10 @@ type options struct {
 	scrapeEvery time.Duration
 	// join: a proxy joins halfway through and times its Watch snapshot.
 	join bool
+	// parentEvery: of every parentEvery groups, the first is the PARENT
+	// of the others (0 = no parents), so that rgserver shares parents'
+	// pools at every rebalance of the run. Default 0.
+	parentEvery int
 }
 
 func main() {
@@ -97,6 +101,7 @@ func main() {
 	flag.IntVar(&o.createWorkers, "create-workers", 32, "groups created in parallel before the run")
 	flag.DurationVar(&o.scrapeEvery, "scrape-every", 5*time.Second, "scrape /metrics this often during the run, as Prometheus would (0 = never)")
 	flag.BoolVar(&o.join, "join", true, "halfway through, a new proxy joins and times its Watch snapshot of every group")
+	flag.IntVar(&o.parentEvery, "parent-every", 0, "of every this many groups, the first is the PARENT of the others (0 = no parents)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// The load generator allocates per message too; keep its GC from
@@ -301,19 +306,46 @@ func procStatus(pid int, field string) (float64, error) {
 	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
 
-// createGroups creates the groups with o.createWorkers in parallel.
+// createGroups creates the groups with o.createWorkers in parallel: with
+// o.parentEvery, the parents first, then their children.
 func createGroups(ctx context.Context, rg pb.ResourceGroupServiceClient, names []string, o options) error {
+	if o.parentEvery <= 1 {
+		return createSome(ctx, rg, names, func(int) string { return "" }, o)
+	}
+	var parents, children []string
+	for i, n := range names {
+		if i%o.parentEvery == 0 {
+			parents = append(parents, n)
+		} else {
+			children = append(children, n)
+		}
+	}
+	if err := createSome(ctx, rg, parents, func(int) string { return "" }, o); err != nil {
+		return err
+	}
+	// children[k] is names[i] with i = k + k/(parentEvery-1) + 1; its
+	// parent is names[i - i%parentEvery].
+	return createSome(ctx, rg, children, func(k int) string {
+		i := k + k/(o.parentEvery-1) + 1
+		return names[i-i%o.parentEvery]
+	}, o)
+}
+
+// createSome creates the groups names (names[k]'s PARENT parentOf(k))
+// with o.createWorkers in parallel.
+func createSome(ctx context.Context, rg pb.ResourceGroupServiceClient, names []string, parentOf func(int) string, o options) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	next := make(chan string)
+	next := make(chan int)
 	errs := make(chan error, max(o.createWorkers, 1))
 	var wg sync.WaitGroup
 	for range max(o.createWorkers, 1) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for name := range next {
-				_, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: name, RuPerSec: o.ruPerSec, Burst: pb.BurstMode_BURST_MODERATED}})
+			for k := range next {
+				name := names[k]
+				_, err := rg.CreateGroup(ctx, &pb.CreateGroupRequest{Group: &pb.ResourceGroup{Name: name, RuPerSec: o.ruPerSec, Burst: pb.BurstMode_BURST_MODERATED, Parent: parentOf(k)}})
 				if err != nil && status.Code(err) != codes.AlreadyExists {
 					errs <- fmt.Errorf("create %s: %w", name, err)
 					cancel()
@@ -322,9 +354,9 @@ func createGroups(ctx context.Context, rg pb.ResourceGroupServiceClient, names [
 			}
 		}()
 	}
-	for _, n := range names {
+	for k := range names {
 		select {
-		case next <- n:
+		case next <- k:
 		case <-ctx.Done():
 		}
 	}
@@ -394,7 +426,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) (resul
 	if err := createGroups(ctx, rg, names, o); err != nil {
 		return res, err
 	}
-	log.Info("groups ready", "groups", o.groups, "proxies", o.proxies, "groups_per_message", o.perMsg,
+	log.Info("groups ready", "groups", o.groups, "proxies", o.proxies, "groups_per_message", o.perMsg, "parent_every", o.parentEvery,
 		"created_in", time.Since(createStart).Round(time.Millisecond).String())
 
 	// One connection per 20 proxies, as separate proxies would have their own.
