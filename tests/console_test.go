@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -430,4 +431,174 @@ func getJSON(t *testing.T, url string, v any) {
 	if err := json.Unmarshal([]byte(body), v); err != nil {
 		t.Fatalf("GET %s: %v\n%s", url, err, body)
 	}
+}
+
+// TestConsoleCapacity loads rgproxy's console against a real rgserver
+// with a service limit, a parent with a child (named so that it sorts
+// before its parent) and a grandchild, a background group and groups
+// whose RU_PER_SEC exceed the backend's capacity, measured live
+// (CPU-true, the backend on this host) while a CPU-bound load runs. The
+// JSON and the page in headless Chromium show the over-capacity banner
+// with both figures, the service limit with its source and the leader's
+// last sharing of it, and the tree: each child right under its parent,
+// indented, PARENT and BACKGROUND among the settings. With rgserver gone
+// the service limit is unknown, and said so, without holding the page.
+func TestConsoleCapacity(t *testing.T) {
+	chromium := requireTool(t, "chromium", "chromium")
+	ts := startTokenServer(t)
+	px := startMeteredProxy(t, ts, "--cpu-source", "proc")
+	adminExec(t, px.Addr,
+		"ALTER RESOURCE CONTROL SERVICE LIMIT = 1000000",
+		"CREATE RESOURCE GROUP cc_load RU_PER_SEC = UNLIMITED",
+		"CREATE RESOURCE GROUP cc_team RU_PER_SEC = 3000",
+		"CREATE RESOURCE GROUP cc_a_reports RU_PER_SEC = 1000 PARENT = cc_team",
+		"CREATE RESOURCE GROUP cc_a_reports_daily RU_PER_SEC = 100 PARENT = cc_a_reports",
+		"CREATE RESOURCE GROUP cc_team_api RU_PER_SEC = 2000 PARENT = cc_team",
+		"CREATE RESOURCE GROUP cc_nightly RU_PER_SEC = 100 BACKGROUND = (UTILIZATION_LIMIT = 30)",
+		// More than any backend on this host serves: over capacity.
+		"CREATE RESOURCE GROUP cc_huge RU_PER_SEC = 100000000")
+
+	// A CPU-bound load (the service limit is far above it) until the
+	// proxy has measured a capacity and found the groups over it; its
+	// last sharing is read while it runs.
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var loadErr atomic.Value
+	db := openDB(t, px.Addr)
+	for range 3 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if _, err := db.ExecContext(ctx, "SELECT /*+ RESOURCE_GROUP(cc_load) */ BENCHMARK(300000, MD5('console'))"); err != nil && ctx.Err() == nil {
+					loadErr.CompareAndSwap(nil, err.Error())
+					return
+				}
+			}
+		})
+	}
+	defer func() { stop(); wg.Wait() }()
+	var c capacityConsoleJSON
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		getJSON(t, "http://"+px.ConsoleAddr+"/api/console", &c)
+		sl := c.ServiceLimit
+		if c.Capacity != nil && c.Capacity.Over && sl != nil && sl.Known && sl.GroupsWithDemand > 0 && sl.DemandRUPerSec > 0 && sl.AllocatedRUPerSec > 0 {
+			break
+		}
+		if e := loadErr.Load(); e != nil {
+			t.Fatalf("load: %v", e)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("within 60 s of load: capacity %+v, service limit %+v", c.Capacity, c.ServiceLimit)
+		}
+		time.Sleep(time.Second)
+	}
+	stop()
+	wg.Wait()
+	t.Logf("capacity %+v, service limit %+v", *c.Capacity, *c.ServiceLimit)
+	if cp := c.Capacity; !(cp.CapacityRUPerSec > 0) || cp.LimitsRUPerSec != 100_000_000+3000+1000+100+2000+100 {
+		t.Errorf("capacity %+v: want a capacity and the groups' RU_PER_SEC, 100,006,200", cp)
+	}
+	if sl := c.ServiceLimit; sl.RUPerSec == nil || *sl.RUPerSec != 1000000 || sl.Source != "SQL" || sl.RUPerSecSum != 100_006_200 {
+		t.Errorf("service limit %+v: want 1,000,000 from SQL, the ENFORCE groups' RU_PER_SEC 100,006,200", sl)
+	}
+	// The tree, in the JSON: each child after its parent, one deeper.
+	var order []string
+	for _, g := range c.Groups {
+		if strings.HasPrefix(g.Name, "cc_") {
+			order = append(order, fmt.Sprintf("%s:%d:%s:%d", g.Name, g.Depth, g.Parent, g.Background))
+		}
+	}
+	// cc_load is in use: first; the rest by name, children under parents.
+	want := "cc_load:0::0 cc_huge:0::0 cc_nightly:0::30 cc_team:0::0 cc_a_reports:1:cc_team:0 cc_a_reports_daily:2:cc_a_reports:0 cc_team_api:1:cc_team:0"
+	if got := strings.Join(order, " "); got != want {
+		t.Errorf("groups (name:depth:parent:background):\n got %s\nwant %s", got, want)
+	}
+
+	// The page (RGPROXY_UPDATE_SCREENSHOTS=1: its picture in docs/).
+	shots := t.TempDir()
+	if os.Getenv("RGPROXY_UPDATE_SCREENSHOTS") != "" {
+		shots = filepath.Join("..", "docs")
+	}
+	dom := browse(t, chromium, "http://"+px.ConsoleAddr+"/", filepath.Join(shots, "console-rgproxy-capacity.png"))
+	banner := regexp.MustCompile(`<div id="capacity-warning"[^>]*>`).FindString(dom)
+	if strings.Contains(banner, "hidden") {
+		t.Errorf("the capacity warning is hidden: %s", banner)
+	}
+	if w := domSection(t, dom, "capacity-warning"); !regexp.MustCompile(`add up to 100,006,200 RU/s, above the backend's capacity of [1-9][0-9,]* RU/s \(CALIBRATE RESOURCE\)`).MatchString(w) {
+		t.Errorf("the capacity warning says %q", w)
+	}
+	limits := domSection(t, dom, "limits")
+	for _, re := range []string{`backend capacity: [1-9][0-9,]* RU/s`, `groups' RU_PER_SEC: 100,006,200 RU/s`,
+		`service limit: 1,000,000 RU/s \(ALTER RESOURCE CONTROL\)`, `ENFORCE groups' RU_PER_SEC: 100,006,200 RU/s`,
+		`last sharing of the limit: ([0-9]+ groups? wants? [0-9.,]+ RU/s, given [0-9.,]+ RU/s|no group with demand)`} {
+		if !regexp.MustCompile(re).MatchString(limits) {
+			t.Errorf("the page's capacity and service limit %q lack %s", limits, re)
+		}
+	}
+	rows := domRows(t, dom, "groups")
+	var pageOrder []string
+	for _, m := range regexp.MustCompile(`<tr data-group="(cc_[a-z_]+)"( class="[^"]*")?( data-parent="[^"]*")?`).FindAllStringSubmatch(dom, -1) {
+		pageOrder = append(pageOrder, m[1]+m[2]+m[3])
+	}
+	wantPage := []string{`cc_load`, `cc_huge class="idle"`, `cc_nightly class="idle"`, `cc_team class="idle"`,
+		`cc_a_reports class="idle child depth1" data-parent="cc_team"`, `cc_a_reports_daily class="idle child depth2" data-parent="cc_a_reports"`,
+		`cc_team_api class="idle child depth1" data-parent="cc_team"`}
+	if !slices.Equal(pageOrder, wantPage) {
+		t.Errorf("the page's groups:\n got %q\nwant %q", pageOrder, wantPage)
+	}
+	for g, settings := range map[string]string{"cc_a_reports": "PARENT=cc_team", "cc_a_reports_daily": "PARENT=cc_a_reports",
+		"cc_nightly": "BACKGROUND=(UTILIZATION_LIMIT=30)", "cc_team": "–"} {
+		if r := rows[g]; len(r) != 10 || r[9] != settings {
+			t.Errorf("the page's row of %s: %q, want the settings %q", g, r, settings)
+		}
+	}
+
+	// rgserver gone: the limit is unknown, and the page answers within
+	// the wait.
+	if err := ts.stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		start := time.Now()
+		c = capacityConsoleJSON{}
+		getJSON(t, "http://"+px.ConsoleAddr+"/api/console", &c)
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("/api/console took %v with rgserver gone", took)
+		}
+		if sl := c.ServiceLimit; sl != nil && !sl.Known && sl.Error != "" && sl.RUPerSec == nil {
+			t.Logf("rgserver gone: %+v", *sl)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rgserver gone 15 s: service limit %+v", c.ServiceLimit)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// capacityConsoleJSON is what TestConsoleCapacity reads of rgproxy's
+// /api/console.
+type capacityConsoleJSON struct {
+	Capacity *struct {
+		CapacityRUPerSec float64 `json:"capacity_ru_per_sec"`
+		LimitsRUPerSec   float64 `json:"limits_ru_per_sec"`
+		Over             bool    `json:"over"`
+	} `json:"capacity"`
+	ServiceLimit *struct {
+		Known             bool    `json:"known"`
+		Error             string  `json:"error"`
+		RUPerSec          *uint64 `json:"ru_per_sec"`
+		Source            string  `json:"source"`
+		RUPerSecSum       float64 `json:"ru_per_sec_sum"`
+		GroupsWithDemand  int     `json:"groups_with_demand"`
+		DemandRUPerSec    float64 `json:"demand_ru_per_sec"`
+		AllocatedRUPerSec float64 `json:"allocated_ru_per_sec"`
+	} `json:"service_limit"`
+	Groups []struct {
+		Name       string `json:"name"`
+		Parent     string `json:"parent"`
+		Depth      int    `json:"depth"`
+		Background int    `json:"background_utilization_limit"`
+	} `json:"groups"`
 }

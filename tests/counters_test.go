@@ -522,8 +522,10 @@ func checkHelpIsReadme(t testing.TB, prefix string, scrapes ...scrape) {
 func TestMetricsHelpIsReadme(t *testing.T) {
 	ts := startTokenServer(t)
 	px := startMeteredProxy(t, ts, serviceAccount(t)...) // --admin-user: rgproxy_binlog_lag_seconds
-	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS rg_help",
-		"CREATE RESOURCE GROUP rg_help RU_PER_SEC = 1000 QUERY_LIMIT = (EXEC_ELAPSED = '50ms', ACTION = DRYRUN)")
+	// A child, so that rgserver_resource_group_parent_info exists.
+	adminExec(t, px.Addr, "DROP RESOURCE GROUP IF EXISTS rg_help_child", "DROP RESOURCE GROUP IF EXISTS rg_help",
+		"CREATE RESOURCE GROUP rg_help RU_PER_SEC = 1000 QUERY_LIMIT = (EXEC_ELAPSED = '50ms', ACTION = DRYRUN)",
+		"CREATE RESOURCE GROUP rg_help_child RU_PER_SEC = 10 PARENT = rg_help")
 	db := openDB(t, px.Addr)
 	// A runaway, so that rgproxy_runaway_total exists; a limited group
 	// in use, so that its tokens do.

@@ -36,9 +36,9 @@ func dashFiles() []string {
 func dashRows(file string) []string {
 	switch filepath.Base(file) {
 	case "rgproxy-resource-control.json":
-		return []string{"Health", "RU", "Details", "Throttling", "Token client", "Runaway"}
+		return []string{"Health", "RU", "Capacity", "Details", "Throttling", "Token client", "Runaway"}
 	case "rgserver.json":
-		return []string{"Health", "Server", "Reported consumption", "History and budgets"}
+		return []string{"Health", "Server", "Capacity", "Reported consumption", "History and budgets"}
 	}
 	return nil
 }
@@ -223,8 +223,8 @@ func dashCheckModel(m dashModel, wantRows []string) []string {
 	}
 	for _, p := range panels {
 		where := fmt.Sprintf("panel %d %q", p.ID, p.Title)
-		if p.Type != "timeseries" && p.Type != "stat" {
-			bad = append(bad, fmt.Sprintf("%s: type %q (only timeseries and stat)", where, p.Type))
+		if p.Type != "timeseries" && p.Type != "stat" && p.Type != "table" {
+			bad = append(bad, fmt.Sprintf("%s: type %q (only timeseries, stat and table)", where, p.Type))
 		}
 		if p.Title == "" || p.Description == "" {
 			bad = append(bad, where+": no title or description")
@@ -293,7 +293,7 @@ func TestDashboardsModelCheckCatches(t *testing.T) {
 	}{
 		{"old schema", func(m *dashModel) { m.SchemaVersion = 27 }, "schemaVersion"},
 		{"inputs", func(m *dashModel) { m.Inputs = json.RawMessage(`[{"name":"DS"}]`) }, "__inputs"},
-		{"graph panel", func(m *dashModel) { m.Panels[1].Type = "graph" }, "only timeseries and stat"},
+		{"graph panel", func(m *dashModel) { m.Panels[1].Type = "graph" }, "only timeseries, stat and table"},
 		{"no unit", func(m *dashModel) { m.Panels[1].FieldConfig.Defaults.Unit = "" }, "no unit"},
 		{"no description", func(m *dashModel) { m.Panels[1].Description = "" }, "no title or description"},
 		{"raw counter", func(m *dashModel) {
@@ -589,6 +589,7 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 	const (
 		slow, fast   = "dash_slow", "dash_fast"
 		warn         = "dash_warn" // MODE WARN at 10 RU/s under far more
+		team, child  = "dash_team", "dash_team_app"
 		slowRate     = 40.0
 		loadFor      = 32 * time.Second
 		rateInterval = "20s" // ends 1 s before the load does, so it lies inside it
@@ -630,7 +631,13 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 		// Runaway row has DRYRUN events to show.
 		"CREATE RESOURCE GROUP "+fast+" RU_PER_SEC = 1000000 QUERY_LIMIT = (EXEC_ELAPSED = '2ms', ACTION = DRYRUN)",
 		"ALTER USER 'dashslow'@'%' RESOURCE GROUP "+slow,
-		"ALTER USER 'dashfast'@'%' RESOURCE GROUP "+fast)
+		"ALTER USER 'dashfast'@'%' RESOURCE GROUP "+fast,
+		// An idle team and its application: the Capacity row's table
+		// of parents lists the one.
+		"DROP RESOURCE GROUP IF EXISTS "+child,
+		"DROP RESOURCE GROUP IF EXISTS "+team,
+		"CREATE RESOURCE GROUP "+team+" RU_PER_SEC = 100",
+		"CREATE RESOURCE GROUP "+child+" RU_PER_SEC = 50 PARENT = "+team)
 	dashWaitGroup(t, px.Addr, "dashslow", slow)
 	dashWaitGroup(t, px.Addr, "dashfast", fast)
 	dashWaitGroup(t, px.Addr, "dashwarn", warn)
@@ -694,7 +701,7 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 		}
 	}
 
-	groupsRe := slow + "|" + fast + "|" + warn
+	groupsRe := slow + "|" + fast + "|" + warn + "|" + child
 	for _, f := range dashFiles() {
 		m := dashRead(t, f)
 		// The variables' own queries list both groups and the instance.
@@ -754,6 +761,10 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 					}
 				}
 				switch {
+				case p.Title == "Groups and their parents":
+					if len(res) != 1 || res[0].Metric["resource_group"] != child || res[0].Metric["parent"] != team {
+						t.Errorf("%s: %v, want one row: %s under %s", where, res, child, team)
+					}
 				case p.Title == "KILL rules unenforced":
 					if len(res) != 1 || res[0].Value != 1 {
 						t.Errorf("%s: %v, want 1 (dash_kill's KILL rule on a proxy without --admin-user)", where, res)

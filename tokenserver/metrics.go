@@ -138,6 +138,7 @@ type groupRow struct {
 	tokens    float64 // with limited only
 	limited   bool
 	clients   int
+	parent    string // PARENT, unescaped; "" for none
 }
 
 // scrapeCache is what one scrape keeps for the next, so that a scrape
@@ -218,7 +219,7 @@ func (s *Server) groupRows(c *scrapeCache) []groupRow {
 				continue
 			}
 			r := groupRow{label: c.labels[i+k], usage: b.usage, granted: b.granted, throttled: b.throttled, rate: float64(b.settings.RUPerSec),
-				clients: len(b.slots), limited: !b.settings.Unlimited()}
+				clients: len(b.slots), limited: !b.settings.Unlimited(), parent: b.settings.Parent}
 			if b.settings.RUPerSec == resourcegroup.Unlimited {
 				r.rate = math.Inf(1)
 			}
@@ -243,6 +244,10 @@ type groupFamily struct {
 	// value returns a series' value for a row (one per labels entry,
 	// or one), ok = false for none.
 	value func(r *groupRow, i int) (float64, bool)
+	// labelName, when set, names a label whose value is the row's own
+	// (labelValue, escaped as it is written), after resource_group.
+	labelName  string
+	labelValue func(r *groupRow) string
 }
 
 // groupFamilies are the per-group series, every group's from its creation
@@ -274,6 +279,11 @@ var groupFamilies = []groupFamily{
 		value: func(r *groupRow, _ int) (float64, bool) { return r.tokens, r.limited }},
 	{name: "rgserver_group_clients", typ: "gauge", help: "Proxies holding a live slot in the group.",
 		value: func(r *groupRow, _ int) (float64, bool) { return float64(r.clients), true }},
+	// Only the groups with a parent have a series: 100,000 groups
+	// without one cost nothing.
+	{name: "rgserver_resource_group_parent_info", typ: "gauge", labelName: "parent", labelValue: func(r *groupRow) string { return r.parent },
+		help:  "1 for each resource group that has a PARENT, labelled with it (parent); absent for groups without one.",
+		value: func(r *groupRow, _ int) (float64, bool) { return 1, r.parent != "" }},
 }
 
 // writeYield is how many series writeGroupMetrics writes between two
@@ -321,6 +331,12 @@ func writeGroupMetrics(w io.Writer, rows []groupRow) error {
 				}
 				buf = append(buf, head...)
 				buf = append(buf, r.label...)
+				if f.labelValue != nil {
+					buf = append(buf, `",`...)
+					buf = append(buf, f.labelName...)
+					buf = append(buf, `="`...)
+					buf = appendLabelValue(buf, f.labelValue(r))
+				}
 				buf = append(buf, tail...)
 				buf = appendValue(buf, v)
 				buf = append(buf, '\n')

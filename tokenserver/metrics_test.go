@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -383,5 +384,42 @@ func TestScrapeCacheFollowsGroups(t *testing.T) {
 		if got := groups(&scrapeCache{}); !slices.Equal(got, st.want) {
 			t.Errorf("%s, own cache: groups %q, want %q", st.what, got, st.want)
 		}
+	}
+}
+
+// rgserver_resource_group_parent_info has a series for each group with a
+// PARENT, naming it, and none for a group without one; PARENT = NULL
+// removes the series at the next scrape.
+func TestMetricsParentInfo(t *testing.T) {
+	ts := startServer(t, startEtcd(t), "")
+	now := ts.clock.Now()
+	ts.srv.mu.Lock()
+	ts.srv.alloc.SetGroup("team", Settings{RUPerSec: 100}, now)
+	ts.srv.alloc.SetGroup("etl", Settings{RUPerSec: 50, Parent: "team"}, now)
+	ts.srv.alloc.SetGroup("odd", Settings{RUPerSec: 50, Parent: `we"ird`}, now)
+	ts.srv.alloc.SetGroup("alone", Settings{RUPerSec: 10}, now)
+	ts.srv.mu.Unlock()
+	info := func() map[string]float64 {
+		out := map[string]float64{}
+		for k, v := range scrape(t, ts) {
+			if strings.HasPrefix(k, "rgserver_resource_group_parent_info{") {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	want := map[string]float64{
+		`rgserver_resource_group_parent_info{parent="team",resource_group="etl"}`:   1,
+		`rgserver_resource_group_parent_info{parent="we"ird",resource_group="odd"}`: 1,
+	}
+	if got := info(); !maps.Equal(got, want) {
+		t.Fatalf("parent series %v, want %v", got, want)
+	}
+	ts.srv.mu.Lock()
+	ts.srv.alloc.SetGroup("etl", Settings{RUPerSec: 50}, now)
+	ts.srv.mu.Unlock()
+	delete(want, `rgserver_resource_group_parent_info{parent="team",resource_group="etl"}`)
+	if got := info(); !maps.Equal(got, want) {
+		t.Fatalf("after PARENT = NULL: parent series %v, want %v", got, want)
 	}
 }

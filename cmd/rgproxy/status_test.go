@@ -156,7 +156,8 @@ func TestConsoleRoutes(t *testing.T) {
 		if err := json.Unmarshal(rec.Body.Bytes(), &c); err != nil || rec.Code != 200 {
 			t.Fatalf("GET /api/console = %d %q: %v", rec.Code, rec.Body.String(), err)
 		}
-		if c.Kind != "rgproxy" || c.ProxyID != "px:4000" || c.Metering != metering || c.Connections != 2 || c.MaxConnections != 100 {
+		if c.Kind != "rgproxy" || c.ProxyID != "px:4000" || c.Metering != metering || c.Connections != 2 || c.MaxConnections != 100 ||
+			(!metering && (c.ServiceLimit != nil || c.Capacity != nil)) {
 			t.Fatalf("metering %v: %+v", metering, c)
 		}
 		if metering {
@@ -164,6 +165,16 @@ func TestConsoleRoutes(t *testing.T) {
 			if c.GroupsTotal != 1 || len(c.Groups) != 1 || c.Groups[0].Name != "default" || c.Groups[0].RUPerSec != nil ||
 				c.Groups[0].Mode != "ENFORCE" || c.CPUSource != "wall" || c.Shapes == nil {
 				t.Fatalf("metering: %+v", c)
+			}
+			// rgserver does not answer: the service limit is unknown,
+			// and said so, within the wait; the answer is kept.
+			if sl := c.ServiceLimit; sl == nil || sl.Known || sl.Error == "" || c.Capacity == nil || c.Capacity.Over {
+				t.Fatalf("metering, no rgserver: service limit %+v, capacity %+v", sl, c.Capacity)
+			}
+			var again proxyConsole
+			if err := json.Unmarshal(get("GET", "/api/console").Body.Bytes(), &again); err != nil || again.ServiceLimit == nil ||
+				!again.ServiceLimit.AsOf.Equal(c.ServiceLimit.AsOf) {
+				t.Fatalf("a second read within %v asked again: %+v, %v", serviceLimitTTL, again.ServiceLimit, err)
 			}
 			if rec := get("GET", "/api/console?groups=0"); !strings.Contains(rec.Body.String(), `"groups":[]`) {
 				t.Fatalf("?groups=0: %s", rec.Body.String())

@@ -1,9 +1,14 @@
 package rgpolicy
 
 import (
+	"context"
+	"errors"
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/rgproxy/rgproxy/resourcegroup"
 	"github.com/rgproxy/rgproxy/tokenclient"
 )
 
@@ -63,6 +68,25 @@ func (p *Policy) Overview(groups, shapes int) Overview {
 	}
 	o.Shapes, o.ShapesHeld = p.shapes.heaviest(shapes)
 	return o
+}
+
+// errNoServiceLimit: the groups' store keeps no service limit (only
+// rgserver's does).
+var errNoServiceLimit = errors.New("rgpolicy: the groups' store keeps no service limit")
+
+// ServiceLimit asks the groups' store (rgserver) for the service limit in
+// force and its leader's last sharing of it, as SHOW RESOURCE CONTROL
+// does; ctx bounds the wait.
+func (p *Policy) ServiceLimit(ctx context.Context) (resourcegroup.ServiceLimit, error) {
+	ss, ok := p.tokens.Store().(resourcegroup.ServiceLimitStore)
+	if !ok {
+		return resourcegroup.ServiceLimit{}, errNoServiceLimit
+	}
+	l, err := ss.ServiceLimit(ctx)
+	if err != nil {
+		return l, fmt.Errorf("rgpolicy: service limit: %w", err)
+	}
+	return l, nil
 }
 
 // counts fills g's counts from the group's series, if it has them.
