@@ -59,7 +59,9 @@ type isolationReport struct {
 // The latency bounds compare p99s of 0.3–0.7 ms on a shared 2-core
 // machine, where one CI run read 2.05× while the share of the unthrottled
 // slowdown was 17%: when only they fail, the experiment runs once more and
-// the second run must hold them. Metering and CPU checks get one run.
+// the second run must hold them. On a machine less than half idle before
+// the experiment (both cores busy with other work) they are logged, not
+// checked: see the bounds below. Metering and CPU checks get one run.
 func TestNoisyNeighbourIsolation(t *testing.T) {
 	for attempt := 1; ; attempt++ {
 		latency := isolationOnce(t)
@@ -193,9 +195,23 @@ func isolationOnce(t *testing.T) (latency []string) {
 			latency = append(latency, msg)
 		}
 	}
+	// The quarter bound holds on a machine with CPU to spare. RU_PER_SEC
+	// in CPU-true mode is a fixed amount of the backend's CPU time a
+	// second; with both cores taken by other work the backend gets less
+	// of them, so the aggressor's fixed share of it is a larger part of
+	// what is left, while the unthrottled aggressor can take no more than
+	// the backend gets: with stress-ng --cpu 2 beside make test one run
+	// read +27 ms against +38 ms, its rerun +40 against +65 (another day
+	// +23 against +144). Neither bound means anything then: logged, not
+	// checked, as the 2× above.
 	if protected := beside - r.ProxyAlone; protected > unprotected/4 {
-		latency = append(latency, fmt.Sprintf("victim p99 through rgproxy +%.2f ms beside the throttled aggressor (%s), more than a quarter of the +%.2f ms the unthrottled one causes directly",
-			protected, which, unprotected))
+		msg := fmt.Sprintf("victim p99 through rgproxy +%.2f ms beside the throttled aggressor (%s), more than a quarter of the +%.2f ms the unthrottled one causes directly",
+			protected, which, unprotected)
+		if busy {
+			t.Logf("%s (the machine was %.0f%% idle before the experiment: not checked)", msg, 100*idle)
+		} else {
+			latency = append(latency, msg)
+		}
 	}
 	return latency
 }
