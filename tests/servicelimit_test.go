@@ -396,8 +396,12 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 	if !within(rate["rg_ct_low"], lowShare, 0.15) {
 		t.Errorf("LOW spent %.1f RU/s, want what HIGH and the background's floor leave, %.0f ± 15%%", rate["rg_ct_low"], lowShare)
 	}
-	if r := rate["rg_ct_bg"]; r < 0.8*bgFloor || r > 1.5*bgFloor {
-		t.Errorf("the background group spent %.1f RU/s under load, want its floor %.0f", r, bgFloor)
+	// At its floor while the foreground wants all the rest; above it by
+	// what the foreground left unused (with both cores busy beside the
+	// test, LOW once ran 201 of its 230 and the background took 39.6).
+	left := max(limit-bgFloor-children-rate["rg_ct_low"], 0)
+	if r := rate["rg_ct_bg"]; r < 0.8*bgFloor || r > 1.5*bgFloor+left {
+		t.Errorf("the background group spent %.1f RU/s under load, want its floor %.0f (+ the %.1f the foreground left)", r, bgFloor, left)
 	}
 	if perSecond[1] < 0.8*bgCap {
 		t.Errorf("in the second second after the foreground stopped the background spent %.0f RU, want above 80%% of %.0f", perSecond[1], bgCap)
