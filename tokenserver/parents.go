@@ -63,10 +63,10 @@ type treeScratch struct {
 // parentCeilings returns each group with demand under a parent, with its
 // part of its parents' pools (RU/s), from the demands of the last
 // rebalance (svc.demand); nil while no group has a parent. The map is
-// valid until the next call. The service
-// limit counts a group's demand only up to it, so that what a parent
-// holds back of its children is shared among the limit's other groups,
-// and each group's ceiling is the least of the two.
+// valid until the next call. The service limit counts a group's demand
+// only up to it, so that what a parent holds back of its children is
+// shared among the limit's other groups, and each group's ceiling is the
+// least of the two.
 func (l *serviceLayer) parentCeilings() map[*Bucket]float64 {
 	if l.nested == 0 {
 		return nil

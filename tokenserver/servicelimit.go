@@ -203,21 +203,27 @@ func (l *serviceLayer) track(b *Bucket, now time.Time) bool {
 		// rebalance, minRebalance away rather than rebalanceEvery.
 		l.stale = true
 	}
-	if !now.Before(l.due) || (l.stale && now.Sub(l.last) >= minRebalance) {
+	if l.dueAt(now) {
 		l.rebalance(now)
 		return joined
 	}
 	return false
 }
 
+// dueAt reports whether a rebalance is due at now: rebalanceEvery
+// passed, or a group joined or stopped at least minRebalance after the
+// last one.
+func (l *serviceLayer) dueAt(now time.Time) bool {
+	return !now.Before(l.due) || (l.stale && now.Sub(l.last) >= minRebalance)
+}
+
 // RebalanceIfDue rebalances the service limit's layer at now when a
-// rebalance is due (rebalanceEvery passed, or a group joined or stopped
-// minRebalance ago) and the layer is on. The leader calls it on a tick
+// rebalance is due (dueAt) and the layer is on. The leader calls it on a tick
 // (serviceTick), so that a rebalance a stopped group made due is not
 // left waiting for the next request. It reports whether it ran.
 func (a *Allocator) RebalanceIfDue(now time.Time) bool {
 	l := &a.svc
-	if !l.on() || (now.Before(l.due) && !(l.stale && now.Sub(l.last) >= minRebalance)) {
+	if !l.on() || !l.dueAt(now) {
 		return false
 	}
 	l.rebalance(now)
@@ -447,7 +453,6 @@ func (l *serviceLayer) rebalance(now time.Time) {
 		fig = ServiceLimitFigures{FillRates: l.fillSum, At: now}
 	}
 	l.fig = fig
-
 }
 
 // SetServiceLimit sets the service limit to limit RU/s at now (0: none).
