@@ -6,7 +6,9 @@
 # shared machine hits every target alike. Prints medians of QPS, p95 latency
 # and each proxy process's CPU time per statement (utime+stime from
 # /proc/PID/stat), and the ratios rgproxy/HAProxy against the targets:
-# QPS >= 0.9x and CPU per statement <= 1.2x.
+# QPS >= 0.9x; CPU per statement <= 1.0x at one thread (a single client
+# is where a proxy's own cost per statement shows undiluted) and <= 1.2x
+# at more.
 #
 # Then a bulk insert: MariaDB Connector/J (Debian's libmariadb-java) runs
 # executeBatch() of BENCH_BULK_ROWS rows, which it sends as one
@@ -17,7 +19,8 @@
 #
 # Environment (all optional):
 #   BENCH_TIME         seconds per sysbench run (default 10)
-#   BENCH_ROUNDS       rounds of every target x thread count (default 3)
+#   BENCH_ROUNDS       rounds of every target x thread count (default 5: one
+#                      run's CPU per statement wanders about 5% on a VM)
 #   BENCH_THREADS      thread counts (default "1 8")
 #   BENCH_TABLES       sysbench tables (default 4)
 #   BENCH_TABLE_SIZE   rows per table (default 10000)
@@ -37,7 +40,7 @@
 set -euo pipefail
 
 BENCH_TIME=${BENCH_TIME:-10}
-BENCH_ROUNDS=${BENCH_ROUNDS:-3}
+BENCH_ROUNDS=${BENCH_ROUNDS:-5}
 BENCH_THREADS=${BENCH_THREADS:-"1 8"}
 BENCH_TABLES=${BENCH_TABLES:-4}
 BENCH_TABLE_SIZE=${BENCH_TABLE_SIZE:-10000}
@@ -247,9 +250,11 @@ if [[ " $BENCH_TARGETS " == *" haproxy "* && " $BENCH_TARGETS " == *" rgproxy "*
 		q=$(ratio "$(median rgproxy "$threads" 4)" "$(median haproxy "$threads" 4)")
 		c=$(ratio "$(median rgproxy "$threads" 6)" "$(median haproxy "$threads" 6)")
 		qok=$(awk -v r="$q" 'BEGIN {print (r != "-" && r >= 0.9) ? "ok" : "MISSED"}')
-		cok=$(awk -v r="$c" 'BEGIN {print (r != "-" && r <= 1.2) ? "ok" : "MISSED"}')
-		printf 'rgproxy/haproxy at %s threads: QPS %s (target >= 0.90: %s), cpu/stmt %s (target <= 1.20: %s)\n' \
-			"$threads" "$q" "$qok" "$c" "$cok"
+		cmax=1.20
+		[ "$threads" = 1 ] && cmax=1.00
+		cok=$(awk -v r="$c" -v m="$cmax" 'BEGIN {print (r != "-" && r <= m) ? "ok" : "MISSED"}')
+		printf 'rgproxy/haproxy at %s threads: QPS %s (target >= 0.90: %s), cpu/stmt %s (target <= %s: %s)\n' \
+			"$threads" "$q" "$qok" "$c" "$cmax" "$cok"
 		[ "$qok" = ok ] && [ "$cok" = ok ] || missed=1
 	done
 fi
