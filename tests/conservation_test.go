@@ -207,6 +207,16 @@ func TestRUConservation(t *testing.T) {
 		s := got[g]
 		t.Logf("%-13s rgproxy %10.3f  rgserver %10.3f  statements_summary %10.3f RU", g, s.proxy, s.server, s.summary)
 		if !agree(s) {
+			// Which part disagrees: RRU or WRU, and the written bytes by source.
+			for _, typ := range []string{"rru", "wru"} {
+				t.Logf("%s %s: rgproxy %.3f rgserver %.3f", g, typ,
+					metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="`+g+`"`, `type="`+typ+`"`),
+					metricSum(t, ts.StatusAddr, "rgserver_ru_consumed_total", `resource_group="`+g+`"`, `type="`+typ+`"`))
+			}
+			for _, src := range []string{"packet", "binlog", "estimate"} {
+				t.Logf("%s written bytes from %s: %.0f", g, src,
+					metricSum(t, px.StatusAddr, "rgproxy_written_bytes_total", `resource_group="`+g+`"`, `source="`+src+`"`))
+			}
 			t.Errorf("%s: rgproxy_ru_consumed_total %.3f, rgserver_ru_consumed_total %.3f, statements_summary %.3f: "+
 				"not within 0.5%% (%.2f%% apart)", g, s.proxy, s.server, s.summary,
 				100*(max(s.proxy, s.server, s.summary)-min(s.proxy, s.server, s.summary))/math.Max(max(s.proxy, s.server, s.summary), 1e-9))

@@ -43,20 +43,34 @@ import (
 // when it can, and may fill the purse with an advance when it takes them
 // from the bucket.
 func (c *Client) AcquireShare(ctx context.Context, p *Purse, group string, cons ru.Consumption, required float64, maxWait time.Duration) (Share, time.Duration, error) {
+	return c.takeShare(ctx, p, group, cons, true, required, maxWait)
+}
+
+// TakeShare is AcquireShare that records nothing: it takes cons.RU() of
+// the group's tokens, and the caller records what the statement consumed
+// once it is known (Settle). A statement's prepaid cost is only a
+// reservation: recorded at once, a part of it given back later could
+// reach rgserver only netted against later consumption, and a group
+// whose last statement gave some back would stay counted for it.
+func (c *Client) TakeShare(ctx context.Context, p *Purse, group string, cons ru.Consumption, required float64, maxWait time.Duration) (Share, time.Duration, error) {
+	return c.takeShare(ctx, p, group, cons, false, required, maxWait)
+}
+
+func (c *Client) takeShare(ctx context.Context, p *Purse, group string, cons ru.Consumption, record bool, required float64, maxWait time.Duration) (Share, time.Duration, error) {
 	if p != nil {
-		if sh, ok := p.take(group, cons, c.cache.gen.Load()); ok {
+		if sh, ok := p.take(group, cons, record, c.cache.gen.Load()); ok {
 			return sh, 0, nil
 		}
 	}
 	var sh Share
-	waited, err := c.acquire(ctx, group, cons, required, maxWait, &sh, p)
+	waited, err := c.acquire(ctx, group, cons, record, required, maxWait, &sh, p)
 	return sh, waited, err
 }
 
 // acquire is AcquireShare's path through the group's bucket: *share is
 // set as AcquireShare returns it, and p, when not nil, is settled and may
-// be filled.
-func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption, required float64, maxWait time.Duration, share *Share, p *Purse) (time.Duration, error) {
+// be filled; record: cons is recorded as consumed.
+func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption, record bool, required float64, maxWait time.Duration, share *Share, p *Purse) (time.Duration, error) {
 	named := group
 	group = resourcegroup.NormalizeName(group)
 	n := max(cons.RU(), 0)
@@ -119,7 +133,9 @@ func (c *Client) acquire(ctx context.Context, group string, cons ru.Consumption,
 				}
 				waited = now.Sub(start)
 			}
-			gs.record(now, cons)
+			if record {
+				gs.record(now, cons)
+			}
 			gs.lastUsed = now
 			if c.groups.byName[group] == gs { // a forgotten group's series stay deleted
 				gs.waitObs.Observe(waited.Seconds())
@@ -234,7 +250,29 @@ func (gs *groupState) wake() {
 
 // Charge post-charges cons.RU() to group with debt allowed (a negative RU
 // is a refund) and records cons for reporting. It never blocks.
-func (c *Client) Charge(group string, cons ru.Consumption) {
+func (c *Client) Charge(group string, cons ru.Consumption) { c.Settle(nil, group, cons.RU(), cons) }
+
+// ChargePurse is Charge that settles in the purse when it can (p nil:
+// Charge).
+func (c *Client) ChargePurse(p *Purse, group string, cons ru.Consumption) {
+	c.Settle(p, group, cons.RU(), cons)
+}
+
+// Settle takes tokens RU from group's bucket with debt allowed (negative
+// gives them back) and records rec as consumed, for reporting, the demand
+// and the usage history; in the purse p when it can (nil: none). Taking
+// and recording are apart so that a statement's reservation (TakeShare)
+// and its settlement move tokens while only its cost, once known, is
+// recorded: recorded figures then never go negative. It never blocks.
+func (c *Client) Settle(p *Purse, group string, tokens float64, rec ru.Consumption) {
+	if p != nil {
+		if ok, shadow := p.spend(group, tokens, rec, c.cache.gen.Load()); ok {
+			if shadow {
+				c.shadowCharge(group, tokens)
+			}
+			return
+		}
+	}
 	group = resourcegroup.NormalizeName(group)
 	now := c.clk.Now()
 	c.groups.mu.Lock()
@@ -250,24 +288,14 @@ func (c *Client) Charge(group string, cons ru.Consumption) {
 	if now.After(gs.lastUsed) {
 		gs.lastUsed = now
 	}
-	gs.bucket.Take(now, cons.RU())
-	gs.shadowTakeLocked(now, cons.RU())
-	gs.record(now, cons)
-	c.groups.pollLowLocked(gs)
-}
-
-// ChargePurse is Charge that settles in the purse when it can (p nil:
-// Charge).
-func (c *Client) ChargePurse(p *Purse, group string, cons ru.Consumption) {
-	if p != nil {
-		if ok, shadow := p.spend(group, cons, c.cache.gen.Load()); ok {
-			if shadow {
-				c.shadowCharge(group, cons.RU())
-			}
-			return
-		}
+	if tokens != 0 {
+		gs.bucket.Take(now, tokens)
+		gs.shadowTakeLocked(now, tokens)
 	}
-	c.Charge(group, cons)
+	if !rec.IsZero() {
+		gs.record(now, rec)
+	}
+	c.groups.pollLowLocked(gs)
 }
 
 // CountThrottled counts a statement of group that the caller refused

@@ -105,7 +105,7 @@ func (p *Purse) String() string {
 // take serves a statement of group from the purse: ok is false when the
 // purse cannot (another group, a changed cache, too few tokens, its
 // statements used up).
-func (p *Purse) take(group string, cons ru.Consumption, gen uint64) (Share, bool) {
+func (p *Purse) take(group string, cons ru.Consumption, record bool, gen uint64) (Share, bool) {
 	n := cons.RU()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -116,18 +116,20 @@ func (p *Purse) take(group string, cons ru.Consumption, gen uint64) (Share, bool
 	if !p.unlimited {
 		p.tokens -= n
 	}
-	p.spent.Add(cons)
+	if record {
+		p.spent.Add(cons)
+	}
 	p.zeroWaits++
 	p.used = true
 	return p.share, true
 }
 
-// spend settles cons (a refund when negative) of group in the purse: ok is
-// false when the purse cannot (another group, a changed cache, too few
-// tokens, a refund past its limit); shadow tells that the group is in
-// MODE WARN, whose shadow bucket must take cons too.
-func (p *Purse) spend(group string, cons ru.Consumption, gen uint64) (ok, shadow bool) {
-	n := cons.RU()
+// spend takes n tokens of group from the purse (gives them back when
+// negative) and records rec as spent: ok is false when the purse cannot
+// (another group, a changed cache, too few tokens, a refund past its
+// limit); shadow tells that the group is in MODE WARN, whose shadow
+// bucket must take n too.
+func (p *Purse) spend(group string, n float64, rec ru.Consumption, gen uint64) (ok, shadow bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.group == "" || p.group != group || p.gen != gen {
@@ -140,7 +142,7 @@ func (p *Purse) spend(group string, cons ru.Consumption, gen uint64) (ok, shadow
 		}
 		p.tokens = t
 	}
-	p.spent.Add(cons)
+	p.spent.Add(rec)
 	p.used = true
 	return true, p.shadow
 }

@@ -313,3 +313,74 @@ func TestPurseKeepsTheAccountsChargeback(t *testing.T) {
 		}
 	}
 }
+
+// reportedRU is what req reports consumed of group.
+func reportedRU(req *tokenpb.TokenRequest, group string) float64 {
+	var n float64
+	for _, g := range req.GetGroups() {
+		if g.GetGroup() == group {
+			n += g.GetConsumption().GetRru() + g.GetConsumption().GetWru()
+		}
+	}
+	return n
+}
+
+// A statement reserves its estimate (TakeShare), a report goes out while
+// it runs, then it settles far below the estimate: the bucket gets the
+// difference back and rgserver hears the cost, never the reservation.
+// (Recorded at the reservation, the 60 RU given back would wait in the
+// report for later consumption to net against — forever, when the
+// statement is the group's last — and rgserver would keep counting them.)
+func TestSettleRecordsOnlyTheCost(t *testing.T) {
+	for _, withPurse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("purse=%v", withPurse), func(t *testing.T) {
+			c, _ := newTestClient(t, nil)
+			ctx := context.Background()
+			grantTokens(t, c, "a", 100000, 0)
+			var p *Purse
+			if withPurse {
+				p = &Purse{}
+				// A first statement fills the purse, which then serves the next.
+				if _, _, err := c.TakeShare(ctx, p, "a", rruOf(64), 64, time.Second); err != nil {
+					t.Fatal(err)
+				}
+				c.Settle(p, "a", 0, rruOf(64))
+			}
+			start := tokensOf(c, "a")
+			reported := 0.0
+			report := func() {
+				sweep(c)
+				if req := build(c, true); req != nil {
+					reported += reportedRU(req, "a")
+					resp := &tokenpb.TokenResponse{RequestId: req.GetRequestId()}
+					for _, g := range req.GetGroups() {
+						resp.Grants = append(resp.Grants, &tokenpb.GroupGrant{Group: g.GetGroup(), Proxies: 1})
+					}
+					if err := c.applyResponse(resp); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			report()
+			reported = 0
+			if _, _, err := c.TakeShare(ctx, p, "a", rruOf(64), 2, time.Second); err != nil {
+				t.Fatal(err)
+			}
+			report() // while the statement runs
+			if reported != 0 {
+				t.Fatalf("a reservation was reported: %v RU", reported)
+			}
+			c.Settle(p, "a", 4-64, rruOf(4))
+			if p != nil {
+				c.ReturnPurse(p)
+			}
+			report()
+			if !near(reported, 4) || !near(pendingOf(c, "a"), 0) {
+				t.Errorf("reported %v RU (pending %v), want the cost, 4", reported, pendingOf(c, "a"))
+			}
+			if got := start - tokensOf(c, "a"); !near(got, 4) && !withPurse {
+				t.Errorf("the bucket paid %v, want 4", got)
+			}
+		})
+	}
+}

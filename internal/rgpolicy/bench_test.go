@@ -19,16 +19,14 @@ type benchTokens struct {
 	recordingTokens
 }
 
-func (b *benchTokens) AcquireShare(context.Context, *tokenclient.Purse, string, ru.Consumption, float64, time.Duration) (tokenclient.Share, time.Duration, error) {
+func (b *benchTokens) TakeShare(context.Context, *tokenclient.Purse, string, ru.Consumption, float64, time.Duration) (tokenclient.Share, time.Duration, error) {
 	return tokenclient.Share{Rate: 1e5, BurstSeconds: 1, Proxies: 1}, 0, nil
 }
 
-func (b *benchTokens) Charge(string, ru.Consumption) {}
+func (b *benchTokens) Settle(*tokenclient.Purse, string, float64, ru.Consumption) {}
 
 func (b *benchTokens) Attribute(*tokenclient.Purse, string, []tokenclient.BilledTag, string, ru.Consumption) {
 }
-
-func (b *benchTokens) ChargePurse(*tokenclient.Purse, string, ru.Consumption) {}
 
 // newPointSelect returns a bound user's session and a point select with
 // its outcome, on benchTokens.

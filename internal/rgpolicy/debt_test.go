@@ -50,7 +50,7 @@ func (f *fillTokens) refill(group string) float64 {
 	return rate
 }
 
-func (f *fillTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse, group string, c ru.Consumption, _ float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
+func (f *fillTokens) TakeShare(ctx context.Context, _ *tokenclient.Purse, group string, c ru.Consumption, _ float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
 	if _, ok := f.groups[group]; !ok {
 		return tokenclient.Share{}, 0, tokenclient.ErrUnknownGroup
 	}
@@ -75,15 +75,11 @@ func (f *fillTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse, gro
 	return sh, wait, nil
 }
 
-func (f *fillTokens) Charge(group string, c ru.Consumption) {
-	f.recordingTokens.Charge(group, c)
+func (f *fillTokens) Settle(p *tokenclient.Purse, group string, tokens float64, rec ru.Consumption) {
+	f.recordingTokens.Settle(p, group, tokens, rec)
 	f.refill(group)
-	f.level[group] -= c.RU()
-	f.paid[group] += c.RU()
-}
-
-func (f *fillTokens) ChargePurse(_ *tokenclient.Purse, group string, c ru.Consumption) {
-	f.Charge(group, c)
+	f.level[group] -= tokens
+	f.paid[group] += tokens
 }
 
 // newDebtPolicy is a policy on fillTokens with "bound" at 20 RU/s and an
@@ -245,7 +241,7 @@ func TestDebtRefusalAddsNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p, tok, clk := newDebtPolicy(t, time.Second)
 			owed := oweFiveSessions(t, p)
-			tok.Charge("bound", ru.Consumption{RRU: 1e6}) // the group owes: no wait pays anything
+			tok.Settle(nil, "bound", 1e6, ru.Consumption{RRU: 1e6}) // the group owes: no wait pays anything
 			paid := tok.paid["bound"]
 			for i := range 10 {
 				clk.Advance(time.Minute)

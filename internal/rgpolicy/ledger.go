@@ -30,10 +30,18 @@ import (
 // counts in rgserver_ru_consumed_total), rgproxy_ru_consumed_total and the
 // other per-group series, the shapes (estimates and statements_summary),
 // and the session's record that SHOW LAST STATEMENT RU shows. Nothing
-// else in the policy calls Tokens.Charge, ChargePurse or AcquireShare for
-// a statement, nor adds RU to a metric, so that the four agree: a refund
-// lowers a bucket, and the statement's counters and summary then count
-// only the settled cost.
+// else in the policy calls Tokens.TakeShare or Settle for a statement, nor
+// adds RU to a metric, so that the four agree.
+//
+// Tokens and records move apart. take and repay only reserve tokens; a
+// refund only gives them back; settle moves the difference between the
+// cost and what the legs took, and records the cost (counted: what the
+// series count, no part below zero) — in tokenclient's report as in the
+// series — and late charges record what they charge. So rgserver hears
+// each statement's cost once, when it is known, and never a negative
+// figure: a reservation recorded at once and partly given back after a
+// report could reach rgserver only netted against later consumption, and
+// a group whose last statement gave some back stayed counted for it.
 //
 // p, purse and last are set when the session opens and never change; the
 // late path for the binary log touches only p (safe for concurrent use),
@@ -54,18 +62,29 @@ func (lg *stmtLedger) take(ctx context.Context, group string, own bool, cons ru.
 	if !own {
 		purse = nil // the session's purse is its own group's
 	}
-	return lg.p.tokens.AcquireShare(ctx, purse, group, cons, required, left)
+	return lg.p.tokens.TakeShare(ctx, purse, group, cons, required, left)
 }
 
 // refund gives back what the statement's legs took from their buckets:
-// the statement was refused after charge began. Nothing was counted yet.
+// the statement was refused after charge began. Nothing was recorded.
 func (lg *stmtLedger) refund(cur *statement) {
 	for i := range cur.nlegs {
 		if l := &cur.legs[i]; l.charged {
-			lg.p.tokens.Charge(l.group, negate(l.prepaid))
+			lg.p.tokens.Settle(nil, l.group, -l.prepaid.RU(), ru.Consumption{})
 			l.charged = false
 		}
 	}
+}
+
+// counted is c as the series count it (groupSeries.added): no part below
+// zero, so that what tokenclient reports of a statement is what
+// rgproxy_ru_consumed_total counted of it (a failed write's byte refund
+// lowers the bucket's charge, not the count).
+func counted(c ru.Consumption) ru.Consumption {
+	c.RRU, c.WRU = max(c.RRU, 0), max(c.WRU, 0)
+	c.ReadBytes, c.WriteBytes = max(c.ReadBytes, 0), max(c.WriteBytes, 0)
+	c.BackendSeconds, c.CPUSeconds = max(c.BackendSeconds, 0), max(c.CPUSeconds, 0)
+	return c
 }
 
 // recordRefused records a statement refused (errCode 8252, or 8254 for a
@@ -125,26 +144,18 @@ func (lg *stmtLedger) settle(cur *statement, own *groupSeries, memo *shapeMemo, 
 			tok.CountWaited(l.group, l.prepaid.RU())
 		}
 		if i == 0 && switched {
-			extra := l.prepaid
-			extra.Sub(cur.before)
-			if !extra.IsZero() {
-				tok.Charge(l.group, negate(extra))
-			}
-			tok.Charge(st.chargeTo, st.after)
+			tok.Settle(nil, l.group, cur.before.RU()-l.prepaid.RU(), counted(cur.before))
+			tok.Settle(nil, st.chargeTo, st.after.RU(), counted(st.after))
 			lg.attribute(l.group, &cur.bill, cur.before)
 			lg.attribute(st.chargeTo, &cur.bill, st.after)
 			continue
 		}
 		lg.attribute(l.group, &cur.bill, total)
-		settle := total
-		settle.Sub(l.prepaid)
-		switch {
-		case settle.IsZero():
-		case i == 0:
-			tok.ChargePurse(lg.purse, l.group, settle)
-		default:
-			tok.Charge(l.group, settle)
+		var purse *tokenclient.Purse
+		if i == 0 {
+			purse = lg.purse
 		}
+		tok.Settle(purse, l.group, total.RU()-l.prepaid.RU(), counted(total))
 	}
 	lg.p.calib.totals.add(total) // once per statement, however many legs paid it
 	*lg.last = lastStatement{valid: true, group: cur.group, cost: total, waited: cur.waited, would: cur.would,
@@ -233,11 +244,11 @@ func (lg *stmtLedger) late(to *lateTo, extra ru.Consumption, src wsrc, session b
 	}
 	lg.p.calib.totals.add(extra)
 	for i, g := range to.groups[:to.ngroups] {
+		var purse *tokenclient.Purse
 		if i == 0 && session {
-			lg.p.tokens.ChargePurse(lg.purse, g.name, extra)
-		} else {
-			lg.p.tokens.Charge(g.name, extra)
+			purse = lg.purse
 		}
+		lg.p.tokens.Settle(purse, g.name, extra.RU(), extra)
 		lg.attribute(g.name, &to.bill, extra)
 		g.series.wru.Add(extra.WRU)
 		g.series.written[src].Add(extra.WriteBytes)
@@ -251,14 +262,18 @@ func (lg *stmtLedger) late(to *lateTo, extra ru.Consumption, src wsrc, session b
 }
 
 // repay takes a session's debt to d.group from the group's bucket within
-// left; the statements behind it were counted when they ran.
+// left; the statements behind it were counted (and recorded) when they
+// ran.
 func (lg *stmtLedger) repay(ctx context.Context, d debt, left time.Duration) (tokenclient.Share, time.Duration, error) {
-	return lg.p.tokens.AcquireShare(ctx, nil, d.group, d.cons, d.required, left)
+	return lg.p.tokens.TakeShare(ctx, nil, d.group, d.cons, d.required, left)
 }
 
-// leaveToGroup charges a debt nobody can repay any more (no room to keep
-// it for the user's next session) to its group's bucket.
-func (lg *stmtLedger) leaveToGroup(d debt) { lg.p.tokens.Charge(d.group, d.cons) }
+// leaveToGroup takes a debt nobody can repay any more (no room to keep it
+// for the user's next session) from its group's bucket; like repay, it
+// records nothing.
+func (lg *stmtLedger) leaveToGroup(d debt) {
+	lg.p.tokens.Settle(nil, d.group, d.cons.RU(), ru.Consumption{})
+}
 
 // chargeExpiredDebts charges the debts of ended sessions whose users did
 // not come back within ledgerMemory to their groups (Run, now and then).

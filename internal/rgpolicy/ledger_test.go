@@ -25,24 +25,20 @@ type bucketTokens struct {
 	purse  int // charges settled through the session's purse
 }
 
-func (b *bucketTokens) AcquireShare(ctx context.Context, p *tokenclient.Purse, group string, c ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
-	sh, w, err := b.recordingTokens.AcquireShare(ctx, p, group, c, required, maxWait)
+func (b *bucketTokens) TakeShare(ctx context.Context, p *tokenclient.Purse, group string, c ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
+	sh, w, err := b.recordingTokens.TakeShare(ctx, p, group, c, required, maxWait)
 	if err == nil {
 		b.bucket[group] += c.RU()
 	}
 	return sh, w, err
 }
 
-func (b *bucketTokens) Charge(group string, c ru.Consumption) {
-	b.recordingTokens.Charge(group, c)
-	b.bucket[group] += c.RU()
-}
-
-func (b *bucketTokens) ChargePurse(p *tokenclient.Purse, group string, c ru.Consumption) {
+func (b *bucketTokens) Settle(p *tokenclient.Purse, group string, tokens float64, rec ru.Consumption) {
 	if p != nil {
 		b.purse++
 	}
-	b.Charge(group, c)
+	b.recordingTokens.Settle(p, group, tokens, rec)
+	b.bucket[group] += tokens
 }
 
 // TestLedgerConserves drives one statement through the ledger's
@@ -93,6 +89,13 @@ func TestLedgerConserves(t *testing.T) {
 			want: map[string]float64{"bound": 101.5}, wantCost: 1.5},
 		{name: "on debt, repaid", before: w(5), prepaid: w(8), onDebt: true, after: w(1),
 			want: map[string]float64{"bound": 6}, wantCost: 6},
+		// The estimate learnt outside transactions is far above what the
+		// statement costs inside one (its bytes are charged at COMMIT):
+		// the bucket gets 60 back, rgserver is told of 4, never of -60.
+		{name: "on debt, an estimate far above the cost", before: w(2), prepaid: w(64), onDebt: true, after: w(2),
+			want: map[string]float64{"bound": 4}, wantCost: 4},
+		{name: "an estimate far above the cost", before: w(2), prepaid: w(64), after: w(2),
+			want: map[string]float64{"bound": 4}, wantCost: 4},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,10 +162,15 @@ func TestLedgerConserves(t *testing.T) {
 			for g, want := range tc.want {
 				counted := testutil.ToFloat64(p.metrics.ruConsumed.WithLabelValues(g, "rru")) +
 					testutil.ToFloat64(p.metrics.ruConsumed.WithLabelValues(g, "wru"))
-				if math.Abs(tok.bucket[g]-want) > 1e-9 || math.Abs(counted-want) > 1e-9 || math.Abs(summary[g]-want) > 1e-9 {
-					t.Errorf("%s: bucket %v, rgproxy_ru_consumed_total %v, statements_summary %v; want %v each",
-						g, tok.bucket[g], counted, summary[g], want)
+				rec := tok.recorded[g].RU()
+				if math.Abs(tok.bucket[g]-want) > 1e-9 || math.Abs(counted-want) > 1e-9 || math.Abs(summary[g]-want) > 1e-9 ||
+					math.Abs(rec-want) > 1e-9 {
+					t.Errorf("%s: bucket %v, rgproxy_ru_consumed_total %v, statements_summary %v, recorded for rgserver %v; want %v each",
+						g, tok.bucket[g], counted, summary[g], rec, want)
 				}
+			}
+			if tok.negative != "" {
+				t.Errorf("a settlement recorded a negative figure for rgserver: %s", tok.negative)
 			}
 			if !s.last.valid || math.Abs(s.last.cost.RU()-tc.wantCost) > 1e-9 {
 				t.Errorf("the record: %+v, want a cost of %v RU", s.last, tc.wantCost)

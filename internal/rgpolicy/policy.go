@@ -44,16 +44,16 @@ import (
 // that the policy's decisions are unit-tested without a token server.
 // Implementations must be safe for concurrent use.
 type Tokens interface {
-	// AcquireShare takes cons.RU() of the group's tokens, only the
+	// TakeShare takes cons.RU() of the group's tokens, only the
 	// required part of which can get the statement refused, and returns
 	// the group's share as it stood then; from the session's purse when
-	// it can (tokenclient.Client.AcquireShare).
-	AcquireShare(ctx context.Context, p *tokenclient.Purse, group string, cons ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error)
-	Charge(group string, cons ru.Consumption)
-	// ChargePurse is Charge that settles in the session's purse when it
-	// can; ReturnPurse gives what the purse holds back when the session
-	// ends.
-	ChargePurse(p *tokenclient.Purse, group string, cons ru.Consumption)
+	// it can. It records nothing (tokenclient.Client.TakeShare).
+	TakeShare(ctx context.Context, p *tokenclient.Purse, group string, cons ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error)
+	// Settle takes tokens of the group's (negative: gives them back), in
+	// the session's purse p when it can, and records rec as consumed
+	// (tokenclient.Client.Settle). ReturnPurse gives what the purse
+	// holds back when the session ends.
+	Settle(p *tokenclient.Purse, group string, tokens float64, rec ru.Consumption)
 	ReturnPurse(p *tokenclient.Purse)
 	// Budget is the group's budget verdict as rgserver last said
 	// (tokenclient.Client.Budget); ok is false when none holds.
@@ -921,10 +921,4 @@ func (s *session) releaseHeld() {
 		s.p.tokens.ReleaseDemand(&s.hold)
 		s.holding = false
 	}
-}
-
-func negate(c ru.Consumption) ru.Consumption {
-	var z ru.Consumption
-	z.Sub(c)
-	return z
 }

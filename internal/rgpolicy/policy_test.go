@@ -3,6 +3,7 @@ package rgpolicy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -73,9 +74,13 @@ type recordingTokens struct {
 	groupLookups, bindingLookups, hasBindingsLookups int
 	// pursesReturned counts ReturnPurse calls.
 	pursesReturned int
+	// recorded is what Settle recorded as consumed, by group; negative
+	// the last record with a part below zero ("" = none).
+	recorded map[string]ru.Consumption
+	negative string
 }
 
-func (r *recordingTokens) AcquireShare(ctx context.Context, _ *tokenclient.Purse, group string, c ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
+func (r *recordingTokens) TakeShare(ctx context.Context, _ *tokenclient.Purse, group string, c ru.Consumption, required float64, maxWait time.Duration) (tokenclient.Share, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return tokenclient.Share{}, 0, err
 	}
@@ -148,15 +153,23 @@ func (r *recordingTokens) Attribute(_ *tokenclient.Purse, group string, tags []t
 	r.billedStmts[group+" "+account] += c.Statements
 }
 
-func (r *recordingTokens) Charge(group string, c ru.Consumption) {
-	r.charged = append(r.charged, group)
-	r.amounts = append(r.amounts, c.RU())
-	r.ru += c.RU()
-}
-
-// ChargePurse records as Charge does: recordingTokens keeps no purses.
-func (r *recordingTokens) ChargePurse(_ *tokenclient.Purse, group string, c ru.Consumption) {
-	r.Charge(group, c)
+// Settle keeps the tokens moved, when any, as a charge, and what is
+// recorded by group; recordingTokens keeps no purses.
+func (r *recordingTokens) Settle(_ *tokenclient.Purse, group string, tokens float64, rec ru.Consumption) {
+	if tokens != 0 { // a settlement that only records moves no tokens
+		r.charged = append(r.charged, group)
+		r.amounts = append(r.amounts, tokens)
+		r.ru += tokens
+	}
+	if r.recorded == nil {
+		r.recorded = map[string]ru.Consumption{}
+	}
+	c := r.recorded[group]
+	c.Add(rec)
+	r.recorded[group] = c
+	if rec.RRU < 0 || rec.WRU < 0 || rec.ReadBytes < 0 || rec.WriteBytes < 0 || rec.Statements < 0 {
+		r.negative = fmt.Sprintf("%s %+v", group, rec)
+	}
 }
 
 func (r *recordingTokens) ReturnPurse(*tokenclient.Purse) { r.pursesReturned++ }
