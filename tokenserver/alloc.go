@@ -232,6 +232,11 @@ type slot struct {
 	// rate is the RU/s of the proxy's running trickle, until trickleEnd.
 	rate       float64
 	trickleEnd time.Time
+	// under is the group's RU/s (its service ceiling's) the running
+	// trickle's share was taken from; told says the proxy was pushed
+	// ask_again since (serviceLayer.setActiveCeil).
+	under float64
+	told  bool
 	// granted is every token granted to this proxy, for metrics and tests.
 	granted float64
 	// held is what the proxy said its bucket held at its last request,
@@ -794,6 +799,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 	if req.ReportOnly || req.Wanted <= 0 {
 		return g
 	}
+	s.told = false // it asked
 
 	// A new grant replaces what is left of this proxy's running trickle, so
 	// its reservation ends now.
@@ -848,7 +854,7 @@ func (b *Bucket) acquire(req Request, now time.Time, cfg AllocConfig) Grant {
 			dur = min(dur, firstTrickle)
 		}
 		if r > 0 {
-			s.rate = r
+			s.rate, s.under = r, rate
 			s.trickleEnd = now.Add(dur)
 			b.reserved += r
 			if b.nextEnd.IsZero() || s.trickleEnd.Before(b.nextEnd) {

@@ -259,10 +259,15 @@ func (l *serviceLayer) remove(b *Bucket) {
 // a trickle period after a rebalance moved their group's ceiling: a
 // BACKGROUND group would reach the capacity the foreground left a second
 // or two late, and run above its new ceiling as long when the foreground
-// comes back. So when a rebalance moves an active group's ceiling by at
-// least reaskChange, every proxy with a running trickle of the group is
-// told to ask again now (TokenResponse.ask_again, pushed on its stream),
-// and its next grant replaces the trickle at the new rate.
+// comes back. So when a rebalance moves an active group's ceiling, every
+// proxy whose running trickle was granted under a rate at least
+// reaskChange away from the new one is told to ask again now
+// (TokenResponse.ask_again, pushed on its stream), once until it asks,
+// and its next grant replaces the trickle at the new rate. Measured from
+// the trickle's rate, not the ceiling before: a foreground whose proxies
+// go quiet one by one moves the ceiling in steps (170, 200, 240 RU/s),
+// each under reaskChange after the first, and trickles granted at 170
+// ran on for up to a trickle period under 240.
 const (
 	// reaskChange is the least relative move of a ceiling worth a
 	// message to each of the group's trickle-fed proxies.
@@ -274,16 +279,19 @@ const (
 )
 
 // setActiveCeil gives b, a group with demand, its ceiling c at now from
-// a rebalance, and notes b for its trickle-fed proxies when c moved by
-// reaskChange or more.
+// a rebalance, and notes b for each trickle-fed proxy whose trickle was
+// granted under a rate reaskChange or more away from b's new one.
 func (l *serviceLayer) setActiveCeil(b *Bucket, c float64, now time.Time) {
-	was := b.ceil
-	b.setCeil(c, now)
-	if was == c || (!math.IsInf(was, 1) && !math.IsInf(c, 1) && math.Abs(c-was) < reaskChange*max(was, c)) {
+	if b.ceil == c {
 		return
 	}
+	b.setCeil(c, now)
+	rate := float64(b.eff.RUPerSec)
 	for id, s := range b.slots {
-		if s.rate <= 0 || !s.trickleEnd.After(now) {
+		if s.rate <= 0 || !s.trickleEnd.After(now) || s.told {
+			continue
+		}
+		if !b.eff.Unlimited() && math.Abs(rate-s.under) < reaskChange*max(rate, s.under) {
 			continue
 		}
 		groups := l.reask[id]
@@ -299,6 +307,7 @@ func (l *serviceLayer) setActiveCeil(b *Bucket, c float64, now time.Time) {
 		}
 		if len(groups) < maxReaskGroups {
 			groups[b.name] = struct{}{}
+			s.told = true
 		}
 	}
 }

@@ -408,6 +408,24 @@ func BenchmarkAcquireUnderServiceLimit(b *testing.B) {
 	}
 }
 
+// demandAsker returns a function by which proxy asks a for group's
+// tokens at sec, with demand RU/s (5.5 s of it wanted); demand 0 only
+// reports (tokenclient's quiet report).
+func demandAsker(t *testing.T, a *Allocator) func(group, proxy string, demand float64, sec float64) Grant {
+	return func(group, proxy string, demand float64, sec float64) Grant {
+		t.Helper()
+		r := Request{ProxyID: proxy, Wanted: demand * 5.5, Demand: demand}
+		if demand == 0 {
+			r = Request{ProxyID: proxy, ReportOnly: true}
+		}
+		g, err := a.Acquire(group, r, at(sec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+}
+
 // TestServiceLimitReasks: when the foreground group stops (its proxy
 // reports demand 0), the next due rebalance runs on the leader's tick,
 // with no request, raises the background group's ceiling to its
@@ -420,18 +438,7 @@ func TestServiceLimitReasks(t *testing.T) {
 	a.SetGroup("fg", limited(250, bOff, high), t0)
 	a.SetGroup("bg", background(10, 80), t0)
 	a.SetServiceLimit(300, t0)
-	ask := func(group, proxy string, demand float64, sec float64) Grant {
-		t.Helper()
-		r := Request{ProxyID: proxy, Wanted: demand * 5.5, Demand: demand}
-		if demand == 0 {
-			r = Request{ProxyID: proxy, ReportOnly: true}
-		}
-		g, err := a.Acquire(group, r, at(sec))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return g
-	}
+	ask := demandAsker(t, a)
 	told := func() string {
 		var s []string
 		for _, p := range []string{"f", "b1", "b2", "idle"} {
@@ -483,10 +490,75 @@ func TestServiceLimitReasks(t *testing.T) {
 	if c := ceil("bg"); c != 50 {
 		t.Fatalf("bg's ceiling once the foreground is back %v, want 50", c)
 	}
-	// f is named too (its trickle, from before the rebalance its own
-	// request ran, is at the old ceiling): the server leaves out of an
-	// answer the groups the request asked for (askedElsewhere).
-	if got, want := told(), "f[fg] b1[bg] b2[bg] idle[]"; got != want {
+	// b1, whose trickle was granted under 240, is told; b2's is still the
+	// one granted under 50 (told at 3.05, it never asked) and f's runs at
+	// fg's RU_PER_SEC, 250, under the old ceiling and the new alike:
+	// their trickles are right as they are.
+	if got, want := told(), "f[] b1[bg] b2[] idle[]"; got != want {
 		t.Fatalf("told %s, want %s", got, want)
+	}
+}
+
+// TestServiceLimitReasksAStaleTrickle: the foreground's proxies go quiet
+// one by one, so the background's ceiling climbs in steps, some of them
+// under reaskChange; a background proxy whose trickle was granted under
+// a ceiling that the steps moved by reaskChange or more is told to ask
+// again, though no single step moved it that far. (Told only for the step
+// that moved the ceiling most, the proxies ran at ~170 of 240 RU/s for up
+// to a trickle period: TestLimitTreeAndBackgroundAcrossThreeProxies, with
+// both cores busy.)
+func TestServiceLimitReasksAStaleTrickle(t *testing.T) {
+	a := NewAllocator(AllocConfig{})
+	a.SetGroup("low", limited(400, bOff, low), t0)
+	a.SetGroup("bg", background(20, 60), t0)
+	a.SetServiceLimit(400, t0)
+	ask := demandAsker(t, a)
+	bgs := []string{"b1", "b2", "b3"}
+	fgs := []string{"l1", "l2", "l3"}
+	ceil := func() float64 { c, _ := a.Ceiling("bg"); return math.Round(c) }
+	fgDemand := map[string]float64{"l1": 200, "l2": 30, "l3": 200}
+	for s := 0.0; s <= 3; s += 0.25 { // every proxy asks as its trickle ends
+		for _, p := range fgs {
+			ask("low", p, fgDemand[p], s)
+		}
+		for _, p := range bgs {
+			ask("bg", p, 300, s)
+		}
+	}
+	for _, p := range append(bgs, fgs...) {
+		a.TakeReasks(p)
+	}
+	if c := ceil(); c != 20 {
+		t.Fatalf("bg's ceiling beside a saturated foreground %v, want its floor 20", c)
+	}
+	// The foreground's proxies go quiet one at a time, 300 ms apart (a
+	// rebalance between each); the background's proxies ask only when
+	// told, and at once.
+	var steps []float64
+	var toldBy []string
+	for i, p := range fgs {
+		sec := 3.1 + 0.3*float64(i)
+		ask("low", p, 0, sec)
+		a.RebalanceIfDue(at(sec + 0.26))
+		steps = append(steps, ceil())
+		var told []string
+		for _, b := range bgs {
+			if len(a.TakeReasks(b)) > 0 {
+				told = append(told, b)
+				ask("bg", b, 300, sec+0.27) // it asks at once, as tokenclient does
+			}
+		}
+		toldBy = append(toldBy, fmt.Sprint(told))
+	}
+	// 20 → 170 tells them all; 170 → 200 is under reaskChange and tells
+	// nobody; 200 → 240 is under it too, but their trickles were granted
+	// under 170.
+	if got, want := fmt.Sprint(steps, toldBy), "[170 200 240] [[b1 b2 b3] [] [b1 b2 b3]]"; got != want {
+		t.Fatalf("bg's ceiling by step and who was told: %s, want %s", got, want)
+	}
+	// Each background proxy's trickle now runs at its share of the last
+	// step's ceiling, or of one less than reaskChange away from it.
+	if b := a.Group("bg"); b.reserved < (1-reaskChange)*240 {
+		t.Fatalf("the background's trickles run at %.1f RU/s under a ceiling of 240:\n%s", b.reserved, b.String(at(3.98)))
 	}
 }
