@@ -303,32 +303,39 @@ func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 	}
 }
 
-// bgHeld is what held a group's sessions back, for a failure's message:
-// on the proxies, cumulative (or, from since, over an interval), seconds
-// its statements waited for tokens and statements refused (8252);
-// rgserver's last sharing of the service limit, allocated and demanded,
-// RU/s. (A group at its ceiling waits most of the time: its sessions
-// together waited ~8.5 s a second at 240 RU/s.)
+// bgHeld is a group's RU on the proxies and what held its sessions back,
+// for a failure's message: on the proxies, cumulative (or, from since,
+// over an interval), RU consumed, seconds its statements waited for
+// tokens and statements refused (8252); rgserver's last sharing of the
+// service limit, allocated and demanded, RU/s. (A group at its ceiling
+// waits most of the time: its sessions together waited ~8.5 s a second
+// at 240 RU/s.)
 type bgHeld struct {
-	waited, refused   float64
-	allocated, demand float64
+	ru, waited, refused float64
+	allocated, demand   float64
 }
 
+// bgHeldNow reads bgHeld with one scrape of each proxy and of rgserver.
 func bgHeldNow(t *testing.T, ts *tokenServer, pxs []*proxy, group string) bgHeld {
 	t.Helper()
 	var h bgHeld
 	for _, px := range pxs {
-		h.waited += metricSum(t, px.StatusAddr, "rgproxy_throttle_wait_seconds_sum", `resource_group="`+group+`"`)
-		h.refused += metricSum(t, px.StatusAddr, "rgproxy_throttled_total", `resource_group="`+group+`"`)
+		m := scrapeMetrics(t, px.StatusAddr)
+		_, waited := m.hist("rgproxy_throttle_wait_seconds", "resource_group", group)
+		h.ru += m.v("rgproxy_ru_consumed_total", "resource_group", group)
+		h.waited += waited
+		h.refused += m.v("rgproxy_throttled_total", "resource_group", group)
 	}
-	h.allocated = metricSum(t, ts.StatusAddr, "rgserver_service_limit_allocated_ru_per_second")
-	h.demand = metricSum(t, ts.StatusAddr, "rgserver_service_limit_demand_ru_per_second")
+	m := scrapeMetrics(t, ts.StatusAddr)
+	h.allocated = m.v("rgserver_service_limit_allocated_ru_per_second")
+	h.demand = m.v("rgserver_service_limit_demand_ru_per_second")
 	return h
 }
 
 // since is h over the interval from earlier: the counters' differences,
 // the gauges as they stand at h.
 func (h bgHeld) since(earlier bgHeld) bgHeld {
+	h.ru -= earlier.ru
 	h.waited -= earlier.waited
 	h.refused -= earlier.refused
 	return h
@@ -415,13 +422,13 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 	stopped := time.Now()
 	var perSecond []float64
 	var held []bgHeld
-	prev, prevHeld := proxyRU("rg_ct_bg"), bgHeldNow(t, ts, pxs, "rg_ct_bg")
+	prev := bgHeldNow(t, ts, pxs, "rg_ct_bg")
 	for s := 1; s <= 4; s++ {
 		time.Sleep(time.Until(stopped.Add(time.Duration(s) * time.Second)))
-		cur, curHeld := proxyRU("rg_ct_bg"), bgHeldNow(t, ts, pxs, "rg_ct_bg")
-		perSecond = append(perSecond, cur-prev)
-		held = append(held, curHeld.since(prevHeld))
-		prev, prevHeld = cur, curHeld
+		cur := bgHeldNow(t, ts, pxs, "rg_ct_bg")
+		held = append(held, cur.since(prev))
+		perSecond = append(perSecond, held[len(held)-1].ru)
+		prev = cur
 	}
 	<-bgDone
 	children := rate["rg_ct_a"] + rate["rg_ct_b"]
