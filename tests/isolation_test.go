@@ -14,8 +14,9 @@ import (
 
 // isolationReport is what `bench-isolation --json` prints for one kind.
 type isolationReport struct {
-	CPUSource string  `json:"cpu_source"`
-	SleepCPU  float64 `json:"sleep_1s_cpu_ru"`
+	CPUSource string    `json:"cpu_source"`
+	SleepCPU  float64   `json:"sleep_1s_cpu_ru"`
+	SleepRuns []float64 `json:"sleep_1s_cpu_ru_runs"`
 	Results   []struct {
 		DirectAlone    float64   `json:"direct_alone_p99_ms"`
 		DirectBeside   float64   `json:"direct_beside_p99_ms"`
@@ -46,14 +47,14 @@ type isolationReport struct {
 // its p99 alone (a loose bound for a noisy CI; the benchmark carries the
 // tight target) and keeps at most a quarter of the slowdown the unthrottled
 // aggressor causes it; rgproxy runs in CPU-true mode beside this MariaDB,
-// where SELECT SLEEP(1) costs almost no CPU and a scan costs about the
-// same beside 8 copies of itself as alone, although its wall time
-// (what wall-time metering would charge) grows several times: time queued
-// behind other sessions is not charged (the RU's ratio stays under half the
-// wall time's, see below). The scan's own CPU time spreads
-// over ±30% from one run to the next on a shared 2-vCPU VM, busy or not
-// (one run read 1.42× comparing one batch of 5 alone with the next batch
-// of 5 beside), so that ratio is the median of 5 short rounds that each
+// where SELECT SLEEP(1) costs almost no CPU (under 1% of its wall time's
+// RU) and a scan costs about the same beside 8 copies of itself as alone,
+// although its wall time (what wall-time metering would charge) grows
+// several times: time queued behind other sessions is not charged (the
+// RU's ratio stays under half the wall time's, see below). The scan's own
+// CPU time spreads over ±30% from one run to the next on a shared 2-vCPU
+// VM, busy or not (one run read 1.42× comparing one batch of 5 alone with
+// the next batch of 5 beside), so that ratio is the median of 5 short rounds that each
 // measure alone, then beside.
 //
 // The latency bounds compare p99s of 0.3–0.7 ms on a shared 2-core
@@ -102,18 +103,27 @@ func isolationOnce(t *testing.T) (latency []string) {
 		t.Fatalf("bench-isolation output %q: %v", out, err)
 	}
 	r := rep.Results[0]
-	t.Logf("cpu source %s; SLEEP(1) %.3f RU of CPU; victim p99 direct %.2f → %.2f ms, through rgproxy %.2f → %.2f ms "+
+	t.Logf("cpu source %s; SLEEP(1) %.3f RU of CPU (runs %.3f); victim p99 direct %.2f → %.2f ms, through rgproxy %.2f → %.2f ms "+
 		"(continuous 30 s phase %.2f ms, median of its 8 s windows %.2f ms); "+
 		"aggressor %.0f RU for %.0f (%+.1f%%); one scan %.1f RU alone, %.1f beside 8 copies (%.2f×, by round %.2f), "+
 		"its wall time %.0f → %.0f ms (%.1f×)",
-		rep.CPUSource, rep.SleepCPU, r.DirectAlone, r.DirectBeside, r.ProxyAlone, r.ProxyBeside, r.Throttled, r.ProxyWindow,
+		rep.CPUSource, rep.SleepCPU, rep.SleepRuns, r.DirectAlone, r.DirectBeside, r.ProxyAlone, r.ProxyBeside, r.Throttled, r.ProxyWindow,
 		r.AggressorRU, r.AggressorLimit, 100*r.AggressorOver, r.OneAlone, r.OneBeside, r.OneRatio, r.OneRatioRounds,
 		r.OneAloneWall, r.OneBesideWall, r.OneWallRatio)
 	if rep.CPUSource != "proc" {
 		t.Errorf("rgproxy beside its backend uses %q, want CPU-true (proc)", rep.CPUSource)
 	}
-	if rep.SleepCPU >= 1 {
-		t.Errorf("SELECT SLEEP(1) charged %.3f RU of CPU, want < 1", rep.SleepCPU)
+	// Wall time would charge SLEEP(1) its second: 333 RU at 1 RU per 3
+	// ms. Its CPU is its parsing and answering, 0.05–0.3 RU here, but a
+	// thread's CPU time on a VM also holds what ran in its stead while it
+	// was on the CPU (this kernel does not account interrupt time apart:
+	// CONFIG_IRQ_TIME_ACCOUNTING is unset), and a CI run read 1.075 RU
+	// (3.2 ms) once. So the bound is 1% of the wall-time charge: it tells
+	// CPU-true from wall time a hundred times over, not a quiet VM from a
+	// noisy one.
+	if wallRU := 1000.0 / 3; rep.SleepCPU >= wallRU/100 {
+		t.Errorf("SELECT SLEEP(1) charged %.3f RU of CPU (runs %.3f), want under 1%% of the %.0f RU its wall time costs",
+			rep.SleepCPU, rep.SleepRuns, wallRU)
 	}
 	// Over its limit never (+10%: the first statements' estimates). Under
 	// it by little when it was held back by the limit: on an idle machine

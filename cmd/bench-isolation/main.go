@@ -39,6 +39,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/rgproxy/rgproxy/ru"
 )
 
 // config is bench-isolation's command line.
@@ -149,9 +151,12 @@ type Result struct {
 
 // Report is everything one run measured.
 type Report struct {
-	CPUSource string   `json:"cpu_source"`
-	SleepCPU  float64  `json:"sleep_1s_cpu_ru"`
-	Results   []Result `json:"results"`
+	CPUSource string  `json:"cpu_source"`
+	SleepCPU  float64 `json:"sleep_1s_cpu_ru"`
+	// SleepCPURuns is each run's CPU RU of SELECT SLEEP(1), in order: the
+	// first is on a new session, the rest on a known shape.
+	SleepCPURuns []float64 `json:"sleep_1s_cpu_ru_runs"`
+	Results      []Result  `json:"results"`
 }
 
 func main() {
@@ -246,10 +251,18 @@ func run(ctx context.Context, cfg config, logw io.Writer) (*Report, error) {
 	if rep.CPUSource, err = sys.cpuSource(); err != nil {
 		return nil, err
 	}
-	if rep.SleepCPU, _, err = oneStatementRU(ctx, sys.proxy, "root", sleepQuery); err != nil {
+	// The largest of the runs: once its shape is known, a waiting
+	// statement must still be read as the little CPU it is.
+	sleepRUs, _, err := statementRUs(ctx, sys.proxy, "root", sleepQuery)
+	if err != nil {
 		return nil, err
 	}
-	rep.SleepCPU -= 0.625 // the base cost; what is left is CPU
+	coef := ru.DefaultConfig()
+	base := coef.ReadBaseCost + coef.ReadPerRequestBaseCost // what is left is CPU (and 43 bytes)
+	for _, v := range sleepRUs {
+		rep.SleepCPURuns = append(rep.SleepCPURuns, v-base)
+	}
+	rep.SleepCPU = slices.Max(rep.SleepCPURuns)
 	for _, kind := range cfg.Kinds {
 		q := aggressorQueries[kind]
 		r := Result{Kind: kind}
@@ -632,37 +645,41 @@ func loadDirect(addr, q string, n int, stop chan struct{}, wg *sync.WaitGroup) {
 
 // oneStatementRU runs q through rgproxy, oneRuns times, and returns the
 // median of its RU (SHOW LAST STATEMENT RU on the same session) and of its
-// wall time in milliseconds; for SELECT SLEEP(1), the largest RU: once its
-// shape is known, a waiting statement must still be read as the little
-// CPU it is.
+// wall time in milliseconds.
 func oneStatementRU(ctx context.Context, addr, user, q string) (ru, wallMS float64, err error) {
-	db, err := openDB(addr, user, "")
+	rus, walls, err := statementRUs(ctx, addr, user, q)
 	if err != nil {
 		return 0, 0, err
+	}
+	return median(rus), median(walls), nil
+}
+
+// statementRUs runs q through rgproxy oneRuns times on one session and
+// returns each run's RU and wall time in milliseconds.
+func statementRUs(ctx context.Context, addr, user, q string) (rus, walls []float64, err error) {
+	db, err := openDB(addr, user, "")
+	if err != nil {
+		return nil, nil, err
 	}
 	defer db.Close()
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return 0, 0, err
+		return nil, nil, err
 	}
 	defer conn.Close()
-	var rus, walls []float64
 	for range oneRuns {
 		start := time.Now()
 		if _, err := conn.ExecContext(ctx, q); err != nil {
-			return 0, 0, fmt.Errorf("%s: %w", q, err)
+			return nil, nil, fmt.Errorf("%s: %w", q, err)
 		}
 		walls = append(walls, float64(time.Since(start).Microseconds())/1e3)
 		v, err := lastStatementRU(ctx, conn)
 		if err != nil {
-			return 0, 0, err
+			return nil, nil, err
 		}
 		rus = append(rus, v)
 	}
-	if q == sleepQuery {
-		return slices.Max(rus), median(walls), nil
-	}
-	return median(rus), median(walls), nil
+	return rus, walls, nil
 }
 
 // lastStatementRU is SHOW LAST STATEMENT RU's RRU + WRU on conn.
@@ -842,7 +859,7 @@ func printReport(w io.Writer, cfg config, rep *Report) {
 		cfg.VictimRate, cfg.VictimThreads, cfg.Aggressors, cfg.RUPerSec, rep.CPUSource)
 	fmt.Fprintf(w, "victim p99: %d rounds of %v alone then %v beside the aggressor (after its %v warm-up), each side over all its rounds\n",
 		cfg.Rounds, cfg.Phase, cfg.Phase, cfg.Warmup)
-	fmt.Fprintf(w, "SELECT SLEEP(1) charged %.3f RU of CPU\n\n", rep.SleepCPU)
+	fmt.Fprintf(w, "SELECT SLEEP(1) charged %.3f RU of CPU (runs %.3f)\n\n", rep.SleepCPU, rep.SleepCPURuns)
 	fmt.Fprintf(w, "%-6s %28s %28s %32s %26s\n", "", "victim p99 direct (ms)", "victim p99 rgproxy (ms)", "aggressor RU vs R×T+cap", "one statement's RU")
 	fmt.Fprintf(w, "%-6s %9s %9s %8s %9s %9s %8s %10s %10s %10s %8s %8s %8s\n", "kind",
 		"alone", "beside", "ratio", "alone", "beside", "ratio", "RU", "limit", "over", "alone", "beside", "ratio")
