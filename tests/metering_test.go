@@ -570,20 +570,35 @@ func TestBackendConcurrencyAdmitsByPriority(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	order := make(chan string, 2)
+	// Each statement reads the backend's clock as it starts: with one
+	// backend slot they run one at a time, so the earlier time is the one
+	// admitted first. (The order in which the two clients see their
+	// answers is not: both come within a millisecond once the slot frees,
+	// and one run beside a CPU hog saw LOW's first.)
+	started := make(map[string]chan string, 2)
 	run := func(c *sql.Conn, group string) {
-		if _, err := c.ExecContext(ctx, "SELECT /*+ RESOURCE_GROUP("+group+") */ 1"); err != nil {
-			t.Errorf("%s: %v", group, err)
-		}
-		order <- group
+		ch := make(chan string, 1)
+		started[group] = ch
+		go func() {
+			var at string
+			if err := c.QueryRowContext(ctx, "SELECT /*+ RESOURCE_GROUP("+group+") */ DATE_FORMAT(NOW(6), '%Y-%m-%d %H:%i:%s.%f')").Scan(&at); err != nil {
+				t.Errorf("%s: %v", group, err)
+			}
+			ch <- at
+		}()
 	}
-	go run(conns[1], "rg_low")
+	run(conns[1], "rg_low")
 	time.Sleep(500 * time.Millisecond) // LOW queues first
-	go run(conns[2], "rg_high")
+	run(conns[2], "rg_high")
 	if err := <-busy; err != nil {
 		t.Fatal(err)
 	}
-	if first, second := <-order, <-order; first != "rg_high" || second != "rg_low" {
-		t.Fatalf("admitted %s before %s; HIGH must go before LOW", first, second)
+	high, low := <-started["rg_high"], <-started["rg_low"]
+	t.Logf("the backend started rg_high's statement at %s, rg_low's at %s", high, low)
+	if high == "" || low == "" {
+		t.FailNow()
+	}
+	if high >= low {
+		t.Fatalf("the backend ran rg_low's statement (at %s) before rg_high's (at %s); HIGH must go before LOW", low, high)
 	}
 }
