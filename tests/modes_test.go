@@ -131,14 +131,16 @@ func TestWarnModeRecordsWhatEnforceDoes(t *testing.T) {
 
 	time.Sleep(1500 * time.Millisecond) // a fresh bucket, as WARN's shadow started
 	refusedBefore := metricSum(t, px.StatusAddr, "rgproxy_throttled_total", `resource_group="rg_warn"`)
+	grantedBefore := metricSum(t, px.StatusAddr, "rgproxy_tokens_granted_total", `resource_group="rg_warn"`)
+	consumedBefore := metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_warn"`)
 	waitedBefore := waited()
 	enf := pacedLoad(t, px.Addr, "warnu", query, threads, rate, d)
 	refused := metricSum(t, px.StatusAddr, "rgproxy_throttled_total", `resource_group="rg_warn"`) - refusedBefore
 	waitedN := waited() - waitedBefore
-	t.Logf("ENFORCE: %d ran, %d refused (metric %.0f), %.0f waited; granted %.1f RU, consumed %.1f RU, tokens %.1f",
+	t.Logf("ENFORCE: %d ran, %d refused (metric %.0f), %.0f waited; granted %.1f RU (%.1f before), consumed %.1f RU (%.1f before), tokens %.1f",
 		enf.ok.Load(), enf.refused.Load(), refused, waitedN,
-		metricSum(t, px.StatusAddr, "rgproxy_tokens_granted_total", `resource_group="rg_warn"`),
-		metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_warn"`),
+		metricSum(t, px.StatusAddr, "rgproxy_tokens_granted_total", `resource_group="rg_warn"`)-grantedBefore, grantedBefore,
+		metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_warn"`)-consumedBefore, consumedBefore,
 		metricSum(t, px.StatusAddr, "rgproxy_group_tokens", `resource_group="rg_warn"`))
 	if enf.other.Load() != 0 {
 		t.Fatalf("ENFORCE: %d errors other than 8252, first %v", enf.other.Load(), enf.firstErr.Load())

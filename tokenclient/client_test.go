@@ -1052,6 +1052,59 @@ func TestBucketCanReserve(t *testing.T) {
 	}
 }
 
+// A grant made under settings older than the cache's does not undo the
+// cache's mode. ALTER … MODE = ENFORCE reaches the cache while a report
+// made in WARN is on its way: its unlimited answer leaves the group
+// limited, and the group asks for tokens; the other way round, a grant
+// made in ENFORCE that arrives after MODE = WARN leaves it unlimited.
+func TestStaleGrantKeepsTheCachedMode(t *testing.T) {
+	c, clk := newTestClient(t, nil)
+	warn := resourcegroup.Group{Name: "w", RUPerSec: 10, Burst: resourcegroup.BurstOff, Mode: resourcegroup.ModeWarn, Version: 5}
+	setGroups(c, warn)
+	c.Charge("w", rruOf(1))
+	req := build(c, true)
+	if g := groupEntry(req, "w"); g == nil || !g.GetReportOnly() {
+		t.Fatalf("WARN: want a report of w, got %v", req)
+	}
+	enforce := warn
+	enforce.Mode, enforce.Version = resourcegroup.ModeEnforce, 7
+	setGroups(c, enforce)
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "w", Unlimited: true, SettingsVersion: 5, Proxies: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if sh := shareOf(c, "w"); sh.Unlimited || sh.Mode != resourcegroup.ModeEnforce {
+		t.Fatalf("after WARN's answer to a group now in ENFORCE: share %+v, want limited", sh)
+	}
+	clk.Advance(minAskInterval)
+	req = build(c, false)
+	if g := groupEntry(req, "w"); g == nil || g.GetReportOnly() || g.GetTokensWanted() <= 0 {
+		t.Fatalf("ENFORCE: want an ask for w's tokens, got %v", req)
+	}
+
+	warn.Version = 9
+	setGroups(c, warn)
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "w", Tokens: 10, FillRate: 10, RuPerSec: 10, SettingsVersion: 7, Proxies: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if sh := shareOf(c, "w"); !sh.Unlimited {
+		t.Fatalf("after ENFORCE's grant to a group now in WARN: share %+v, want unlimited", sh)
+	}
+
+	// A grant as new as the cache is applied as it says.
+	clk.Advance(minAskInterval)
+	c.Charge("w", rruOf(1))
+	req = build(c, true)
+	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
+		{Group: "w", Unlimited: true, SettingsVersion: 9, Proxies: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if sh := shareOf(c, "w"); !sh.Unlimited {
+		t.Fatalf("after WARN's own answer: share %+v, want unlimited", sh)
+	}
+}
+
 // MODE WARN: the group is never throttled, and WouldAcquire tells what
 // ENFORCE would have done, from a shadow bucket at the group's fair share.
 func TestWouldAcquireShadowsEnforce(t *testing.T) {

@@ -743,6 +743,16 @@ func (t *groupTable) apply(now time.Time, resp *tokenpb.TokenResponse, sent *sen
 		}
 		gs.unavailable = false
 		gs.granted = true
+		if t.staleModeLocked(gs, g) {
+			// Made under the settings before the cache's: the cache's
+			// mode stands, and the group asks again under the new ones.
+			t.refreshGroupLocked(now, gs)
+			if !gs.bucket.Unlimited() {
+				gs.want = true
+				t.kickLocked()
+			}
+			continue
+		}
 		gs.proxies = g.GetProxies()
 		gs.ruPerSec = g.GetRuPerSec()
 		gs.shareRate = g.GetFillRate()
@@ -795,6 +805,20 @@ func (t *groupTable) apply(now time.Time, resp *tokenpb.TokenResponse, sent *sen
 	}
 	t.askAgainLocked(resp.GetAskAgain())
 	return nil
+}
+
+// staleModeLocked reports whether grant g, for gs, was made under settings
+// older than the cache's (the group was altered while the request was on
+// its way) and says otherwise than the cache whether the group is
+// unlimited. Applied, it would undo the cache: an ALTER … MODE = ENFORCE
+// answered by a grant made in MODE WARN left the bucket unlimited, and
+// an unlimited bucket never asks, so the group ran unthrottled until its
+// next report's answer. A grant without a version (an older rgserver) is
+// never stale. t.mu is held.
+func (t *groupTable) staleModeLocked(gs *groupState, g *tokenpb.GroupGrant) bool {
+	v := g.GetSettingsVersion()
+	def, ok := t.cache.group(gs.name)
+	return v > 0 && ok && v < def.Version && g.GetUnlimited() != t.unlimitedLocked(def)
 }
 
 // maxAskAgain bounds the names of an ask_again list that are read.
