@@ -1073,8 +1073,8 @@ func TestStaleGrantKeepsTheCachedMode(t *testing.T) {
 		{Group: "w", Unlimited: true, SettingsVersion: 5, Proxies: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	if sh := shareOf(c, "w"); sh.Unlimited || sh.Mode != resourcegroup.ModeEnforce {
-		t.Fatalf("after WARN's answer to a group now in ENFORCE: share %+v, want limited", sh)
+	if bucketUnlimited(c, "w") {
+		t.Fatal("after WARN's answer to a group now in ENFORCE: the bucket is unlimited")
 	}
 	clk.Advance(minAskInterval)
 	req = build(c, false)
@@ -1088,21 +1088,29 @@ func TestStaleGrantKeepsTheCachedMode(t *testing.T) {
 		{Group: "w", Tokens: 10, FillRate: 10, RuPerSec: 10, SettingsVersion: 7, Proxies: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	if sh := shareOf(c, "w"); !sh.Unlimited {
-		t.Fatalf("after ENFORCE's grant to a group now in WARN: share %+v, want unlimited", sh)
+	if !bucketUnlimited(c, "w") {
+		t.Fatal("after ENFORCE's grant to a group now in WARN: the bucket is limited")
 	}
 
-	// A grant as new as the cache is applied as it says.
+	// A grant newer than the cache (the ALTER has not reached it yet) is
+	// applied as it says.
 	clk.Advance(minAskInterval)
 	c.Charge("w", rruOf(1))
 	req = build(c, true)
 	if err := c.applyResponse(&tokenpb.TokenResponse{RequestId: req.GetRequestId(), Grants: []*tokenpb.GroupGrant{
-		{Group: "w", Unlimited: true, SettingsVersion: 9, Proxies: 1}}}); err != nil {
+		{Group: "w", Tokens: 10, FillRate: 10, RuPerSec: 10, SettingsVersion: 11, Proxies: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	if sh := shareOf(c, "w"); !sh.Unlimited {
-		t.Fatalf("after WARN's own answer: share %+v, want unlimited", sh)
+	if bucketUnlimited(c, "w") {
+		t.Fatal("after a grant made under newer settings than the cache's: the bucket is unlimited")
 	}
+}
+
+// bucketUnlimited reports whether group's bucket on c is unlimited.
+func bucketUnlimited(c *Client, group string) bool {
+	c.groups.mu.Lock()
+	defer c.groups.mu.Unlock()
+	return c.groups.byName[group].bucket.Unlimited()
 }
 
 // MODE WARN: the group is never throttled, and WouldAcquire tells what
