@@ -429,6 +429,30 @@ func (p *dashProm) dashAPI(path string, q url.Values, data any) error {
 }
 
 // dashQuery evaluates an instant query at a time.
+// dashTokensAround reads group's local bucket (rgproxy_group_tokens,
+// negative while it owes) at the start and the end of the window of
+// length window ending at at: a consumed rate above RU_PER_SEC over the
+// window is debt not yet repaid when the end owes more than the start.
+func dashTokensAround(prom *dashProm, group string, at time.Time, window string) string {
+	d, err := time.ParseDuration(window)
+	if err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, when := range []time.Time{at.Add(-d), at} {
+		res, err := prom.dashQuery(fmt.Sprintf(`sum(rgproxy_group_tokens{resource_group=%q})`, group), when)
+		switch {
+		case err != nil:
+			parts = append(parts, err.Error())
+		case len(res) != 1:
+			parts = append(parts, "no series")
+		default:
+			parts = append(parts, fmt.Sprintf("%.1f", res[0].Value))
+		}
+	}
+	return strings.Join(parts, " → ") + " RU"
+}
+
 func (p *dashProm) dashQuery(expr string, at time.Time) ([]dashSample, error) {
 	var data struct {
 		ResultType string `json:"resultType"`
@@ -787,7 +811,8 @@ func TestDashboardsAgainstPrometheus(t *testing.T) {
 					}
 				case p.Title == "Consumed RU/s by group" && tg.RefID == "A":
 					got := byGroup[slow]
-					t.Logf("consumed RU/s: %v (%s RU_PER_SEC = %v: %+.1f%%)", byGroup, slow, slowRate, 100*(got-slowRate)/slowRate)
+					t.Logf("consumed RU/s: %v (%s RU_PER_SEC = %v: %+.1f%%); %s's tokens at the window's start and end: %s",
+						byGroup, slow, slowRate, 100*(got-slowRate)/slowRate, slow, dashTokensAround(prom, slow, at, rateInterval))
 					if math.Abs(got-slowRate) > 0.10*slowRate {
 						t.Errorf("%s: %s consumed %.1f RU/s, want %v ±10%%", where, slow, got, slowRate)
 					}
