@@ -428,7 +428,6 @@ func (p *dashProm) dashAPI(path string, q url.Values, data any) error {
 	return json.Unmarshal(env.Data, data)
 }
 
-// dashQuery evaluates an instant query at a time.
 // dashTokensAround reads group's local bucket (rgproxy_group_tokens,
 // negative while it owes) at the start and the end of the window of
 // length window ending at at: a consumed rate above RU_PER_SEC over the
@@ -453,6 +452,7 @@ func dashTokensAround(prom *dashProm, group string, at time.Time, window string)
 	return strings.Join(parts, " → ") + " RU"
 }
 
+// dashQuery evaluates an instant query at a time.
 func (p *dashProm) dashQuery(expr string, at time.Time) ([]dashSample, error) {
 	var data struct {
 		ResultType string `json:"resultType"`

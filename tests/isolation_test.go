@@ -54,8 +54,8 @@ type isolationReport struct {
 // RU's ratio stays under half the wall time's, see below). The scan's own
 // CPU time spreads over ±30% from one run to the next on a shared 2-vCPU
 // VM, busy or not (one run read 1.42× comparing one batch of 5 alone with
-// the next batch of 5 beside), so that ratio is the median of 5 short rounds that each
-// measure alone, then beside.
+// the next batch of 5 beside), so that ratio is the median of 5 short
+// rounds that each measure alone, then beside.
 //
 // The latency bounds compare p99s of 0.3–0.7 ms on a shared 2-core
 // machine, where one CI run read 2.05× while the share of the unthrottled
