@@ -68,6 +68,9 @@ type svcEntry struct {
 	// level the group's priority level's index (levelOf).
 	demand, fill, burst float64
 	level               int
+	// extra is a background group's part of what nobody asked for at
+	// the last rebalance.
+	extra float64
 	// cap is the service limit's ceiling of the last rebalance (+Inf:
 	// none), before the parents' layer (parents.go) lowers it.
 	cap float64
@@ -374,7 +377,7 @@ func (l *serviceLayer) rebalance(now time.Time) {
 		if c, ok := pc[b]; ok {
 			e.demand = min(e.demand, c)
 		}
-		e.fill = 0
+		e.fill, e.extra = 0, 0
 		if b.settings.RUPerSec != resourcegroup.Unlimited {
 			e.fill = min(e.demand, float64(b.settings.RUPerSec))
 		}
@@ -427,12 +430,26 @@ func (l *serviceLayer) rebalance(now time.Time) {
 		}
 	}
 	burstPart[bgLevel] = part(bursts[bgLevel])
-	// What nobody asks for goes to the foreground groups in proportion
-	// to their demand (a non-burstable group's part above RU_PER_SEC
-	// stays unused; a background group has had all it asked for).
-	spare := 0.0
-	if fgDemand > 0 {
-		spare = left / fgDemand
+	// What nobody asks for is spread over every group with demand in
+	// proportion to it, so that a group whose demand grows finds room
+	// before the next rebalance: a background group's part only up to
+	// its UTILIZATION_LIMIT room (its demand follows the proxies' slow
+	// estimate, and held at it a background ramped over seconds once
+	// the foreground stopped), the rest of it to the foreground. A
+	// non-burstable group's part above RU_PER_SEC stays unused.
+	spare, bgExtra := 0.0, 0.0
+	if allDemand := fig.Demand; left > 0 && allDemand > 0 {
+		for _, b := range l.active {
+			e := &b.svc
+			if e.level == bgLevel {
+				room := float64(b.settings.Background)/100*l.limit - e.fill*fillPart[bgLevel] - e.burst*burstPart[bgLevel]
+				e.extra = min(left*e.demand/allDemand, max(room, 0))
+				bgExtra += e.extra
+			}
+		}
+		if fgDemand > 0 {
+			spare = (left - bgExtra) / fgDemand
+		}
 	}
 	for _, b := range l.active {
 		e := &b.svc
@@ -440,6 +457,7 @@ func (l *serviceLayer) rebalance(now time.Time) {
 		if l.limit > 0 {
 			e.cap = e.fill*fillPart[e.level] + e.burst*burstPart[e.level]
 			if e.level == bgLevel {
+				e.cap += e.extra
 				fig.Background += e.cap
 			} else {
 				e.cap += e.demand * spare

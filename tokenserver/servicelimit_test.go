@@ -122,6 +122,42 @@ var svcStories = []struct {
 		},
 	},
 	{
+		// The foreground has stopped and the background's demand is still
+		// its proxies' slow estimate: the ceiling is its UTILIZATION_LIMIT
+		// at once, not its demand, so that it ramps within one
+		// rebalance (held at its demand, it spent 133, 174, 234 of 240 RU
+		// in the seconds after the foreground stopped, with both cores
+		// busy: TestLimitTreeAndBackgroundAcrossThreeProxies).
+		name:  "background alone, its demand below its UTILIZATION_LIMIT: up to the limit's room",
+		limit: 400,
+		gs: []svcGroup{
+			{name: "bg", settings: background(20, 60), demand: 170, want: 240},
+		},
+	},
+	{
+		// What nobody asks for, 170, goes 60:170 by demand; the
+		// background's part is cut to the 70 its room has left and the
+		// rest is the foreground's.
+		name:  "background beside a foreground winding down: what nobody asks for by demand, the background's part within its room",
+		limit: 400,
+		gs: []svcGroup{
+			{name: "a", settings: limited(400, bOff, low), demand: 60, want: 60 + 100},
+			{name: "bg", settings: background(20, 60), demand: 170, want: 240},
+		},
+	},
+	{
+		// Two background groups with room: what nobody asks for, 600,
+		// by demand (150:450), bg2's part cut to the 300 its room has
+		// left (and the 150 it could not take left unused: a background
+		// group never gets the foreground's spare).
+		name:  "two background groups alone: what nobody asks for by demand, each within its UTILIZATION_LIMIT",
+		limit: 1000,
+		gs: []svcGroup{
+			{name: "bg1", settings: background(unl, 50), demand: 100, want: 100 + 150},
+			{name: "bg2", settings: background(unl, 60), demand: 300, want: 300 + 300},
+		},
+	},
+	{
 		name:  "two background groups share what LOW leaves in proportion, each within its UTILIZATION_LIMIT",
 		limit: 1000,
 		gs: []svcGroup{
