@@ -54,15 +54,10 @@ func seriesValue(series map[string]string, name string, labels ...string) (strin
 // 0 right after its statement.
 func seriesAfterRead(t testing.TB, statusAddr, group string) map[string]string {
 	t.Helper()
-	s := groupSeries(t, statusAddr, group)
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-		if v, ok := seriesValue(s, "rgproxy_group_statements_total", `class="read"`); ok && v != "0" {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-		s = groupSeries(t, statusAddr, group)
-	}
-	return s
+	waitMetric(t, statusAddr, 5*time.Second, func(s scrape) bool {
+		return s.v("rgproxy_group_statements_total", "resource_group", group, "class", "read") > 0
+	})
+	return groupSeries(t, statusAddr, group)
 }
 
 // waitNoSeries polls until statusAddr exports no series of group.
