@@ -215,9 +215,9 @@ func TestMaxConcurrencyHoldsInTransactions(t *testing.T) {
 }
 
 // In strict mode a tag adds its group's limits: a user bound to a
-// 10 RU/s group runs no more statements tagged for an unlimited group
-// than untagged (before: 85 statements in 5 s untagged, 27,803 tagged),
-// and both groups are charged.
+// 10 RU/s group stays within that rate when its statements are tagged for
+// an unlimited group (before: 85 statements in 5 s untagged, 27,803
+// tagged), and both groups are charged.
 func TestTagAddsLimitsInStrictMode(t *testing.T) {
 	ts := startTokenServer(t)
 	px := startMeteredProxy(t, ts, "--max-wait", "3s")
@@ -235,18 +235,36 @@ func TestTagAddsLimitsInStrictMode(t *testing.T) {
 	}
 	defer conn.Close()
 	loop(conn, "SELECT 1", time.Now().Add(2*time.Second)) // spend the burst
+	small := func() (consumed, tokens float64, at time.Time) {
+		return metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_tag_small"`),
+			metricSum(t, px.StatusAddr, "rgproxy_group_tokens", `resource_group="rg_tag_small"`), time.Now()
+	}
+	small0, tok0, at0 := small()
 	untagged := loop(conn, "SELECT 1", time.Now().Add(4*time.Second))
 	bigBefore := metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_tag_big"`)
-	smallBefore := metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_tag_small"`)
+	smallBefore, tokBefore, atBefore := small()
 	tagged := loop(conn, "SELECT 1 /*route='%2Freport'*/", time.Now().Add(4*time.Second))
 	bigAfter := metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_tag_big"`)
-	smallAfter := metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_tag_small"`)
-	t.Logf("4 s untagged: %d ran; 4 s tagged: %d ran; RU charged while tagged: rg_tag_small %.1f, rg_tag_big %.1f",
-		untagged.ran, tagged.ran, smallAfter-smallBefore, bigAfter-bigBefore)
+	smallAfter, tokAfter, atAfter := small()
+	t.Logf("4 s untagged: %d ran, rg_tag_small +%.1f RU in %v (bucket %.1f → %.1f); 4 s tagged: %d ran, rg_tag_small +%.1f RU in %v (bucket %.1f → %.1f), rg_tag_big +%.1f RU",
+		untagged.ran, smallBefore-small0, atBefore.Sub(at0).Round(time.Millisecond), tok0, tokBefore,
+		tagged.ran, smallAfter-smallBefore, atAfter.Sub(atBefore).Round(time.Millisecond), tokBefore, tokAfter, bigAfter-bigBefore)
 	if untagged.otherErr != nil || tagged.otherErr != nil {
 		t.Fatal(untagged.otherErr, tagged.otherErr)
 	}
-	if float64(tagged.ran) > 1.1*float64(untagged.ran)+2 {
+	// The tagged statements stay within rg_tag_small's RU_PER_SEC: what it
+	// was charged is the rate over the window plus what its bucket (local,
+	// and at most one burst of 10 RU held by rgserver) gave up, plus one
+	// statement counted late. Counts alone compare RU loosely: beside a CPU
+	// hog one SELECT 1 cost 0.65 to 0.73 RU from window to window (its CPU
+	// time is part of its RU), and 53 untagged against 63 tagged, both at
+	// the rate, failed a 1.1× bound on counts.
+	const rate, burst, slack = 10.0, 10.0, 1.0
+	if most := rate*atAfter.Sub(atBefore).Seconds() + (tokBefore - tokAfter) + burst + slack; smallAfter-smallBefore > most {
+		t.Errorf("tagged for an unlimited group, rg_tag_small was charged %.1f RU in %v, more than its RU_PER_SEC %.0f and its bucket allow (%.1f)",
+			smallAfter-smallBefore, atAfter.Sub(atBefore), rate, most)
+	}
+	if float64(tagged.ran) > 1.5*float64(untagged.ran)+5 {
 		t.Errorf("tagged for an unlimited group the user ran %d statements, untagged %d", tagged.ran, untagged.ran)
 	}
 	if bigAfter-bigBefore < 0.5*float64(tagged.ran)*0.625 || smallAfter-smallBefore < 0.5*float64(tagged.ran)*0.625 {
