@@ -235,17 +235,19 @@ func TestTagAddsLimitsInStrictMode(t *testing.T) {
 	}
 	defer conn.Close()
 	loop(conn, "SELECT 1", time.Now().Add(2*time.Second)) // spend the burst
-	small := func() (consumed, tokens float64, at time.Time) {
-		return metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_tag_small"`),
-			metricSum(t, px.StatusAddr, "rgproxy_group_tokens", `resource_group="rg_tag_small"`), time.Now()
+	// One scrape at each window's edge: the groups' RU and rg_tag_small's
+	// bucket as of one moment.
+	edge := func() (small, tokens, big float64, at time.Time) {
+		sc := scrapeMetrics(t, px.StatusAddr)
+		return sc.v("rgproxy_ru_consumed_total", "resource_group", "rg_tag_small"),
+			sc.v("rgproxy_group_tokens", "resource_group", "rg_tag_small"),
+			sc.v("rgproxy_ru_consumed_total", "resource_group", "rg_tag_big"), time.Now()
 	}
-	small0, tok0, at0 := small()
+	small0, tok0, _, at0 := edge()
 	untagged := loop(conn, "SELECT 1", time.Now().Add(4*time.Second))
-	bigBefore := metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_tag_big"`)
-	smallBefore, tokBefore, atBefore := small()
+	smallBefore, tokBefore, bigBefore, atBefore := edge()
 	tagged := loop(conn, "SELECT 1 /*route='%2Freport'*/", time.Now().Add(4*time.Second))
-	bigAfter := metricSum(t, px.StatusAddr, "rgproxy_ru_consumed_total", `resource_group="rg_tag_big"`)
-	smallAfter, tokAfter, atAfter := small()
+	smallAfter, tokAfter, bigAfter, atAfter := edge()
 	t.Logf("4 s untagged: %d ran, rg_tag_small +%.1f RU in %v (bucket %.1f → %.1f); 4 s tagged: %d ran, rg_tag_small +%.1f RU in %v (bucket %.1f → %.1f), rg_tag_big +%.1f RU",
 		untagged.ran, smallBefore-small0, atBefore.Sub(at0).Round(time.Millisecond), tok0, tokBefore,
 		tagged.ran, smallAfter-smallBefore, atAfter.Sub(atBefore).Round(time.Millisecond), tokBefore, tokAfter, bigAfter-bigBefore)
