@@ -279,7 +279,7 @@ func (ss *session) statement(st *Statement, n int, kind respKind, binary bool, p
 		ps.longData = 0
 	}
 	if err == nil {
-		if err = ss.bwr.Flush(); err != nil {
+		if err = ss.flushCommand(); err != nil {
 			err = ss.backendFailed(1, err)
 		}
 	}
@@ -401,6 +401,21 @@ func (ss *session) forward(n int) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// flushCommand sends the command buffered for the backend, whose answer
+// is read next. On a plain TCP backend with nothing left to read, the
+// bytes leave with the read that waits for the answer
+// (rawSock.sendThenRead), which saves that read a system call.
+func (ss *session) flushCommand() error {
+	rb := ss.rawBackend
+	if rb == nil || rb.raw == nil || ss.backend != net.Conn(rb) || ss.brd.Buffered() > 0 {
+		return ss.bwr.Flush()
+	}
+	rb.raw.setDeferNext(true)
+	err := ss.bwr.Flush()
+	rb.raw.setDeferNext(false) // Flush had nothing to write
+	return err
 }
 
 // keepAliveAfter: a session whose commands the policy answers itself (a

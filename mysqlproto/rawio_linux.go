@@ -18,9 +18,20 @@ import (
 //
 // Reads and writes keep separate state, as a net.Conn may be read and
 // written from two goroutines (the hangup check reads while the session
-// writes to the backend).
+// writes to the backend). A write deferred by deferNext is the exception:
+// the next Read sends it, so only a socket that one goroutine both writes
+// and reads may defer.
 type rawSock struct {
 	rc syscall.RawConn
+
+	// deferNext makes the next Write keep its bytes, unsent, for the next
+	// Read to send (sendThenRead); the caller promises that Read comes
+	// next and that the bytes stay as they are until it does. pending
+	// holds them.
+	deferNext bool
+	pending   []byte
+	wblocked  bool                  // sendThenRead found no room to send
+	sfn       func(fd uintptr) bool // doSendRead, bound once
 
 	rbuf []byte
 	rn   int
@@ -46,12 +57,16 @@ func newRawSock(c net.Conn) *rawSock {
 	r := &rawSock{rc: rc}
 	r.rfn = r.doRead
 	r.wfn = r.doWrite
+	r.sfn = r.doSendRead
 	return r
 }
 
 func (r *rawSock) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
+	}
+	if r.pending != nil {
+		return r.sendThenRead(b)
 	}
 	r.rbuf, r.rn, r.rerr = b, 0, nil
 	err := r.rc.Read(r.rfn)
@@ -88,6 +103,18 @@ func (r *rawSock) Write(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
+	if r.deferNext {
+		r.deferNext = false
+		r.pending = b
+		return len(b), nil
+	}
+	if p := r.pending; p != nil {
+		// Not the Read it was kept for: send it first, in order.
+		r.pending = nil
+		if _, err := r.Write(p); err != nil {
+			return 0, err
+		}
+	}
 	r.wbuf, r.wn, r.werr = b, 0, nil
 	err := r.rc.Write(r.wfn)
 	r.wbuf = nil
@@ -114,4 +141,49 @@ func (r *rawSock) doWrite(fd uintptr) bool {
 		}
 	}
 	return true
+}
+
+// setDeferNext sets or clears deferNext.
+func (r *rawSock) setDeferNext(on bool) { r.deferNext = on }
+
+// sendThenRead sends the deferred write and reads its answer within one
+// RawConn.Read. A plain Read starts by forgetting the poller's last
+// readiness report, so it must try read(2) first and, as the answer is
+// not there yet, finds the socket empty: a wasted system call per
+// request. Here the forgetting comes before the request leaves, so any
+// answer is reported and the read waits for it without trying first.
+func (r *rawSock) sendThenRead(b []byte) (int, error) {
+	r.wbuf, r.wn, r.werr, r.wblocked = r.pending, 0, nil, false
+	r.pending = nil
+	r.rbuf, r.rn, r.rerr = b, 0, nil
+	err := r.rc.Read(r.sfn)
+	if err == nil && r.werr == nil && r.wblocked {
+		// The socket's send buffer filled: the rest waits for room, as
+		// in Write, and then the answer is read the plain way.
+		err = r.rc.Write(r.wfn)
+		if err == nil && r.werr == nil {
+			err = r.rc.Read(r.rfn)
+		}
+	}
+	r.rbuf, r.wbuf = nil, nil
+	if err == nil {
+		err = r.werr
+	}
+	if err != nil {
+		return 0, err
+	}
+	return r.rn, r.rerr
+}
+
+// doSendRead sends the request, then asks RawConn to wait until readable,
+// then reads. It returns at once if the send fails or finds no room.
+func (r *rawSock) doSendRead(fd uintptr) bool {
+	if r.wn < len(r.wbuf) {
+		if !r.doWrite(fd) {
+			r.wblocked = true
+			return true
+		}
+		return r.werr != nil
+	}
+	return r.doRead(fd)
 }

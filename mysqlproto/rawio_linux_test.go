@@ -114,6 +114,97 @@ func TestRawSock(t *testing.T) {
 				t.Fatalf("write after reset: %v", err)
 			}
 		}},
+		{"deferred write leaves with the next read", func(t *testing.T, r *rawSock, peer, _ *net.TCPConn) {
+			r.setDeferNext(true)
+			if n, err := r.Write([]byte("query")); n != 5 || err != nil {
+				t.Fatalf("deferred write: %d, %v", n, err)
+			}
+			if r.deferNext {
+				t.Fatal("deferNext outlived the write it deferred")
+			}
+			// Nothing is sent before the read: the peer sees no byte.
+			_ = peer.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			if n, err := peer.Read(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("peer read %d bytes (%v) before the read that sends them", n, err)
+			}
+			_ = peer.SetReadDeadline(time.Time{})
+			go func() {
+				got := make([]byte, 5)
+				if _, err := io.ReadFull(peer, got); err == nil && string(got) == "query" {
+					_, _ = peer.Write([]byte("answer"))
+				} else {
+					peer.Close()
+				}
+			}()
+			b := make([]byte, 16)
+			n, err := r.Read(b)
+			if err != nil || string(b[:n]) != "answer" {
+				t.Fatalf("read %q, %v", b[:n], err)
+			}
+			if r.pending != nil {
+				t.Fatal("the request is still pending after the read")
+			}
+			// The next exchange is a plain one.
+			go func() { _, _ = peer.Write([]byte("more")) }()
+			if n, err := r.Read(b); err != nil || string(b[:n]) != "more" {
+				t.Fatalf("plain read after: %q, %v", b[:n], err)
+			}
+		}},
+		{"deferred write followed by a write keeps the order", func(t *testing.T, r *rawSock, peer, _ *net.TCPConn) {
+			r.setDeferNext(true)
+			_, _ = r.Write([]byte("first "))
+			if n, err := r.Write([]byte("second")); n != 6 || err != nil {
+				t.Fatalf("write: %d, %v", n, err)
+			}
+			got := make([]byte, 12)
+			if _, err := io.ReadFull(peer, got); err != nil || string(got) != "first second" {
+				t.Fatalf("peer read %q, %v", got, err)
+			}
+		}},
+		{"deferred large write waits for room, then for the answer", func(t *testing.T, r *rawSock, peer, _ *net.TCPConn) {
+			big := bytes.Repeat([]byte("0123456789abcdef"), 1<<18) // 4 MiB: more than the socket buffers
+			ok := make(chan bool, 1)
+			go func() {
+				b, _ := io.ReadAll(io.LimitReader(peer, int64(len(big))))
+				ok <- bytes.Equal(b, big)
+				_, _ = peer.Write([]byte("done"))
+			}()
+			r.setDeferNext(true)
+			if n, err := r.Write(big); n != len(big) || err != nil {
+				t.Fatalf("deferred write: %d, %v", n, err)
+			}
+			b := make([]byte, 16)
+			n, err := r.Read(b)
+			if err != nil || string(b[:n]) != "done" {
+				t.Fatalf("read %q, %v", b[:n], err)
+			}
+			if !<-ok {
+				t.Fatal("peer got other bytes")
+			}
+		}},
+		{"deferred write to a reset connection fails the read", func(t *testing.T, r *rawSock, peer, _ *net.TCPConn) {
+			_ = peer.SetLinger(0)
+			peer.Close()
+			var err error
+			for range 2 { // the first write may only provoke the error
+				r.setDeferNext(true)
+				_, _ = r.Write([]byte("x"))
+				if _, err = r.Read(make([]byte, 8)); err != nil {
+					break
+				}
+			}
+			if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+				t.Fatalf("read after a deferred write to a reset connection: %v", err)
+			}
+		}},
+		{"deferred write and a past read deadline", func(t *testing.T, r *rawSock, peer, own *net.TCPConn) {
+			r.setDeferNext(true)
+			_, _ = r.Write([]byte("x"))
+			_ = own.SetReadDeadline(time.Unix(1, 0))
+			if _, err := r.Read(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("read past deadline: %v", err)
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			own, peer := tcpPair(t)

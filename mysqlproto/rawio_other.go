@@ -11,3 +11,4 @@ func newRawSock(net.Conn) *rawSock { return nil }
 
 func (*rawSock) Read([]byte) (int, error)  { panic("unreachable") }
 func (*rawSock) Write([]byte) (int, error) { panic("unreachable") }
+func (*rawSock) setDeferNext(bool)         {}
