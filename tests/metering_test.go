@@ -180,7 +180,7 @@ func TestThrottlingHoldsAcrossThreeProxies(t *testing.T) {
 				"DROP RESOURCE GROUP IF EXISTS "+group,
 				fmt.Sprintf("CREATE RESOURCE GROUP %s RU_PER_SEC = %d", group, int(rate)),
 				"ALTER USER 'rgsat'@'%' RESOURCE GROUP "+group)
-			time.Sleep(time.Second) // the binding reaches every proxy's settings cache
+			settingsReach(t, pxs[0], pxs[1:]...) // the binding reaches every proxy's settings cache
 			const d = 20 * time.Second
 			before := serverRU(t, ts, group)
 			var proxyBefore []float64

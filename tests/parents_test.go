@@ -25,7 +25,7 @@ func TestParentSharedByChildrenAcrossThreeProxies(t *testing.T) {
 	}
 	adminExec(t, pxs[0].Addr, append([]string{"DROP RESOURCE GROUP IF EXISTS rg_pt_a", "DROP RESOURCE GROUP IF EXISTS rg_pt_b"}, // the children before their parent
 		groupStatements(t, groups)...)...)
-	time.Sleep(time.Second) // the bindings reach every proxy's settings cache
+	settingsReach(t, pxs[0], pxs[1:]...) // the bindings reach every proxy's settings cache
 
 	db := openDB(t, pxs[1].Addr)
 	var name, create string

@@ -98,7 +98,7 @@ func TestServiceLimitSharedByPriorityAcrossThreeProxies(t *testing.T) {
 	}
 	adminExec(t, pxs[0].Addr, append([]string{fmt.Sprintf("ALTER RESOURCE CONTROL SERVICE LIMIT = %d", int(limit))},
 		groupStatements(t, groups)...)...)
-	time.Sleep(time.Second) // the bindings reach every proxy's settings cache
+	settingsReach(t, pxs[0], pxs[1:]...) // the bindings reach every proxy's settings cache
 	if got := showResourceControl(t, pxs[1].Addr); got["SERVICE_LIMIT"] != "300" || got["SOURCE"] != "SQL" || got["RU_PER_SEC_SUM"] != "250.0" {
 		t.Fatalf("SHOW RESOURCE CONTROL through another proxy: %v", got)
 	}
@@ -249,7 +249,7 @@ func TestBackgroundUsesWhatForegroundLeaves(t *testing.T) {
 		"CREATE RESOURCE GROUP rg_bgt_fg RU_PER_SEC = 250 PRIORITY = HIGH",
 		"CREATE RESOURCE GROUP rg_bgt_bg RU_PER_SEC = 10 BACKGROUND = (UTILIZATION_LIMIT = 80)",
 		"ALTER USER 'bgt_fg'@'%' RESOURCE GROUP rg_bgt_fg", "ALTER USER 'bgt_bg'@'%' RESOURCE GROUP rg_bgt_bg")
-	time.Sleep(time.Second) // the bindings reach every proxy's settings cache
+	settingsReach(t, pxs[0], pxs[1:]...) // the bindings reach every proxy's settings cache
 	rows, err := queryStrings(t, openDB(t, pxs[2].Addr), "SELECT BACKGROUND FROM information_schema.resource_groups WHERE NAME = 'rg_bgt_bg'")
 	if err != nil || len(rows) != 1 || rows[0][0] != "UTILIZATION_LIMIT=80" {
 		t.Fatalf("information_schema.resource_groups' BACKGROUND through another proxy: %q, %v", rows, err)
@@ -386,7 +386,7 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 	adminExec(t, pxs[0].Addr, append([]string{fmt.Sprintf("ALTER RESOURCE CONTROL SERVICE LIMIT = %d", int(limit)),
 		"DROP RESOURCE GROUP IF EXISTS rg_ct_a", "DROP RESOURCE GROUP IF EXISTS rg_ct_b"}, // the children before their parent
 		groupStatements(t, groups)...)...)
-	time.Sleep(time.Second) // the bindings reach every proxy's settings cache
+	settingsReach(t, pxs[0], pxs[1:]...) // the bindings reach every proxy's settings cache
 
 	const warm, measure = 6 * time.Second, 15 * time.Second
 	fg := []string{"ct_a", "ct_b", "ct_low"}
