@@ -30,7 +30,6 @@ type rawSock struct {
 	// holds them.
 	deferNext bool
 	pending   []byte
-	wblocked  bool                  // sendThenRead found no room to send
 	sfn       func(fd uintptr) bool // doSendRead, bound once
 
 	rbuf []byte
@@ -153,11 +152,11 @@ func (r *rawSock) setDeferNext(on bool) { r.deferNext = on }
 // request. Here the forgetting comes before the request leaves, so any
 // answer is reported and the read waits for it without trying first.
 func (r *rawSock) sendThenRead(b []byte) (int, error) {
-	r.wbuf, r.wn, r.werr, r.wblocked = r.pending, 0, nil, false
+	r.wbuf, r.wn, r.werr = r.pending, 0, nil
 	r.pending = nil
 	r.rbuf, r.rn, r.rerr = b, 0, nil
 	err := r.rc.Read(r.sfn)
-	if err == nil && r.werr == nil && r.wblocked {
+	if err == nil && r.werr == nil && r.wn < len(r.wbuf) {
 		// The socket's send buffer filled: the rest waits for room, as
 		// in Write, and then the answer is read the plain way.
 		err = r.rc.Write(r.wfn)
@@ -179,11 +178,9 @@ func (r *rawSock) sendThenRead(b []byte) (int, error) {
 // then reads. It returns at once if the send fails or finds no room.
 func (r *rawSock) doSendRead(fd uintptr) bool {
 	if r.wn < len(r.wbuf) {
-		if !r.doWrite(fd) {
-			r.wblocked = true
-			return true
-		}
-		return r.werr != nil
+		// doWrite's false is no room: return, and sendThenRead sends
+		// the rest; after a whole send, wait unless it failed.
+		return !r.doWrite(fd) || r.werr != nil
 	}
 	return r.doRead(fd)
 }

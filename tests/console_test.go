@@ -369,8 +369,9 @@ type proxyGroupJSON struct {
 }
 
 type proxyConsoleJSON struct {
-	Groups []proxyGroupJSON `json:"groups"`
-	Shapes []struct {
+	CacheRevision int64            `json:"cache_revision"`
+	Groups        []proxyGroupJSON `json:"groups"`
+	Shapes        []struct {
 		Group      string `json:"resource_group"`
 		DigestText string `json:"digest_text"`
 	} `json:"shapes"`

@@ -464,31 +464,22 @@ func repeat(wg *sync.WaitGroup, stop <-chan struct{}, fn func() bool) {
 	})
 }
 
-// settingsReach waits, at most 15 s, until the settings cache of each
-// proxy in to is at from's revision or later (their consoles'
+// settingsReach waits, at most 15 s in all, until the settings cache of
+// each proxy in to is at from's revision or later (their consoles'
 // cache_revision): what was written through from, which its own cache
 // shows before the statement returns, has then reached them all. A fixed
 // sleep is not enough on a machine whose cores are busy.
 func settingsReach(t *testing.T, from *proxy, to ...*proxy) {
 	t.Helper()
-	var want struct {
-		Revision int64 `json:"cache_revision"`
+	revision := func(px *proxy) int64 {
+		var c proxyConsoleJSON
+		getJSON(t, "http://"+px.ConsoleAddr+"/api/console", &c)
+		return c.CacheRevision
 	}
-	getJSON(t, "http://"+from.ConsoleAddr+"/api/console", &want)
+	want := revision(from)
 	deadline := time.Now().Add(15 * time.Second)
 	for _, px := range to {
-		for {
-			var got struct {
-				Revision int64 `json:"cache_revision"`
-			}
-			getJSON(t, "http://"+px.ConsoleAddr+"/api/console", &got)
-			if got.Revision >= want.Revision {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("proxy %s: settings cache at revision %d after 15 s, want %d", px.Addr, got.Revision, want.Revision)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		watchWaitUntil(t, fmt.Sprintf("proxy %s's settings cache at revision %d", px.Addr, want), time.Until(deadline),
+			func() bool { return revision(px) >= want })
 	}
 }
