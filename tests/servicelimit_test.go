@@ -346,6 +346,15 @@ func (h bgHeld) String() string {
 		h.waited, h.refused, h.allocated, h.demand)
 }
 
+// sessionCount is how many sessions runLoad opens for clients.
+func sessionCount(clients []int) float64 {
+	n := 0
+	for _, c := range clients {
+		n += c
+	}
+	return float64(n)
+}
+
 func bgHeldLog(held []bgHeld) string {
 	parts := make([]string, len(held))
 	for i, h := range held {
@@ -390,12 +399,14 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 
 	const warm, measure = 6 * time.Second, 15 * time.Second
 	fg := []string{"ct_a", "ct_b", "ct_low"}
+	fgClients := []int{3, 3, 3} // each user's sessions on each proxy
 	fgDone := make(chan *loadResult, len(fg))
 	for _, u := range fg {
-		go func() { fgDone <- runLoad(t, pxs, []int{3, 3, 3}, u, "SELECT 1", warm+measure) }()
+		go func() { fgDone <- runLoad(t, pxs, fgClients, u, "SELECT 1", warm+measure) }()
 	}
 	bgDone := make(chan *loadResult, 1)
-	go func() { bgDone <- runLoad(t, pxs, []int{3, 3, 3}, "ct_bg", "SELECT 1", warm+measure+6*time.Second) }()
+	bgClients := []int{3, 3, 3}
+	go func() { bgDone <- runLoad(t, pxs, bgClients, "ct_bg", "SELECT 1", warm+measure+6*time.Second) }()
 	proxyRU := func(group string) float64 { return groupRUOnProxies(t, pxs, group) }
 	leaves := []string{"rg_ct_a", "rg_ct_b", "rg_ct_low", "rg_ct_bg"}
 	time.Sleep(warm)
@@ -403,6 +414,7 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 	for _, g := range leaves {
 		before[g] = proxyRU(g)
 	}
+	lowBefore := bgHeldNow(t, ts, pxs, "rg_ct_low")
 	start := time.Now()
 	time.Sleep(measure - time.Second)
 	el := time.Since(start).Seconds()
@@ -412,6 +424,7 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 		rate[g] = (proxyRU(g) - before[g]) / el
 		total += rate[g]
 	}
+	lowHeld := bgHeldNow(t, ts, pxs, "rg_ct_low").since(lowBefore)
 	var ran []string
 	for range fg {
 		res := <-fgDone
@@ -435,6 +448,7 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 	t.Logf("under load over %.1f s: children %.1f + %.1f = %.1f RU/s of the parent's %.0f (%+.1f%%); LOW %.1f (want %.0f); background %.1f (floor %.0f); together %.1f of the limit %.0f (%+.1f%%); sessions: %s",
 		el, rate["rg_ct_a"], rate["rg_ct_b"], children, parentRate, 100*(children-parentRate)/parentRate,
 		rate["rg_ct_low"], lowShare, rate["rg_ct_bg"], bgFloor, total, limit, 100*(total-limit)/limit, strings.Join(ran, "; "))
+	t.Logf("LOW over those %.1f s (%d sessions): %s", el, int(sessionCount(fgClients)), lowHeld)
 	t.Logf("after the foreground stopped, the background by second: %.0f %.0f %.0f %.0f RU (may take %.0f); %s",
 		perSecond[0], perSecond[1], perSecond[2], perSecond[3], bgCap, bgHeldLog(held))
 	if !within(total, limit, 0.10) {
@@ -447,7 +461,7 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 		t.Errorf("a child below its RU_PER_SEC: %.1f of 100, %.1f of 50", rate["rg_ct_a"], rate["rg_ct_b"])
 	}
 	if !within(rate["rg_ct_low"], lowShare, 0.15) {
-		t.Errorf("LOW spent %.1f RU/s, want what HIGH and the background's floor leave, %.0f ± 15%%", rate["rg_ct_low"], lowShare)
+		t.Errorf("LOW spent %.1f RU/s (its sessions waited %.1f s for tokens), want what HIGH and the background's floor leave, %.0f ± 15%%", rate["rg_ct_low"], lowHeld.waited, lowShare)
 	}
 	// At its floor while the foreground wants all the rest; above it by
 	// what the foreground left unused (with both cores busy beside the
@@ -456,12 +470,30 @@ func TestLimitTreeAndBackgroundAcrossThreeProxies(t *testing.T) {
 	if r := rate["rg_ct_bg"]; r < 0.8*bgFloor || r > 1.5*bgFloor+left {
 		t.Errorf("the background group spent %.1f RU/s under load, want its floor %.0f (+ the %.1f the foreground left)", r, bgFloor, left)
 	}
-	if perSecond[1] < 0.8*bgCap {
-		t.Errorf("in the second second after the foreground stopped the background spent %.0f RU, want above 80%% of %.0f (%s)", perSecond[1], bgCap, held[1])
-	}
-	for _, v := range perSecond[1:] {
-		if v > 1.1*bgCap {
-			t.Errorf("the background spent %.0f RU in a second, above its UTILIZATION_LIMIT's %.0f (+10%%)", v, bgCap)
+	// Within 2 s the background's tokens come at above 80% of its cap.
+	// Its sessions show that by spending them, as long as the tokens are
+	// what holds them back: waiting for tokens for half the second or
+	// more. When the machine is too busy to run them faster, what
+	// rgserver allocates is what can be judged: twice in `make test`
+	// beside a CPU hog the background spent 153 and 180 RU in its
+	// second second; in one of them rgserver allocated 240 RU/s against
+	// a demand of 179, in the other the fourth second spent 274 RU, what
+	// its buckets had saved.
+	if h := held[1]; h.waited >= 0.5*sessionCount(bgClients) {
+		if perSecond[1] < 0.8*bgCap {
+			t.Errorf("in the second second after the foreground stopped the background spent %.0f RU while its sessions waited for tokens, want above 80%% of %.0f (%s)", perSecond[1], bgCap, h)
 		}
+	} else if perSecond[1] < 0.8*bgCap && h.allocated < 0.8*bgCap {
+		t.Errorf("in the second second after the foreground stopped rgserver allocated %.0f RU/s under the service limit (the background alone wants it), want above 80%% of %.0f (%s)", h.allocated, bgCap, h)
+	}
+	// Never above the cap by more than 10%, but for what the proxies'
+	// buckets saved in the seconds before, when the sessions spent less
+	// than the cap: a bucket keeps unspent tokens.
+	saved := 0.0
+	for i, v := range perSecond[1:] {
+		if v > 1.1*bgCap+saved {
+			t.Errorf("the background spent %.0f RU in second %d, above its UTILIZATION_LIMIT's %.0f (+10%%) and the %.0f RU it left unspent before", v, i+2, bgCap, saved)
+		}
+		saved = max(saved+bgCap-v, 0)
 	}
 }
