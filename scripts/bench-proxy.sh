@@ -5,10 +5,20 @@
 # rgproxy, at 1 and 8 threads, in alternating rounds so that drift of a
 # shared machine hits every target alike. Prints medians of QPS, p95 latency
 # and each proxy process's CPU time per statement (utime+stime from
-# /proc/PID/stat), and the ratios rgproxy/HAProxy against the targets:
+# /proc/PID/stat) and CPU migrations per statement (the kernel moving one
+# of its threads to another CPU, se.nr_migrations of /proc/PID/task/*/sched),
+# and the ratios rgproxy/HAProxy against the targets:
 # QPS >= 0.9x; CPU per statement <= 1.0x at one thread (a single client
 # is where a proxy's own cost per statement shows undiluted) and <= 1.2x
 # at more.
+#
+# At one thread sysbench, MariaDB and the proxy hand every statement on in
+# turn, and on a small machine where the kernel places the three can move
+# the proxy's CPU per statement more than its code does: a proxy whose
+# thread follows each waker to the other CPU pays for the move on every
+# hop (docs/design.md §4.4a has figures). The migrations column tells such
+# a run from one that stayed put; BENCH_PROXY_CPUS runs both proxies on the
+# same CPUs.
 #
 # Then a bulk insert: MariaDB Connector/J (Debian's libmariadb-java) runs
 # executeBatch() of BENCH_BULK_ROWS rows, which it sends as one
@@ -32,6 +42,9 @@
 #                      against a private one, as in production
 #   RGPROXY_FLAGS      extra rgproxy flags (default none; "--metering=false"
 #                      measures the bare wire path)
+#   BENCH_PROXY_CPUS   CPU list both proxies run on, through taskset (default
+#                      none: any CPU). Go sizes GOMAXPROCS to it, so "1" gives
+#                      rgproxy one P, like HAProxy's one thread on one CPU
 #   BENCH_BULK         0 = skip the bulk insert (default 1; it needs direct
 #                      and rgproxy among the targets, java and libmariadb-java)
 #   BENCH_BULK_ROWS    rows per batch insert (default 10000)
@@ -51,6 +64,7 @@ MYSQL_PORT=${MYSQL_PORT:-3306}
 RGPROXY_BIN=${RGPROXY_BIN:-bin/rgproxy}
 RGSERVER_BIN=${RGSERVER_BIN:-bin/rgserver}
 RGPROXY_FLAGS=${RGPROXY_FLAGS:-}
+BENCH_PROXY_CPUS=${BENCH_PROXY_CPUS:-}
 BENCH_BULK=${BENCH_BULK:-1}
 BENCH_BULK_ROWS=${BENCH_BULK_ROWS:-10000}
 BENCH_BULK_ROUNDS=${BENCH_BULK_ROUNDS:-5}
@@ -64,6 +78,11 @@ need() {
 	command -v "$1" >/dev/null 2>&1 || die "$1 not found; install it with: apt-get install $2"
 }
 need sysbench sysbench
+PIN=()
+if [ -n "$BENCH_PROXY_CPUS" ]; then
+	need taskset util-linux
+	PIN=(taskset -c "$BENCH_PROXY_CPUS")
+fi
 need mariadb mariadb-client
 if [ "$BENCH_BULK" = 1 ] && [[ " $BENCH_TARGETS " == *" direct "* && " $BENCH_TARGETS " == *" rgproxy "* ]]; then
 	need java default-jre-headless
@@ -123,6 +142,13 @@ wait_port() { # port pid name
 # 15 of /proc/PID/stat, counted after the parenthesised command name).
 cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 
+# migrations prints how often the kernel moved a thread of a process to
+# another CPU, summed over its threads, or - where the kernel does not say
+# (no /proc/PID/task/TID/sched without CONFIG_SCHED_DEBUG).
+migrations() {
+	cat "/proc/$1"/task/*/sched 2>/dev/null | awk '/^se.nr_migrations/ {s += $3; n++} END {print n ? s : "-"}'
+}
+
 sysbench_args() { # port threads
 	echo --db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$1" --mysql-user=root \
 		--mysql-db="$DB" --tables="$BENCH_TABLES" --table-size="$BENCH_TABLE_SIZE" \
@@ -167,7 +193,7 @@ frontend mysql
 backend mariadb
     server db $MYSQL_HOST:$MYSQL_PORT
 EOF
-		haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
+		"${PIN[@]}" haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
 		PID[haproxy]=$!
 		PIDS+=("$!")
 		wait_port "${PORT[haproxy]}" "${PID[haproxy]}" haproxy
@@ -180,7 +206,7 @@ EOF
 		wait_port "$rgs_port" "$!" rgserver
 		PORT[rgproxy]=$(free_port)
 		# shellcheck disable=SC2086
-		"$RGPROXY_BIN" --listen "127.0.0.1:${PORT[rgproxy]}" --status-addr "127.0.0.1:$(free_port)" \
+		"${PIN[@]}" "$RGPROXY_BIN" --listen "127.0.0.1:${PORT[rgproxy]}" --status-addr "127.0.0.1:$(free_port)" \
 			--backend "$MYSQL_HOST:$MYSQL_PORT" --token-server "127.0.0.1:$rgs_port" \
 			--cache-dir "$WORK/rgproxy-cache" --log-level warn $RGPROXY_FLAGS >"$WORK/rgproxy.log" 2>&1 &
 		PID[rgproxy]=$!
@@ -190,10 +216,10 @@ EOF
 	esac
 done
 
-RESULTS=$WORK/results # target threads round qps p95ms cpu_us_per_stmt
+RESULTS=$WORK/results # target threads round qps p95ms cpu_us_per_stmt migrations_per_stmt
 : >"$RESULTS"
 targets=($BENCH_TARGETS)
-echo "sysbench oltp_point_select, ${BENCH_TIME}s per run, $BENCH_ROUNDS rounds, threads: $BENCH_THREADS"
+echo "sysbench oltp_point_select, ${BENCH_TIME}s per run, $BENCH_ROUNDS rounds, threads: $BENCH_THREADS${BENCH_PROXY_CPUS:+, proxies on CPUs $BENCH_PROXY_CPUS}"
 for round in $(seq "$BENCH_ROUNDS"); do
 	for threads in $BENCH_THREADS; do
 		# Rotate the order each round so no target always runs first.
@@ -201,15 +227,15 @@ for round in $(seq "$BENCH_ROUNDS"); do
 		for i in $(seq 0 $((n - 1))); do
 			t=${targets[$(((i + round - 1) % n))]}
 			pid=${PID[$t]}
-			before=0
-			[ -n "$pid" ] && before=$(cpu_ticks "$pid")
+			before=0 mbefore=-
+			[ -n "$pid" ] && before=$(cpu_ticks "$pid") && mbefore=$(migrations "$pid")
 			# shellcheck disable=SC2046
 			if ! sysbench oltp_point_select $(sysbench_args "${PORT[$t]}" "$threads") \
 				--time="$BENCH_TIME" --report-interval=0 run >"$WORK/run.log" 2>&1; then
 				die "sysbench via $t failed: $(tail -5 "$WORK/run.log")"
 			fi
-			after=0
-			[ -n "$pid" ] && after=$(cpu_ticks "$pid")
+			after=0 mafter=-
+			[ -n "$pid" ] && after=$(cpu_ticks "$pid") && mafter=$(migrations "$pid")
 			queries=$(awk '/^ +queries:/ {print $2}' "$WORK/run.log")
 			qps=$(awk '/^ +queries:/ {gsub(/\(/, "", $3); print $3}' "$WORK/run.log")
 			p95=$(awk '/95th percentile:/ {print $3}' "$WORK/run.log")
@@ -219,9 +245,12 @@ for round in $(seq "$BENCH_ROUNDS"); do
 			cpu=-
 			[ -n "$pid" ] && cpu=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v q="$queries" \
 				'BEGIN {printf "%.2f", d * 1e6 / hz / q}')
-			echo "$t $threads $round $qps $p95 $cpu" >>"$RESULTS"
-			printf '  round %d  %-8s %2d threads  %10.1f qps  p95 %6.2f ms  cpu/stmt %s us\n' \
-				"$round" "$t" "$threads" "$qps" "$p95" "$cpu"
+			mig=-
+			[ "$mbefore" != - ] && [ "$mafter" != - ] && mig=$(awk -v d=$((mafter - mbefore)) -v q="$queries" \
+				'BEGIN {printf "%.2f", d / q}')
+			echo "$t $threads $round $qps $p95 $cpu $mig" >>"$RESULTS"
+			printf '  round %d  %-8s %2d threads  %10.1f qps  p95 %6.2f ms  cpu/stmt %s us  migrations/stmt %s\n' \
+				"$round" "$t" "$threads" "$qps" "$p95" "$cpu" "$mig"
 		done
 	done
 done
@@ -234,12 +263,12 @@ median() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "-" || b == "-" || b + 0 == 0) print "-"; else printf "%.2f", a / b}'; }
 
 echo
-echo "medians of $BENCH_ROUNDS rounds (cpu/stmt: the proxy process's utime+stime per statement)"
-printf '%-8s %7s %12s %10s %14s\n' target threads QPS "p95 ms" "cpu/stmt us"
+echo "medians of $BENCH_ROUNDS rounds (cpu/stmt: the proxy process's utime+stime per statement; migr/stmt: its threads' moves to another CPU)"
+printf '%-8s %7s %12s %10s %14s %10s\n' target threads QPS "p95 ms" "cpu/stmt us" "migr/stmt"
 for threads in $BENCH_THREADS; do
 	for t in $BENCH_TARGETS; do
-		printf '%-8s %7s %12s %10s %14s\n' "$t" "$threads" "$(median "$t" "$threads" 4)" \
-			"$(median "$t" "$threads" 5)" "$(median "$t" "$threads" 6)"
+		printf '%-8s %7s %12s %10s %14s %10s\n' "$t" "$threads" "$(median "$t" "$threads" 4)" \
+			"$(median "$t" "$threads" 5)" "$(median "$t" "$threads" 6)" "$(median "$t" "$threads" 7)"
 	done
 done
 
