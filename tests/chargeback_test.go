@@ -39,6 +39,7 @@ func TestChargebackByTagAndAccount(t *testing.T) {
 		adminExec(t, pxs[0].Addr, fmt.Sprintf("ALTER USER '%s'@'%%' RESOURCE GROUP rg_cb", u))
 	}
 	adminExec(t, pxs[0].Addr, "ALTER USER 'cb_h'@'%' RESOURCE GROUP rg_cb_h")
+	settingsReach(t, pxs[0], pxs[1]) // else pxs[1]'s first statements run in default
 
 	ctx := context.Background()
 	session := func(px *proxy, user string) *sql.Conn {

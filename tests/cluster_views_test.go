@@ -83,6 +83,7 @@ func TestClusterViews(t *testing.T) {
 		"CREATE RESOURCE GROUP cv_other RU_PER_SEC = 100000")
 	appUser(t, "cv_app")
 	adminExec(t, pxs[0].Addr, "ALTER USER 'cv_app'@'%' RESOURCE GROUP cv_a")
+	settingsReach(t, pxs[0], pxs[1:]...) // else cv_app's probes there land in default
 
 	// Every proxy must have its inspect stream open before the counts
 	// below can be compared: wait until the view names all three.

@@ -165,6 +165,7 @@ func TestMaxConcurrencyAcrossProxies(t *testing.T) {
 	adminExec(t, a.Addr, "DROP RESOURCE GROUP IF EXISTS rg_mc",
 		"CREATE RESOURCE GROUP rg_mc RU_PER_SEC = 100000 MAX_CONCURRENCY = 2",
 		"ALTER USER 'mcu'@'%' RESOURCE GROUP rg_mc")
+	settingsReach(t, a, b) // else b's warm-up runs in default
 	// Both proxies use the group, so rgserver counts 2 proxies for it.
 	for _, px := range []*proxy{a, b} {
 		db := openDB(t, px.Addr, "user=mcu", "password=apppw")
@@ -253,7 +254,7 @@ func TestRefusedSessionsShareFairly(t *testing.T) {
 		// not a handful of statements (at 20 RU/s, 52 in all: one proxy's
 		// 2 sessions ran 21 of them once, 1.6× the mean, on a loaded machine).
 		"CREATE RESOURCE GROUP rg_fair RU_PER_SEC = 60", "ALTER USER 'fairu'@'%' RESOURCE GROUP rg_fair")
-	time.Sleep(300 * time.Millisecond)
+	settingsReach(t, pxs[0], pxs[1:]...) // else their sessions run in default, unlimited
 	sessions := []int{2, 3, 3}
 	var counts []*atomic.Int64
 	var wg sync.WaitGroup

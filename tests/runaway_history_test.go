@@ -36,6 +36,7 @@ func TestRunawayHistory(t *testing.T) {
 	appUser(t, "hist_app")
 	appUser(t, "hist_other")
 	adminExec(t, a.Addr, "ALTER USER 'hist_app'@'%' RESOURCE GROUP rg_hist")
+	settingsReach(t, a, b) // b's SET RESOURCE GROUP below needs the group
 
 	app := openDB(t, a.Addr, "user=hist_app", "password=apppw")
 	app.SetMaxOpenConns(1)

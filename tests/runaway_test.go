@@ -134,6 +134,7 @@ func TestRunawayWatchSharedBetweenProxies(t *testing.T) {
 	adminExec(t, a.Addr,
 		"DROP RESOURCE GROUP IF EXISTS rg_watch",
 		"CREATE RESOURCE GROUP rg_watch RU_PER_SEC = 100000 QUERY_LIMIT = (EXEC_ELAPSED = '1s', ACTION = KILL, WATCH = SIMILAR DURATION = '1m')")
+	settingsReach(t, a, b) // b's SET RESOURCE GROUP needs the group
 	da, db := openDB(t, a.Addr), openDB(t, b.Addr)
 	da.SetMaxOpenConns(1)
 	db.SetMaxOpenConns(1)
